@@ -1,0 +1,134 @@
+// Package openai holds the OpenAI-compatible wire format that kvroute speaks:
+// the error shape every client-visible error uses, and the response, chunk
+// and usage objects that the emulated engine writes and the benchmark client
+// reads. It owns no behaviour beyond encoding; it must not import any other
+// kvroute package.
+package openai
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+)
+
+// Error types, as the OpenAI API and vLLM name them.
+const (
+	TypeInvalidRequest = "invalid_request_error"
+	TypeNotFound       = "not_found_error"
+	TypeRateLimit      = "rate_limit_error"
+	TypeServer         = "server_error"
+	TypeUnavailable    = "service_unavailable_error"
+	TypeAuthentication = "authentication_error"
+)
+
+// ErrorBody is the envelope of every error: {"error":{...}}.
+type ErrorBody struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail is the inner error object.
+type ErrorDetail struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    any     `json:"code"`
+}
+
+// Error is a client-visible error with its HTTP status. Parsers return it so
+// that the HTTP layer can write it without guessing the status.
+type Error struct {
+	Status  int
+	Type    string
+	Code    string
+	Message string
+	// RetryAfter, when positive, is sent as the Retry-After header (seconds).
+	RetryAfter int
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Errorf-style constructors for the common cases.
+
+// BadRequest is a 400 invalid_request_error.
+func BadRequest(code, msg string) *Error {
+	return &Error{Status: http.StatusBadRequest, Type: TypeInvalidRequest, Code: code, Message: msg}
+}
+
+// Write encodes e as the OpenAI error shape with its status code.
+func (e *Error) Write(w http.ResponseWriter) {
+	WriteError(w, e.Status, e.Type, e.Code, e.Message, e.RetryAfter)
+}
+
+// WriteError writes {"error":{"message","type","param","code"}} with status.
+// code may be empty, in which case it is null.
+func WriteError(w http.ResponseWriter, status int, typ, code, msg string, retryAfter int) {
+	var c any
+	if code != "" {
+		c = code
+	}
+	b, _ := json.Marshal(ErrorBody{Error: ErrorDetail{Message: msg, Type: typ, Code: c}})
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)+1))
+	if retryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(retryAfter))
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// Usage is the token accounting of a response. vLLM fills
+// prompt_tokens_details.cached_tokens with prefix-cache hits.
+type Usage struct {
+	PromptTokens        int                  `json:"prompt_tokens"`
+	CompletionTokens    int                  `json:"completion_tokens"`
+	TotalTokens         int                  `json:"total_tokens"`
+	PromptTokensDetails *PromptTokensDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+// PromptTokensDetails breaks prompt tokens down.
+type PromptTokensDetails struct {
+	CachedTokens int `json:"cached_tokens"`
+}
+
+// Message is one chat message in a response.
+type Message struct {
+	Role    string `json:"role,omitempty"`
+	Content string `json:"content"`
+}
+
+// Choice is one choice of a chat completion, completion, or a streamed chunk
+// of either (Delta for chat chunks, Text for completions).
+type Choice struct {
+	Index        int      `json:"index"`
+	Message      *Message `json:"message,omitempty"`
+	Delta        *Message `json:"delta,omitempty"`
+	Text         *string  `json:"text,omitempty"`
+	FinishReason *string  `json:"finish_reason"`
+}
+
+// Response is a chat.completion, text_completion, or a chunk of either.
+type Response struct {
+	ID      string   `json:"id"`
+	Object  string   `json:"object"`
+	Created int64    `json:"created"`
+	Model   string   `json:"model"`
+	Choices []Choice `json:"choices"`
+	Usage   *Usage   `json:"usage,omitempty"`
+}
+
+// Model is one entry of GET /v1/models.
+type Model struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+	// MaxModelLen is vLLM's extension: the context length.
+	MaxModelLen int `json:"max_model_len,omitempty"`
+}
+
+// ModelList is the body of GET /v1/models.
+type ModelList struct {
+	Object string  `json:"object"`
+	Data   []Model `json:"data"`
+}

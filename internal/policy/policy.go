@@ -1,0 +1,96 @@
+// Package policy holds the routing policies: the baselines users run today
+// (round-robin, random, least-request, power-of-two), session-hash, prefix,
+// kvroute (the default), and the published routers of our peers,
+// reimplemented from their public descriptions. Each policy lives in its own
+// file.
+//
+// A policy is a pick over a request view and a snapshot of candidates; it
+// never does I/O and never blocks on anything but a short internal lock.
+// The scheduler (package scheduler) computes the prefix match once and hands
+// it in; policies with state of their own (the peers' own radix trees and
+// hash rings) learn about routed requests through Observer.
+package policy
+
+import (
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/request"
+)
+
+// Input is everything a policy may look at. It is valid only during Pick.
+type Input struct {
+	View *request.View
+	// Hashes are the chain hashes of View.Prompt's full blocks of BlockChars.
+	Hashes     []uint64
+	BlockChars int
+	// Candidates are the healthy backends that serve the model, not
+	// excluded by retries; never empty.
+	Candidates []*fleet.Backend
+	// Matched[i] is the number of leading blocks of Hashes that
+	// Candidates[i] holds according to the router's prefix index.
+	Matched []int32
+	Now     time.Time
+}
+
+// Decision is a policy's answer.
+type Decision struct {
+	// Index into Input.Candidates.
+	Index int
+	// EstTTFT is the policy's estimate of the time to first token in
+	// seconds, 0 when the policy makes none.
+	EstTTFT float64
+	// Note is a short static word on why (e.g. "sticky", "least-loaded"),
+	// or empty. It must not be built per request.
+	Note string
+}
+
+// Policy picks a backend.
+type Policy interface {
+	Name() string
+	Pick(in *Input) Decision
+}
+
+// Observer is implemented by policies that keep routing state of their own.
+// Routed is called once for every request after the pick is final.
+type Observer interface {
+	Routed(in *Input, d Decision)
+}
+
+// Options tune the policies; zero values mean the documented defaults.
+type Options struct {
+	// Seed seeds the random choices (random, power-of-two, tie-breaks).
+	Seed int64
+	// LoadFactor is CHWBL's bound on a backend's load relative to the mean
+	// (session-hash, kubeai-chwbl); default 1.25.
+	LoadFactor float64
+}
+
+var registry = map[string]func(Options) Policy{}
+
+// register is called from each policy file's init.
+func register(name string, f func(Options) Policy) { registry[name] = f }
+
+// New returns a new instance of the named policy.
+func New(name string, opt Options) (Policy, error) {
+	f, ok := registry[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown policy %q (known: %v)", name, Names())
+	}
+	return f(opt), nil
+}
+
+// Names lists the known policies, sorted.
+func Names() []string {
+	n := make([]string, 0, len(registry))
+	for k := range registry {
+		n = append(n, k)
+	}
+	sort.Strings(n)
+	return n
+}
+
+// Default is the policy kvroute serve uses unless told otherwise.
+const Default = "kvroute"
