@@ -34,7 +34,7 @@ type Backend struct {
 
 	healthy atomic.Bool
 	// accounting, see Load
-	inflight, pendingPrefill, decoding, decodeBudget atomic.Int64
+	inflight, pendingPrefill, decoding, decodeBudget, decodeTokens atomic.Int64
 	engine                                           atomic.Pointer[EngineState]
 }
 
@@ -51,6 +51,10 @@ type Load struct {
 	// DecodeBudget is the sum of the output budgets (max tokens) of the
 	// decoding requests.
 	DecodeBudget int64
+	// DecodeTokens is the sum of the prompt tokens of the decoding
+	// requests: the KV cache they hold (Dynamo's "active decode blocks" is
+	// DecodeTokens / block size).
+	DecodeTokens int64
 }
 
 // EngineState is what the engine itself last reported (its metrics), or
@@ -81,10 +85,11 @@ func (b *Backend) Engine() *EngineState { return b.engine.Load() }
 // SetEngine records the engine's reported state.
 func (b *Backend) SetEngine(s *EngineState) { b.engine.Store(s) }
 
-// Start accounts a request routed to b with uncached prompt tokens (the
-// router's estimate) and outputBudget tokens of output. The Ticket must be
-// ended with Done, whatever happens to the request.
-func (b *Backend) Start(uncached, outputBudget int64, now time.Time) *Ticket {
+// Start accounts a request routed to b with promptTokens prompt tokens, of
+// which uncached are not in b's cache (the router's estimate), and
+// outputBudget tokens of output. The Ticket must be ended with Done,
+// whatever happens to the request.
+func (b *Backend) Start(promptTokens, uncached, outputBudget int64, now time.Time) *Ticket {
 	panic("unimplemented")
 }
 
