@@ -35,7 +35,7 @@ type Backend struct {
 	healthy atomic.Bool
 	// accounting, see Load
 	inflight, pendingPrefill, decoding, decodeBudget, decodeTokens atomic.Int64
-	engine                                           atomic.Pointer[EngineState]
+	engine                                                         atomic.Pointer[EngineState]
 }
 
 // Load is the router's own accounting of a backend, read atomically field
