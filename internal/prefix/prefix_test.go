@@ -1,0 +1,258 @@
+package prefix
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// hs returns the distinct fake hashes base+1..base+n: chain hashes stand in
+// for prompts whose blocks differ from everyone else's.
+func hs(base uint64, n int) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = base + uint64(i) + 1
+	}
+	return out
+}
+
+func match(t *testing.T, ix *Index, hashes []uint64, backends int) []int32 {
+	t.Helper()
+	out := make([]int32, backends)
+	for i := range out {
+		out[i] = -7 // Match must overwrite stale values
+	}
+	ix.Match(hashes, out)
+	return out
+}
+
+func TestHash(t *testing.T) {
+	a := strings.Repeat("a", 64) + strings.Repeat("b", 64) + "tail"
+	b := strings.Repeat("a", 64) + strings.Repeat("c", 64)
+	c := strings.Repeat("b", 64) + strings.Repeat("b", 64)
+	ha, hb, hc := Hash(nil, a, 64), Hash(nil, b, 64), Hash(nil, c, 64)
+	if len(ha) != 2 || len(hb) != 2 {
+		t.Fatalf("block counts %d, %d, want 2 (partial tail is not hashed)", len(ha), len(hb))
+	}
+	if ha[0] != hb[0] {
+		t.Errorf("equal first blocks hash differently")
+	}
+	if ha[1] == hb[1] {
+		t.Errorf("different second blocks hash equal")
+	}
+	if hc[1] == ha[1] {
+		t.Errorf("equal second blocks under different parents hash equal: the chain is broken")
+	}
+	if got := Hash(ha[:0], a, 64); got[0] != ha[0] || got[1] != ha[1] {
+		t.Errorf("Hash is not deterministic")
+	}
+	if got := Hash(nil, "short", 64); len(got) != 0 {
+		t.Errorf("text shorter than a block gave %d hashes", len(got))
+	}
+}
+
+func TestMatch(t *testing.T) {
+	p := hs(0, 10)
+	tests := []struct {
+		name    string
+		inserts map[int][]uint64
+		query   []uint64
+		want    []int32
+	}{
+		{"empty index", nil, p, []int32{0, 0, 0}},
+		{"full match on one backend", map[int][]uint64{1: p}, p, []int32{0, 10, 0}},
+		{"different depths", map[int][]uint64{0: p[:3], 1: p, 2: p[:7]}, p, []int32{3, 10, 7}},
+		{"query shorter than held", map[int][]uint64{0: p}, p[:4], []int32{4, 0, 0}},
+		{"hole in the chain stops the match", map[int][]uint64{0: append(append([]uint64{}, p[:2]...), p[3:]...)}, p, []int32{2, 0, 0}},
+		{"not holding the first block matches nothing", map[int][]uint64{2: p[1:]}, p, []int32{0, 0, 0}},
+		{"empty query", map[int][]uint64{0: p}, nil, []int32{0, 0, 0}},
+		{"backend beyond out is ignored", map[int][]uint64{5: p, 0: p[:1]}, p, []int32{1, 0, 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ix := NewIndex(100)
+			for b, h := range tt.inserts {
+				ix.Insert(b, h)
+			}
+			got := match(t, ix, tt.query, len(tt.want))
+			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Errorf("Match = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestEviction(t *testing.T) {
+	a, b := hs(0, 4), hs(100, 4)
+	tests := []struct {
+		name     string
+		capacity int
+		steps    func(ix *Index)
+		query    []uint64
+		want     int32
+		wantLen  int
+	}{
+		{"under capacity keeps all", 8, func(ix *Index) { ix.Insert(0, a); ix.Insert(0, b) }, a, 4, 8},
+		{"deepest blocks of a prompt go first", 6, func(ix *Index) { ix.Insert(0, a); ix.Insert(0, b) }, a, 2, 6},
+		{"refresh protects the older prompt", 6, func(ix *Index) { ix.Insert(0, a); ix.Insert(0, b); ix.Insert(0, a) }, a, 4, 6},
+		{"refresh moves the newer prompt out", 6, func(ix *Index) { ix.Insert(0, a); ix.Insert(0, b); ix.Insert(0, a) }, b, 2, 6},
+		{"capacity shrink evicts", 8, func(ix *Index) { ix.Insert(0, a); ix.Insert(0, b); ix.SetCapacity(0, 3) }, b, 3, 3},
+		{"capacity shrink evicts LRU prompt", 8, func(ix *Index) { ix.Insert(0, a); ix.Insert(0, b); ix.SetCapacity(0, 3) }, a, 0, 3},
+		{"capacity zero holds nothing", 0, func(ix *Index) { ix.Insert(0, a) }, a, 0, 0},
+		{"reinsert counts once", 8, func(ix *Index) { ix.Insert(0, a); ix.Insert(0, a); ix.Insert(0, a[:2]) }, a, 4, 4},
+		{"remove backend", 8, func(ix *Index) { ix.Insert(0, a); ix.RemoveBackend(0) }, a, 0, 0},
+		{"capacity grow keeps all", 2, func(ix *Index) { ix.SetCapacity(0, 8); ix.Insert(0, a); ix.Insert(0, b) }, a, 4, 8},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ix := NewIndex(tt.capacity)
+			tt.steps(ix)
+			if got := match(t, ix, tt.query, 1)[0]; got != tt.want {
+				t.Errorf("matched %d blocks, want %d", got, tt.want)
+			}
+			if got := ix.Len(0); got != tt.wantLen {
+				t.Errorf("Len = %d, want %d", got, tt.wantLen)
+			}
+		})
+	}
+}
+
+// TestSharedBlocks checks that evicting or removing one holder of a block
+// leaves the other holders intact.
+func TestSharedBlocks(t *testing.T) {
+	p := hs(0, 5)
+	ix := NewIndex(10)
+	for b := range 4 {
+		ix.Insert(b, p)
+	}
+	ix.RemoveBackend(1)
+	ix.SetCapacity(2, 2)
+	ix.SetCapacity(0, 4)
+	got := match(t, ix, p, 4)
+	if want := "[4 0 2 5]"; fmt.Sprint(got) != want {
+		t.Fatalf("Match = %v, want %s", got, want)
+	}
+	// Everything freed is reused rather than leaked.
+	ix.RemoveBackend(0)
+	ix.RemoveBackend(2)
+	ix.RemoveBackend(3)
+	if len(ix.blocks) != 0 {
+		t.Errorf("%d map entries left after removing every backend", len(ix.blocks))
+	}
+	n := len(ix.nodes)
+	ix.Insert(7, p)
+	if len(ix.nodes) != n {
+		t.Errorf("slab grew from %d to %d nodes with free nodes available", n, len(ix.nodes))
+	}
+	if got := match(t, ix, p, 8)[7]; got != 5 {
+		t.Errorf("new backend matched %d, want 5", got)
+	}
+}
+
+// TestRandomAgainstModel replays random operations against a plain model
+// of per-backend LRU lists and compares every Match and Len.
+func TestRandomAgainstModel(t *testing.T) {
+	const backends, capacity = 4, 12
+	rng := rand.New(rand.NewPCG(1, 2))
+	ix := NewIndex(capacity)
+	model := make([][]uint64, backends) // most recent first
+	caps := []int{capacity, capacity, capacity, capacity}
+	trim := func(b int) {
+		if len(model[b]) > caps[b] {
+			model[b] = model[b][:caps[b]]
+		}
+	}
+	prompts := make([][]uint64, 6)
+	for i := range prompts {
+		prompts[i] = hs(uint64(i)*1000, 1+rng.IntN(8))
+	}
+	for step := range 2000 {
+		b := rng.IntN(backends)
+		p := prompts[rng.IntN(len(prompts))]
+		p = p[:1+rng.IntN(len(p))]
+		switch r := rng.IntN(20); {
+		case r == 0:
+			ix.RemoveBackend(b)
+			model[b] = nil
+		case r == 1:
+			caps[b] = rng.IntN(2 * capacity)
+			ix.SetCapacity(b, caps[b])
+			trim(b)
+		default:
+			ix.Insert(b, p)
+			kept := append([]uint64{}, p...)
+			for _, h := range model[b] {
+				if !contains(p, h) {
+					kept = append(kept, h)
+				}
+			}
+			model[b] = kept
+			trim(b)
+		}
+		q := prompts[rng.IntN(len(prompts))]
+		got := match(t, ix, q, backends)
+		for bb := range backends {
+			want := 0
+			for want < len(q) && contains(model[bb], q[want]) {
+				want++
+			}
+			if int(got[bb]) != want {
+				t.Fatalf("step %d backend %d: matched %d, want %d", step, bb, got[bb], want)
+			}
+			if ix.Len(bb) != len(model[bb]) {
+				t.Fatalf("step %d backend %d: Len %d, want %d", step, bb, ix.Len(bb), len(model[bb]))
+			}
+		}
+	}
+}
+
+func contains(s []uint64, h uint64) bool {
+	for _, x := range s {
+		if x == h {
+			return true
+		}
+	}
+	return false
+}
+
+func TestConcurrent(t *testing.T) {
+	const backends = 8
+	ix := NewIndex(200)
+	shared := hs(0, 20)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			out := make([]int32, backends)
+			rng := rand.New(rand.NewPCG(uint64(g), 9))
+			for i := range 2000 {
+				b := rng.IntN(backends)
+				switch rng.IntN(10) {
+				case 0:
+					ix.RemoveBackend(b)
+				case 1:
+					ix.SetCapacity(b, 50+rng.IntN(200))
+				case 2, 3, 4:
+					ix.Insert(b, append(slices.Clip(shared[:rng.IntN(20)]), hs(uint64(g*1e6+i*100), 10)...))
+				default:
+					ix.Match(shared, out)
+					for _, m := range out {
+						if m < 0 || m > int32(len(shared)) {
+							t.Errorf("match %d out of range", m)
+							return
+						}
+					}
+					_ = ix.Len(b)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for b := range backends {
+		if n := ix.Len(b); n > 250 {
+			t.Errorf("backend %d holds %d blocks, above any capacity it had", b, n)
+		}
+	}
+}
