@@ -12,7 +12,10 @@
 package fleet
 
 import (
+	"math"
 	"net/url"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -20,6 +23,28 @@ import (
 // DefaultPrefillRate is the prior prefill rate in tokens per second, used
 // until a backend's TTFTs have been observed.
 const DefaultPrefillRate = 10000
+
+// Learning the prefill rate. Each first byte gives one sample: the prefill
+// work the backend had to finish before this request's first token (the
+// pending prefill queued ahead of it plus its own uncached tokens) divided by
+// the observed TTFT. The samples fold into an exponentially weighted moving
+// average; the first sample replaces the DefaultPrefillRate prior outright,
+// since a real observation beats a guess about unknown hardware.
+const (
+	// RateAlpha is the weight of a new sample in the moving average: with
+	// 0.2 the average follows a change in about ten requests while one
+	// outlier moves it by at most a fifth.
+	RateAlpha = 0.2
+	// MinRateWork is the smallest work, in tokens, that yields a sample:
+	// the TTFT of a tiny prefill is network, queueing and one decode step,
+	// and would teach a wildly low rate.
+	MinRateWork = 256
+	// MinPrefillRate and MaxPrefillRate clamp samples (tokens per second)
+	// so that a stalled connection or a clock hiccup cannot poison the
+	// average.
+	MinPrefillRate = 100
+	MaxPrefillRate = 10_000_000
+)
 
 // Backend is one inference server.
 type Backend struct {
@@ -36,6 +61,9 @@ type Backend struct {
 	// accounting, see Load
 	inflight, pendingPrefill, decoding, decodeBudget, decodeTokens atomic.Int64
 	engine                                                         atomic.Pointer[EngineState]
+	// rate holds the float64 bits of the learned prefill rate; 0 until the
+	// first sample.
+	rate atomic.Uint64
 }
 
 // Load is the router's own accounting of a backend, read atomically field
@@ -68,16 +96,54 @@ type EngineState struct {
 }
 
 // Serves reports whether b serves model ("" matches any).
-func (b *Backend) Serves(model string) bool { panic("unimplemented") }
+func (b *Backend) Serves(model string) bool {
+	if model == "" || len(b.Models) == 0 {
+		return true
+	}
+	return slices.Contains(b.Models, model)
+}
 
 // Healthy reports whether b may receive requests.
 func (b *Backend) Healthy() bool { return b.healthy.Load() }
 
 // Load returns the router's accounting of b.
-func (b *Backend) Load() Load { panic("unimplemented") }
+func (b *Backend) Load() Load {
+	return Load{
+		InFlight:       b.inflight.Load(),
+		PendingPrefill: b.pendingPrefill.Load(),
+		Decoding:       b.decoding.Load(),
+		DecodeBudget:   b.decodeBudget.Load(),
+		DecodeTokens:   b.decodeTokens.Load(),
+	}
+}
 
 // PrefillRate is the learned prefill rate in tokens per second.
-func (b *Backend) PrefillRate() float64 { panic("unimplemented") }
+func (b *Backend) PrefillRate() float64 {
+	if r := b.rate.Load(); r != 0 {
+		return math.Float64frombits(r)
+	}
+	return DefaultPrefillRate
+}
+
+// observeRate folds one sample of work tokens prefilled in ttft into the
+// learned rate.
+func (b *Backend) observeRate(work int64, ttft time.Duration) {
+	if work < MinRateWork || ttft <= 0 {
+		return
+	}
+	sample := min(max(float64(work)/ttft.Seconds(), MinPrefillRate), MaxPrefillRate)
+	for {
+		old := b.rate.Load()
+		next := sample
+		if old != 0 {
+			prev := math.Float64frombits(old)
+			next = prev + RateAlpha*(sample-prev)
+		}
+		if b.rate.CompareAndSwap(old, math.Float64bits(next)) {
+			return
+		}
+	}
+}
 
 // Engine returns the engine's last reported state, or nil.
 func (b *Backend) Engine() *EngineState { return b.engine.Load() }
@@ -90,23 +156,84 @@ func (b *Backend) SetEngine(s *EngineState) { b.engine.Store(s) }
 // outputBudget tokens of output. The Ticket must be ended with Done,
 // whatever happens to the request.
 func (b *Backend) Start(promptTokens, uncached, outputBudget int64, now time.Time) *Ticket {
-	panic("unimplemented")
+	b.inflight.Add(1)
+	// The work ahead of this request's first token: whatever prefill is
+	// already queued here plus its own.
+	work := b.pendingPrefill.Add(uncached)
+	return &Ticket{
+		b:      b,
+		prompt: promptTokens,
+		uncach: uncached,
+		budget: outputBudget,
+		start:  now,
+		work:   work,
+	}
 }
 
+// Ticket states: a ticket only moves forward, prefill -> decoding -> done
+// or prefill -> done, each move won by exactly one compare-and-swap.
+const (
+	statePrefill int32 = iota
+	stateDecoding
+	stateDone
+)
+
 // Ticket is one request's claim on a backend's load counters.
-type Ticket struct{}
+type Ticket struct {
+	b                      *Backend
+	prompt, uncach, budget int64
+	start                  time.Time
+	work                   int64
+	state                  atomic.Int32
+}
 
 // FirstByte marks the arrival of the first response byte: the request's
 // prefill tokens leave PendingPrefill and it becomes a decoding stream, and
 // the observed TTFT teaches the backend's prefill rate. Only the first call
 // counts; a call after Done does nothing.
-func (t *Ticket) FirstByte(now time.Time) { panic("unimplemented") }
+func (t *Ticket) FirstByte(now time.Time) {
+	if !t.state.CompareAndSwap(statePrefill, stateDecoding) {
+		return
+	}
+	b := t.b
+	b.decoding.Add(1)
+	b.decodeBudget.Add(t.budget)
+	b.decodeTokens.Add(t.prompt)
+	b.pendingPrefill.Add(-t.uncach)
+	b.observeRate(t.work, now.Sub(t.start))
+}
 
 // Done releases everything the request still holds. Only the first call counts.
-func (t *Ticket) Done(now time.Time) { panic("unimplemented") }
+func (t *Ticket) Done(now time.Time) {
+	for {
+		s := t.state.Load()
+		if s == stateDone {
+			return
+		}
+		if !t.state.CompareAndSwap(s, stateDone) {
+			continue // FirstByte won a race; release what it moved
+		}
+		b := t.b
+		if s == statePrefill {
+			b.pendingPrefill.Add(-t.uncach)
+		} else {
+			b.decoding.Add(-1)
+			b.decodeBudget.Add(-t.budget)
+			b.decodeTokens.Add(-t.prompt)
+		}
+		b.inflight.Add(-1)
+		return
+	}
+}
 
 // Fleet is the set of backends.
-type Fleet struct{}
+type Fleet struct {
+	// mu serialises membership and health changes so that snapshots are
+	// published in order; readers never take it.
+	mu       sync.Mutex
+	backends []*Backend
+	snap     atomic.Pointer[Snapshot]
+}
 
 // Snapshot is an immutable view of the fleet's membership and health,
 // published whenever either changes. Load counters are read live from the
@@ -119,13 +246,46 @@ type Snapshot struct {
 }
 
 // New returns an empty fleet.
-func New() *Fleet { panic("unimplemented") }
+func New() *Fleet {
+	f := &Fleet{}
+	f.snap.Store(&Snapshot{})
+	return f
+}
 
 // Add adds a healthy backend and returns it with its new ID.
-func (f *Fleet) Add(name string, u *url.URL, models []string) *Backend { panic("unimplemented") }
+func (f *Fleet) Add(name string, u *url.URL, models []string) *Backend {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b := &Backend{ID: len(f.backends), Name: name, URL: u, Models: slices.Clone(models)}
+	b.healthy.Store(true)
+	f.backends = append(f.backends, b)
+	f.publish()
+	return b
+}
 
 // SetHealthy changes b's health and publishes a new snapshot if it changed.
-func (f *Fleet) SetHealthy(b *Backend, ok bool) { panic("unimplemented") }
+func (f *Fleet) SetHealthy(b *Backend, ok bool) {
+	if b.healthy.Load() == ok {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if b.healthy.Swap(ok) != ok {
+		f.publish()
+	}
+}
+
+// publish stores a fresh snapshot of the current membership and health.
+// The caller holds f.mu, so the last snapshot stored reflects the last change.
+func (f *Fleet) publish() {
+	s := &Snapshot{All: slices.Clip(slices.Clone(f.backends))}
+	for _, b := range f.backends {
+		if b.healthy.Load() {
+			s.Healthy = append(s.Healthy, b)
+		}
+	}
+	f.snap.Store(s)
+}
 
 // Snapshot returns the current snapshot; it never blocks.
-func (f *Fleet) Snapshot() *Snapshot { panic("unimplemented") }
+func (f *Fleet) Snapshot() *Snapshot { return f.snap.Load() }

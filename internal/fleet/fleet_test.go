@@ -1,0 +1,253 @@
+package fleet
+
+import (
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+)
+
+var t0 = time.Unix(1000, 0)
+
+func newBackend(t testing.TB) (*Fleet, *Backend) {
+	t.Helper()
+	f := New()
+	return f, f.Add("b0", nil, nil)
+}
+
+func assertZero(t testing.TB, b *Backend) {
+	t.Helper()
+	if l := b.Load(); l != (Load{}) {
+		t.Errorf("backend %d load after all requests ended: %+v, want all zero", b.ID, l)
+	}
+}
+
+func TestTicketAccounting(t *testing.T) {
+	type step struct {
+		op   string // "first" or "done"
+		want Load
+	}
+	started := Load{InFlight: 1, PendingPrefill: 30}
+	decoding := Load{InFlight: 1, Decoding: 1, DecodeBudget: 50, DecodeTokens: 100}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"done before first byte", []step{{"done", Load{}}}},
+		{"first byte then done", []step{{"first", decoding}, {"done", Load{}}}},
+		{"double first byte", []step{{"first", decoding}, {"first", decoding}, {"done", Load{}}}},
+		{"double done", []step{{"first", decoding}, {"done", Load{}}, {"done", Load{}}}},
+		{"first byte after done", []step{{"done", Load{}}, {"first", Load{}}, {"done", Load{}}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, b := newBackend(t)
+			tk := b.Start(100, 30, 50, t0)
+			if got := b.Load(); got != started {
+				t.Fatalf("after Start: %+v, want %+v", got, started)
+			}
+			for i, s := range tt.steps {
+				if s.op == "first" {
+					tk.FirstByte(t0.Add(time.Second))
+				} else {
+					tk.Done(t0.Add(2 * time.Second))
+				}
+				if got := b.Load(); got != s.want {
+					t.Fatalf("after step %d (%s): %+v, want %+v", i, s.op, got, s.want)
+				}
+			}
+		})
+	}
+}
+
+func TestPrefillRate(t *testing.T) {
+	tests := []struct {
+		name string
+		// each request: uncached tokens, ttft; requests are sequential
+		reqs []struct {
+			uncached int64
+			ttft     time.Duration
+		}
+		want float64
+	}{
+		{"prior until observed", nil, DefaultPrefillRate},
+		{"first sample replaces the prior", []struct {
+			uncached int64
+			ttft     time.Duration
+		}{{4000, time.Second}}, 4000},
+		{"ewma of two samples", []struct {
+			uncached int64
+			ttft     time.Duration
+		}{{4000, time.Second}, {2000, 100 * time.Millisecond}}, 4000 + RateAlpha*(20000-4000)},
+		{"tiny work teaches nothing", []struct {
+			uncached int64
+			ttft     time.Duration
+		}{{MinRateWork - 1, time.Second}}, DefaultPrefillRate},
+		{"zero ttft teaches nothing", []struct {
+			uncached int64
+			ttft     time.Duration
+		}{{4000, 0}}, DefaultPrefillRate},
+		{"clamped high", []struct {
+			uncached int64
+			ttft     time.Duration
+		}{{1 << 40, time.Millisecond}}, MaxPrefillRate},
+		{"clamped low", []struct {
+			uncached int64
+			ttft     time.Duration
+		}{{1000, time.Hour}}, MinPrefillRate},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, b := newBackend(t)
+			for _, r := range tt.reqs {
+				tk := b.Start(r.uncached, r.uncached, 1, t0)
+				tk.FirstByte(t0.Add(r.ttft))
+				tk.Done(t0.Add(r.ttft))
+			}
+			if got := b.PrefillRate(); got != tt.want {
+				t.Errorf("PrefillRate = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestPrefillRateCountsQueuedWork checks that a request's sample includes
+// the prefill queued ahead of it: a backend that serves 2000 queued tokens
+// plus 2000 of ours in one second prefills 4000 tokens/s, not 2000.
+func TestPrefillRateCountsQueuedWork(t *testing.T) {
+	_, b := newBackend(t)
+	ahead := b.Start(2000, 2000, 1, t0)
+	tk := b.Start(2000, 2000, 1, t0)
+	tk.FirstByte(t0.Add(time.Second))
+	if got := b.PrefillRate(); got != 4000 {
+		t.Errorf("PrefillRate = %v, want 4000", got)
+	}
+	ahead.Done(t0)
+	tk.Done(t0)
+	assertZero(t, b)
+}
+
+func TestServes(t *testing.T) {
+	f := New()
+	anyModel := f.Add("any", nil, nil)
+	some := f.Add("some", nil, []string{"a", "b"})
+	tests := []struct {
+		b     *Backend
+		model string
+		want  bool
+	}{
+		{anyModel, "x", true}, {anyModel, "", true}, {some, "a", true}, {some, "b", true}, {some, "c", false}, {some, "", true},
+	}
+	for _, tt := range tests {
+		if got := tt.b.Serves(tt.model); got != tt.want {
+			t.Errorf("%s.Serves(%q) = %v, want %v", tt.b.Name, tt.model, got, tt.want)
+		}
+	}
+}
+
+func TestSnapshots(t *testing.T) {
+	f := New()
+	if s := f.Snapshot(); len(s.All) != 0 || len(s.Healthy) != 0 {
+		t.Fatalf("empty fleet snapshot %+v", s)
+	}
+	var bs []*Backend
+	for i := range 4 {
+		b := f.Add("b", nil, nil)
+		if b.ID != i {
+			t.Fatalf("ID %d, want %d", b.ID, i)
+		}
+		bs = append(bs, b)
+	}
+	before := f.Snapshot()
+	f.SetHealthy(bs[1], false)
+	f.SetHealthy(bs[3], false)
+	s := f.Snapshot()
+	if len(s.All) != 4 || len(s.Healthy) != 2 || s.Healthy[0] != bs[0] || s.Healthy[1] != bs[2] {
+		t.Errorf("after ejecting 1 and 3: %d all, healthy %v", len(s.All), ids(s.Healthy))
+	}
+	if len(before.Healthy) != 4 {
+		t.Errorf("an earlier snapshot changed: healthy %v", ids(before.Healthy))
+	}
+	f.SetHealthy(bs[1], false)
+	if f.Snapshot() != s {
+		t.Errorf("a no-op health change published a new snapshot")
+	}
+	f.SetHealthy(bs[1], true)
+	if got := ids(f.Snapshot().Healthy); len(got) != 3 || got[1] != 1 {
+		t.Errorf("after recovering 1: healthy %v, want [0 1 2]", got)
+	}
+}
+
+func ids(bs []*Backend) []int {
+	var out []int
+	for _, b := range bs {
+		out = append(out, b.ID)
+	}
+	return out
+}
+
+// TestStorm runs many goroutines starting tickets on random backends and
+// ending them every way a request can end, racing FirstByte and Done, and
+// then checks that every counter of every backend is back to exactly zero.
+func TestStorm(t *testing.T) {
+	f := New()
+	for range 4 {
+		f.Add("b", nil, nil)
+	}
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 42))
+			for range 500 {
+				s := f.Snapshot()
+				if rng.IntN(50) == 0 {
+					f.SetHealthy(s.All[rng.IntN(len(s.All))], rng.IntN(2) == 0)
+				}
+				b := s.All[rng.IntN(len(s.All))]
+				prompt := int64(rng.IntN(5000))
+				tk := b.Start(prompt, prompt-int64(rng.IntN(int(prompt)+1)), int64(rng.IntN(1000)), t0)
+				now := t0.Add(time.Duration(rng.IntN(1e9)))
+				switch rng.IntN(6) {
+				case 0: // failed before the first byte
+					tk.Done(now)
+				case 1: // normal
+					tk.FirstByte(now)
+					tk.Done(now)
+				case 2: // double Done
+					tk.FirstByte(now)
+					tk.Done(now)
+					tk.Done(now)
+				case 3: // FirstByte after Done
+					tk.Done(now)
+					tk.FirstByte(now)
+				case 4: // FirstByte and Done race
+					var w sync.WaitGroup
+					w.Go(func() { tk.FirstByte(now) })
+					w.Go(func() { tk.Done(now) })
+					w.Go(func() { tk.Done(now) })
+					w.Wait()
+				case 5: // still in flight while others route, ended later
+					_ = b.Load()
+					defer tk.Done(now)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, b := range f.Snapshot().All {
+		assertZero(t, b)
+		if r := b.PrefillRate(); r < MinPrefillRate || r > MaxPrefillRate {
+			t.Errorf("backend %d learned rate %v outside the clamp", b.ID, r)
+		}
+	}
+}
+
+func BenchmarkTicket(b *testing.B) {
+	_, be := newBackend(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		tk := be.Start(1000, 500, 100, t0)
+		tk.FirstByte(t0.Add(time.Millisecond))
+		tk.Done(t0.Add(time.Second))
+	}
+}
