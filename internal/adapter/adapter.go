@@ -1,0 +1,230 @@
+// Package adapter reads an inference engine's own picture of its load from
+// what the engine really exposes: its Prometheus /metrics (vLLM, SGLang,
+// llama.cpp server, Text Generation Inference) and llama.cpp's /slots. It
+// turns one scrape into a State; the proxy decides when to scrape and feeds
+// the result to the fleet.
+//
+// Parsing uses the Prometheus text parser of prometheus/common; this package
+// does no I/O of its own and never panics on malformed input.
+package adapter
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Kind is an engine family.
+type Kind string
+
+// The engine kinds kvroute understands.
+const (
+	Unknown  Kind = ""
+	VLLM     Kind = "vllm"
+	SGLang   Kind = "sglang"
+	LlamaCpp Kind = "llamacpp"
+	TGI      Kind = "tgi"
+)
+
+// Kinds lists the kinds a config may name.
+var Kinds = []Kind{VLLM, SGLang, LlamaCpp, TGI}
+
+// ParseKind validates a configured kind ("" or "auto" mean detect).
+func ParseKind(s string) (Kind, error) {
+	if s == "" || s == "auto" {
+		return Unknown, nil
+	}
+	for _, k := range Kinds {
+		if string(k) == s {
+			return k, nil
+		}
+	}
+	return Unknown, fmt.Errorf("unknown engine kind %q (known: vllm, sglang, llamacpp, tgi, auto)", s)
+}
+
+// State is one scrape's reading. Fields an engine does not expose are -1.
+type State struct {
+	Kind Kind
+	// Running and Waiting are requests in the engine's batch and queue.
+	Running, Waiting float64
+	// KVUsage is the KV cache fill, 0..1.
+	KVUsage float64
+	// PrefixHitRate is cached prompt tokens / prompt tokens, 0..1, over the
+	// engine's lifetime (vLLM counters) or as the engine reports it (SGLang).
+	PrefixHitRate float64
+	// BlockSize (tokens) and NumGPUBlocks come from vLLM's cache_config_info.
+	BlockSize, NumGPUBlocks int
+}
+
+// metric names, exactly as the engines export them.
+const (
+	vllmRunning       = "vllm:num_requests_running"
+	vllmWaiting       = "vllm:num_requests_waiting"
+	vllmKVUsage       = "vllm:kv_cache_usage_perc"
+	vllmKVUsageLegacy = "vllm:gpu_cache_usage_perc"
+	vllmHits          = "vllm:prefix_cache_hits_total"
+	vllmQueries       = "vllm:prefix_cache_queries_total"
+	vllmCacheConfig   = "vllm:cache_config_info"
+
+	sglRunning = "sglang:num_running_reqs"
+	sglWaiting = "sglang:num_queue_reqs"
+	sglTokens  = "sglang:token_usage"
+	sglHitRate = "sglang:cache_hit_rate"
+	llamaProc  = "llamacpp:requests_processing"
+	llamaDefer = "llamacpp:requests_deferred"
+	llamaKV    = "llamacpp:kv_cache_usage_ratio"
+	tgiQueue   = "tgi_queue_size"
+	tgiBatch   = "tgi_batch_current_size"
+)
+
+// ParseMetrics parses a Prometheus text exposition. kind Unknown detects
+// the engine from the metric names present; a kind given but not matching
+// what the exposition holds is an error, as is an exposition of no known
+// engine.
+func ParseMetrics(r io.Reader, kind Kind) (State, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return State{}, fmt.Errorf("parse metrics: %w", err)
+	}
+	if kind == Unknown {
+		kind = detect(fams)
+		if kind == Unknown {
+			return State{}, fmt.Errorf("parse metrics: no vLLM, SGLang, llama.cpp or TGI metrics found")
+		}
+	}
+	s := State{Kind: kind, Running: -1, Waiting: -1, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1}
+	switch kind {
+	case VLLM:
+		s.Running = sum(fams[vllmRunning])
+		s.Waiting = sum(fams[vllmWaiting])
+		s.KVUsage = maxOf(fams[vllmKVUsage])
+		if s.KVUsage < 0 {
+			s.KVUsage = maxOf(fams[vllmKVUsageLegacy])
+		}
+		if h, q := sum(fams[vllmHits]), sum(fams[vllmQueries]); h >= 0 && q > 0 {
+			s.PrefixHitRate = h / q
+		}
+		if f := fams[vllmCacheConfig]; f != nil && len(f.Metric) > 0 {
+			for _, lp := range f.Metric[0].Label {
+				switch lp.GetName() {
+				case "block_size":
+					s.BlockSize = atoi(lp.GetValue())
+				case "num_gpu_blocks":
+					s.NumGPUBlocks = atoi(lp.GetValue())
+				}
+			}
+		}
+	case SGLang:
+		s.Running = sum(fams[sglRunning])
+		s.Waiting = sum(fams[sglWaiting])
+		s.KVUsage = maxOf(fams[sglTokens])
+		s.PrefixHitRate = maxOf(fams[sglHitRate])
+	case LlamaCpp:
+		s.Running = sum(fams[llamaProc])
+		s.Waiting = sum(fams[llamaDefer])
+		s.KVUsage = maxOf(fams[llamaKV])
+	case TGI:
+		s.Running = sum(fams[tgiBatch])
+		s.Waiting = sum(fams[tgiQueue])
+	default:
+		return State{}, fmt.Errorf("parse metrics: unknown engine kind %q", kind)
+	}
+	if s.Running < 0 && s.Waiting < 0 {
+		return State{}, fmt.Errorf("parse metrics: no %s load metrics found (%s engine expected)", kind, kind)
+	}
+	return s, nil
+}
+
+func detect(fams map[string]*dto.MetricFamily) Kind {
+	switch {
+	case fams[vllmRunning] != nil || fams[vllmWaiting] != nil:
+		return VLLM
+	case fams[sglRunning] != nil || fams[sglWaiting] != nil:
+		return SGLang
+	case fams[llamaProc] != nil || fams[llamaDefer] != nil:
+		return LlamaCpp
+	case fams[tgiQueue] != nil || fams[tgiBatch] != nil:
+		return TGI
+	}
+	return Unknown
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.Gauge != nil:
+		return m.Gauge.GetValue()
+	case m.Counter != nil:
+		return m.Counter.GetValue()
+	case m.Untyped != nil:
+		return m.Untyped.GetValue()
+	}
+	return 0
+}
+
+// sum adds a family's series (an engine with several data-parallel ranks
+// exports one series each); -1 when absent.
+func sum(f *dto.MetricFamily) float64 {
+	if f == nil || len(f.Metric) == 0 {
+		return -1
+	}
+	var t float64
+	for _, m := range f.Metric {
+		t += value(m)
+	}
+	return t
+}
+
+// maxOf takes the fullest rank's value; -1 when absent.
+func maxOf(f *dto.MetricFamily) float64 {
+	if f == nil || len(f.Metric) == 0 {
+		return -1
+	}
+	x := value(f.Metric[0])
+	for _, m := range f.Metric[1:] {
+		x = max(x, value(m))
+	}
+	return x
+}
+
+func atoi(s string) int {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// Slots is llama.cpp's /slots reading.
+type Slots struct {
+	Total, Processing int
+	// NCtx is the context size of a slot (0 when not reported).
+	NCtx int
+}
+
+// ParseSlots parses llama.cpp server's GET /slots: a JSON array of slots,
+// each with "id", "n_ctx" and "is_processing" (older servers report "state",
+// 0 idle and non-zero busy).
+func ParseSlots(r io.Reader) (Slots, error) {
+	var raw []struct {
+		NCtx         int   `json:"n_ctx"`
+		IsProcessing *bool `json:"is_processing"`
+		State        *int  `json:"state"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r, 16<<20)).Decode(&raw); err != nil {
+		return Slots{}, fmt.Errorf("parse /slots: %w", err)
+	}
+	s := Slots{Total: len(raw)}
+	for _, sl := range raw {
+		if (sl.IsProcessing != nil && *sl.IsProcessing) || (sl.IsProcessing == nil && sl.State != nil && *sl.State != 0) {
+			s.Processing++
+		}
+		s.NCtx = max(s.NCtx, sl.NCtx)
+	}
+	return s, nil
+}

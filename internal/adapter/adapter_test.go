@@ -1,0 +1,111 @@
+package adapter
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func open(t *testing.T, name string) *os.File {
+	t.Helper()
+	f, err := os.Open(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func TestParseMetrics(t *testing.T) {
+	tests := []struct {
+		file string
+		kind Kind
+		want State
+	}{
+		{"vllm.prom", Unknown, State{Kind: VLLM, Running: 12, Waiting: 5, KVUsage: 0.42, PrefixHitRate: 0.25, BlockSize: 16, NumGPUBlocks: 27000}},
+		{"vllm.prom", VLLM, State{Kind: VLLM, Running: 12, Waiting: 5, KVUsage: 0.42, PrefixHitRate: 0.25, BlockSize: 16, NumGPUBlocks: 27000}},
+		{"vllm_v0.prom", Unknown, State{Kind: VLLM, Running: 3, Waiting: 0, KVUsage: 0.9, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1}},
+		{"sglang.prom", Unknown, State{Kind: SGLang, Running: 7, Waiting: 2, KVUsage: 0.28, PrefixHitRate: 0.0075, BlockSize: -1, NumGPUBlocks: -1}},
+		{"llamacpp.prom", Unknown, State{Kind: LlamaCpp, Running: 4, Waiting: 9, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1}},
+		{"tgi.prom", TGI, State{Kind: TGI, Running: 32, Waiting: 6, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.file+"/"+string(tt.kind), func(t *testing.T) {
+			got, err := ParseMetrics(open(t, tt.file), tt.kind)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tt.want {
+				t.Fatalf("got %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseMetricsErrors(t *testing.T) {
+	tests := []struct {
+		name, text string
+		kind       Kind
+		want       string
+	}{
+		{"garbage", "this is { not prometheus", Unknown, "parse metrics"},
+		{"no engine", "# TYPE go_goroutines gauge\ngo_goroutines 5\n", Unknown, "no vLLM"},
+		{"wrong kind", "sglang:num_running_reqs 1\n", VLLM, "no vllm load metrics"},
+		{"empty", "", Unknown, "no vLLM"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseMetrics(strings.NewReader(tt.text), tt.kind)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseKind(t *testing.T) {
+	for _, s := range []string{"", "auto", "vllm", "sglang", "llamacpp", "tgi"} {
+		if _, err := ParseKind(s); err != nil {
+			t.Errorf("ParseKind(%q): %v", s, err)
+		}
+	}
+	if _, err := ParseKind("triton"); err == nil {
+		t.Error("ParseKind(triton) succeeded")
+	}
+}
+
+func TestParseSlots(t *testing.T) {
+	got, err := ParseSlots(open(t, "slots.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Slots{Total: 3, Processing: 2, NCtx: 8192}); got != want {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	old, err := ParseSlots(strings.NewReader(`[{"id":0,"state":1},{"id":1,"state":0}]`))
+	if err != nil || old.Processing != 1 || old.Total != 2 {
+		t.Fatalf("legacy slots: %+v %v", old, err)
+	}
+	if _, err := ParseSlots(strings.NewReader(`{"not":"an array"}`)); err == nil {
+		t.Fatal("object accepted as /slots")
+	}
+}
+
+// FuzzParseMetrics: whatever an engine (or something pretending to be one)
+// serves on /metrics, parsing never panics.
+func FuzzParseMetrics(f *testing.F) {
+	for _, name := range []string{"vllm.prom", "vllm_v0.prom", "sglang.prom", "llamacpp.prom", "tgi.prom"} {
+		b, err := os.ReadFile(filepath.Join("testdata", name))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(string(b))
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		for _, k := range []Kind{Unknown, VLLM, SGLang, LlamaCpp, TGI} {
+			_, _ = ParseMetrics(strings.NewReader(text), k)
+		}
+		_, _ = ParseSlots(strings.NewReader(text))
+	})
+}
