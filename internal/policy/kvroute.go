@@ -1,0 +1,227 @@
+package policy
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/request"
+)
+
+func init() { register("kvroute", func(o Options) Policy { return NewKVRoute(o) }) }
+
+// The constants of the kvroute estimate. docs/routing.md derives each one;
+// they are the knobs to tune against the peers in the simulator.
+const (
+	// PrefillChunkTokens is the engine's token budget per step (vLLM v1's
+	// max_num_batched_tokens default for an OpenAI server on an 80 GB GPU).
+	// Chunked prefill cuts a long prefill into steps of this many tokens, and
+	// every step also runs the whole decoding batch.
+	PrefillChunkTokens = 8192
+
+	// DecodeSeqCost is what one decoding stream adds to every engine step,
+	// in prefill-token equivalents: its one new token costs the same matmul
+	// FLOPs as one prefill token, and takes one token of the step budget.
+	DecodeSeqCost = 1.0
+
+	// DecodeContextCost is what one token of a decoding stream's context
+	// adds to every step, in prefill-token equivalents: attention reads its
+	// K and V (128 KiB per token for Llama-3-8B in bf16, 39 ns at the H100's
+	// 3.35 TB/s) against about 32 µs of compute per prefill token (16 GFLOP
+	// at half of 989 TFLOPS): 39 ns / 32 µs ~ 1/800.
+	DecodeContextCost = 1.0 / 800
+
+	// AffinityRatio and AffinitySlack bound session stickiness in time: a
+	// request stays on its conversation's backend while that backend's
+	// estimate is at most AffinityRatio times the best estimate plus
+	// AffinitySlack seconds. The slack keeps a conversation home when every
+	// estimate is a few milliseconds and the differences are noise.
+	AffinityRatio = 1.5
+	AffinitySlack = 0.02
+
+	// EngineStateMaxAge is how old an engine report may be and still count.
+	// Metric scrapes arrive about once a second; an older report describes
+	// a queue that has long since moved.
+	EngineStateMaxAge = 3 * time.Second
+
+	// sessionSlotsLog2 sizes the table of the backend each session last
+	// went to: 2^16 slots of 8 bytes (512 KiB). It is direct-mapped and
+	// lossy: a collision evicts the older conversation, which then falls
+	// back to its prefix match, so memory stays bounded whatever the
+	// number of sessions.
+	sessionSlotsLog2 = 16
+)
+
+// KVRoute sends each request to the backend with the lowest estimated time
+// to first token: the prefill work queued there plus this request's
+// uncached tokens, plus what the decoding batch steals from every prefill
+// step, over the backend's learned prefill rate; a session key keeps a
+// conversation on the backend that holds it while that costs at most a
+// bounded factor over the best.
+//
+// For candidate i, with all token counts estimated by the router:
+//
+//	work_i  = PendingPrefill_i + external waiting_i + uncached_i
+//	steps_i = max(1, ceil(work_i / PrefillChunkTokens))
+//	dec_i   = DecodeSeqCost*Decoding_i + DecodeContextCost*DecodeTokens_i
+//	est_i   = (work_i + steps_i*dec_i) / PrefillRate_i
+//
+// See docs/routing.md for the reasoning behind each term.
+type KVRoute struct {
+	loadFactor float64
+	rot        tieRotor
+	// last maps a session key's hash to the ID of the backend its
+	// conversation last went to; see sessionSlotsLog2 and packSession.
+	last [1 << sessionSlotsLog2]atomic.Uint64
+}
+
+// NewKVRoute returns a kvroute policy. Options.LoadFactor bounds the
+// in-flight requests of a sticky backend as CHWBL does (default
+// DefaultLoadFactor).
+func NewKVRoute(o Options) *KVRoute {
+	return &KVRoute{loadFactor: sessionLoadFactor(o)}
+}
+
+// Name implements Policy.
+func (*KVRoute) Name() string { return "kvroute" }
+
+// Pick implements Policy.
+func (p *KVRoute) Pick(in *Input) Decision {
+	cands := in.Candidates
+	n := len(cands)
+	prompt := int64(0)
+	lastID, keyed := -1, false
+	if in.View != nil {
+		prompt = int64(in.View.PromptTokens)
+		if keyed = in.View.SessionKey != ""; keyed {
+			lastID = p.lookupSession(xxhash.Sum64String(in.View.SessionKey))
+		}
+	}
+	tokensPerBlock := float64(in.BlockChars) / request.BytesPerToken
+
+	start := p.rot.start(n)
+	best, holder := -1, -1
+	var bestEst, holderEst float64
+	var bestLoad, holderLoad, total int64
+	var holderMatch int32
+	for k := range n {
+		i := start + k
+		if i >= n {
+			i -= n
+		}
+		b := cands[i]
+		l := b.Load()
+		total += l.InFlight
+		est := p.estimate(b, &l, prompt, int64(float64(in.Matched[i])*tokensPerBlock), in.Now)
+		// Exact float ties happen (idle, equal rates, no cache): break them
+		// by fewer in flight, then by the rotating scan order.
+		if best < 0 || est < bestEst || (est == bestEst && l.InFlight < bestLoad) {
+			best, bestEst, bestLoad = i, est, l.InFlight
+		}
+		// The conversation's holder: the longest match for this prompt; on
+		// equal matches (none at all, say) the backend it last went to, then
+		// the lower estimate.
+		if m := in.Matched[i]; keyed && (holder < 0 || m > holderMatch ||
+			(m == holderMatch && cands[holder].ID != lastID && (b.ID == lastID || est < holderEst))) {
+			holder, holderEst, holderLoad, holderMatch = i, est, l.InFlight, m
+		}
+	}
+
+	if holder >= 0 && (holderMatch > 0 || cands[holder].ID == lastID) {
+		if holder == best {
+			return Decision{Index: best, EstTTFT: bestEst, Note: "sticky"}
+		}
+		if holderEst <= AffinityRatio*bestEst+AffinitySlack &&
+			holderLoad+1 <= boundedLoadCap(p.loadFactor, total, n) {
+			return Decision{Index: holder, EstTTFT: holderEst, Note: "sticky"}
+		}
+		return Decision{Index: best, EstTTFT: bestEst, Note: "spill"}
+	}
+	note := "load"
+	if in.Matched[best] > 0 && in.Matched[best] >= maxMatched(in.Matched) {
+		note = "cache"
+	}
+	return Decision{Index: best, EstTTFT: bestEst, Note: note}
+}
+
+// estimate is candidate b's estimated TTFT in seconds for a request of
+// prompt tokens of which cached are in b's prefix cache.
+func (p *KVRoute) estimate(b *fleet.Backend, l *fleet.Load, prompt, cached int64, now time.Time) float64 {
+	uncached := max(prompt-cached, 0)
+	work := l.PendingPrefill + uncached
+	decoding, context := l.Decoding, l.DecodeTokens
+
+	// Work the engine holds that the router did not route itself (another
+	// router, a direct client, requests it is still finishing after a
+	// router restart): requests waiting beyond our own not-yet-started ones
+	// count as pending prefill, running ones beyond all of ours as decoding
+	// streams, each at the mean prompt size of our decoding streams.
+	if e := b.Engine(); e != nil && now.Sub(e.At) <= EngineStateMaxAge {
+		mean := prompt
+		if decoding > 0 {
+			mean = context / decoding
+		}
+		if extra := int64(e.Waiting) - (l.InFlight - l.Decoding); extra > 0 {
+			work += extra * mean
+		}
+		if extra := int64(e.Running) - l.InFlight; extra > 0 {
+			decoding += extra
+			context += extra * mean
+		}
+	}
+
+	steps := max((work+PrefillChunkTokens-1)/PrefillChunkTokens, 1)
+	dec := DecodeSeqCost*float64(decoding) + DecodeContextCost*float64(context)
+	rate := b.PrefillRate()
+	if rate <= 0 {
+		rate = fleet.DefaultPrefillRate
+	}
+	return (float64(work) + float64(steps)*dec) / rate
+}
+
+func maxMatched(m []int32) int32 {
+	var x int32
+	for _, v := range m {
+		x = max(x, v)
+	}
+	return x
+}
+
+// Routed implements Observer: it remembers where a session's request went,
+// so that its next turn finds the conversation even if the prefix index
+// has lost it.
+func (p *KVRoute) Routed(in *Input, d Decision) {
+	if in.View == nil || in.View.SessionKey == "" {
+		return
+	}
+	h := xxhash.Sum64String(in.View.SessionKey)
+	p.last[h&(1<<sessionSlotsLog2-1)].Store(packSession(h, in.Candidates[d.Index].ID))
+}
+
+// A session slot packs the key hash's top 44 bits as a tag (the low bits
+// chose the slot) with the backend ID + 1 in the low 20 bits; 0 is empty.
+const sessionIDBits = 20
+
+func packSession(h uint64, id int) uint64 {
+	if id+1 >= 1<<sessionIDBits {
+		return 0 // not representable; the conversation relies on its prefix
+	}
+	return h&^(1<<sessionIDBits-1) | uint64(id+1)
+}
+
+// lookupSession returns the backend ID the session with key hash h last
+// went to, or -1.
+func (p *KVRoute) lookupSession(h uint64) int {
+	e := p.last[h&(1<<sessionSlotsLog2-1)].Load()
+	if e == 0 || e&^(1<<sessionIDBits-1) != h&^(1<<sessionIDBits-1) {
+		return -1
+	}
+	return int(e&(1<<sessionIDBits-1)) - 1
+}
+
+var (
+	_ Policy   = (*KVRoute)(nil)
+	_ Observer = (*KVRoute)(nil)
+)
