@@ -1,0 +1,426 @@
+// Package config is the configuration of `kvroute serve`: the YAML file
+// format (decoded strictly, so that a misspelt key is an error that names it
+// rather than a silently ignored setting), the defaults, the command-line
+// overrides, and validation.
+//
+// Defaults are set in one place (Default) and checked in another (Validate).
+// The package does no network I/O and knows nothing of HTTP serving; it only
+// describes what the proxy should do.
+//
+// The struct comments below are the user documentation of every key; keep
+// docs/configuration.md in step with them.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/prefix"
+)
+
+// Config is the whole configuration file.
+type Config struct {
+	// Listen is the address the router listens on. Default "127.0.0.1:8080".
+	Listen string `yaml:"listen"`
+	// Policy names the routing policy (see `kvroute serve -h` for the list).
+	// Default "kvroute".
+	Policy string `yaml:"policy"`
+	// PolicyOptions tune the policies.
+	PolicyOptions PolicyOptions `yaml:"policy_options"`
+	// Backends are the inference servers. At least one is required, from
+	// the file or from --backend flags (which replace the file's list).
+	Backends []Backend `yaml:"backends"`
+	// Session says where a request's conversation key comes from.
+	Session Session `yaml:"session"`
+	// Limits bound what a client may send.
+	Limits Limits `yaml:"limits"`
+	// Prefix tunes the router's prefix-cache index.
+	Prefix Prefix `yaml:"prefix"`
+	// Health tunes active health checks and passive ejection.
+	Health Health `yaml:"health"`
+	// Retry tunes retries before the first response byte.
+	Retry Retry `yaml:"retry"`
+	// Upstream tunes connections to the backends.
+	Upstream Upstream `yaml:"upstream"`
+	// Log tunes the router's own log.
+	Log Log `yaml:"log"`
+	// ShutdownGrace is how long, on SIGTERM or SIGINT, the router lets
+	// in-flight requests (streams included) finish after it stops accepting
+	// new connections, before it closes them. Default 30s.
+	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
+}
+
+// PolicyOptions tune the routing policies; see docs/routing.md.
+type PolicyOptions struct {
+	// LoadFactor bounds a backend's load relative to the fleet mean for
+	// consistent hashing with bounded loads (policies session-hash and
+	// kubeai-chwbl). 0 means the default, 1.25.
+	LoadFactor float64 `yaml:"load_factor"`
+	// Seed seeds the policies' random choices. Default 0.
+	Seed int64 `yaml:"seed"`
+}
+
+// Backend is one inference server.
+type Backend struct {
+	// URL is the server's base URL, http or https with a host, e.g.
+	// "http://10.0.0.5:8000". Requests keep their path: /v1/chat/completions
+	// goes to URL + "/v1/chat/completions". Required.
+	URL string `yaml:"url"`
+	// Name labels the backend in metrics, logs and the X-Kvroute-Backend
+	// header. Default: the URL's host:port.
+	Name string `yaml:"name"`
+	// Models the backend serves. Empty means: ask the backend's /v1/models
+	// at startup (when discover_models is on), and serve any model if that
+	// fails.
+	Models []string `yaml:"models"`
+}
+
+// Session says where the session (conversation) key comes from.
+type Session struct {
+	// Header is the request header carrying the session key; it wins over
+	// BodyField. Default "X-Session-ID". Empty disables it.
+	Header string `yaml:"header"`
+	// BodyField is a top-level request body field (e.g. "user") whose value
+	// is the session key when the header is absent. Default "" (off).
+	BodyField string `yaml:"body_field"`
+}
+
+// Limits bound what a client may send.
+type Limits struct {
+	// MaxBodyBytes is the largest request body accepted; larger bodies get
+	// 413. A number of bytes or a size such as "32MiB". Default 32MiB.
+	MaxBodyBytes ByteSize `yaml:"max_body_bytes"`
+}
+
+// Prefix tunes the prefix-cache index.
+type Prefix struct {
+	// BlockChars is the size of a prefix block in characters of rendered
+	// prompt (about 4 characters per token). Default 64.
+	BlockChars int `yaml:"block_chars"`
+	// CapacityBlocks is each backend's capacity in blocks: the index
+	// forgets a backend's least recently used blocks beyond it. Default
+	// 100000 (about 6.4M characters, 1.6M tokens).
+	CapacityBlocks int `yaml:"capacity_blocks"`
+}
+
+// Health tunes health checking.
+type Health struct {
+	// Interval between active checks of each backend. Default 5s.
+	Interval time.Duration `yaml:"interval"`
+	// Timeout of one active check. Default 2s.
+	Timeout time.Duration `yaml:"timeout"`
+	// Path of the active check (GET; 200 means healthy). Default "/health"
+	// (vLLM, SGLang, llama.cpp and TGI all serve it). Empty disables active
+	// checks, and with them passive ejection, since nothing could bring an
+	// ejected backend back.
+	Path string `yaml:"path"`
+	// EjectAfter is the number of consecutive failures (connection errors
+	// and 5xx responses of proxied requests, failed active checks) after
+	// which a backend stops receiving requests until an active check
+	// succeeds. Default 3.
+	EjectAfter int `yaml:"eject_after"`
+}
+
+// Retry tunes retries.
+type Retry struct {
+	// Attempts is how many times a request is re-routed to another backend
+	// when its backend fails (connection error, 5xx, or a broken response)
+	// before the first response byte reached the client. After the first
+	// byte a request is never retried. 0 disables retries. Default 2.
+	Attempts int `yaml:"attempts"`
+}
+
+// Upstream tunes connections to the backends.
+type Upstream struct {
+	// ConnectTimeout bounds establishing a connection. Default 5s.
+	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	// ResponseHeaderTimeout bounds the wait for a backend's response
+	// headers after the request was sent. A non-streaming request sends its
+	// headers only when the whole completion is done, so keep it above the
+	// longest completion. 0 means no limit. Default 10m.
+	ResponseHeaderTimeout time.Duration `yaml:"response_header_timeout"`
+	// DiscoverModels asks each backend without a configured models list
+	// for its /v1/models at startup, so that requests for a model no
+	// backend serves get 404. Turn it off for servers that accept any
+	// model name whatever their /v1/models says. Default true.
+	DiscoverModels bool `yaml:"discover_models"`
+}
+
+// Log tunes the router's log.
+type Log struct {
+	// Level is debug, info, warn or error. Default info. Per-request lines
+	// are logged at debug; prompts and Authorization headers never are.
+	Level string `yaml:"level"`
+	// Format is text or json. Default text.
+	Format string `yaml:"format"`
+}
+
+// Defaults, named so that docs and tests can refer to them.
+const (
+	DefaultListen         = "127.0.0.1:8080"
+	DefaultSessionHeader  = "X-Session-ID"
+	DefaultMaxBodyBytes   = 32 << 20
+	DefaultHealthInterval = 5 * time.Second
+	DefaultHealthTimeout  = 2 * time.Second
+	DefaultHealthPath     = "/health"
+	DefaultEjectAfter     = 3
+	DefaultRetryAttempts  = 2
+	DefaultConnectTimeout = 5 * time.Second
+	DefaultHeaderTimeout  = 10 * time.Minute
+	DefaultShutdownGrace  = 30 * time.Second
+)
+
+// Default returns the configuration with every default set and no
+// backends. Load decodes the file over it, so a key the file leaves out
+// keeps its default; this is the one place where defaults are set.
+func Default() *Config {
+	return &Config{
+		Listen:        DefaultListen,
+		Policy:        policy.Default,
+		Session:       Session{Header: DefaultSessionHeader},
+		Limits:        Limits{MaxBodyBytes: DefaultMaxBodyBytes},
+		Prefix:        Prefix{BlockChars: prefix.DefaultBlockChars, CapacityBlocks: prefix.DefaultCapacity},
+		Health:        Health{Interval: DefaultHealthInterval, Timeout: DefaultHealthTimeout, Path: DefaultHealthPath, EjectAfter: DefaultEjectAfter},
+		Retry:         Retry{Attempts: DefaultRetryAttempts},
+		Upstream:      Upstream{ConnectTimeout: DefaultConnectTimeout, ResponseHeaderTimeout: DefaultHeaderTimeout, DiscoverModels: true},
+		Log:           Log{Level: "info", Format: "text"},
+		ShutdownGrace: DefaultShutdownGrace,
+	}
+}
+
+// Load reads and strictly decodes the YAML file at path over the defaults.
+// It does not validate; call Validate after applying overrides.
+func Load(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	c, err := Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse strictly decodes YAML over the defaults: a key that is not part of
+// the format is an error that names it and its line.
+func Parse(b []byte) (*Config, error) {
+	c := Default()
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+		return nil, cleanYAMLError(err)
+	}
+	// A second document would be silently ignored; refuse it instead.
+	var extra any
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, errors.New("more than one YAML document")
+	}
+	return c, nil
+}
+
+// cleanYAMLError rewrites yaml's "field x not found in type config.Backend"
+// into words a user of the file understands.
+func cleanYAMLError(err error) error {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return err
+	}
+	msgs := make([]string, len(te.Errors))
+	for i, m := range te.Errors {
+		if j := strings.Index(m, " not found in type "); j >= 0 && strings.Contains(m, "field ") {
+			m = strings.Replace(m[:j], "field ", "unknown key ", 1)
+		}
+		msgs[i] = m
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+// Overrides are the command-line flags that override the file.
+type Overrides struct {
+	// Listen, when non-empty, replaces listen.
+	Listen string
+	// Policy, when non-empty, replaces policy.
+	Policy string
+	// Backends, when non-empty, replace the file's backends list.
+	Backends []string
+}
+
+// Apply applies o to c.
+func (c *Config) Apply(o Overrides) {
+	if o.Listen != "" {
+		c.Listen = o.Listen
+	}
+	if o.Policy != "" {
+		c.Policy = o.Policy
+	}
+	if len(o.Backends) > 0 {
+		c.Backends = c.Backends[:0:0]
+		for _, u := range o.Backends {
+			c.Backends = append(c.Backends, Backend{URL: u})
+		}
+	}
+}
+
+// Validate checks c and fills in derived values (backend names). Its error
+// says which key is wrong and why.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if c.Listen == "" {
+		bad("listen: must not be empty")
+	}
+	if _, err := policy.New(c.Policy, policy.Options{}); err != nil {
+		bad("policy: %v", err)
+	}
+	if c.PolicyOptions.LoadFactor != 0 && c.PolicyOptions.LoadFactor < 1 {
+		bad("policy_options.load_factor: %g must be at least 1 (or 0 for the default)", c.PolicyOptions.LoadFactor)
+	}
+	if len(c.Backends) == 0 {
+		bad("backends: none configured (add backends to the file or pass --backend URL)")
+	}
+	names := map[string]int{}
+	urls := map[string]int{}
+	for i := range c.Backends {
+		b := &c.Backends[i]
+		u, err := ParseBackendURL(b.URL)
+		if err != nil {
+			bad("backends[%d].url: %v", i, err)
+			continue
+		}
+		if j, dup := urls[u.String()]; dup {
+			bad("backends[%d].url: %s is also backends[%d]", i, u, j)
+		}
+		urls[u.String()] = i
+		if b.Name == "" {
+			b.Name = u.Host
+		}
+		if j, dup := names[b.Name]; dup {
+			bad("backends[%d].name: %q is also the name of backends[%d]", i, b.Name, j)
+		}
+		names[b.Name] = i
+		for k, m := range b.Models {
+			if m == "" {
+				bad("backends[%d].models[%d]: empty model name", i, k)
+			}
+		}
+	}
+	if c.Limits.MaxBodyBytes <= 0 {
+		bad("limits.max_body_bytes: %d must be positive", c.Limits.MaxBodyBytes)
+	}
+	if c.Prefix.BlockChars <= 0 {
+		bad("prefix.block_chars: %d must be positive", c.Prefix.BlockChars)
+	}
+	if c.Prefix.CapacityBlocks <= 0 {
+		bad("prefix.capacity_blocks: %d must be positive", c.Prefix.CapacityBlocks)
+	}
+	if c.Health.Interval <= 0 {
+		bad("health.interval: %v must be positive", c.Health.Interval)
+	}
+	if c.Health.Timeout <= 0 {
+		bad("health.timeout: %v must be positive", c.Health.Timeout)
+	}
+	if c.Health.Path != "" && !strings.HasPrefix(c.Health.Path, "/") {
+		bad("health.path: %q must start with /", c.Health.Path)
+	}
+	if c.Health.EjectAfter <= 0 {
+		bad("health.eject_after: %d must be positive", c.Health.EjectAfter)
+	}
+	if c.Retry.Attempts < 0 {
+		bad("retry.attempts: %d must not be negative", c.Retry.Attempts)
+	}
+	if c.Upstream.ConnectTimeout <= 0 {
+		bad("upstream.connect_timeout: %v must be positive", c.Upstream.ConnectTimeout)
+	}
+	if c.Upstream.ResponseHeaderTimeout < 0 {
+		bad("upstream.response_header_timeout: %v must not be negative", c.Upstream.ResponseHeaderTimeout)
+	}
+	if c.ShutdownGrace < 0 {
+		bad("shutdown_grace: %v must not be negative", c.ShutdownGrace)
+	}
+	switch strings.ToLower(c.Log.Level) {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log.level: %q is not one of debug, info, warn, error", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case "text", "json":
+	default:
+		bad("log.format: %q is not text or json", c.Log.Format)
+	}
+	return errors.Join(errs...)
+}
+
+// ParseBackendURL parses a backend base URL: http or https, with a host, no
+// query or fragment. A trailing slash is dropped.
+func ParseBackendURL(s string) (*url.URL, error) {
+	if s == "" {
+		return nil, errors.New("empty URL")
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, err
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("%q: scheme must be http or https", s)
+	}
+	if u.Host == "" || u.Hostname() == "" {
+		return nil, fmt.Errorf("%q: no host", s)
+	}
+	if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return nil, fmt.Errorf("%q: a backend URL takes no query, fragment or user info", s)
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	u.RawPath = ""
+	return u, nil
+}
+
+// ByteSize is a size in bytes that YAML may write as a number or as a
+// string with a unit: "32MiB", "512KiB", "1GiB", "1000000B", "10MB".
+type ByteSize int64
+
+// UnmarshalYAML accepts an integer or a string with a unit.
+func (s *ByteSize) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: a size must be a number or a string such as \"32MiB\"", n.Line)
+	}
+	v, err := parseByteSize(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
+	}
+	*s = ByteSize(v)
+	return nil
+}
+
+func parseByteSize(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	units := []struct {
+		suffix string
+		mult   int64
+	}{
+		{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30},
+		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1},
+	}
+	mult := int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(t, u.suffix) {
+			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || v < 0 || v > (1<<62)/mult {
+		return 0, fmt.Errorf("bad size %q (want bytes, or a number with KiB, MiB, GiB, KB, MB, GB)", s)
+	}
+	return v * mult, nil
+}
