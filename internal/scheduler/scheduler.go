@@ -11,6 +11,8 @@ package scheduler
 
 import (
 	"errors"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -27,6 +29,11 @@ var (
 	ErrNoBackend = errors.New("no healthy backend for this model")
 )
 
+// DefaultOutputBudget is the output budget, in tokens, accounted for a
+// request that set no max_tokens: about one chat answer. It only weighs the
+// decode load; it never limits the response.
+const DefaultOutputBudget = 256
+
 // Config tunes a Scheduler.
 type Config struct {
 	// BlockChars is the prefix block size in characters; default
@@ -38,17 +45,53 @@ type Config struct {
 }
 
 // Scheduler routes requests over a fleet with one policy.
-type Scheduler struct{}
+type Scheduler struct {
+	fleet    *fleet.Fleet
+	policy   policy.Policy
+	observer policy.Observer // policy as an Observer, or nil
+	index    *prefix.Index
+	blockCh  int
+	prefix   string // "policy=<name> ", the constant head of every Reason
+	scratch  sync.Pool
+}
+
+// scratch is one Route's working memory, pooled so that routing allocates
+// only what outlives it (the Assignment, its Ticket and Reason).
+type scratch struct {
+	hashes  []uint64
+	all     []int32 // Match output, indexed by backend ID
+	cands   []*fleet.Backend
+	matched []int32
+	reason  []byte
+	in      policy.Input
+}
 
 // New returns a scheduler over f using p.
-func New(f *fleet.Fleet, p policy.Policy, cfg Config) *Scheduler { panic("unimplemented") }
+func New(f *fleet.Fleet, p policy.Policy, cfg Config) *Scheduler {
+	if cfg.BlockChars <= 0 {
+		cfg.BlockChars = prefix.DefaultBlockChars
+	}
+	if cfg.Capacity <= 0 {
+		cfg.Capacity = prefix.DefaultCapacity
+	}
+	s := &Scheduler{
+		fleet:   f,
+		policy:  p,
+		index:   prefix.NewIndex(cfg.Capacity),
+		blockCh: cfg.BlockChars,
+		prefix:  "policy=" + p.Name() + " ",
+	}
+	s.observer, _ = p.(policy.Observer)
+	s.scratch.New = func() any { return new(scratch) }
+	return s
+}
 
 // Index exposes the prefix index (to set capacities, or forget a crashed
 // backend).
-func (s *Scheduler) Index() *prefix.Index { panic("unimplemented") }
+func (s *Scheduler) Index() *prefix.Index { return s.index }
 
 // Policy returns the scheduler's policy.
-func (s *Scheduler) Policy() policy.Policy { panic("unimplemented") }
+func (s *Scheduler) Policy() policy.Policy { return s.policy }
 
 // Assignment is one routing decision and the request's claim on the chosen
 // backend's load.
@@ -58,16 +101,117 @@ type Assignment struct {
 	Reason string
 	// MatchedTokens is the predicted prefix-cache hit in tokens.
 	MatchedTokens int
+
+	ticket *fleet.Ticket
 }
 
 // Route picks a backend for v, skipping the backends whose IDs are in
 // exclude (those that already failed this request).
 func (s *Scheduler) Route(v *request.View, exclude []int, now time.Time) (*Assignment, error) {
-	panic("unimplemented")
+	snap := s.fleet.Snapshot()
+	sc := s.scratch.Get().(*scratch)
+	defer s.put(sc)
+
+	sc.cands = sc.cands[:0]
+	for _, b := range snap.Healthy {
+		if b.Serves(v.Model) && !excluded(exclude, b.ID) {
+			sc.cands = append(sc.cands, b)
+		}
+	}
+	if len(sc.cands) == 0 {
+		for _, b := range snap.All {
+			if b.Serves(v.Model) {
+				return nil, ErrNoBackend
+			}
+		}
+		return nil, ErrUnknownModel
+	}
+
+	sc.hashes = prefix.Hash(sc.hashes[:0], v.Prompt, s.blockCh)
+	if cap(sc.all) < len(snap.All) {
+		sc.all = make([]int32, len(snap.All))
+	}
+	sc.all = sc.all[:len(snap.All)]
+	s.index.Match(sc.hashes, sc.all)
+	sc.matched = sc.matched[:0]
+	for _, b := range sc.cands {
+		sc.matched = append(sc.matched, sc.all[b.ID])
+	}
+
+	sc.in = policy.Input{
+		View:       v,
+		Hashes:     sc.hashes,
+		BlockChars: s.blockCh,
+		Candidates: sc.cands,
+		Matched:    sc.matched,
+		Now:        now,
+	}
+	d := s.policy.Pick(&sc.in)
+	if d.Index < 0 || d.Index >= len(sc.cands) {
+		// A policy bug must not take the router down; the first candidate
+		// is as good as any when the policy has no answer.
+		d.Index = 0
+	}
+	if s.observer != nil {
+		s.observer.Routed(&sc.in, d)
+	}
+	b := sc.cands[d.Index]
+	s.index.Insert(b.ID, sc.hashes)
+
+	blocks := int(sc.matched[d.Index])
+	matchedTok := min(v.PromptTokens, blocks*s.blockCh/request.BytesPerToken)
+	budget := v.MaxTokens
+	if budget <= 0 {
+		budget = DefaultOutputBudget
+	}
+	a := &Assignment{
+		Backend:       b,
+		MatchedTokens: matchedTok,
+		ticket:        b.Start(int64(v.PromptTokens), int64(v.PromptTokens-matchedTok), int64(budget), now),
+	}
+	a.Reason = s.reason(sc, blocks, len(sc.hashes), d)
+	return a, nil
+}
+
+// reason renders "policy=<name> prefix=<matched>/<total>[ est_ttft=<s>s][ <note>]".
+func (s *Scheduler) reason(sc *scratch, matched, total int, d policy.Decision) string {
+	r := append(sc.reason[:0], s.prefix...)
+	r = append(r, "prefix="...)
+	r = strconv.AppendInt(r, int64(matched), 10)
+	r = append(r, '/')
+	r = strconv.AppendInt(r, int64(total), 10)
+	if d.EstTTFT > 0 {
+		r = append(r, " est_ttft="...)
+		r = strconv.AppendFloat(r, d.EstTTFT, 'f', 3, 64)
+		r = append(r, 's')
+	}
+	if d.Note != "" {
+		r = append(r, ' ')
+		r = append(r, d.Note...)
+	}
+	sc.reason = r
+	return string(r)
+}
+
+// put returns sc to the pool without keeping references to the request or
+// the fleet alive.
+func (s *Scheduler) put(sc *scratch) {
+	clear(sc.cands)
+	sc.in = policy.Input{}
+	s.scratch.Put(sc)
+}
+
+func excluded(ids []int, id int) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
 }
 
 // FirstByte reports that the first response byte arrived.
-func (a *Assignment) FirstByte(now time.Time) { panic("unimplemented") }
+func (a *Assignment) FirstByte(now time.Time) { a.ticket.FirstByte(now) }
 
 // Done reports that the request ended (any outcome). Only the first call counts.
-func (a *Assignment) Done(now time.Time) { panic("unimplemented") }
+func (a *Assignment) Done(now time.Time) { a.ticket.Done(now) }

@@ -1,0 +1,293 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/request"
+)
+
+var t0 = time.Unix(1000, 0)
+
+// longestPrefix picks the candidate holding the longest prefix, first on
+// ties: enough policy to observe the scheduler, nothing more.
+type longestPrefix struct{}
+
+func (longestPrefix) Name() string { return "test-longest" }
+
+func (longestPrefix) Pick(in *policy.Input) policy.Decision {
+	best := 0
+	for i, m := range in.Matched {
+		if m > in.Matched[best] {
+			best = i
+		}
+	}
+	return policy.Decision{Index: best}
+}
+
+// fixed picks candidate index i, says so, and records what it was shown.
+type fixed struct {
+	i      int
+	est    float64
+	note   string
+	seen   []int // candidate IDs of the last pick
+	routed atomic.Int64
+}
+
+func (f *fixed) Name() string { return "test-fixed" }
+
+func (f *fixed) Pick(in *policy.Input) policy.Decision {
+	f.seen = f.seen[:0]
+	for _, b := range in.Candidates {
+		f.seen = append(f.seen, b.ID)
+	}
+	return policy.Decision{Index: min(f.i, len(in.Candidates)-1), EstTTFT: f.est, Note: f.note}
+}
+
+func (f *fixed) Routed(in *policy.Input, d policy.Decision) { f.routed.Add(1) }
+
+var _ policy.Observer = (*fixed)(nil)
+
+func newFleet(t testing.TB, n int, models ...string) *fleet.Fleet {
+	t.Helper()
+	f := fleet.New()
+	for i := range n {
+		f.Add(fmt.Sprintf("b%d", i), nil, models)
+	}
+	return f
+}
+
+func view(model, prompt string) *request.View {
+	return &request.View{Model: model, Prompt: prompt, PromptTokens: request.EstimateTokens(prompt)}
+}
+
+// text returns n characters that share nothing with other seeds' text.
+func text(seed, n int) string {
+	var sb strings.Builder
+	for sb.Len() < n {
+		fmt.Fprintf(&sb, "[%d:%d]", seed, sb.Len())
+	}
+	return sb.String()[:n]
+}
+
+func TestRouteErrors(t *testing.T) {
+	tests := []struct {
+		name    string
+		models  []string
+		eject   []int
+		model   string
+		exclude []int
+		want    error
+	}{
+		{"unknown model", []string{"m"}, nil, "other", nil, ErrUnknownModel},
+		{"all ejected", []string{"m"}, []int{0, 1, 2}, "m", nil, ErrNoBackend},
+		{"all excluded", []string{"m"}, nil, "m", []int{0, 1, 2}, ErrNoBackend},
+		{"ejected plus excluded", []string{"m"}, []int{0, 1}, "m", []int{2}, ErrNoBackend},
+		{"ejected unknown model is still unknown", []string{"m"}, []int{0, 1, 2}, "x", nil, ErrUnknownModel},
+		{"one left", []string{"m"}, []int{0}, "m", []int{2}, nil},
+		{"any-model backends serve anything", nil, nil, "whatever", nil, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFleet(t, 3, tt.models...)
+			for _, id := range tt.eject {
+				f.SetHealthy(f.Snapshot().All[id], false)
+			}
+			s := New(f, longestPrefix{}, Config{})
+			a, err := s.Route(view(tt.model, text(1, 300)), tt.exclude, t0)
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("Route error %v, want %v", err, tt.want)
+			}
+			if err == nil {
+				a.Done(t0)
+			}
+		})
+	}
+}
+
+func TestRouteCandidates(t *testing.T) {
+	f := newFleet(t, 5)
+	f.Add("other-model", nil, []string{"y"})
+	f.SetHealthy(f.Snapshot().All[1], false)
+	p := &fixed{i: 1}
+	s := New(f, p, Config{})
+	a, err := s.Route(view("x", "hi"), []int{3}, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Done(t0)
+	if got := fmt.Sprint(p.seen); got != "[0 2 4]" {
+		t.Errorf("candidates %s, want [0 2 4] (healthy, serving x, not excluded)", got)
+	}
+	if a.Backend.ID != 2 {
+		t.Errorf("routed to %d, want candidate 1 = backend 2", a.Backend.ID)
+	}
+	if p.routed.Load() != 1 {
+		t.Errorf("Observer.Routed called %d times, want 1", p.routed.Load())
+	}
+}
+
+// TestRouteLearnsPrefix checks that a routed request's blocks are inserted
+// for the chosen backend: a later request extending its prompt matches
+// there, and only there.
+func TestRouteLearnsPrefix(t *testing.T) {
+	f := newFleet(t, 4)
+	s := New(f, longestPrefix{}, Config{BlockChars: 64})
+	first := text(1, 64*10+10)
+	// Nothing matches yet, so the policy takes the first candidate: 2.
+	a, err := s.Route(view("", first), []int{0, 1}, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Done(t0)
+	if a.MatchedTokens != 0 {
+		t.Errorf("first request matched %d tokens, want 0", a.MatchedTokens)
+	}
+
+	second := first + text(2, 64*5)
+	b, err := s.Route(view("", second), nil, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Done(t0)
+	if b.Backend.ID != 2 {
+		t.Errorf("extension routed to %d, want 2 where the prefix is", b.Backend.ID)
+	}
+	if want := 10 * 64 / request.BytesPerToken; b.MatchedTokens != want {
+		t.Errorf("MatchedTokens = %d, want %d", b.MatchedTokens, want)
+	}
+	if want := "policy=test-longest prefix=10/15"; b.Reason != want {
+		t.Errorf("Reason = %q, want %q", b.Reason, want)
+	}
+	out := make([]int32, 4)
+	s.Index().Match(prefix.Hash(nil, second, 64), out)
+	if fmt.Sprint(out) != "[0 0 15 0]" {
+		t.Errorf("index after two requests: %v, want [0 0 15 0]", out)
+	}
+}
+
+func TestRouteAccounting(t *testing.T) {
+	tests := []struct {
+		name       string
+		prompt     int // characters
+		tokens     int // PromptTokens override (0: estimate)
+		maxTokens  int
+		warm       bool // route the same prompt first
+		wantBudget int64
+		wantMatch  int
+	}{
+		{"cold, default budget", 640, 0, 0, false, DefaultOutputBudget, 0},
+		{"warm, client budget", 640, 0, 77, true, 77, 160},
+		{"match clamped to prompt tokens", 640, 100, 5, true, 5, 100},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFleet(t, 1)
+			s := New(f, longestPrefix{}, Config{})
+			v := view("", text(3, tt.prompt))
+			v.MaxTokens = tt.maxTokens
+			if tt.tokens > 0 {
+				v.PromptTokens = tt.tokens
+			}
+			if tt.warm {
+				a, _ := s.Route(v, nil, t0)
+				a.Done(t0)
+			}
+			a, err := s.Route(v, nil, t0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			be := a.Backend
+			if a.MatchedTokens != tt.wantMatch {
+				t.Errorf("MatchedTokens = %d, want %d", a.MatchedTokens, tt.wantMatch)
+			}
+			want := fleet.Load{InFlight: 1, PendingPrefill: int64(v.PromptTokens - tt.wantMatch)}
+			if got := be.Load(); got != want {
+				t.Errorf("after Route: %+v, want %+v", got, want)
+			}
+			a.FirstByte(t0.Add(time.Second))
+			want = fleet.Load{InFlight: 1, Decoding: 1, DecodeBudget: tt.wantBudget, DecodeTokens: int64(v.PromptTokens)}
+			if got := be.Load(); got != want {
+				t.Errorf("after FirstByte: %+v, want %+v", got, want)
+			}
+			a.Done(t0.Add(2 * time.Second))
+			a.Done(t0.Add(3 * time.Second))
+			if got := be.Load(); got != (fleet.Load{}) {
+				t.Errorf("after Done: %+v, want zero", got)
+			}
+		})
+	}
+}
+
+func TestReason(t *testing.T) {
+	tests := []struct {
+		est  float64
+		note string
+		want string
+	}{
+		{0, "", "policy=test-fixed prefix=0/2"},
+		{0.2134, "", "policy=test-fixed prefix=0/2 est_ttft=0.213s"},
+		{1.5, "sticky", "policy=test-fixed prefix=0/2 est_ttft=1.500s sticky"},
+		{0, "least-loaded", "policy=test-fixed prefix=0/2 least-loaded"},
+	}
+	for _, tt := range tests {
+		s := New(newFleet(t, 1), &fixed{est: tt.est, note: tt.note}, Config{})
+		a, err := s.Route(view("", text(4, 130)), nil, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Done(t0)
+		if a.Reason != tt.want {
+			t.Errorf("Reason = %q, want %q", a.Reason, tt.want)
+		}
+	}
+}
+
+// TestConcurrentRoute routes from many goroutines with health flapping and
+// every request ending some way, then checks the counters are all zero.
+func TestConcurrentRoute(t *testing.T) {
+	f := newFleet(t, 6)
+	s := New(f, longestPrefix{}, Config{Capacity: 500})
+	prompts := make([]string, 8)
+	for i := range prompts {
+		prompts[i] = text(i, 2000+i*300)
+	}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 7))
+			for range 300 {
+				if rng.IntN(40) == 0 {
+					all := f.Snapshot().All
+					f.SetHealthy(all[rng.IntN(len(all))], rng.IntN(3) != 0)
+				}
+				a, err := s.Route(view("", prompts[rng.IntN(len(prompts))]), []int{rng.IntN(6)}, t0)
+				if err != nil {
+					if !errors.Is(err, ErrNoBackend) {
+						t.Errorf("Route: %v", err)
+					}
+					continue
+				}
+				if rng.IntN(3) > 0 {
+					a.FirstByte(t0.Add(time.Millisecond))
+				}
+				a.Done(t0.Add(time.Second))
+			}
+		})
+	}
+	wg.Wait()
+	for _, b := range f.Snapshot().All {
+		if l := b.Load(); l != (fleet.Load{}) {
+			t.Errorf("backend %d: %+v after all requests ended", b.ID, l)
+		}
+	}
+}
