@@ -8,6 +8,11 @@
 package workload
 
 import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/request"
@@ -50,14 +55,97 @@ type Options struct {
 }
 
 // Load returns the named built-in workload, or the trace at path name.
-func Load(name string, opt Options) ([]Request, error) { panic("unimplemented") }
+//
+// A trace is JSON Lines in the Mooncake format (see ReadTrace). Each hash id
+// becomes a deterministic 512-token block of text (2048 bytes of lowercase
+// words, opening with a 14-letter tag of the id), so requests that share
+// their first k hash ids share their first k*2048 prompt bytes; a request's
+// prompt is its blocks concatenated and cut to input_length tokens, sent as
+// a /v1/completions body. Timestamps (ms) are divided by Speedup; WindowStart
+// and WindowEnd select by the trace's own timestamps, and the kept requests
+// are re-based to start at 0; Limit then keeps the first Limit.
+//
+// The built-in workloads (see Builtins) arrive as a Poisson process at
+// Rate, drawn from Seed: the same name, options and seed give the same
+// requests and the same bytes.
+func Load(name string, opt Options) ([]Request, error) {
+	for _, b := range builtins {
+		if b.name == name {
+			return loadBuiltin(b, opt)
+		}
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("unknown workload %q: not a built-in (%s) and no such file", name, strings.Join(builtinNames(), ", "))
+		}
+		return nil, fmt.Errorf("load workload: %w", err)
+	}
+	defer f.Close()
+	return ReadTrace(f, name, opt)
+}
+
+func builtinNames() []string {
+	names := make([]string, len(builtins))
+	for i, b := range builtins {
+		names[i] = b.name
+	}
+	return names
+}
+
+// withDefaults fills in defaults and rejects impossible options.
+func (o Options) withDefaults() (Options, error) {
+	switch {
+	case o.Rate < 0 || o.Rate != o.Rate:
+		return o, fmt.Errorf("rate %v must be positive", o.Rate)
+	case o.Speedup < 0 || o.Speedup != o.Speedup:
+		return o, fmt.Errorf("speedup %v must be positive", o.Speedup)
+	case o.Limit < 0:
+		return o, fmt.Errorf("limit %d must not be negative", o.Limit)
+	case o.Duration < 0:
+		return o, fmt.Errorf("duration %v must not be negative", o.Duration)
+	case o.WindowStart < 0 || o.WindowEnd < 0 || (o.WindowEnd > 0 && o.WindowEnd <= o.WindowStart):
+		return o, fmt.Errorf("window [%v, %v) is empty or negative", o.WindowStart, o.WindowEnd)
+	}
+	if o.Rate == 0 {
+		o.Rate = 10
+	}
+	if o.Speedup == 0 {
+		o.Speedup = 1
+	}
+	return o, nil
+}
 
 // Builtins lists the built-in workloads with a one-line description each.
-func Builtins() [][2]string { panic("unimplemented") }
+func Builtins() [][2]string {
+	out := make([][2]string, len(builtins))
+	for i, b := range builtins {
+		out[i] = [2]string{b.name, b.desc}
+	}
+	return out
+}
 
 // PromptTokensPerSec is the workload's offered prompt tokens per second over
-// its arrival span.
-func PromptTokensPerSec(reqs []Request) float64 { panic("unimplemented") }
+// its arrival span (first to last arrival); 0 when the span is empty.
+func PromptTokensPerSec(reqs []Request) float64 {
+	if len(reqs) < 2 {
+		return 0
+	}
+	lo, hi := reqs[0].At, reqs[0].At
+	total := 0
+	for _, r := range reqs {
+		lo, hi = min(lo, r.At), max(hi, r.At)
+		total += r.InputTokens
+	}
+	if hi <= lo {
+		return 0
+	}
+	return float64(total) / (hi - lo).Seconds()
+}
 
 // ScaleTime multiplies every arrival time by f (f < 1 compresses).
-func ScaleTime(reqs []Request, f float64) { panic("unimplemented") }
+func ScaleTime(reqs []Request, f float64) {
+	for i := range reqs {
+		reqs[i].At = time.Duration(float64(reqs[i].At) * f)
+	}
+}

@@ -1,0 +1,271 @@
+package workload
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/request"
+)
+
+// ContextTokens is the context length the synthetic workloads stay within:
+// every request's prompt plus its output fits in it.
+const ContextTokens = 32768
+
+// builtin is one synthetic workload.
+type builtin struct {
+	name, desc string
+	// build turns arrival times into requests, drawing from rng.
+	build func(s *synth, at []time.Duration) []Request
+}
+
+var builtins = []builtin{
+	{"chat", "multi-turn conversations (X-Session-ID per conversation) whose history grows turn by turn under 4 shared system prompts", buildChat},
+	{"agent", "4 agent apps with long shared system prompts and tool definitions (2-6k tokens), many short calls", buildAgent},
+	{"mixed", "mostly short chat requests plus 5% summarisation requests of 20-31k tokens (\"hello\" vs \"summarize 50 pages\")", buildMixed},
+	{"rag", "questions over a pool of 40 long documents (1.5-6k tokens) with skewed popularity, reused across questions", buildRAG},
+}
+
+// synth holds the state shared by the synthetic generators.
+type synth struct {
+	rng  *rand.Rand
+	seed uint64
+}
+
+// key derives a text key from the workload seed and the given coordinates.
+func (s *synth) key(vs ...uint64) uint64 { return mix(append([]uint64{s.seed}, vs...)...) }
+
+// logUniform draws an integer in [lo, hi] uniformly in log space: lengths of
+// prompts and outputs are heavy-tailed, with many short ones.
+func (s *synth) logUniform(lo, hi int) int {
+	v := float64(lo) * math.Pow(float64(hi)/float64(lo), s.rng.Float64())
+	return min(hi, max(lo, int(v)))
+}
+
+// pick draws an index with probability proportional to w.
+func (s *synth) pick(w []float64) int {
+	total := 0.0
+	for _, x := range w {
+		total += x
+	}
+	u := s.rng.Float64() * total
+	for i, x := range w {
+		if u < x {
+			return i
+		}
+		u -= x
+	}
+	return len(w) - 1
+}
+
+func loadBuiltin(b builtin, opt Options) ([]Request, error) {
+	opt, err := opt.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if opt.Limit == 0 && opt.Duration == 0 {
+		opt.Duration = 60 * time.Second
+	}
+	seed := uint64(opt.Seed)
+	s := &synth{rng: rand.New(rand.NewPCG(seed, mix(seed, uint64(len(b.name))))), seed: mix(seed, strHash(b.name))}
+	return b.build(s, arrivals(s.rng, opt)), nil
+}
+
+func strHash(s string) uint64 {
+	h := uint64(14695981039346656037) // FNV-1a
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	return h
+}
+
+// arrivals draws Poisson arrival times at opt.Rate: the first at 0, then
+// exponential gaps, until Limit requests or Duration.
+func arrivals(rng *rand.Rand, opt Options) []time.Duration {
+	var out []time.Duration
+	t := 0.0
+	for i := 0; opt.Limit == 0 || i < opt.Limit; i++ {
+		if i > 0 {
+			t += rng.ExpFloat64() / opt.Rate
+		}
+		at := time.Duration(t * float64(time.Second))
+		if opt.Duration > 0 && at >= opt.Duration {
+			break
+		}
+		out = append(out, at)
+	}
+	return out
+}
+
+func chatRequest(at time.Duration, session string, spec *chatSpec) Request {
+	return Request{
+		At:           at,
+		Kind:         request.Chat,
+		Session:      session,
+		InputTokens:  (spec.promptBytes() + 3) / 4,
+		OutputTokens: spec.out,
+		body:         spec.body,
+	}
+}
+
+// conv is one conversation of the chat workload.
+type conv struct {
+	id       int
+	history  []msg // all messages so far, ending with the assistant's reply
+	turn     int
+	maxTurns int
+	readyAt  time.Duration
+}
+
+// buildChat: conversations of 2-12 turns. Each arrival continues a
+// conversation whose user has read the last reply (estimated generation
+// time plus a think time), or starts a new one. Turn n+1's messages are turn
+// n's messages, the assistant reply (rendered as text of the requested
+// output length), and a new user message, so turn n's prompt is a prefix of
+// turn n+1's.
+func buildChat(s *synth, ats []time.Duration) []Request {
+	const systems = 4
+	sysTok := make([]int, systems)
+	for i := range sysTok {
+		sysTok[i] = s.logUniform(300, 1200)
+	}
+	var active []*conv
+	nextID := 0
+	reqs := make([]Request, 0, len(ats))
+	for _, at := range ats {
+		// Conversations whose user is ready for the next turn.
+		var ready []int
+		for i, c := range active {
+			if c.readyAt <= at {
+				ready = append(ready, i)
+			}
+		}
+		var c *conv
+		if len(ready) > 0 && s.rng.Float64() < 0.75 {
+			c = active[ready[s.rng.IntN(len(ready))]]
+		} else {
+			sys := s.rng.IntN(systems)
+			c = &conv{id: nextID, maxTurns: 2 + s.rng.IntN(11)}
+			c.history = []msg{{"system", []seg{lit("you are a helpful assistant "), text(s.key(1, uint64(sys)), sysTok[sys])}}}
+			nextID++
+			active = append(active, c)
+		}
+		userTok := s.logUniform(15, 300)
+		if c.turn == 0 {
+			userTok = s.logUniform(40, 800)
+		}
+		out := s.logUniform(30, 600)
+		msgs := append(slices.Clip(c.history), msg{"user", []seg{text(s.key(2, uint64(c.id), uint64(c.turn)), userTok)}})
+		spec := &chatSpec{msgs: msgs, out: out}
+		r := chatRequest(at, fmt.Sprintf("chat-%d", c.id), spec)
+		reqs = append(reqs, r)
+
+		c.turn++
+		c.history = append(slices.Clip(msgs), msg{"assistant", []seg{text(s.key(3, uint64(c.id), uint64(c.turn)), out)}})
+		// Generation at ~25 ms a token, then 2 s plus an exponential think time.
+		c.readyAt = at + time.Duration(out)*25*time.Millisecond + 2*time.Second + time.Duration(s.rng.ExpFloat64()*6*float64(time.Second))
+		// Retire a conversation at its last turn, or when another turn of
+		// the longest kind could overflow the context.
+		if c.turn >= c.maxTurns || r.InputTokens+out+300+600+64 > ContextTokens {
+			active = slices.DeleteFunc(active, func(x *conv) bool { return x == c })
+		}
+	}
+	return reqs
+}
+
+// buildAgent: a few agent apps, each with a long system prompt and its own
+// tool definitions, called with short tasks (half of them one tool step in).
+func buildAgent(s *synth, ats []time.Duration) []Request {
+	type app struct {
+		system []seg
+		tools  []string
+	}
+	weights := []float64{0.4, 0.3, 0.2, 0.1}
+	apps := make([]app, len(weights))
+	for i := range apps {
+		apps[i].system = []seg{lit("you are an autonomous assistant that completes tasks with the tools below "), text(s.key(1, uint64(i)), s.logUniform(1200, 3000))}
+		nt := 6 + s.rng.IntN(11)
+		for j := 0; j < nt; j++ {
+			apps[i].tools = append(apps[i].tools, toolJSON(s, uint64(i), uint64(j)))
+		}
+	}
+	reqs := make([]Request, 0, len(ats))
+	for n, at := range ats {
+		a := apps[s.pick(weights)]
+		msgs := []msg{{"system", a.system}, {"user", []seg{text(s.key(2, uint64(n)), s.logUniform(20, 300))}}}
+		if s.rng.IntN(2) == 0 {
+			msgs = append(msgs,
+				msg{"assistant", []seg{lit("calling a tool "), text(s.key(3, uint64(n)), s.logUniform(10, 60))}},
+				msg{"tool", []seg{text(s.key(4, uint64(n)), s.logUniform(50, 800))}})
+		}
+		reqs = append(reqs, chatRequest(at, "", &chatSpec{tools: a.tools, msgs: msgs, out: s.logUniform(10, 200)}))
+	}
+	return reqs
+}
+
+// toolJSON is a compact OpenAI function-tool definition with generated
+// descriptions.
+func toolJSON(s *synth, app, i uint64) string {
+	var b strings.Builder
+	word := func(key uint64, n int) string { return string(appendText(nil, key, n)) }
+	fmt.Fprintf(&b, `{"type":"function","function":{"name":"tool_%d_%d","description":"%s","parameters":{"type":"object","properties":{`,
+		app, i, word(s.key(5, app, i), 4*s.logUniform(40, 150)))
+	np := 1 + s.rng.IntN(4)
+	for p := 0; p < np; p++ {
+		if p > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"arg_%d":{"type":"string","description":"%s"}`, p, word(s.key(6, app, i, uint64(p)), 4*s.logUniform(8, 40)))
+	}
+	b.WriteString(`},"required":["arg_0"]}}}`)
+	return b.String()
+}
+
+// buildMixed: 95% short chat requests, 5% summarisation of a long document
+// of its own (20,000-31,000 tokens, so that prompt and output fit the
+// context).
+func buildMixed(s *synth, ats []time.Duration) []Request {
+	system := msg{"system", []seg{lit("you are a helpful assistant")}}
+	reqs := make([]Request, 0, len(ats))
+	for n, at := range ats {
+		var spec *chatSpec
+		if s.rng.Float64() < 0.05 {
+			doc := text(s.key(2, uint64(n)), 20000+s.rng.IntN(11001))
+			spec = &chatSpec{msgs: []msg{system, {"user", []seg{lit("summarize the following document "), doc}}}, out: 200 + s.rng.IntN(301)}
+		} else {
+			spec = &chatSpec{msgs: []msg{system, {"user", []seg{text(s.key(1, uint64(n)), s.logUniform(5, 200))}}}, out: s.logUniform(10, 300)}
+		}
+		reqs = append(reqs, chatRequest(at, "", spec))
+	}
+	return reqs
+}
+
+// buildRAG: each question retrieves one document (sometimes two) from a
+// pool with Zipf-like popularity and puts it at the start of the user
+// message, so questions about the same document share its prefix.
+func buildRAG(s *synth, ats []time.Duration) []Request {
+	const docs = 40
+	docTok := make([]int, docs)
+	weights := make([]float64, docs)
+	for i := range docTok {
+		docTok[i] = s.logUniform(1500, 6000)
+		weights[i] = 1 / float64(i+1)
+	}
+	system := msg{"system", []seg{lit("answer the question using only the context "), text(s.key(1), 150)}}
+	reqs := make([]Request, 0, len(ats))
+	for n, at := range ats {
+		d := s.pick(weights)
+		user := []seg{lit("context "), text(s.key(2, uint64(d)), docTok[d])}
+		if s.rng.Float64() < 0.3 {
+			d2 := s.pick(weights)
+			user = append(user, lit(" "), text(s.key(2, uint64(d2)), docTok[d2]))
+		}
+		user = append(user, lit(" question "), text(s.key(3, uint64(n)), s.logUniform(15, 80)))
+		reqs = append(reqs, chatRequest(at, "", &chatSpec{msgs: []msg{system, {"user", user}}, out: s.logUniform(30, 300)}))
+	}
+	return reqs
+}

@@ -1,0 +1,408 @@
+package workload
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/request"
+)
+
+// writeTrace writes lines to a trace file and returns its path.
+func writeTrace(t *testing.T, lines ...string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "trace.jsonl")
+	if err := os.WriteFile(p, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// parse parses a request's body as the router will.
+func parse(t *testing.T, r *Request) *request.View {
+	t.Helper()
+	v, err := request.Parse(r.Kind, r.Body("test-model"), request.Options{})
+	if err != nil {
+		t.Fatalf("body does not parse: %v", err)
+	}
+	return v
+}
+
+func commonPrefix(a, b string) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
+}
+
+func TestTraceSharedPrefixes(t *testing.T) {
+	p := writeTrace(t,
+		`{"timestamp": 0, "input_length": 2000, "output_length": 7, "hash_ids": [0, 1, 2, 3]}`,
+		`{"timestamp": 5, "input_length": 1300, "output_length": 0, "hash_ids": [0, 1, 5]}`,
+		`{"timestamp": 9, "input_length": 600, "output_length": 3, "hash_ids": [0, 7]}`,
+		`{"timestamp": 12, "input_length": 1000, "output_length": 3, "hash_ids": [8, 1]}`,
+		`{"timestamp": 20, "input_length": 1200, "output_length": 3, "hash_ids": [0]}`,
+	)
+	reqs, err := Load(p, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	views := make([]*request.View, len(reqs))
+	for i := range reqs {
+		views[i] = parse(t, &reqs[i])
+		v := views[i]
+		if len(v.Prompt) != reqs[i].InputTokens*request.BytesPerToken || v.PromptTokens != reqs[i].InputTokens {
+			t.Errorf("request %d: prompt of %d bytes (%d tokens), want %d tokens", i, len(v.Prompt), v.PromptTokens, reqs[i].InputTokens)
+		}
+		if v.Kind != request.Completion || v.Model != "test-model" || !v.Stream || !v.IncludeUsage || !v.IgnoreEOS ||
+			v.MaxTokens != reqs[i].OutputTokens || v.MinTokens != reqs[i].OutputTokens {
+			t.Errorf("request %d: view %+v does not ask for exactly %d streamed tokens", i, v, reqs[i].OutputTokens)
+		}
+		if strings.Trim(v.Prompt, "abcdefghijklmnopqrstuvwxyz ") != "" {
+			t.Errorf("request %d: prompt has characters other than lowercase letters and spaces", i)
+		}
+	}
+	if reqs[1].OutputTokens != 1 {
+		t.Errorf("output_length 0 gives %d output tokens, want 1", reqs[1].OutputTokens)
+	}
+	tests := []struct {
+		a, b, shared int // shared hash ids
+	}{
+		{0, 1, 2}, {0, 2, 1}, {1, 2, 1}, {0, 3, 0}, {2, 3, 0},
+	}
+	for _, tc := range tests {
+		cp := commonPrefix(views[tc.a].Prompt, views[tc.b].Prompt)
+		lo := tc.shared * blockBytes
+		if cp < lo || cp >= lo+idTagLen {
+			t.Errorf("requests %d and %d share %d hash ids but %d prompt bytes, want %d (plus less than %d of the id tag)", tc.a, tc.b, tc.shared, cp, lo, idTagLen)
+		}
+	}
+	// A request with fewer ids than its length needs is padded with text
+	// of its own: it shares exactly its one block with request 0.
+	if cp := commonPrefix(views[0].Prompt, views[4].Prompt); cp < blockBytes || cp >= blockBytes+64 {
+		t.Errorf("padded request shares %d bytes with request 0, want %d", cp, blockBytes)
+	}
+}
+
+func TestTraceOptions(t *testing.T) {
+	lines := []string{}
+	for i := 0; i < 10; i++ {
+		lines = append(lines, fmt.Sprintf(`{"timestamp": %d, "input_length": 100, "output_length": 10, "hash_ids": [%d]}`, 1000*i, i))
+	}
+	p := writeTrace(t, lines...)
+	tests := []struct {
+		name string
+		opt  Options
+		want []time.Duration
+	}{
+		{"all", Options{}, durs(0, 1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000)},
+		{"limit", Options{Limit: 3}, durs(0, 1000, 2000)},
+		{"speedup", Options{Speedup: 4, Limit: 3}, durs(0, 250, 500)},
+		{"window rebased", Options{WindowStart: 2500 * time.Millisecond, WindowEnd: 5 * time.Second}, durs(0, 1000)},
+		{"window open end", Options{WindowStart: 7 * time.Second}, durs(0, 1000, 2000)},
+		{"window, speedup and limit", Options{WindowStart: 3 * time.Second, Speedup: 2, Limit: 2}, durs(0, 500)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			reqs, err := Load(p, tc.opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []time.Duration
+			for _, r := range reqs {
+				got = append(got, r.At)
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("arrivals %v, want %v", got, tc.want)
+			}
+		})
+	}
+	if _, err := Load(p, Options{WindowStart: time.Hour}); err == nil {
+		t.Error("an empty window loaded without error")
+	}
+}
+
+func durs(ms ...int) []time.Duration {
+	out := make([]time.Duration, len(ms))
+	for i, m := range ms {
+		out[i] = time.Duration(m) * time.Millisecond
+	}
+	return out
+}
+
+func TestTraceUnsortedKeepsArrivalOrder(t *testing.T) {
+	p := writeTrace(t,
+		`{"timestamp": 300, "input_length": 10, "output_length": 1, "hash_ids": [1]}`,
+		`{"timestamp": 100, "input_length": 20, "output_length": 1, "hash_ids": [2]}`,
+		`{"timestamp": 300, "input_length": 30, "output_length": 1, "hash_ids": [3]}`,
+	)
+	reqs, err := Load(p, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := fmt.Sprint(reqs[0].InputTokens, reqs[0].At, reqs[1].InputTokens, reqs[1].At, reqs[2].InputTokens)
+	if want := "20 0s 10 200ms 30"; got != want {
+		t.Errorf("got %s, want %s", got, want)
+	}
+}
+
+func TestTraceErrors(t *testing.T) {
+	good := `{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}`
+	tests := []struct {
+		name, line, want string
+	}{
+		{"not JSON", `{"timestamp": 0,`, "invalid JSON"},
+		{"wrong type", `{"timestamp": "x", "input_length": 10, "output_length": 1, "hash_ids": [1]}`, "invalid JSON"},
+		{"missing timestamp", `{"input_length": 10, "output_length": 1, "hash_ids": [1]}`, `missing "timestamp"`},
+		{"missing input", `{"timestamp": 0, "output_length": 1, "hash_ids": [1]}`, `missing "input_length"`},
+		{"missing output", `{"timestamp": 0, "input_length": 10, "hash_ids": [1]}`, `missing "output_length"`},
+		{"missing ids", `{"timestamp": 0, "input_length": 10, "output_length": 1}`, `missing "hash_ids"`},
+		{"empty ids", `{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": []}`, "empty"},
+		{"zero input", `{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": [1]}`, "input_length 0"},
+		{"huge input", `{"timestamp": 0, "input_length": 99999999, "output_length": 1, "hash_ids": [1]}`, "input_length 99999999"},
+		{"negative output", `{"timestamp": 0, "input_length": 10, "output_length": -1, "hash_ids": [1]}`, "output_length -1"},
+		{"negative timestamp", `{"timestamp": -5, "input_length": 10, "output_length": 1, "hash_ids": [1]}`, "timestamp -5"},
+		{"negative id", `{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [-1]}`, "negative hash id"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			// Line 3: a good line and a blank one come first.
+			p := writeTrace(t, good, "", tc.line, good)
+			_, err := Load(p, Options{})
+			if err == nil {
+				t.Fatal("loaded without error")
+			}
+			if !strings.Contains(err.Error(), "trace.jsonl:3: ") || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q, want line 3 and %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := Load(writeTrace(t, ""), Options{}); err == nil || !strings.Contains(err.Error(), "no requests") {
+		t.Errorf("empty trace: error %v", err)
+	}
+	if _, err := Load("no-such-workload", Options{}); err == nil || !strings.Contains(err.Error(), "chat, agent, mixed, rag") {
+		t.Errorf("unknown name: error %v, want the list of built-ins", err)
+	}
+	for _, opt := range []Options{{Rate: -1}, {Speedup: -2}, {Limit: -1}, {WindowStart: 2, WindowEnd: 1}} {
+		if _, err := Load("chat", opt); err == nil {
+			t.Errorf("options %+v accepted", opt)
+		}
+	}
+}
+
+func TestBuiltinsDeterministic(t *testing.T) {
+	for _, b := range Builtins() {
+		t.Run(b[0], func(t *testing.T) {
+			a, err := Load(b[0], Options{Seed: 7, Limit: 60})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, _ := Load(b[0], Options{Seed: 7, Limit: 60})
+			d, _ := Load(b[0], Options{Seed: 8, Limit: 60})
+			if len(a) != 60 || len(c) != 60 {
+				t.Fatalf("got %d and %d requests, want 60", len(a), len(c))
+			}
+			same := 0
+			for i := range a {
+				if a[i].At != c[i].At || a[i].Session != c[i].Session || !bytes.Equal(a[i].Body("m"), c[i].Body("m")) {
+					t.Fatalf("request %d differs between two loads with the same seed", i)
+				}
+				if bytes.Equal(a[i].Body("m"), d[i].Body("m")) {
+					same++
+				}
+			}
+			if same == len(a) {
+				t.Error("another seed gives the same bodies")
+			}
+		})
+	}
+}
+
+func TestBuiltinsBodies(t *testing.T) {
+	for _, b := range Builtins() {
+		t.Run(b[0], func(t *testing.T) {
+			if b[1] == "" {
+				t.Error("no description")
+			}
+			reqs, err := Load(b[0], Options{Seed: 1, Rate: 20, Duration: 30 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range reqs {
+				r := &reqs[i]
+				v := parse(t, r)
+				if v.PromptTokens != r.InputTokens {
+					t.Fatalf("request %d: InputTokens %d, rendered prompt has %d", i, r.InputTokens, v.PromptTokens)
+				}
+				if r.InputTokens+r.OutputTokens > ContextTokens {
+					t.Errorf("request %d: %d+%d tokens exceed the context", i, r.InputTokens, r.OutputTokens)
+				}
+				if v.MaxTokens != r.OutputTokens || v.MinTokens != r.OutputTokens || !v.IgnoreEOS || !v.Stream || !v.IncludeUsage {
+					t.Errorf("request %d: view %+v does not ask for exactly %d streamed tokens", i, v, r.OutputTokens)
+				}
+				if i > 0 && r.At < reqs[i-1].At {
+					t.Errorf("request %d arrives before request %d", i, i-1)
+				}
+			}
+		})
+	}
+}
+
+func TestChatHistoryGrows(t *testing.T) {
+	reqs, err := Load("chat", Options{Seed: 3, Rate: 20, Duration: 60 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := map[string]string{}
+	turns := map[string]int{}
+	outs := map[string]int{}
+	for i := range reqs {
+		r := &reqs[i]
+		if r.Session == "" || r.Kind != request.Chat {
+			t.Fatalf("request %d: session %q kind %v", i, r.Session, r.Kind)
+		}
+		v := parse(t, r)
+		if prev, ok := last[r.Session]; ok {
+			if !strings.HasPrefix(v.Prompt, prev) {
+				t.Fatalf("%s turn %d does not extend turn %d's prompt", r.Session, turns[r.Session], turns[r.Session]-1)
+			}
+			// What follows is the assistant reply, as long as the output
+			// turn n asked for, then the next user message.
+			rest, n := v.Prompt[len(prev):], outs[r.Session]*request.BytesPerToken
+			if len(rest) < n || !strings.HasPrefix(rest[n:], "\n<|user|>\n") {
+				t.Fatalf("%s: turn %d does not add a %d-byte reply and a user message", r.Session, turns[r.Session], n)
+			}
+		}
+		last[r.Session] = v.Prompt
+		outs[r.Session] = r.OutputTokens
+		turns[r.Session]++
+	}
+	multi := 0
+	for _, n := range turns {
+		if n > 1 {
+			multi++
+		}
+	}
+	if multi < len(turns)/3 {
+		t.Errorf("only %d of %d conversations have a second turn", multi, len(turns))
+	}
+}
+
+func TestArrivals(t *testing.T) {
+	tests := []struct {
+		name   string
+		opt    Options
+		lo, hi int
+	}{
+		// Poisson: 600 expected, 4 standard deviations (~98) either side.
+		{"rate 10 for 60s", Options{Rate: 10, Duration: time.Minute}, 502, 698},
+		{"default 10/s for 60s", Options{}, 502, 698},
+		{"limit without duration", Options{Rate: 1000, Limit: 250}, 250, 250},
+		{"limit before duration", Options{Rate: 100, Limit: 50, Duration: time.Minute}, 50, 50},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			reqs, err := Load("mixed", tc.opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(reqs) < tc.lo || len(reqs) > tc.hi {
+				t.Errorf("%d requests, want %d..%d", len(reqs), tc.lo, tc.hi)
+			}
+			if tc.opt.Duration > 0 && reqs[len(reqs)-1].At >= tc.opt.Duration {
+				t.Errorf("arrival %v past the duration", reqs[len(reqs)-1].At)
+			}
+		})
+	}
+}
+
+func TestPromptTokensPerSecAndScaleTime(t *testing.T) {
+	reqs := []Request{{At: 0, InputTokens: 100}, {At: time.Second, InputTokens: 300}, {At: 2 * time.Second, InputTokens: 600}}
+	if got := PromptTokensPerSec(reqs); got != 500 {
+		t.Errorf("PromptTokensPerSec = %v, want 1000 tokens / 2 s = 500", got)
+	}
+	ScaleTime(reqs, 0.5)
+	if reqs[2].At != time.Second || reqs[1].At != 500*time.Millisecond {
+		t.Errorf("scaled arrivals %v %v", reqs[1].At, reqs[2].At)
+	}
+	if got := PromptTokensPerSec(reqs); got != 1000 {
+		t.Errorf("after scaling by 0.5: %v, want 1000", got)
+	}
+	if got := PromptTokensPerSec(reqs[:1]); got != 0 {
+		t.Errorf("one request: %v, want 0", got)
+	}
+}
+
+func TestRealTrace(t *testing.T) {
+	const path = "../../../shared/traces/mooncake_conversation.jsonl"
+	if _, err := os.Stat(path); err != nil {
+		t.Skip("trace not present")
+	}
+	reqs, err := Load(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reqs) != 12031 {
+		t.Errorf("%d requests, want 12031", len(reqs))
+	}
+	v := parse(t, &reqs[0])
+	if v.PromptTokens != 6758 || v.MaxTokens != 500 {
+		t.Errorf("first request: %d prompt tokens, %d output, want 6758 and 500", v.PromptTokens, v.MaxTokens)
+	}
+}
+
+func FuzzLoadTrace(f *testing.F) {
+	f.Add([]byte(`{"timestamp": 0, "input_length": 700, "output_length": 5, "hash_ids": [0, 1]}` + "\n"))
+	f.Add([]byte(`{"timestamp": 1.5, "input_length": 10, "output_length": 0, "hash_ids": [3], "extra": true}`))
+	f.Add([]byte("{}\n\n[1,2]\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		reqs, err := ReadTrace(bytes.NewReader(data), "fuzz", Options{Limit: 3})
+		if err != nil {
+			return
+		}
+		for i := range reqs {
+			if reqs[i].InputTokens > 50000 {
+				continue // valid, but too slow to build in a fuzz loop
+			}
+			b := reqs[i].Body("m")
+			if !json.Valid(b) {
+				t.Fatalf("request %d: invalid JSON body", i)
+			}
+		}
+	})
+}
+
+func BenchmarkTraceBody(b *testing.B) {
+	reqs, err := ReadTrace(strings.NewReader(`{"timestamp": 0, "input_length": 12035, "output_length": 343, "hash_ids": [`+ids(24)+`]}`), "b", Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.SetBytes(12035 * 4)
+	for b.Loop() {
+		reqs[0].Body("m")
+	}
+}
+
+func BenchmarkAppendBlock(b *testing.B) {
+	b.ReportAllocs()
+	b.SetBytes(blockBytes)
+	buf := make([]byte, 0, blockBytes)
+	for i := 0; b.Loop(); i++ {
+		buf = appendBlock(buf[:0], uint64(i))
+	}
+}
+
+func ids(n int) string {
+	s := make([]string, n)
+	for i := range s {
+		s[i] = fmt.Sprint(i)
+	}
+	return strings.Join(s, ",")
+}
