@@ -1,0 +1,293 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/report"
+	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/sim"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+func init() {
+	commands["sim"] = command{"replay a workload on a simulated fleet in virtual time, one run per policy", runSim}
+}
+
+// fleetFlags are the workload selection flags sim and compare share.
+type fleetFlags struct {
+	engines, preset, workload, policies string
+	rate, speedup, load                 float64
+	limit                               int
+	duration                            time.Duration
+	seed                                int64
+	kvBlocks                            int
+	jsonFile, out                       string
+}
+
+func (w *fleetFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&w.engines, "engines", "8", "engine count (with --preset), or a mix such as 4xh100-llama3-8b,4xa100-llama3-8b")
+	fs.StringVar(&w.preset, "preset", "h100-llama3-8b", "engine preset when --engines is a count")
+	fs.StringVar(&w.workload, "workload", "", "built-in workload name or Mooncake-format trace file (required)")
+	fs.StringVar(&w.policies, "policies", "", "comma-separated routing policies (default: all)")
+	fs.Float64Var(&w.rate, "rate", 0, "Poisson arrival rate of a synthetic workload, requests/s")
+	fs.Float64Var(&w.speedup, "speedup", 0, "compress a trace's timestamps by this factor")
+	fs.Float64Var(&w.load, "load", 0, "offered prompt tokens/s as a fraction of the fleet's prefill capacity (every token counted uncached)")
+	fs.IntVar(&w.limit, "limit", 0, "keep the first N requests (0: all)")
+	fs.DurationVar(&w.duration, "duration", 0, "bound a synthetic workload's arrivals (default 60s unless --limit)")
+	fs.Int64Var(&w.seed, "seed", 1, "seed of the workload and of the policies' random choices")
+	fs.IntVar(&w.kvBlocks, "kv-blocks", 0, "override every engine's KV cache capacity in blocks")
+	fs.StringVar(&w.jsonFile, "json", "", "write {\"runs\":[...]} to this file")
+	fs.StringVar(&w.out, "out", "", "write SVG charts into this directory")
+}
+
+// check validates the flags that do not depend on the command.
+func (w *fleetFlags) check() error {
+	if w.workload == "" {
+		return errors.New("--workload is required")
+	}
+	set := 0
+	for _, v := range []float64{w.rate, w.speedup, w.load} {
+		if v < 0 {
+			return errors.New("--rate, --speedup and --load must not be negative")
+		}
+		if v > 0 {
+			set++
+		}
+	}
+	if set > 1 {
+		return errors.New("give at most one of --rate, --speedup and --load")
+	}
+	return nil
+}
+
+func (w *fleetFlags) options() workload.Options {
+	return workload.Options{Rate: w.rate, Speedup: w.speedup, Limit: w.limit, Duration: w.duration, Seed: w.seed}
+}
+
+// parsePolicies parses --policies; empty means every registered policy, with
+// round-robin first since the table's ratios are to it.
+func parsePolicies(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "" {
+		names := policy.Names()
+		if i := slices.Index(names, "round-robin"); i > 0 {
+			names = append([]string{"round-robin"}, slices.Delete(names, i, i+1)...)
+		}
+		return names, nil
+	}
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		if _, err := policy.New(p, policy.Options{}); err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("--policies names no policy")
+	}
+	return out, nil
+}
+
+func parseSweepLoads(s string) ([]float64, error) {
+	var out []float64
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("--sweep: %q is not a positive load", f)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func runSim(args []string) int {
+	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+	var w fleetFlags
+	w.register(fs)
+	oracle := fs.Bool("oracle", false, "also compute the workload's bounds: infinite-cache hit rate and no-queue mean TTFT")
+	sweep := fs.String("sweep", "", "comma-separated loads (e.g. 0.3,0.5,0.7,0.9): run each and chart p99 TTFT against load")
+	parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "runs to simulate side by side (each run is single-threaded)")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--oracle] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "\nReplays the workload on a simulated fleet in virtual time, with the same scheduler and engine model as kvroute serve and kvroute engine, once per policy.\n\nflags:")
+		fs.PrintDefaults()
+		fmt.Fprintln(fs.Output(), "\nbuilt-in workloads:")
+		for _, b := range workload.Builtins() {
+			fmt.Fprintf(fs.Output(), "  %-8s %s\n", b[0], b[1])
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if err := simMain(os.Stdout, &w, *oracle, *sweep, *parallel); err != nil {
+		fmt.Fprintf(os.Stderr, "kvroute sim: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func simMain(stdout io.Writer, w *fleetFlags, withOracle bool, sweep string, parallel int) error {
+	if err := w.check(); err != nil {
+		return err
+	}
+	engines, err := sim.ParseEngines(w.engines, w.preset)
+	if err != nil {
+		return err
+	}
+	policies, err := parsePolicies(w.policies)
+	if err != nil {
+		return err
+	}
+	loads := []float64{w.load}
+	if sweep != "" {
+		if w.rate > 0 || w.speedup > 0 || w.load > 0 {
+			return errors.New("--sweep sets the load; do not give --rate, --speedup or --load with it")
+		}
+		if loads, err = parseSweepLoads(sweep); err != nil {
+			return err
+		}
+	}
+	capacity := sim.Capacity(engines)
+	fmt.Fprintf(stdout, "fleet: %d engines, prefill capacity %.0f prompt tokens/s\n", len(engines), capacity)
+
+	rep := &report.Report{}
+	if withOracle {
+		reqs, _, err := sim.LoadAt(w.workload, w.options(), 0, capacity)
+		if err != nil {
+			return err
+		}
+		o, err := sim.Oracle(reqs, fastestPreset(engines), request.Options{})
+		if err != nil {
+			return err
+		}
+		rep.Oracle = &o
+		fmt.Fprintf(stdout, "oracle: hit rate %.1f%% (one server, infinite cache), mean TTFT >= %.1f ms (cached prefix, no queueing, %s)\n",
+			100*o.HitRate, o.MeanTTFTms, fastestPreset(engines).Name)
+	}
+
+	var jobs []sim.Job
+	for _, load := range loads {
+		reqs, offered, err := sim.LoadAt(w.workload, w.options(), load, capacity)
+		if err != nil {
+			return err
+		}
+		for _, p := range policies {
+			jobs = append(jobs, sim.Job{Reqs: reqs, Config: sim.Config{
+				Engines: engines, KVBlocks: w.kvBlocks, Policy: p, Seed: w.seed, OfferedLoad: offered,
+			}})
+		}
+	}
+	start := time.Now()
+	runs, err := sim.RunAll(jobs, parallel)
+	if err != nil {
+		return err
+	}
+	elapsed := time.Since(start)
+	if rep.Oracle != nil && rep.Oracle.HitRate > 0 {
+		for i := range runs {
+			runs[i].OfOracle = runs[i].PrefixHitRate / rep.Oracle.HitRate
+		}
+	}
+	rep.Runs = runs
+
+	for i := 0; i < len(runs); i += len(policies) {
+		group := &report.Report{Runs: runs[i : i+len(policies)], Oracle: rep.Oracle}
+		fmt.Fprintf(stdout, "\noffered load %.2f of the fleet's prefill capacity (every prompt token counted uncached), %d requests\n",
+			group.Runs[0].OfferedLoad, len(jobs[i].Reqs))
+		report.WriteTable(stdout, group)
+	}
+	fmt.Fprintf(stdout, "\nsimulated %d runs in %.1fs\n", len(runs), elapsed.Seconds())
+
+	if w.jsonFile != "" {
+		if err := writeReportJSON(w.jsonFile, rep); err != nil {
+			return err
+		}
+	}
+	if w.out != "" {
+		if err := writeRunCharts(w.out, runs, len(policies), sweep != ""); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fastestPreset is the preset with the highest prefill capacity: the fleet-level
+// TTFT bound assumes the best engine.
+func fastestPreset(engines []engine.Preset) engine.Preset {
+	best := engines[0]
+	for _, p := range engines[1:] {
+		if p.PrefillTokensPerSec() > best.PrefillTokensPerSec() {
+			best = p
+		}
+	}
+	return best
+}
+
+func writeReportJSON(path string, rep *report.Report) error {
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode results: %w", err)
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write results: %w", err)
+	}
+	return nil
+}
+
+// writeRunCharts writes the TTFT distribution of the last load's runs and,
+// for a sweep, p99 TTFT against load.
+func writeRunCharts(dir string, runs []report.Run, perLoad int, sweep bool) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("charts: %w", err)
+	}
+	if err := writeSVGFile(filepath.Join(dir, "ttft.svg"), func(w io.Writer) error {
+		return report.WriteTTFTChart(w, runs[len(runs)-perLoad:])
+	}); err != nil {
+		return err
+	}
+	if !sweep {
+		return nil
+	}
+	points := make([]report.SweepPoint, len(runs))
+	for i, r := range runs {
+		points[i] = report.SweepPoint{Policy: r.Policy, Load: r.OfferedLoad, P99ms: r.TTFT.P99}
+	}
+	return writeSVGFile(filepath.Join(dir, "sweep_p99_ttft.svg"), func(w io.Writer) error {
+		return report.WriteSweepChart(w, points)
+	})
+}
+
+func writeSVGFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("chart: %w", err)
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return fmt.Errorf("chart %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("chart %s: %w", path, err)
+	}
+	fmt.Fprintf(os.Stderr, "wrote %s\n", path)
+	return nil
+}

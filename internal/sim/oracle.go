@@ -1,0 +1,106 @@
+package sim
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/report"
+	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+// Oracle computes the workload's bounds on preset p: the prefix hit rate of
+// one server with an infinite cache that sees every request in arrival
+// order (no routing can beat it: any fleet's caches together hold at most
+// what that server holds), and the mean TTFT if every request found that
+// much of its prompt cached and never queued.
+//
+// Both come from the engine model itself rather than a formula beside it:
+// one engine with a KV cache large enough to never evict receives the
+// requests one at a time, each asking for a single output token so that it
+// finishes at its first token, on an otherwise idle engine. Its cache hits
+// are the hit bound, and its TTFTs (the uncached part prefilled in full
+// chunked-prefill steps by the preset's timing model) give the TTFT bound.
+// Requests the engine rejects (over the context length) are left out of
+// both, as they are out of every run's hit rate.
+func Oracle(reqs []workload.Request, p engine.Preset, opt request.Options) (report.Oracle, error) {
+	s := oracleSink{}
+	order := make([]int, len(reqs))
+	for i := range order {
+		order[i] = i
+	}
+	sortByArrival(order, reqs)
+	// Size the cache for every distinct block of the workload, counted in
+	// the engine's blocks (BlockSize tokens of BytesPerToken bytes), plus
+	// the longest prompt, so that nothing is ever evicted.
+	blockChars := engine.BlockSize * engine.BytesPerToken
+	seen := make(map[uint64]struct{})
+	var hashes []uint64
+	longest := 0
+	for _, i := range order {
+		v, err := parse(&reqs[i], p.Model, opt)
+		if err != nil {
+			continue
+		}
+		hashes = prefix.Hash(hashes[:0], v.Prompt, blockChars)
+		for _, h := range hashes {
+			seen[h] = struct{}{}
+		}
+		longest = max(longest, len(hashes)+1)
+	}
+	eng := engine.New(p, len(seen)+longest+1)
+	seen = nil
+
+	var now time.Duration
+	var prompt, cached int64
+	var ttft time.Duration
+	n := 0
+	for _, i := range order {
+		v, err := parse(&reqs[i], p.Model, opt)
+		if err != nil {
+			continue
+		}
+		r := &engine.Request{ID: uint64(i) + 1, Prompt: v.Prompt, OutputTokens: 1}
+		if err := eng.Add(r, now); err != nil {
+			continue
+		}
+		for !eng.Idle() {
+			d := eng.Step(now, &s)
+			if d <= 0 {
+				return report.Oracle{}, fmt.Errorf("oracle: engine stalled on request %d", i)
+			}
+			now += d
+		}
+		if r.Generated == 0 {
+			return report.Oracle{}, fmt.Errorf("oracle: request %d finished without a token", i)
+		}
+		prompt += int64(r.PromptTokens)
+		cached += int64(r.CachedTokens)
+		ttft += r.FirstTokenAt - r.Arrival
+		n++
+	}
+	var o report.Oracle
+	if prompt > 0 {
+		o.HitRate = float64(cached) / float64(prompt)
+	}
+	if n > 0 {
+		o.MeanTTFTms = float64(ttft) / float64(n) / float64(time.Millisecond)
+	}
+	return o, nil
+}
+
+// oracleSink ignores events: the oracle reads the request's own outputs.
+type oracleSink struct{}
+
+func (oracleSink) Token(*engine.Request, time.Duration)    {}
+func (oracleSink) Finished(*engine.Request, time.Duration) {}
+
+func parse(r *workload.Request, model string, opt request.Options) (*request.View, error) {
+	v, perr := request.Parse(r.Kind, r.Body(model), opt)
+	if perr != nil {
+		return nil, perr
+	}
+	return v, nil
+}

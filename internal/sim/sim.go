@@ -1,0 +1,492 @@
+// Package sim is kvroute's fleet simulator: a discrete-event simulation in
+// virtual time that replays a workload through the very code kvroute serve
+// and kvroute engine run. Each arrival is parsed by package request, routed
+// by package scheduler (the same policies, prefix index and fleet
+// accounting), and queued on an engine.Engine (the same state machine the
+// emulator drives in real time); the engines' first tokens and completions
+// are fed back to the scheduler as the proxy feeds them, so the simulated
+// router learns prefill rates from TTFTs as the live one does.
+//
+// A run is single-threaded and deterministic: one min-heap of events, no
+// goroutines, no sleeping, no clock, no HTTP. The same workload, fleet,
+// policy and seed always give the same result, byte for byte. Independent
+// runs (one per policy, one per load) may run side by side; see RunAll.
+//
+// The package owns the event loop and the fleet-level figures of a run
+// (prefill utilisation, per-engine share, the oracle bounds, the offered
+// load arithmetic); it must not contain any routing or engine logic of its
+// own.
+package sim
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/report"
+	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/scheduler"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+// Epoch is the wall-clock instant that virtual time 0 maps to when the
+// scheduler and fleet, which speak time.Time, are fed virtual time. It is
+// fixed so that runs are reproducible.
+var Epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Config describes one simulated run.
+type Config struct {
+	// Engines has one preset per engine; heterogeneous fleets mix them.
+	Engines []engine.Preset
+	// KVBlocks > 0 overrides every engine's KV cache capacity.
+	KVBlocks int
+	// Policy is the routing policy's name (see policy.Names).
+	Policy string
+	// Seed seeds the policy's random choices.
+	Seed int64
+	// Scheduler tunes the scheduler; zero values are its defaults, and the
+	// per-backend prefix index capacity is set from each engine's KV cache.
+	Scheduler scheduler.Config
+	// Model is the model name the requests ask for; default the first
+	// engine's served model.
+	Model string
+	// Request configures the parser, as kvroute serve's config does.
+	Request request.Options
+	// OfferedLoad is copied into the result (see Offered).
+	OfferedLoad float64
+}
+
+// Run simulates reqs on a fresh fleet under cfg and returns the run's
+// result. reqs are not modified; arrivals are taken in time order.
+func Run(reqs []workload.Request, cfg Config) (report.Run, error) {
+	s, err := newSim(reqs, cfg)
+	if err != nil {
+		return report.Run{}, err
+	}
+	s.loop()
+	return s.result(), nil
+}
+
+// Event classes, in the order they are handled when they fall on the same
+// instant: what a step finished is known before anything arrives at that
+// instant, and a step that starts at that instant sees those arrivals in
+// its batch, as an engine's busy loop would.
+const (
+	evStepDone = iota
+	evArrival
+	evStepStart
+)
+
+// event is one entry of the event heap. Arrivals are not kept in the heap
+// (they come from a sorted cursor), so the heap holds at most two events
+// per engine.
+type event struct {
+	at     time.Duration
+	class  uint8
+	seq    uint64
+	engine int32
+}
+
+func (a event) less(b event) bool {
+	if a.at != b.at {
+		return a.at < b.at
+	}
+	if a.class != b.class {
+		return a.class < b.class
+	}
+	return a.seq < b.seq
+}
+
+// eventHeap is a binary min-heap; hand-rolled so that pushing and popping
+// neither boxes nor allocates.
+type eventHeap []event
+
+func (h *eventHeap) push(e event) {
+	*h = append(*h, e)
+	q := *h
+	i := len(q) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !q[i].less(q[p]) {
+			break
+		}
+		q[i], q[p] = q[p], q[i]
+		i = p
+	}
+}
+
+func (h *eventHeap) pop() event {
+	q := *h
+	top := q[0]
+	n := len(q) - 1
+	q[0] = q[n]
+	q = q[:n]
+	i := 0
+	for {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		m := l
+		if r := l + 1; r < n && q[r].less(q[l]) {
+			m = r
+		}
+		if !q[m].less(q[i]) {
+			break
+		}
+		q[i], q[m] = q[m], q[i]
+		i = m
+	}
+	*h = q
+	return top
+}
+
+// flight is one request in the simulated fleet. The engine.Request is
+// embedded so that one allocation carries both.
+type flight struct {
+	engine.Request
+	a       *scheduler.Assignment
+	arrival time.Duration
+	first   time.Duration
+	last    time.Duration
+	itl     []time.Duration
+	backend int32
+}
+
+// delivery is an engine event waiting for the end of the step that made it.
+type delivery struct {
+	f     *flight
+	first bool // first token; otherwise finished
+}
+
+// node is one simulated engine and what the driver knows about it.
+type node struct {
+	eng  *engine.Engine
+	b    *fleet.Backend
+	busy bool // a step is scheduled or under way
+	// out holds the step's events until the step's end.
+	out    []delivery
+	routed int
+}
+
+// sim is one run's state.
+type sim struct {
+	cfg     Config
+	reqs    []workload.Request
+	order   []int // indices of reqs in arrival order
+	model   string
+	sched   *scheduler.Scheduler
+	nodes   []node
+	heap    eventHeap
+	seq     uint64
+	now     time.Duration
+	cur     int // the node whose step is running (for the sink)
+	samples []report.Sample
+	arena   []time.Duration
+	end     time.Duration
+	nextID  uint64
+}
+
+func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
+	if len(cfg.Engines) == 0 {
+		return nil, errors.New("sim: no engines")
+	}
+	p, err := policy.New(cfg.Policy, policy.Options{Seed: cfg.Seed})
+	if err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	f := fleet.New()
+	s := &sim{
+		cfg:     cfg,
+		reqs:    reqs,
+		model:   cfg.Model,
+		nodes:   make([]node, len(cfg.Engines)),
+		samples: make([]report.Sample, 0, len(reqs)),
+	}
+	if s.model == "" {
+		s.model = cfg.Engines[0].Model
+	}
+	for i, pr := range cfg.Engines {
+		// Backends serve any model, so that a heterogeneous fleet (whose
+		// presets name different models) still takes every request.
+		s.nodes[i].b = f.Add(fmt.Sprintf("engine-%d", i), nil, nil)
+		s.nodes[i].eng = engine.New(pr, cfg.KVBlocks)
+	}
+	s.sched = scheduler.New(f, p, cfg.Scheduler)
+	blockChars := cfg.Scheduler.BlockChars
+	if blockChars <= 0 {
+		blockChars = prefix.DefaultBlockChars
+	}
+	for i := range s.nodes {
+		// The router learns a backend's capacity from its metrics (vLLM's
+		// cache_config_info): engine blocks of BlockSize tokens of
+		// BytesPerToken bytes, converted to the router's blocks.
+		kv := s.nodes[i].eng.Preset().KVBlocks
+		chars := kv * engine.BlockSize * engine.BytesPerToken
+		s.sched.Index().SetCapacity(s.nodes[i].b.ID, chars/blockChars)
+	}
+	s.order = make([]int, len(reqs))
+	for i := range s.order {
+		s.order[i] = i
+	}
+	sortByArrival(s.order, reqs)
+	return s, nil
+}
+
+// sortByArrival sorts order, indices into reqs, by arrival time; equal
+// times keep their workload order.
+func sortByArrival(order []int, reqs []workload.Request) {
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Compare(reqs[a].At, reqs[b].At)
+	})
+}
+
+func (s *sim) push(at time.Duration, class uint8, engine int) {
+	s.seq++
+	s.heap.push(event{at: at, class: class, seq: s.seq, engine: int32(engine)})
+}
+
+// loop runs the simulation to the last event.
+func (s *sim) loop() {
+	next := 0
+	for next < len(s.order) || len(s.heap) > 0 {
+		if next < len(s.order) {
+			r := &s.reqs[s.order[next]]
+			if len(s.heap) == 0 || (event{at: r.At, class: evArrival}).less(s.heap[0]) {
+				s.now = r.At
+				s.arrive(r)
+				next++
+				continue
+			}
+		}
+		e := s.heap.pop()
+		s.now = e.at
+		switch e.class {
+		case evStepDone:
+			s.stepDone(int(e.engine))
+		case evStepStart:
+			s.stepStart(int(e.engine))
+		}
+	}
+}
+
+// arrive routes one request and queues it on its engine.
+func (s *sim) arrive(r *workload.Request) {
+	body := r.Body(s.model)
+	v, perr := request.Parse(r.Kind, body, s.cfg.Request)
+	if perr != nil {
+		s.fail(r.At, 0, 0, "parse: "+perr.Message)
+		return
+	}
+	v.SessionKey = r.Session
+	a, err := s.sched.Route(v, nil, Epoch.Add(s.now))
+	if err != nil {
+		s.fail(r.At, v.PromptTokens, 0, err.Error())
+		return
+	}
+	n := &s.nodes[a.Backend.ID]
+	n.routed++
+	s.nextID++
+	f := &flight{a: a, arrival: r.At, backend: int32(a.Backend.ID)}
+	f.ID = s.nextID
+	f.Prompt = v.Prompt
+	// The output length follows the engine's one rule, seeded as the
+	// emulator seeds it, so that a request gets the same length here as
+	// from kvroute engine.
+	f.OutputTokens = engine.OutputTokens(v.MaxTokens, v.MinTokens, v.IgnoreEOS,
+		engine.Tokens(v.Prompt), n.eng.Preset().MaxModelLen, xxhash.Sum64String(v.Prompt))
+	f.Tag = f
+	if err := n.eng.Add(&f.Request, s.now); err != nil {
+		a.Done(Epoch.Add(s.now))
+		s.fail(r.At, v.PromptTokens, a.Backend.ID, err.Error())
+		return
+	}
+	if f.OutputTokens > 1 {
+		f.itl = s.alloc(f.OutputTokens - 1)
+	}
+	if !n.busy {
+		n.busy = true
+		s.push(s.now, evStepStart, int(a.Backend.ID))
+	}
+}
+
+// alloc hands out n zero-length slots from a shared arena, so that recording
+// inter-token gaps costs no allocation per request.
+func (s *sim) alloc(n int) []time.Duration {
+	if n > 1<<14 {
+		return make([]time.Duration, 0, n)
+	}
+	if cap(s.arena)-len(s.arena) < n {
+		s.arena = make([]time.Duration, 0, 1<<16)
+	}
+	out := s.arena[len(s.arena) : len(s.arena) : len(s.arena)+n]
+	s.arena = s.arena[:len(s.arena)+n]
+	return out
+}
+
+func (s *sim) fail(at time.Duration, prompt, backend int, msg string) {
+	s.samples = append(s.samples, report.Sample{
+		Start:        at,
+		PromptTokens: prompt,
+		Err:          msg,
+		Backend:      s.nodes[backend].b.Name,
+	})
+}
+
+// stepStart runs one engine iteration. The engine's state already reflects
+// the step's outcome; its token events are held back until the step's end,
+// when a real engine would send them.
+func (s *sim) stepStart(i int) {
+	n := &s.nodes[i]
+	s.cur = i
+	d := n.eng.Step(s.now, s)
+	st := n.eng.Stats()
+	// A fresh metrics scrape after every step: the live router scrapes on
+	// an interval, so the simulated one sees engine state at least as fresh.
+	n.b.SetEngine(&fleet.EngineState{
+		At:       Epoch.Add(s.now),
+		Running:  st.Running,
+		Waiting:  st.Waiting,
+		KVUsage:  st.KVUsage,
+		KVBlocks: n.eng.Preset().KVBlocks,
+	})
+	if d <= 0 {
+		// Nothing could run: the engine waits for the next arrival.
+		n.busy = false
+		s.deliver(i)
+		return
+	}
+	s.push(s.now+d, evStepDone, i)
+}
+
+// stepDone delivers a finished step's events and starts the next step if
+// there is work.
+func (s *sim) stepDone(i int) {
+	s.deliver(i)
+	n := &s.nodes[i]
+	if n.eng.Idle() {
+		n.busy = false
+		return
+	}
+	s.push(s.now, evStepStart, i)
+}
+
+// deliver feeds the held events of node i to the scheduler at s.now.
+func (s *sim) deliver(i int) {
+	n := &s.nodes[i]
+	at := Epoch.Add(s.now)
+	for _, d := range n.out {
+		f := d.f
+		if d.first {
+			f.a.FirstByte(at)
+			continue
+		}
+		f.a.Done(at)
+		smp := report.Sample{
+			Start:        f.arrival,
+			E2E:          f.FinishedAt - f.arrival,
+			ITL:          f.itl,
+			PromptTokens: f.PromptTokens,
+			CachedTokens: f.CachedTokens,
+			OutputTokens: f.Generated,
+			Backend:      n.b.Name,
+		}
+		if f.Generated > 0 {
+			smp.TTFT = f.first - f.arrival
+		} else {
+			smp.TTFT = smp.E2E
+		}
+		s.samples = append(s.samples, smp)
+		s.end = max(s.end, f.FinishedAt)
+	}
+	clear(n.out)
+	n.out = n.out[:0]
+}
+
+// Token implements engine.Sink: times are recorded now (they are stamped
+// with the step's end); the first byte reaches the scheduler at delivery.
+func (s *sim) Token(r *engine.Request, at time.Duration) {
+	f := r.Tag.(*flight)
+	if r.Generated == 1 {
+		f.first = at
+		f.last = at
+		n := &s.nodes[s.cur]
+		n.out = append(n.out, delivery{f: f, first: true})
+		return
+	}
+	if gap := at - f.last; len(f.itl) < cap(f.itl) {
+		f.itl = append(f.itl, gap)
+	}
+	f.last = at
+}
+
+// Finished implements engine.Sink.
+func (s *sim) Finished(r *engine.Request, at time.Duration) {
+	f := r.Tag.(*flight)
+	n := &s.nodes[s.cur]
+	n.out = append(n.out, delivery{f: f})
+}
+
+// result summarises the run.
+func (s *sim) result() report.Run {
+	wall := s.end
+	run := report.Summarize(s.cfg.Policy, s.samples, wall)
+	run.OfferedLoad = s.cfg.OfferedLoad
+	total := 0
+	var computed int64
+	var capacity float64
+	for i := range s.nodes {
+		total += s.nodes[i].routed
+		computed += s.nodes[i].eng.Stats().PrefillTokensComputed
+		capacity += s.nodes[i].eng.Preset().PrefillTokensPerSec()
+	}
+	run.EngineShare = make([]float64, len(s.nodes))
+	for i := range s.nodes {
+		if total > 0 {
+			run.EngineShare[i] = float64(s.nodes[i].routed) / float64(total)
+		}
+	}
+	if wall > 0 && capacity > 0 {
+		run.PrefillUtilisation = float64(computed) / (capacity * wall.Seconds())
+	}
+	return run
+}
+
+var _ engine.Sink = (*sim)(nil)
+
+// Job is one run of RunAll: a workload on a fleet with one policy.
+type Job struct {
+	Reqs   []workload.Request
+	Config Config
+}
+
+// RunAll runs jobs, up to parallel at once (at least one), and returns
+// their results in job order. Each run is single-threaded and owns its
+// fleet, so running several side by side changes nothing in any result;
+// jobs may share their Reqs.
+func RunAll(jobs []Job, parallel int) ([]report.Run, error) {
+	runs := make([]report.Run, len(jobs))
+	errs := make([]error, len(jobs))
+	sem := make(chan struct{}, max(parallel, 1))
+	var wg sync.WaitGroup
+	for i := range jobs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			runs[i], errs[i] = Run(jobs[i].Reqs, jobs[i].Config)
+		}()
+	}
+	wg.Wait()
+	return runs, errors.Join(errs...)
+}
