@@ -41,6 +41,13 @@ const (
 	AffinityRatio = 1.5
 	AffinitySlack = 0.02
 
+	// AffinitySlots is added to CHWBL's in-flight bound (see boundedLoadCap)
+	// for a sticky backend. With a handful of requests in flight the bound's
+	// rounding admits a single request per backend, which would move a
+	// conversation off its cache on request count alone; one slot of slack
+	// fixes that while a hot key still spills as load grows.
+	AffinitySlots = 1
+
 	// EngineStateMaxAge is how old an engine report may be and still count.
 	// Metric scrapes arrive about once a second; an older report describes
 	// a queue that has long since moved.
@@ -134,7 +141,7 @@ func (p *KVRoute) Pick(in *Input) Decision {
 			return Decision{Index: best, EstTTFT: bestEst, Note: "sticky"}
 		}
 		if holderEst <= AffinityRatio*bestEst+AffinitySlack &&
-			holderLoad+1 <= boundedLoadCap(p.loadFactor, total, n) {
+			holderLoad+1 <= boundedLoadCap(p.loadFactor, total, n)+AffinitySlots {
 			return Decision{Index: holder, EstTTFT: holderEst, Note: "sticky"}
 		}
 		return Decision{Index: best, EstTTFT: bestEst, Note: "spill"}
@@ -149,7 +156,9 @@ func (p *KVRoute) Pick(in *Input) Decision {
 // estimate is candidate b's estimated TTFT in seconds for a request of
 // prompt tokens of which cached are in b's prefix cache.
 func (p *KVRoute) estimate(b *fleet.Backend, l *fleet.Load, prompt, cached int64, now time.Time) float64 {
-	uncached := max(prompt-cached, 0)
+	// The engine computes at least the last prompt token even on a full
+	// hit (it needs its logits), so the uncached work is never zero.
+	uncached := max(prompt-cached, 1)
 	work := l.PendingPrefill + uncached
 	decoding, context := l.Decoding, l.DecodeTokens
 

@@ -1,0 +1,334 @@
+package policy
+
+import (
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/request"
+)
+
+// fxT0 is the fixtures' clock.
+var fxT0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// fxLoad describes one hand-built backend.
+type fxLoad struct {
+	pending  []int64 // uncached tokens of each request awaiting its first byte
+	decoding int     // decoding streams
+	ctx      int64   // prompt tokens of each decoding stream
+	rate     float64 // learned prefill rate; 0 leaves the prior
+	matched  int32   // prefix blocks of the request held
+}
+
+// fxBackends builds a fleet whose backends carry the given loads, through
+// fleet's own accounting (tickets left open on purpose).
+func fxBackends(t testing.TB, loads ...fxLoad) []*fleet.Backend {
+	t.Helper()
+	f := fleet.New()
+	out := make([]*fleet.Backend, len(loads))
+	for i, l := range loads {
+		b := f.Add(fmt.Sprintf("b%d", i), nil, nil)
+		if l.rate > 0 {
+			// One observed TTFT on an idle backend teaches the rate outright.
+			const work = 100000
+			tk := b.Start(work, work, 0, fxT0)
+			tk.FirstByte(fxT0.Add(time.Duration(float64(work) / l.rate * float64(time.Second))))
+			tk.Done(fxT0)
+			if got := b.PrefillRate(); math.Abs(got-l.rate) > l.rate*1e-6 {
+				t.Fatalf("fixture: backend %d learned rate %v, want %v", i, got, l.rate)
+			}
+		}
+		// Decoding streams first, with no queued work, so that their instant
+		// first byte teaches no rate.
+		for range l.decoding {
+			b.Start(l.ctx, 0, 100, fxT0).FirstByte(fxT0)
+		}
+		for _, p := range l.pending {
+			b.Start(p, p, 100, fxT0)
+		}
+		out[i] = b
+	}
+	return out
+}
+
+// fxInput is an Input over cands for a prompt of promptTokens tokens.
+func fxInput(cands []*fleet.Backend, loads []fxLoad, promptTokens int, session string) *Input {
+	m := make([]int32, len(cands))
+	for i := range loads {
+		m[i] = loads[i].matched
+	}
+	return &Input{
+		View:       &request.View{PromptTokens: promptTokens, SessionKey: session},
+		BlockChars: 64,
+		Candidates: cands,
+		Matched:    m,
+		Now:        fxT0,
+	}
+}
+
+// fxNew returns a fresh instance of a registered policy.
+func fxNew(t testing.TB, name string, o Options) Policy {
+	t.Helper()
+	p, err := New(name, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestKVRoutePick(t *testing.T) {
+	const prompt = 8000 // tokens; 500 blocks of 16 tokens
+	tests := []struct {
+		name  string
+		loads []fxLoad
+		want  int
+		note  string
+	}{
+		{"prefers the cached backend when loads are equal",
+			[]fxLoad{{}, {matched: 400}, {matched: 100}}, 1, "cache"},
+		{"avoids a prefix holder whose queue outweighs the saved prefill",
+			[]fxLoad{{matched: 500, pending: []int64{30000, 30000}}, {}}, 1, "load"},
+		{"keeps the prefix holder when its queue costs less than the prefill saved",
+			[]fxLoad{{matched: 500, pending: []int64{3000}}, {}}, 0, "cache"},
+		{"prefers a higher learned prefill rate",
+			[]fxLoad{{rate: 10000}, {rate: 40000}, {rate: 20000}}, 1, "load"},
+		{"a slow backend's cache still wins when it saves enough",
+			[]fxLoad{{rate: 5000, matched: 500}, {rate: 20000}}, 0, "cache"},
+		{"penalises a big decoding batch",
+			[]fxLoad{{decoding: 200, ctx: 4000}, {decoding: 10, ctx: 4000}, {decoding: 100, ctx: 4000}}, 1, "load"},
+		{"counts queued prefill across backends",
+			[]fxLoad{{pending: []int64{9000}}, {pending: []int64{2000, 2000}}, {pending: []int64{6000}}}, 1, "load"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cands := fxBackends(t, tc.loads...)
+			p := fxNew(t, "kvroute", Options{})
+			// Every rotation of the tie-break start must agree.
+			for range len(cands) {
+				d := p.Pick(fxInput(cands, tc.loads, prompt, ""))
+				if d.Index != tc.want || d.Note != tc.note {
+					t.Fatalf("picked %d (%q, est %.4fs), want %d (%q)", d.Index, d.Note, d.EstTTFT, tc.want, tc.note)
+				}
+				if d.EstTTFT <= 0 {
+					t.Fatalf("EstTTFT = %v, want > 0", d.EstTTFT)
+				}
+			}
+		})
+	}
+}
+
+func TestKVRouteEstimateByHand(t *testing.T) {
+	loads := []fxLoad{{pending: []int64{2000}, decoding: 2, ctx: 1000, matched: 100, rate: 20000}}
+	cands := fxBackends(t, loads...)
+	d := fxNew(t, "kvroute", Options{}).Pick(fxInput(cands, loads, 4000, ""))
+	// uncached = 4000 - 100 blocks * 64 chars / 4 = 2400; work = 2000 + 2400;
+	// one step; decode = 2*DecodeSeqCost + 2000*DecodeContextCost.
+	want := (4400 + 2*DecodeSeqCost + 2000*DecodeContextCost) / 20000
+	if math.Abs(d.EstTTFT-want) > 1e-12 {
+		t.Fatalf("EstTTFT = %v, want %v", d.EstTTFT, want)
+	}
+	// A prompt shorter than its match clamps uncached at the one token the
+	// engine always recomputes rather than crediting negative work.
+	d = fxNew(t, "kvroute", Options{}).Pick(fxInput(cands, loads, 1000, ""))
+	want = (2001 + 2*DecodeSeqCost + 2000*DecodeContextCost) / 20000
+	if math.Abs(d.EstTTFT-want) > 1e-12 {
+		t.Fatalf("short prompt: EstTTFT = %v, want %v", d.EstTTFT, want)
+	}
+}
+
+func TestKVRouteChunkedSteps(t *testing.T) {
+	// With decoders present, a prefill spanning more chunks pays the batch's
+	// step cost more often.
+	loads := []fxLoad{{decoding: 50, ctx: 8000}}
+	cands := fxBackends(t, loads...)
+	p := fxNew(t, "kvroute", Options{})
+	dec := 50*DecodeSeqCost + 50*8000*DecodeContextCost
+	for _, prompt := range []int{100, PrefillChunkTokens, PrefillChunkTokens + 1, 5 * PrefillChunkTokens} {
+		steps := max((prompt+PrefillChunkTokens-1)/PrefillChunkTokens, 1)
+		want := (float64(prompt) + float64(steps)*dec) / fleet.DefaultPrefillRate
+		if d := p.Pick(fxInput(cands, loads, prompt, "")); math.Abs(d.EstTTFT-want) > 1e-9 {
+			t.Errorf("prompt %d: EstTTFT = %v, want %v", prompt, d.EstTTFT, want)
+		}
+	}
+}
+
+func TestKVRouteEngineState(t *testing.T) {
+	// Backend 1 carries a little of the router's own work, so backend 0
+	// wins unless its engine reports work the router did not route.
+	loads := []fxLoad{{}, {pending: []int64{300}}}
+	tests := []struct {
+		name  string
+		state *fleet.EngineState
+		want  int
+	}{
+		{"fresh report of foreign queued work steers away", &fleet.EngineState{At: fxT0, Waiting: 20}, 1},
+		{"fresh report of foreign running streams steers away", &fleet.EngineState{At: fxT0, Running: 300}, 1},
+		{"stale report is ignored", &fleet.EngineState{At: fxT0.Add(-time.Minute), Waiting: 20, Running: 300}, 0},
+		{"report of only our own work changes nothing", &fleet.EngineState{At: fxT0}, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cands := fxBackends(t, loads...)
+			cands[0].SetEngine(tc.state)
+			p := fxNew(t, "kvroute", Options{})
+			in := fxInput(cands, loads, 2000, "")
+			for range 4 {
+				if d := p.Pick(in); d.Index != tc.want {
+					t.Fatalf("picked %d, want %d", d.Index, tc.want)
+				}
+			}
+		})
+	}
+	// Requests the router routed itself and that wait in the engine's queue
+	// are not counted twice.
+	own := []fxLoad{{pending: []int64{500, 500, 500}}, {pending: []int64{500, 500, 500}}}
+	cands := fxBackends(t, own...)
+	cands[0].SetEngine(&fleet.EngineState{At: fxT0, Waiting: 3})
+	p := fxNew(t, "kvroute", Options{})
+	a, b := p.Pick(fxInput(cands[:1], own[:1], 2000, "")), p.Pick(fxInput(cands[1:], own[1:], 2000, ""))
+	if a.EstTTFT != b.EstTTFT {
+		t.Fatalf("own waiting requests counted twice: est %v with report, %v without", a.EstTTFT, b.EstTTFT)
+	}
+}
+
+func TestKVRouteSession(t *testing.T) {
+	const prompt = 8000
+	t.Run("remembers where the conversation went", func(t *testing.T) {
+		loads := []fxLoad{{}, {}, {}, {}}
+		cands := fxBackends(t, loads...)
+		p := fxNew(t, "kvroute", Options{}).(*KVRoute)
+		in := fxInput(cands, loads, prompt, "conv-1")
+		first := p.Pick(in)
+		p.Routed(in, first)
+		for range 8 {
+			if d := p.Pick(in); d.Index != first.Index || d.Note != "sticky" {
+				t.Fatalf("picked %d (%q), want sticky %d", d.Index, d.Note, first.Index)
+			}
+		}
+		// Another conversation is not pulled along by the rotation.
+		other := fxInput(cands, loads, prompt, "conv-2")
+		seen := map[int]bool{}
+		for range 4 {
+			seen[p.Pick(other).Index] = true
+		}
+		if len(seen) < 2 {
+			t.Fatalf("unrouted conversation always went to %v: tie-break does not rotate", seen)
+		}
+	})
+	t.Run("stays with a modestly busier holder", func(t *testing.T) {
+		// The holder's estimate is worse than the idle backend's but within
+		// the affinity bound.
+		loads := []fxLoad{{}, {pending: []int64{500}}}
+		cands := fxBackends(t, loads...)
+		p := fxNew(t, "kvroute", Options{}).(*KVRoute)
+		in := fxInput(cands, loads, prompt, "conv-1")
+		p.Routed(in, Decision{Index: 1})
+		if d := p.Pick(in); d.Index != 1 || d.Note != "sticky" {
+			t.Fatalf("picked %d (%q), want sticky 1", d.Index, d.Note)
+		}
+		// Without the session key the same request goes to the idle one.
+		if d := p.Pick(fxInput(cands, loads, prompt, "")); d.Index != 0 {
+			t.Fatalf("unkeyed request picked %d, want 0", d.Index)
+		}
+	})
+	t.Run("the longest match is the holder", func(t *testing.T) {
+		loads := []fxLoad{{matched: 10, pending: []int64{6000}}, {matched: 300, pending: []int64{6000}}, {}}
+		cands := fxBackends(t, loads...)
+		p := fxNew(t, "kvroute", Options{})
+		// est: holder 1 (6000+3200)/R, idle 2 8000/R: within the ratio.
+		if d := p.Pick(fxInput(cands, loads, prompt, "conv-1")); d.Index != 1 || d.Note != "sticky" {
+			t.Fatalf("picked %d (%q), want sticky 1", d.Index, d.Note)
+		}
+		if d := p.Pick(fxInput(cands, loads, prompt, "")); d.Index != 2 {
+			t.Fatalf("unkeyed request picked %d, want the idle 2", d.Index)
+		}
+	})
+	t.Run("spills when the holder's queue is too long", func(t *testing.T) {
+		loads := []fxLoad{{matched: 500, pending: []int64{40000}}, {}}
+		cands := fxBackends(t, loads...)
+		p := fxNew(t, "kvroute", Options{})
+		if d := p.Pick(fxInput(cands, loads, prompt, "conv-1")); d.Index != 1 || d.Note != "spill" {
+			t.Fatalf("picked %d (%q), want spill to 1", d.Index, d.Note)
+		}
+	})
+	t.Run("a hot key spills past the in-flight bound", func(t *testing.T) {
+		// One key on many cheap, unrelated requests (a client that sends
+		// the same session header for everything): the time bound alone
+		// would keep them all on the last backend, the CHWBL bound on
+		// in-flight requests does not.
+		for _, tc := range []struct {
+			inflight int
+			want     string
+		}{{0, "sticky"}, {1, "sticky"}, {2, "spill"}, {6, "spill"}} {
+			loads := []fxLoad{{pending: make([]int64, tc.inflight)}, {}, {}, {}}
+			for i := range loads[0].pending {
+				loads[0].pending[i] = 1
+			}
+			cands := fxBackends(t, loads...)
+			p := fxNew(t, "kvroute", Options{}).(*KVRoute)
+			in := fxInput(cands, loads, 200, "hot")
+			p.Routed(in, Decision{Index: 0})
+			d := p.Pick(in)
+			if d.Note != tc.want || (d.Index == 0) != (tc.want == "sticky") {
+				t.Errorf("%d in flight: picked %d (%q), want %q", tc.inflight, d.Index, d.Note, tc.want)
+			}
+		}
+	})
+}
+
+func TestKVRouteSessionTable(t *testing.T) {
+	p := NewKVRoute(Options{})
+	for _, id := range []int{0, 1, 7, 1<<sessionIDBits - 2} {
+		h := uint64(0xdeadbeefcafe1234) + uint64(id)
+		p.last[h&(1<<sessionSlotsLog2-1)].Store(packSession(h, id))
+		if got := p.lookupSession(h); got != id {
+			t.Errorf("id %d: lookup = %d", id, got)
+		}
+		// Same slot, different tag: a collision, not a hit.
+		if got := p.lookupSession(h ^ 1<<40); got != -1 {
+			t.Errorf("id %d: colliding key found %d", id, got)
+		}
+	}
+	if got := p.lookupSession(42); got != -1 {
+		t.Errorf("empty slot: lookup = %d", got)
+	}
+}
+
+// ownPolicies are the policies of this file set; BenchmarkPick covers each.
+var ownPolicies = []string{"round-robin", "random", "least-request", "power-of-two", "session-hash", "prefix", "kvroute"}
+
+// BenchmarkPick is one pick over 64 loaded backends for a 32,000-character
+// prompt (500 blocks of 64), matched to various depths.
+func BenchmarkPick(b *testing.B) {
+	const n = 64
+	loads := make([]fxLoad, n)
+	for i := range loads {
+		loads[i] = fxLoad{
+			matched:  int32(i*37) % 501,
+			decoding: i % 7,
+			ctx:      3000,
+			pending:  make([]int64, i%3),
+			rate:     float64(8000 + 500*(i%5)),
+		}
+		for j := range loads[i].pending {
+			loads[i].pending[j] = int64(1000 * (j + 1))
+		}
+	}
+	cands := fxBackends(b, loads...)
+	cands[5].SetEngine(&fleet.EngineState{At: fxT0, Waiting: 4, Running: 9})
+	for _, name := range ownPolicies {
+		b.Run(name, func(b *testing.B) {
+			p := fxNew(b, name, Options{Seed: 1})
+			in := fxInput(cands, loads, 32000/request.BytesPerToken, "conversation-42")
+			in.Hashes = make([]uint64, 500)
+			p.Pick(in) // builds session-hash's ring
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				p.Pick(in)
+			}
+		})
+	}
+}
