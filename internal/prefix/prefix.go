@@ -9,6 +9,8 @@
 package prefix
 
 import (
+	"encoding/binary"
+	"math/bits"
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
@@ -27,17 +29,24 @@ const DefaultCapacity = 100000
 // not hashed: engines cache full blocks only. Block i's hash covers blocks
 // 0..i, so equal hashes at position i mean equal prefixes through block i.
 func Hash(dst []uint64, text string, blockChars int) []uint64 {
-	var parent [8]byte
-	var d xxhash.Digest
+	if blockChars <= 0 || len(text) < blockChars {
+		return dst
+	}
+	// Each block is hashed as one contiguous message (parent's 8 bytes,
+	// little-endian, then the block's text) with the one-shot xxhash.Sum64,
+	// which is markedly faster than streaming through a Digest; the bytes
+	// hashed, and so the results, are the same.
+	var stack [8 + 256]byte
+	buf := stack[:]
+	if 8+blockChars > len(buf) {
+		buf = make([]byte, 8+blockChars)
+	}
+	buf = buf[:8+blockChars]
 	for off := 0; off+blockChars <= len(text); off += blockChars {
-		d.Reset()
-		_, _ = d.Write(parent[:])
-		_, _ = d.WriteString(text[off : off+blockChars])
-		h := d.Sum64()
+		copy(buf[8:], text[off:off+blockChars])
+		h := xxhash.Sum64(buf)
 		dst = append(dst, h)
-		for i := range 8 {
-			parent[i] = byte(h >> (8 * i))
-		}
+		binary.LittleEndian.PutUint64(buf[:8], h)
 	}
 	return dst
 }
@@ -51,18 +60,36 @@ func Hash(dst []uint64, text string, blockChars int) []uint64 {
 // entry, usually one to a few nodes long). Links are int32 slab indices
 // rather than pointers, which keeps a node at 24 bytes and gives the garbage
 // collector nothing to scan.
+//
+// The map entry also carries a bitmask of the holders among backends 0..63,
+// so that Match, the hot path, is one map lookup and a few word operations
+// per block for fleets of up to 64 backends; only holders with larger IDs
+// are found by walking the holder list.
 type Index struct {
 	mu         sync.RWMutex
 	defaultCap int
-	// blocks maps a block hash to the first node of its holder list.
-	blocks   map[uint64]int32
-	nodes    []node
-	free     int32 // head of the free-node list (linked through next), or nilNode
-	backends []lru
+	blocks     map[uint64]entry
+	nodes      []node
+	free       int32 // head of the free-node list (linked through next), or nilNode
+	backends   []lru
 }
 
 // nilNode ends every list.
 const nilNode = -1
+
+// maskBackends is the number of backends whose holding a block is recorded
+// in entry.mask.
+const maskBackends = 64
+
+// entry is one block's holders.
+type entry struct {
+	// mask has bit b set when backend b < maskBackends holds the block.
+	mask uint64
+	// head is the first node of the holder list (all holders).
+	head int32
+	// wide counts the holders with IDs >= maskBackends.
+	wide int32
+}
 
 type node struct {
 	hash uint64
@@ -89,7 +116,7 @@ func NewIndex(defaultCapacity int) *Index {
 	}
 	return &Index{
 		defaultCap: defaultCapacity,
-		blocks:     make(map[uint64]int32),
+		blocks:     make(map[uint64]entry),
 		free:       nilNode,
 	}
 }
@@ -124,28 +151,43 @@ func (ix *Index) SetCapacity(backend int, blocks int) {
 // not change recency and does not allocate.
 func (ix *Index) Match(hashes []uint64, out []int32) {
 	clear(out)
+	// alive is the set of backends below maskBackends that hold every block
+	// so far; a backend leaving it at block i held exactly i blocks.
+	alive := ^uint64(0)
+	if len(out) < maskBackends {
+		alive = 1<<len(out) - 1
+	}
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	// out[b] == i means b holds blocks 0..i-1, so b still matches at block i
-	// exactly when out[b] == i and b holds block i. The walk stops at the
-	// first block no still-matching backend holds.
-	for i, h := range hashes {
-		n, ok := ix.blocks[h]
+	i := 0
+	for ; i < len(hashes); i++ {
+		e, ok := ix.blocks[hashes[i]]
 		if !ok {
-			return
+			break
 		}
-		cur := int32(i)
-		extended := false
-		for ; n != nilNode; n = ix.nodes[n].holder {
-			b := ix.nodes[n].backend
-			if int(b) < len(out) && out[b] == cur {
-				out[b] = cur + 1
-				extended = true
+		for gone := alive &^ e.mask; gone != 0; gone &= gone - 1 {
+			out[bits.TrailingZeros64(gone)] = int32(i)
+		}
+		alive &= e.mask
+		// Backends beyond the mask keep their count in out as they go:
+		// out[b] == i means b holds blocks 0..i-1.
+		wide := false
+		if e.wide > 0 && len(out) > maskBackends {
+			cur := int32(i)
+			for n := e.head; n != nilNode; n = ix.nodes[n].holder {
+				b := ix.nodes[n].backend
+				if b >= maskBackends && int(b) < len(out) && out[b] == cur {
+					out[b] = cur + 1
+					wide = true
+				}
 			}
 		}
-		if !extended {
+		if alive == 0 && !wide {
 			return
 		}
+	}
+	for ; alive != 0; alive &= alive - 1 {
+		out[bits.TrailingZeros64(alive)] = int32(i)
 	}
 }
 
@@ -165,26 +207,36 @@ func (ix *Index) Insert(backend int, hashes []uint64) {
 	defer ix.mu.Unlock()
 	l := ix.backend(backend)
 	b := int32(backend)
+	var bit uint64
+	if backend < maskBackends {
+		bit = 1 << backend
+	}
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
-		head, ok := ix.blocks[h]
-		n := head
-		if ok {
+		e, ok := ix.blocks[h]
+		if !ok {
+			e.head = nilNode
+		}
+		if ok && (bit == 0 || e.mask&bit != 0) {
+			n := e.head
 			for n != nilNode && ix.nodes[n].backend != b {
 				n = ix.nodes[n].holder
 			}
+			if n != nilNode {
+				ix.unlinkLRU(l, n)
+				ix.pushFront(l, n)
+				continue
+			}
+		}
+		n := ix.alloc()
+		ix.nodes[n] = node{hash: h, prev: nilNode, next: nilNode, holder: e.head, backend: b}
+		e.head = n
+		if bit != 0 {
+			e.mask |= bit
 		} else {
-			head = nilNode
-			n = nilNode
+			e.wide++
 		}
-		if n != nilNode {
-			ix.unlinkLRU(l, n)
-			ix.pushFront(l, n)
-			continue
-		}
-		n = ix.alloc()
-		ix.nodes[n] = node{hash: h, prev: nilNode, next: nilNode, holder: head, backend: b}
-		ix.blocks[h] = n
+		ix.blocks[h] = e
 		ix.pushFront(l, n)
 		l.n++
 	}
@@ -226,20 +278,26 @@ func (ix *Index) evict(l *lru) {
 func (ix *Index) drop(l *lru, n int32) {
 	ix.unlinkLRU(l, n)
 	l.n--
-	h := ix.nodes[n].hash
-	head := ix.blocks[h]
-	if head == n {
-		if nx := ix.nodes[n].holder; nx == nilNode {
-			delete(ix.blocks, h)
-		} else {
-			ix.blocks[h] = nx
-		}
+	h, b := ix.nodes[n].hash, ix.nodes[n].backend
+	e := ix.blocks[h]
+	if e.head == n {
+		e.head = ix.nodes[n].holder
 	} else {
-		p := head
+		p := e.head
 		for ix.nodes[p].holder != n {
 			p = ix.nodes[p].holder
 		}
 		ix.nodes[p].holder = ix.nodes[n].holder
+	}
+	if b < maskBackends {
+		e.mask &^= 1 << b
+	} else {
+		e.wide--
+	}
+	if e.head == nilNode {
+		delete(ix.blocks, h)
+	} else {
+		ix.blocks[h] = e
 	}
 	ix.nodes[n] = node{next: ix.free, prev: nilNode, holder: nilNode}
 	ix.free = n

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // hs returns the distinct fake hashes base+1..base+n: chain hashes stand in
@@ -70,6 +72,7 @@ func TestMatch(t *testing.T) {
 		{"not holding the first block matches nothing", map[int][]uint64{2: p[1:]}, p, []int32{0, 0, 0}},
 		{"empty query", map[int][]uint64{0: p}, nil, []int32{0, 0, 0}},
 		{"backend beyond out is ignored", map[int][]uint64{5: p, 0: p[:1]}, p, []int32{1, 0, 0}},
+		{"wide backend beyond out is ignored", map[int][]uint64{70: p, 1: p[:1]}, p, []int32{0, 1, 0}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -122,6 +125,27 @@ func TestEviction(t *testing.T) {
 
 // TestSharedBlocks checks that evicting or removing one holder of a block
 // leaves the other holders intact.
+func TestMatchWide(t *testing.T) {
+	p := hs(0, 10)
+	ix := NewIndex(100)
+	ix.Insert(3, p[:2])
+	ix.Insert(63, p[:9])
+	ix.Insert(64, p)
+	ix.Insert(65, p[:5])
+	ix.Insert(200, p[:7])
+	out := match(t, ix, p, 201)
+	want := map[int]int32{3: 2, 63: 9, 64: 10, 65: 5, 200: 7}
+	for b, got := range out {
+		if got != want[b] {
+			t.Errorf("backend %d matched %d, want %d", b, got, want[b])
+		}
+	}
+	short := match(t, ix, p, 65)
+	if short[64] != 10 || short[63] != 9 {
+		t.Errorf("with out of length 65: backend 63 %d, 64 %d, want 9 and 10", short[63], short[64])
+	}
+}
+
 func TestSharedBlocks(t *testing.T) {
 	p := hs(0, 5)
 	ix := NewIndex(10)
@@ -153,13 +177,24 @@ func TestSharedBlocks(t *testing.T) {
 }
 
 // TestRandomAgainstModel replays random operations against a plain model
-// of per-backend LRU lists and compares every Match and Len.
+// of per-backend LRU lists and compares every Match and Len, for backends
+// tracked in the entries' holder mask (IDs below 64), beyond it, and both.
 func TestRandomAgainstModel(t *testing.T) {
-	const backends, capacity = 4, 12
+	for _, ids := range [][]int{{0, 1, 2, 3}, {64, 65, 100, 130}, {0, 5, 63, 64, 65, 127, 128}} {
+		t.Run(fmt.Sprint(ids), func(t *testing.T) { randomAgainstModel(t, ids) })
+	}
+}
+
+func randomAgainstModel(t *testing.T, ids []int) {
+	const capacity = 12
+	backends := ids[len(ids)-1] + 1
 	rng := rand.New(rand.NewPCG(1, 2))
 	ix := NewIndex(capacity)
 	model := make([][]uint64, backends) // most recent first
-	caps := []int{capacity, capacity, capacity, capacity}
+	caps := make([]int, backends)
+	for i := range caps {
+		caps[i] = capacity
+	}
 	trim := func(b int) {
 		if len(model[b]) > caps[b] {
 			model[b] = model[b][:caps[b]]
@@ -170,7 +205,7 @@ func TestRandomAgainstModel(t *testing.T) {
 		prompts[i] = hs(uint64(i)*1000, 1+rng.IntN(8))
 	}
 	for step := range 2000 {
-		b := rng.IntN(backends)
+		b := ids[rng.IntN(len(ids))]
 		p := prompts[rng.IntN(len(prompts))]
 		p = p[:1+rng.IntN(len(p))]
 		switch r := rng.IntN(20); {
@@ -194,7 +229,7 @@ func TestRandomAgainstModel(t *testing.T) {
 		}
 		q := prompts[rng.IntN(len(prompts))]
 		got := match(t, ix, q, backends)
-		for bb := range backends {
+		for _, bb := range ids {
 			want := 0
 			for want < len(q) && contains(model[bb], q[want]) {
 				want++
@@ -254,5 +289,37 @@ func TestConcurrent(t *testing.T) {
 		if n := ix.Len(b); n > 250 {
 			t.Errorf("backend %d holds %d blocks, above any capacity it had", b, n)
 		}
+	}
+}
+
+// hashStreaming is the reference definition of Hash: each block's digest
+// covers its parent's hash (8 bytes, little-endian) followed by its text.
+func hashStreaming(text string, blockChars int) []uint64 {
+	var dst []uint64
+	var parent [8]byte
+	var d xxhash.Digest
+	for off := 0; off+blockChars <= len(text); off += blockChars {
+		d.Reset()
+		_, _ = d.Write(parent[:])
+		_, _ = d.WriteString(text[off : off+blockChars])
+		h := d.Sum64()
+		dst = append(dst, h)
+		for i := range 8 {
+			parent[i] = byte(h >> (8 * i))
+		}
+	}
+	return dst
+}
+
+func TestHashMatchesReference(t *testing.T) {
+	text := strings.Repeat("the quick brown fox jumps over the lazy dog; ", 200)
+	for _, bc := range []int{1, 7, 16, 64, 100, 256, 257, 1000} {
+		got, want := Hash(nil, text, bc), hashStreaming(text, bc)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("blockChars %d: Hash differs from the streaming reference", bc)
+		}
+	}
+	if got := Hash([]uint64{42}, "x", 0); len(got) != 1 {
+		t.Errorf("blockChars 0 appended %d hashes", len(got)-1)
 	}
 }

@@ -1,0 +1,127 @@
+package prefix
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// promptText returns n characters unique to seed.
+func promptText(seed, n int) string {
+	var sb strings.Builder
+	for sb.Len() < n {
+		fmt.Fprintf(&sb, "turn %d of conversation %d says something. ", sb.Len(), seed)
+	}
+	return sb.String()[:n]
+}
+
+const benchChars = 32000 // 500 blocks of 64
+
+func BenchmarkHash(b *testing.B) {
+	text := promptText(1, benchChars)
+	dst := make([]uint64, 0, benchChars/DefaultBlockChars)
+	b.SetBytes(benchChars)
+	b.ReportAllocs()
+	for b.Loop() {
+		dst = Hash(dst[:0], text, DefaultBlockChars)
+	}
+}
+
+// benchIndex builds a 64-backend index in which every backend holds a
+// shared 2,048-character system prompt plus its own conversations, and
+// backend k also holds the query's first 7k blocks (so the query's match
+// fans out across the fleet and dies out gradually, the expensive shape for
+// Match). allHold puts the whole query on every backend: the worst case.
+func benchIndex(b *testing.B, allHold bool) (*Index, []uint64) {
+	b.Helper()
+	const backends = 64
+	system := promptText(0, 2048)
+	query := Hash(nil, system+promptText(1, benchChars-2048), DefaultBlockChars)
+	ix := NewIndex(DefaultCapacity)
+	for k := range backends {
+		for c := range 20 {
+			ix.Insert(k, Hash(nil, system+promptText(1000+k*100+c, 16000), DefaultBlockChars))
+		}
+		n := min(len(query), 7*k)
+		if allHold {
+			n = len(query)
+		}
+		ix.Insert(k, query[:n])
+	}
+	return ix, query
+}
+
+func BenchmarkMatch(b *testing.B) {
+	for _, bc := range []struct {
+		name    string
+		allHold bool
+	}{{"fanout", false}, {"allhold", true}} {
+		b.Run(bc.name, func(b *testing.B) {
+			ix, query := benchIndex(b, bc.allHold)
+			out := make([]int32, 64)
+			b.ReportAllocs()
+			for b.Loop() {
+				ix.Match(query, out)
+			}
+			if bc.allHold && out[63] != int32(len(query)) {
+				b.Fatalf("backend 63 matched %d of %d", out[63], len(query))
+			}
+		})
+	}
+}
+
+// BenchmarkInsert measures inserting a routed 500-block prompt whose first
+// 32 blocks the backend already holds, at steady state (evicting as much as
+// it inserts).
+func BenchmarkInsert(b *testing.B) {
+	system := promptText(0, 2048)
+	prompts := make([][]uint64, 64)
+	for i := range prompts {
+		prompts[i] = Hash(nil, system+promptText(i+1, benchChars-2048), DefaultBlockChars)
+	}
+	ix := NewIndex(8 * 500)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		ix.Insert(i%4, prompts[i%len(prompts)])
+		i++
+	}
+}
+
+// BenchmarkMemory reports the index's memory per (block, backend) pair held,
+// from the heap in use before and after filling it with 1M blocks spread
+// over 64 backends in 500-block prompts that share a 32-block system prompt.
+func BenchmarkMemory(b *testing.B) {
+	const total = 1 << 20
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		b.StartTimer()
+		ix := NewIndex(total)
+		var h []uint64
+		held := 0
+		for p := 0; held < total; p++ {
+			h = h[:0]
+			for i := range 500 {
+				if i < 32 {
+					h = append(h, uint64(i+1)) // the shared system prompt
+				} else {
+					h = append(h, uint64(p)<<20|uint64(i)|1<<60)
+				}
+			}
+			before := ix.Len(p % 64)
+			ix.Insert(p%64, h)
+			held += ix.Len(p%64) - before
+		}
+		b.StopTimer()
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(held), "B/block")
+		runtime.KeepAlive(ix)
+		b.StartTimer()
+	}
+}
