@@ -8,7 +8,12 @@
 package report
 
 import (
+	"fmt"
 	"io"
+	"math"
+	"slices"
+	"strings"
+	"text/tabwriter"
 	"time"
 )
 
@@ -80,16 +85,175 @@ type Oracle struct {
 	MeanTTFTms float64 `json:"mean_ttft_ms"`
 }
 
+// RoundRobin is the policy name the table compares every run against.
+const RoundRobin = "round-robin"
+
 // Summarize computes a Run from samples; wall is the run's duration (for
 // throughput).
-func Summarize(policy string, samples []Sample, wall time.Duration) Run { panic("unimplemented") }
+//
+// Latencies, throughput and the hit rate count completed requests only (Err
+// empty); failed ones are counted in Errors. Percentiles are nearest-rank:
+// the p-th percentile of n sorted values is the ceil(p/100*n)-th smallest,
+// always an observed value. ITL pools every gap of every completed request.
+// The prefix hit rate is the sum of cached prompt tokens over the sum of
+// prompt tokens.
+func Summarize(policy string, samples []Sample, wall time.Duration) Run {
+	r := Run{Policy: policy, Samples: samples}
+	var ttft, e2e, itl []float64
+	prompt, cached, output := 0, 0, 0
+	for i := range samples {
+		s := &samples[i]
+		if s.Err != "" {
+			r.Errors++
+			continue
+		}
+		r.Completed++
+		ttft = append(ttft, ms(s.TTFT))
+		e2e = append(e2e, ms(s.E2E))
+		for _, g := range s.ITL {
+			itl = append(itl, ms(g))
+		}
+		prompt += s.PromptTokens
+		cached += s.CachedTokens
+		output += s.OutputTokens
+	}
+	r.TTFT = dist(ttft)
+	r.E2E = dist(e2e)
+	d := dist(itl)
+	r.ITL = ITLDist{Mean: d.Mean, P99: d.P99}
+	if sec := wall.Seconds(); sec > 0 {
+		r.OutputTokS = float64(output) / sec
+		r.ReqS = float64(r.Completed) / sec
+	}
+	if prompt > 0 {
+		r.PrefixHitRate = float64(cached) / float64(prompt)
+	}
+	return r
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// dist summarises xs (sorting it); all zero when xs is empty.
+func dist(xs []float64) Dist {
+	if len(xs) == 0 {
+		return Dist{}
+	}
+	slices.Sort(xs)
+	sum := 0.0
+	for _, x := range xs {
+		sum += x
+	}
+	return Dist{Mean: sum / float64(len(xs)), P50: Percentile(xs, 50), P90: Percentile(xs, 90), P99: Percentile(xs, 99)}
+}
+
+// Percentile is the nearest-rank p-th percentile (0 < p <= 100) of sorted:
+// the ceil(p/100*n)-th smallest value; 0 for an empty slice.
+func Percentile(sorted []float64, p float64) float64 {
+	n := len(sorted)
+	if n == 0 {
+		return 0
+	}
+	// Round before ceil so that p/100*n landing a hair above an integer
+	// (0.29*100 = 29.000000000000004) keeps the rank a person computes.
+	rank := int(math.Ceil(math.Round(p/100*float64(n)*1e9) / 1e9))
+	return sorted[min(n, max(1, rank))-1]
+}
 
 // WriteTable writes runs side by side, with each policy's ratio to
-// round-robin where round-robin is among them.
-func WriteTable(w io.Writer, rep *Report) { panic("unimplemented") }
+// round-robin where round-robin is among them: "p99 TTFT vs rr" is the
+// policy's p99 TTFT over round-robin's (lower is better), "hit vs rr" its
+// prefix hit rate over round-robin's (higher is better).
+func WriteTable(w io.Writer, rep *Report) {
+	var rr *Run
+	load, share, util, oracle := false, false, false, false
+	for i := range rep.Runs {
+		r := &rep.Runs[i]
+		if r.Policy == RoundRobin && rr == nil {
+			rr = r
+		}
+		load = load || r.OfferedLoad > 0
+		share = share || len(r.EngineShare) > 0
+		util = util || r.PrefillUtilisation > 0
+		oracle = oracle || r.OfOracle > 0
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	cols := []string{"policy"}
+	if load {
+		cols = append(cols, "load")
+	}
+	cols = append(cols, "done", "errors", "TTFT mean", "TTFT p50", "TTFT p99", "E2E p99", "ITL p99", "out tok/s", "hit rate")
+	if oracle {
+		cols = append(cols, "of oracle")
+	}
+	if rr != nil {
+		cols = append(cols, "p99 TTFT vs rr", "hit vs rr")
+	}
+	if util {
+		cols = append(cols, "prefill util")
+	}
+	if share {
+		cols = append(cols, "engine share %")
+	}
+	fmt.Fprintln(tw, strings.Join(cols, "\t")+"\t")
+	for _, r := range rep.Runs {
+		row := []string{r.Policy}
+		if load {
+			row = append(row, fmt.Sprintf("%.2f", r.OfferedLoad))
+		}
+		row = append(row, fmt.Sprint(r.Completed), fmt.Sprint(r.Errors),
+			msec(r.TTFT.Mean), msec(r.TTFT.P50), msec(r.TTFT.P99), msec(r.E2E.P99), msec(r.ITL.P99),
+			fmt.Sprintf("%.0f", r.OutputTokS), pct(r.PrefixHitRate))
+		if oracle {
+			row = append(row, pct(r.OfOracle))
+		}
+		if rr != nil {
+			row = append(row, ratio(r.TTFT.P99, rr.TTFT.P99), ratio(r.PrefixHitRate, rr.PrefixHitRate))
+		}
+		if util {
+			row = append(row, pct(r.PrefillUtilisation))
+		}
+		if share {
+			parts := make([]string, len(r.EngineShare))
+			for i, s := range r.EngineShare {
+				parts[i] = fmt.Sprintf("%.0f", 100*s)
+			}
+			row = append(row, strings.Join(parts, "/"))
+		}
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+	}
+	tw.Flush()
+	if rr != nil {
+		fmt.Fprintln(w, "vs rr: ratio to round-robin (p99 TTFT: lower is better; hit rate: higher is better)")
+	}
+	if rep.Oracle != nil {
+		fmt.Fprintf(w, "oracle: hit rate %s (one server, infinite cache), mean TTFT bound %s\n", pct(rep.Oracle.HitRate), msec(rep.Oracle.MeanTTFTms))
+	}
+}
 
-// WriteTTFTChart writes an SVG of each run's TTFT distribution (CDF).
-func WriteTTFTChart(w io.Writer, runs []Run) error { panic("unimplemented") }
+// msec formats milliseconds with about three significant digits.
+func msec(v float64) string {
+	switch {
+	case v >= 10000:
+		return fmt.Sprintf("%.1fs", v/1000)
+	case v >= 100:
+		return fmt.Sprintf("%.0fms", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1fms", v)
+	}
+	return fmt.Sprintf("%.2fms", v)
+}
+
+func pct(v float64) string { return fmt.Sprintf("%.1f%%", 100*v) }
+
+func ratio(a, b float64) string {
+	if b == 0 {
+		if a == 0 {
+			return "1.00x"
+		}
+		return "-"
+	}
+	return fmt.Sprintf("%.2fx", a/b)
+}
 
 // SweepPoint is one policy's p99 TTFT at one offered load.
 type SweepPoint struct {
@@ -97,6 +261,3 @@ type SweepPoint struct {
 	Load   float64
 	P99ms  float64
 }
-
-// WriteSweepChart writes an SVG of p99 TTFT against offered load, one line per policy.
-func WriteSweepChart(w io.Writer, points []SweepPoint) error { panic("unimplemented") }

@@ -1,0 +1,211 @@
+package report
+
+import (
+	"bytes"
+	"encoding/json"
+	"encoding/xml"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+func msd(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+
+func seq(n int) []float64 {
+	xs := make([]float64, n)
+	for i := range xs {
+		xs[i] = float64(i + 1)
+	}
+	return xs
+}
+
+func TestPercentile(t *testing.T) {
+	tests := []struct {
+		name string
+		xs   []float64
+		p    float64
+		want float64
+	}{
+		{"empty", nil, 50, 0},
+		{"one value", []float64{7}, 99, 7},
+		{"p50 of 4 is the 2nd", []float64{10, 20, 30, 40}, 50, 20},
+		{"p90 of 4 is the 4th (ceil 3.6)", []float64{10, 20, 30, 40}, 90, 40},
+		{"p10 of 1..10", seq(10), 10, 1},
+		{"p1 of 1..10 rounds up to rank 1", seq(10), 1, 1},
+		{"p90 of 1..10", seq(10), 90, 9},
+		{"p99 of 1..10", seq(10), 99, 10},
+		{"p99 of 1..100", seq(100), 99, 99},
+		{"p29 of 1..100 despite 0.29*100 > 29", seq(100), 29, 29},
+		{"p99 of 1..1000", seq(1000), 99, 990},
+		{"p100", seq(10), 100, 10},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Percentile(tc.xs, tc.p); got != tc.want {
+				t.Errorf("Percentile(p%v) = %v, want %v", tc.p, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestSummarize(t *testing.T) {
+	tests := []struct {
+		name    string
+		samples []Sample
+		wall    time.Duration
+		want    Run
+	}{
+		{
+			name: "errors excluded from latencies and throughput",
+			samples: []Sample{
+				{TTFT: msd(40), E2E: msd(400), ITL: []time.Duration{msd(10), msd(30)}, PromptTokens: 100, CachedTokens: 50, OutputTokens: 3},
+				{TTFT: msd(10), E2E: msd(100), ITL: []time.Duration{msd(20)}, PromptTokens: 200, CachedTokens: 0, OutputTokens: 2},
+				{TTFT: msd(30), E2E: msd(300), PromptTokens: 50, CachedTokens: 50, OutputTokens: 1},
+				{TTFT: msd(20), E2E: msd(200), ITL: []time.Duration{msd(40)}, PromptTokens: 50, CachedTokens: 0, OutputTokens: 2},
+				{Err: "HTTP 503: overloaded", PromptTokens: 1000, CachedTokens: 1000},
+			},
+			wall: 2 * time.Second,
+			want: Run{
+				Policy: "p", Completed: 4, Errors: 1,
+				// TTFT 10,20,30,40: mean 25, p50 rank 2, p90 rank ceil(3.6)=4, p99 rank 4.
+				TTFT: Dist{Mean: 25, P50: 20, P90: 40, P99: 40},
+				E2E:  Dist{Mean: 250, P50: 200, P90: 400, P99: 400},
+				// Gaps 10,20,30,40 pooled over requests.
+				ITL:        ITLDist{Mean: 25, P99: 40},
+				OutputTokS: 4, // 8 tokens / 2 s
+				ReqS:       2,
+				// (50+0+50+0) / (100+200+50+50)
+				PrefixHitRate: 0.25,
+			},
+		},
+		{
+			name:    "all failed",
+			samples: []Sample{{Err: "x"}, {Err: "y"}},
+			wall:    time.Second,
+			want:    Run{Policy: "p", Errors: 2},
+		},
+		{
+			name:    "zero wall",
+			samples: []Sample{{TTFT: msd(5), E2E: msd(6), OutputTokens: 1}},
+			want:    Run{Policy: "p", Completed: 1, TTFT: Dist{5, 5, 5, 5}, E2E: Dist{6, 6, 6, 6}},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Summarize("p", tc.samples, tc.wall)
+			got.Samples = nil
+			gj, _ := json.Marshal(got)
+			wj, _ := json.Marshal(tc.want)
+			if string(gj) != string(wj) {
+				t.Errorf("got  %s\nwant %s", gj, wj)
+			}
+		})
+	}
+}
+
+func TestRunJSONFields(t *testing.T) {
+	b, err := json.Marshal(Report{Runs: []Run{{Policy: "kvroute", Completed: 1, Samples: []Sample{{Err: "x"}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	for _, f := range []string{`"runs":[`, `"policy":"kvroute"`, `"completed":1`, `"errors":0`, `"ttft_ms":{"mean":0,"p50":0,"p90":0,"p99":0}`,
+		`"e2e_ms":`, `"itl_ms":{"mean":0,"p99":0}`, `"output_tok_s":0`, `"req_s":0`, `"prefix_hit_rate":0`} {
+		if !strings.Contains(s, f) {
+			t.Errorf("JSON %s lacks %s", s, f)
+		}
+	}
+	for _, f := range []string{"offered_load", "engine_share", "oracle", "Samples", "samples"} {
+		if strings.Contains(s, f) {
+			t.Errorf("JSON %s has %s, which should be omitted", s, f)
+		}
+	}
+}
+
+func TestWriteTable(t *testing.T) {
+	rep := &Report{Runs: []Run{
+		{Policy: "round-robin", OfferedLoad: 0.7, Completed: 100, TTFT: Dist{Mean: 500, P50: 300, P99: 4000}, PrefixHitRate: 0.1, OutputTokS: 1234},
+		{Policy: "kvroute", OfferedLoad: 0.7, Completed: 99, Errors: 1, TTFT: Dist{Mean: 50, P50: 30, P99: 200}, PrefixHitRate: 0.35, EngineShare: []float64{0.5, 0.25, 0.25}},
+	}}
+	var buf bytes.Buffer
+	WriteTable(&buf, rep)
+	out := buf.String()
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	if len(lines) < 3 {
+		t.Fatalf("table too short:\n%s", out)
+	}
+	// Aligned: the header and rows have the same width.
+	if len(lines[0]) != len(lines[1]) || len(lines[1]) != len(lines[2]) {
+		t.Errorf("rows not aligned:\n%s", out)
+	}
+	for _, want := range []string{"load", "0.70", "4000ms", "200ms", "35.0%", "0.05x", "3.50x", "1.00x", "50/25/25", "1234", "vs rr"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	buf.Reset()
+	WriteTable(&buf, &Report{Runs: []Run{{Policy: "bench", Completed: 3}}})
+	if out := buf.String(); strings.Contains(out, "vs rr") || strings.Contains(out, "load") || strings.Contains(out, "share") {
+		t.Errorf("table without round-robin, load or shares shows their columns:\n%s", out)
+	}
+}
+
+// checkSVG checks that an SVG is well-formed XML and contains want.
+func checkSVG(t *testing.T, svg string, want ...string) {
+	t.Helper()
+	d := xml.NewDecoder(strings.NewReader(svg))
+	for {
+		_, err := d.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("not well-formed XML: %v\n%s", err, svg)
+		}
+	}
+	for _, w := range want {
+		if !strings.Contains(svg, w) {
+			t.Errorf("SVG lacks %q", w)
+		}
+	}
+}
+
+func TestWriteTTFTChart(t *testing.T) {
+	var a, b []Sample
+	for i := 1; i <= 1000; i++ {
+		a = append(a, Sample{TTFT: msd(float64(i))})
+		b = append(b, Sample{TTFT: msd(float64(i) * 10)})
+	}
+	b = append(b, Sample{Err: "x"}, Sample{TTFT: 0})
+	var buf bytes.Buffer
+	if err := WriteTTFTChart(&buf, []Run{{Policy: "round-robin", Samples: b}, {Policy: "a<b", Samples: a}}); err != nil {
+		t.Fatal(err)
+	}
+	// A zero TTFT clamps to 0.01 ms, so the log axis spans 0.01 ms to 10 s.
+	checkSVG(t, buf.String(), "<svg", "round-robin", "a&lt;b", ">0.01<", ">1<", ">10k<", "log scale", "polyline")
+	if n := strings.Count(buf.String(), "<polyline"); n != 2 {
+		t.Errorf("%d lines, want 2", n)
+	}
+	buf.Reset()
+	if err := WriteTTFTChart(&buf, nil); err != nil {
+		t.Fatal(err)
+	}
+	checkSVG(t, buf.String(), "<svg")
+}
+
+func TestWriteSweepChart(t *testing.T) {
+	pts := []SweepPoint{
+		{"round-robin", 0.9, 8000}, {"round-robin", 0.5, 300}, {"round-robin", 0.7, 1500},
+		{"kvroute", 0.5, 80}, {"kvroute", 0.7, 120}, {"kvroute", 0.9, 400},
+	}
+	var buf bytes.Buffer
+	if err := WriteSweepChart(&buf, pts); err != nil {
+		t.Fatal(err)
+	}
+	s := buf.String()
+	checkSVG(t, s, "round-robin", "kvroute", ">10<", ">10k<", ">0.5<", ">0.9<")
+	if n := strings.Count(s, "<circle"); n != len(pts) {
+		t.Errorf("%d points drawn, want %d", n, len(pts))
+	}
+}
