@@ -13,7 +13,10 @@
 package engine
 
 import (
+	"fmt"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/prefix"
 )
 
 // BlockSize is the KV cache block size in tokens.
@@ -39,16 +42,6 @@ type Preset struct {
 	StepOverhead, PerPrefillToken, PerDecodeSeq, PerContextToken time.Duration
 }
 
-// Presets returns the built-in presets.
-func Presets() []Preset { panic("unimplemented") }
-
-// LookupPreset finds a preset by name, with an error that lists the names.
-func LookupPreset(name string) (Preset, error) { panic("unimplemented") }
-
-// PrefillTokensPerSec is the preset's prefill capacity when it does nothing
-// but prefill in full steps: the yardstick of offered load.
-func (p Preset) PrefillTokensPerSec() float64 { panic("unimplemented") }
-
 // Request is one request inside the engine. The driver fills the inputs;
 // the engine fills the outputs.
 type Request struct {
@@ -59,6 +52,11 @@ type Request struct {
 	OutputTokens int
 	// Tag is the driver's handle; the engine never looks at it.
 	Tag any
+	// PromptHashes optionally carries prefix.Hash(nil, Prompt,
+	// BlockSize*BytesPerToken), for a driver that already computed it for
+	// routing; the engine then does not hash the prompt again. The engine
+	// reads it and never modifies it. Nil means the engine hashes.
+	PromptHashes []uint64
 
 	// Outputs.
 	PromptTokens int
@@ -67,14 +65,39 @@ type Request struct {
 	Arrival      time.Duration
 	FirstTokenAt time.Duration // 0 until the first token
 	FinishedAt   time.Duration
+
+	// Engine state, owned by the engine between Add and Finished or Abort.
+	state      uint8
+	decode     bool     // scheduled this step as a decode (one token after the first)
+	cachedSet  bool     // CachedTokens was set at the first admission
+	ownHashes  bool     // hashes came from the engine's pool
+	computed   int      // tokens whose KV is computed (before this step's chunk)
+	sched      int      // tokens scheduled in the current step
+	registered int      // leading blocks registered in the prefix cache
+	regStart   int      // registered before this step (undone if preempted in-step)
+	blocks     []int32  // block table
+	hashes     []uint64 // chain hashes of the prompt's full blocks
 }
+
+// Request states.
+const (
+	stateNew uint8 = iota
+	stateWaiting
+	stateRunning
+	stateDone
+)
+
+// tokens is the request's current length: prompt plus generated tokens.
+// After a preemption all of it is recomputed like a prompt.
+func (r *Request) tokens() int { return r.PromptTokens + r.Generated }
 
 // Sink receives the events of a step, stamped at the step's end.
 type Sink interface {
 	// Token is called for every generated token; the first token of a
 	// request is when its Generated becomes 1.
 	Token(r *Request, at time.Duration)
-	// Finished is called once when r is done (or aborted).
+	// Finished is called once when r has generated OutputTokens tokens, in
+	// the same step as its last Token. Abort does not call it.
 	Finished(r *Request, at time.Duration)
 }
 
@@ -90,10 +113,50 @@ type Stats struct {
 }
 
 // Engine is one engine's state.
-type Engine struct{}
+type Engine struct {
+	p       Preset
+	kv      *kvCache
+	waiting queue
+	running []*Request // in admission order; the last is preempted first
+	stats   Stats
+
+	// Per-step scratch, kept here so that Step allocates nothing.
+	budget                   int
+	stepPrefill, stepDecodes int
+	stepCtx                  int
+	preempted                bool
+	inStep                   bool
+	abortedInStep            bool
+	hitScratch               []int32
+
+	// Pools of block tables and hash slices of finished requests: a
+	// request's tables come from here, so a steady state allocates nothing.
+	blockPool [][]int32
+	hashPool  [][]uint64
+}
 
 // New returns an idle engine for p; kvBlocks > 0 overrides p.KVBlocks.
-func New(p Preset, kvBlocks int) *Engine { panic("unimplemented") }
+// MaxModelLen is lowered to what the KV cache holds if it is larger, as
+// vLLM refuses to start otherwise; one request of MaxModelLen tokens can
+// then always run, so the engine can never wedge.
+func New(p Preset, kvBlocks int) *Engine {
+	if kvBlocks > 0 {
+		p.KVBlocks = kvBlocks
+	}
+	if p.KVBlocks < 1 {
+		p.KVBlocks = 1
+	}
+	if p.MaxNumSeqs < 1 {
+		p.MaxNumSeqs = 1
+	}
+	if p.MaxBatchedTokens < 1 {
+		p.MaxBatchedTokens = 1
+	}
+	if p.MaxModelLen < 1 || p.MaxModelLen > p.KVBlocks*BlockSize {
+		p.MaxModelLen = p.KVBlocks * BlockSize
+	}
+	return &Engine{p: p, kv: newKVCache(p.KVBlocks)}
+}
 
 // ContextError is returned by Add for a request over the context length;
 // its message is vLLM's.
@@ -104,22 +167,351 @@ func (e *ContextError) Error() string { return e.Message }
 // Tokens returns the prompt token count the engine's tokenizer gives text.
 func Tokens(text string) int { return (len(text) + BytesPerToken - 1) / BytesPerToken }
 
-// Add queues r at time now. It returns a *ContextError if the prompt plus
-// output exceeds the context length.
-func (e *Engine) Add(r *Request, now time.Duration) error { panic("unimplemented") }
+// blocksFor is the number of blocks that hold n tokens.
+func blocksFor(n int) int { return (n + BlockSize - 1) / BlockSize }
 
-// Abort removes r (the client left), freeing its blocks; Finished is not called.
-func (e *Engine) Abort(r *Request) { panic("unimplemented") }
+// Add queues r at time now. It returns a *ContextError if the prompt plus
+// output exceeds the context length. OutputTokens below 1 counts as 1 (an
+// engine always samples at least one token). Adding a request that is
+// already queued or running is an error.
+func (e *Engine) Add(r *Request, now time.Duration) error {
+	if r.state == stateWaiting || r.state == stateRunning {
+		return fmt.Errorf("engine: add request %d: already in the engine", r.ID)
+	}
+	if r.OutputTokens < 1 {
+		r.OutputTokens = 1
+	}
+	r.PromptTokens = Tokens(r.Prompt)
+	if r.PromptTokens == 0 {
+		return fmt.Errorf("engine: add request %d: empty prompt", r.ID)
+	}
+	if total := r.PromptTokens + r.OutputTokens; total > e.p.MaxModelLen {
+		return &ContextError{Message: fmt.Sprintf(
+			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+			e.p.MaxModelLen, total, r.PromptTokens, r.OutputTokens)}
+	}
+	r.CachedTokens, r.Generated = 0, 0
+	r.Arrival, r.FirstTokenAt, r.FinishedAt = now, 0, 0
+	r.cachedSet, r.decode = false, false
+	r.computed, r.sched, r.registered, r.regStart = 0, 0, 0, 0
+	r.blocks = e.takeBlocks()
+	full := len(r.Prompt) / (BlockSize * BytesPerToken)
+	if r.PromptHashes != nil && len(r.PromptHashes) == full {
+		r.hashes, r.ownHashes = r.PromptHashes, false
+	} else {
+		r.hashes = prefix.Hash(e.takeHashes(), r.Prompt, BlockSize*BytesPerToken)
+		r.ownHashes = true
+	}
+	r.state = stateWaiting
+	e.waiting.pushBack(r)
+	return nil
+}
+
+func (e *Engine) takeBlocks() []int32 {
+	if n := len(e.blockPool); n > 0 {
+		b := e.blockPool[n-1]
+		e.blockPool = e.blockPool[:n-1]
+		return b
+	}
+	return nil
+}
+
+func (e *Engine) takeHashes() []uint64 {
+	if n := len(e.hashPool); n > 0 {
+		h := e.hashPool[n-1]
+		e.hashPool = e.hashPool[:n-1]
+		return h
+	}
+	return nil
+}
+
+// retire releases r's blocks and returns its tables to the pools.
+func (e *Engine) retire(r *Request) {
+	e.kv.release(r.blocks)
+	if cap(r.blocks) > 0 {
+		e.blockPool = append(e.blockPool, r.blocks[:0])
+	}
+	if r.ownHashes && cap(r.hashes) > 0 {
+		e.hashPool = append(e.hashPool, r.hashes[:0])
+	}
+	r.blocks, r.hashes, r.ownHashes = nil, nil, false
+	r.state = stateDone
+}
+
+// Abort removes r (the client left), freeing its blocks; Finished is not
+// called. Aborting a request that is not in the engine does nothing. It may
+// be called from a Sink callback.
+func (e *Engine) Abort(r *Request) {
+	switch r.state {
+	case stateWaiting:
+		e.waiting.remove(r)
+		e.retire(r)
+	case stateRunning:
+		e.retire(r)
+		if e.inStep {
+			// Step is walking e.running; it drops r when it sees stateDone.
+			e.abortedInStep = true
+			return
+		}
+		e.dropDone()
+	}
+}
+
+// dropDone removes requests no longer running from e.running, in order.
+func (e *Engine) dropDone() {
+	kept := e.running[:0]
+	for _, r := range e.running {
+		if r.state == stateRunning {
+			kept = append(kept, r)
+		}
+	}
+	clear(e.running[len(kept):])
+	e.running = kept
+}
+
+// Idle reports whether nothing is running or waiting.
+func (e *Engine) Idle() bool { return len(e.running) == 0 && e.waiting.len() == 0 }
+
+// Stats returns the counters.
+func (e *Engine) Stats() Stats {
+	s := e.stats
+	s.Running, s.Waiting = len(e.running), e.waiting.len()
+	s.KVUsage = float64(e.kv.used()) / float64(e.p.KVBlocks)
+	return s
+}
+
+// Preset returns the engine's preset (with KVBlocks as overridden and
+// MaxModelLen as lowered by New).
+func (e *Engine) Preset() Preset { return e.p }
 
 // Step runs one scheduler iteration starting at now, reports its events to
 // s stamped at now+d, and returns d; 0 when there was nothing to do.
-func (e *Engine) Step(now time.Duration, s Sink) time.Duration { panic("unimplemented") }
+//
+// The iteration follows vLLM v1's scheduler with one ordering choice made
+// explicit: first every running request that is decoding gets its one
+// token, then running requests still in prefill (or recomputing after a
+// preemption) get chunks from the remaining token budget, then waiting
+// requests are admitted in FIFO order while budget, MaxNumSeqs and free
+// blocks allow. A request that cannot get a block preempts the most
+// recently admitted running request; no new request is admitted in a step
+// that preempted. A request whose scheduled tokens reach its current length
+// samples a token at the end of the step.
+func (e *Engine) Step(now time.Duration, s Sink) time.Duration {
+	if e.Idle() {
+		return 0
+	}
+	e.budget = e.p.MaxBatchedTokens
+	e.stepPrefill, e.stepDecodes, e.stepCtx = 0, 0, 0
+	e.preempted = false
 
-// Idle reports whether nothing is running or waiting.
-func (e *Engine) Idle() bool { panic("unimplemented") }
+	// Decodes: one token each.
+	for i := 0; i < len(e.running) && e.budget > 0; i++ {
+		r := e.running[i]
+		if r.Generated == 0 || r.tokens()-r.computed != 1 {
+			continue
+		}
+		if !e.schedule(r, 1, true) {
+			break
+		}
+	}
+	// Prefill chunks of running requests, in admission order.
+	if !e.preempted {
+		for i := 0; i < len(e.running) && e.budget > 0; i++ {
+			r := e.running[i]
+			if r.sched > 0 {
+				continue
+			}
+			if !e.schedule(r, min(r.tokens()-r.computed, e.budget), false) {
+				break
+			}
+		}
+	}
+	// Admissions from the waiting queue.
+	for !e.preempted && e.budget > 0 && e.waiting.len() > 0 && len(e.running) < e.p.MaxNumSeqs {
+		if !e.admit(e.waiting.front()) {
+			break
+		}
+	}
 
-// Stats returns the counters.
-func (e *Engine) Stats() Stats { panic("unimplemented") }
+	p := &e.p
+	d := p.StepOverhead +
+		time.Duration(e.stepPrefill)*p.PerPrefillToken +
+		time.Duration(e.stepDecodes)*p.PerDecodeSeq +
+		time.Duration(e.stepCtx)*p.PerContextToken
+	if d <= 0 {
+		// A preset with all-zero coefficients would make virtual time stand
+		// still; a step always takes some time.
+		d = time.Nanosecond
+	}
+	at := now + d
+	e.stats.BusyTime += d
+	e.stats.PrefillTokensComputed += int64(e.stepPrefill)
 
-// Preset returns the engine's preset (with KVBlocks as overridden).
-func (e *Engine) Preset() Preset { panic("unimplemented") }
+	// Commit the step and report its tokens. Callbacks may Add or Abort;
+	// Abort marks the request done and dropDone removes it afterwards.
+	e.inStep = true
+	kept := e.running[:0]
+	for i := 0; i < len(e.running); i++ {
+		r := e.running[i]
+		if r.state != stateRunning {
+			continue
+		}
+		if r.sched == 0 {
+			kept = append(kept, r)
+			continue
+		}
+		r.computed += r.sched
+		r.sched = 0
+		if r.computed < r.tokens() {
+			kept = append(kept, r)
+			continue
+		}
+		r.Generated++
+		e.stats.GenerationTokens++
+		if r.Generated == 1 {
+			r.FirstTokenAt = at
+			e.stats.PromptTokens += int64(r.PromptTokens)
+		}
+		if r.Generated >= r.OutputTokens {
+			r.FinishedAt = at
+			e.retire(r)
+			s.Token(r, at)
+			s.Finished(r, at)
+			continue
+		}
+		kept = append(kept, r)
+		s.Token(r, at)
+	}
+	clear(e.running[len(kept):])
+	e.running = kept
+	e.inStep = false
+	if e.abortedInStep {
+		e.abortedInStep = false
+		e.dropDone()
+	}
+	return d
+}
+
+// schedule gives running request r n more tokens in this step, allocating
+// the blocks they need and preempting from the end of the running list
+// until they fit. It reports false when r itself had to be preempted.
+func (e *Engine) schedule(r *Request, n int, decode bool) bool {
+	need := blocksFor(r.computed+n) - len(r.blocks)
+	for need > e.kv.free {
+		victim := e.running[len(e.running)-1]
+		e.preempt(victim)
+		if victim == r {
+			return false
+		}
+	}
+	for range need {
+		r.blocks = append(r.blocks, e.kv.alloc())
+	}
+	e.commit(r, n, decode)
+	return true
+}
+
+// commit records n tokens of r in the step's batch and registers the prompt
+// blocks they complete, so that a request admitted later in the same step
+// already finds them (vLLM caches blocks when it schedules them).
+func (e *Engine) commit(r *Request, n int, decode bool) {
+	r.sched, r.decode = n, decode
+	e.budget -= n
+	if decode {
+		e.stepDecodes++
+	} else {
+		e.stepPrefill += n
+	}
+	e.stepCtx += r.computed + n
+	r.regStart = r.registered
+	full := min((r.computed+n)/BlockSize, len(r.hashes))
+	for i := r.registered; i < full; i++ {
+		e.kv.register(r.blocks[i], r.hashes[i])
+	}
+	r.registered = max(r.registered, full)
+}
+
+// preempt evicts victim, the last running request, by recomputation: its
+// blocks are freed (their cached prefixes stay findable until evicted) and
+// it goes back to the front of the waiting queue. If it was already
+// scheduled in this step, its tokens are taken back out of the batch and
+// the blocks it registered in this step, whose KV is now never computed,
+// are unregistered.
+func (e *Engine) preempt(victim *Request) {
+	e.running = e.running[:len(e.running)-1]
+	if n := victim.sched; n > 0 {
+		e.budget += n
+		if victim.decode {
+			e.stepDecodes--
+		} else {
+			e.stepPrefill -= n
+		}
+		e.stepCtx -= victim.computed + n
+		for i := victim.regStart; i < victim.registered; i++ {
+			b := victim.blocks[i]
+			if e.kv.hashed[b] && e.kv.byHash[e.kv.hash[b]] == b {
+				delete(e.kv.byHash, e.kv.hash[b])
+				e.kv.hashed[b] = false
+			}
+		}
+		victim.sched = 0
+	}
+	e.kv.release(victim.blocks)
+	victim.blocks = victim.blocks[:0]
+	victim.computed, victim.registered, victim.regStart = 0, 0, 0
+	victim.state = stateWaiting
+	e.waiting.pushFront(victim)
+	e.stats.Preemptions++
+	e.preempted = true
+}
+
+// admit moves r, the head of the waiting queue, to the running list if the
+// blocks for its first chunk are free: it takes the longest chain of cached
+// full blocks (never the whole sequence: the last token is always computed,
+// so that there is something to sample from), then allocates blocks for a
+// chunk of the rest within the token budget.
+func (e *Engine) admit(r *Request) bool {
+	total := r.tokens()
+	maxHit := min((total-1)/BlockSize, len(r.hashes))
+	hits := e.hitScratch[:0]
+	hitFree := 0
+	for i := 0; i < maxHit; i++ {
+		b, ok := e.kv.lookup(r.hashes[i])
+		if !ok {
+			break
+		}
+		if e.kv.ref[b] == 0 {
+			hitFree++
+		}
+		hits = append(hits, b)
+	}
+	e.hitScratch = hits
+	hitTokens := len(hits) * BlockSize
+	n := min(total-hitTokens, e.budget)
+	need := blocksFor(hitTokens+n) - len(hits)
+	if need+hitFree > e.kv.free {
+		return false
+	}
+	e.waiting.popFront()
+	for _, b := range hits {
+		e.kv.acquire(b)
+	}
+	r.blocks = append(r.blocks[:0], hits...)
+	for range need {
+		r.blocks = append(r.blocks, e.kv.alloc())
+	}
+	r.computed, r.registered = hitTokens, len(hits)
+	if !r.cachedSet {
+		// Counted once per request, like vLLM's counters for requests that
+		// were never preempted, so that hits/queries is the hit rate the
+		// clients see in usage.prompt_tokens_details.cached_tokens.
+		r.cachedSet = true
+		r.CachedTokens = hitTokens
+		e.stats.PrefixQueries += int64(r.PromptTokens)
+		e.stats.PrefixHits += int64(hitTokens)
+	}
+	r.state = stateRunning
+	e.running = append(e.running, r)
+	e.commit(r, n, false)
+	return true
+}

@@ -1,0 +1,45 @@
+package engine
+
+// DefaultMaxTokens caps the output of a request that sets no max_tokens.
+// vLLM would allow the whole rest of the context; an emulated engine that
+// generated 100,000 tokens for every such request would make benchmarks
+// measure nothing but decode, so the cap is the one place this emulator
+// departs from vLLM's defaults on purpose.
+const DefaultMaxTokens = 1024
+
+// OutputTokens decides how many tokens a request generates, the one rule
+// for every driver of the engine. maxTokens and minTokens are the client's
+// max_tokens (0 when unset) and min_tokens; promptTokens and maxModelLen
+// bound the output by the rest of the context.
+//
+// With ignoreEOS the request runs to its cap: maxTokens, or when unset the
+// rest of the context up to DefaultMaxTokens. Otherwise the emulated model
+// "stops naturally" at a length drawn uniformly from [minTokens, cap] by a
+// hash of seed, so the same seed always gives the same length. The result
+// is at least 1; a request whose prompt leaves no room gets 1 and Add
+// rejects it with vLLM's context error.
+func OutputTokens(maxTokens, minTokens int, ignoreEOS bool, promptTokens, maxModelLen int, seed uint64) int {
+	hi := maxTokens
+	if hi <= 0 {
+		hi = min(maxModelLen-promptTokens, DefaultMaxTokens)
+	}
+	if hi < 1 {
+		return 1
+	}
+	if ignoreEOS {
+		return hi
+	}
+	lo := max(minTokens, 1)
+	if lo >= hi {
+		return hi
+	}
+	return lo + int(mix64(seed)%uint64(hi-lo+1))
+}
+
+// mix64 is splitmix64's finaliser: consecutive seeds give unrelated values.
+func mix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}

@@ -1,0 +1,109 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// The public figures the presets are derived from; docs/engine.md shows the
+// arithmetic with these same numbers and says where each comes from.
+type gpu struct {
+	bf16FLOPS float64 // dense BF16 tensor FLOP/s
+	hbmBytesS float64 // HBM bandwidth, bytes/s
+	memBytes  float64 // HBM capacity, bytes
+}
+
+type llm struct {
+	name                     string // served model name
+	params                   float64
+	layers, kvHeads, headDim int
+}
+
+const gib = 1 << 30
+
+var (
+	h100 = gpu{bf16FLOPS: 989e12, hbmBytesS: 3.35e12, memBytes: 80 * gib}
+	a100 = gpu{bf16FLOPS: 312e12, hbmBytesS: 2.039e12, memBytes: 80 * gib}
+
+	llama31_8B  = llm{name: "meta-llama/Llama-3.1-8B-Instruct", params: 8.03e9, layers: 32, kvHeads: 8, headDim: 128}
+	llama31_70B = llm{name: "meta-llama/Llama-3.1-70B-Instruct", params: 70.6e9, layers: 80, kvHeads: 8, headDim: 128}
+)
+
+// Assumptions shared by every preset (docs/engine.md explains each).
+const (
+	mfu               = 0.40 // fraction of peak FLOPs reached by the matmuls of a large batch
+	mbu               = 0.80 // fraction of peak HBM bandwidth reached by weight and KV reads
+	gpuMemUtil        = 0.90 // vLLM's --gpu-memory-utilization default
+	activationReserve = 2 * gib
+	allReduceLatency  = 15 * time.Microsecond // one small all-reduce across NVLink
+	llama31Context    = 131072
+)
+
+// derive computes a preset's coefficients from its hardware and model. With
+// tensor parallelism over tp GPUs, weights, FLOPs and KV heads are split tp
+// ways and each layer adds two all-reduces to every step.
+func derive(name string, g gpu, m llm, tp, maxNumSeqs, maxBatched int) Preset {
+	weights := 2 * m.params / float64(tp) // BF16 bytes per GPU
+	kvPerToken := float64(2*m.layers*m.kvHeads*m.headDim*2) / float64(tp)
+	ns := func(sec float64) time.Duration { return time.Duration(math.Round(sec * 1e9)) }
+	overhead := ns(weights / (g.hbmBytesS * mbu))
+	if tp > 1 {
+		overhead += time.Duration(2*m.layers) * allReduceLatency
+	}
+	perToken := ns(2 * m.params / (float64(tp) * g.bf16FLOPS * mfu))
+	kvBytes := gpuMemUtil*g.memBytes - weights - activationReserve
+	return Preset{
+		Name:             name,
+		Model:            m.name,
+		KVBlocks:         int(kvBytes / kvPerToken / BlockSize),
+		MaxNumSeqs:       maxNumSeqs,
+		MaxBatchedTokens: maxBatched,
+		MaxModelLen:      llama31Context,
+		StepOverhead:     overhead,
+		PerPrefillToken:  perToken,
+		// A decoding sequence is one more row through the same matmuls.
+		PerDecodeSeq:    perToken,
+		PerContextToken: ns(kvPerToken / (g.hbmBytesS * mbu)),
+	}
+}
+
+// Presets returns the built-in presets. MaxNumSeqs and MaxBatchedTokens are
+// vLLM v1's defaults for its OpenAI server: 1024 and 8192 on GPUs with at
+// least 70 GiB other than the A100, 256 and 2048 otherwise.
+func Presets() []Preset {
+	return []Preset{
+		derive("h100-llama3-8b", h100, llama31_8B, 1, 1024, 8192),
+		derive("a100-llama3-8b", a100, llama31_8B, 1, 256, 2048),
+		derive("h100-llama3-70b-tp4", h100, llama31_70B, 4, 1024, 8192),
+	}
+}
+
+// LookupPreset finds a preset by name, with an error that lists the names.
+func LookupPreset(name string) (Preset, error) {
+	ps := Presets()
+	names := make([]string, 0, len(ps))
+	for _, p := range ps {
+		if p.Name == name {
+			return p, nil
+		}
+		names = append(names, p.Name)
+	}
+	slices.Sort(names)
+	return Preset{}, fmt.Errorf("unknown engine preset %q (known: %s)", name, strings.Join(names, ", "))
+}
+
+// PrefillTokensPerSec is the preset's prefill capacity when it does nothing
+// but prefill in full steps: the yardstick of offered load. It is
+// MaxBatchedTokens over the time of a step of MaxBatchedTokens prefill
+// tokens; the attention reads of such a step (one context per sequence) are
+// left out, as they are under 0.2% of it for every preset.
+func (p Preset) PrefillTokensPerSec() float64 {
+	step := p.StepOverhead + time.Duration(p.MaxBatchedTokens)*p.PerPrefillToken
+	if step <= 0 {
+		return math.Inf(1)
+	}
+	return float64(p.MaxBatchedTokens) / step.Seconds()
+}
