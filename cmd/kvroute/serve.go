@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/proxy"
+)
+
+func init() {
+	commands["serve"] = command{"route OpenAI-compatible requests over a fleet of inference servers", runServe}
+}
+
+// backendFlags collects repeated --backend URL flags.
+type backendFlags []string
+
+func (b *backendFlags) String() string     { return strings.Join(*b, ",") }
+func (b *backendFlags) Set(s string) error { *b = append(*b, s); return nil }
+
+// configFlags declares the flags serve and validate share and returns a
+// function that loads the file (if any), applies the overrides and
+// validates the result.
+func configFlags(fs *flag.FlagSet) func() (*config.Config, error) {
+	path := fs.String("config", "", "YAML config file (see docs/configuration.md); flags override it")
+	listen := fs.String("listen", "", "address to listen on (default "+config.DefaultListen+")")
+	pol := fs.String("policy", "", "routing policy (default "+policy.Default+"): "+strings.Join(policy.Names(), ", "))
+	var backends backendFlags
+	fs.Var(&backends, "backend", "backend base URL, e.g. http://127.0.0.1:8000; repeat for each backend (replaces the file's list)")
+	return func() (*config.Config, error) {
+		c := config.Default()
+		if *path != "" {
+			var err error
+			if c, err = config.Load(*path); err != nil {
+				return nil, err
+			}
+		}
+		c.Apply(config.Overrides{Listen: *listen, Policy: *pol, Backends: backends})
+		if err := c.Validate(); err != nil {
+			return nil, err
+		}
+		return c, nil
+	}
+}
+
+func runServe(args []string) int {
+	fs := flag.NewFlagSet("kvroute serve", flag.ContinueOnError)
+	load := configFlags(fs)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage: kvroute serve [--config FILE] [--listen ADDR] [--backend URL]... [--policy NAME]
+
+Routes POST /v1/chat/completions and /v1/completions (streaming or not) to
+the backend with the best expected time to first token, keeping
+conversations and shared prefixes where their KV cache is. Also serves
+GET /v1/models (the union of the backends'), other /v1/* paths, /healthz,
+/readyz and /metrics.
+
+flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "kvroute serve: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	cfg, err := load()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kvroute serve: %v\n", err)
+		return 2
+	}
+	log := newLogger(os.Stderr, cfg.Log)
+	srv, err := proxy.New(cfg, log)
+	if err != nil {
+		log.Error("start", "err", err)
+		return 1
+	}
+	if err := srv.Start(); err != nil {
+		log.Error("start", "err", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	<-ctx.Done()
+	stop() // a second signal kills the process at once
+	log.Info("shutting down: waiting for in-flight requests", "grace", cfg.ShutdownGrace)
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("shutdown: closed remaining connections", "err", err)
+		return 1
+	}
+	log.Info("stopped")
+	return 0
+}
+
+// newLogger builds the router's logger from the log section.
+func newLogger(w io.Writer, c config.Log) *slog.Logger {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.Level)); err != nil {
+		level = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

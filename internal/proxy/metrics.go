@@ -1,0 +1,124 @@
+package proxy
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/scheduler"
+)
+
+// noBackend is the backend label of requests the router answered itself.
+const noBackend = "none"
+
+// metrics are the router's Prometheus metrics, in a registry of their own
+// so that several routers can live in one process (tests, compare).
+type metrics struct {
+	reg    *prometheus.Registry
+	policy string
+
+	requests       *prometheus.CounterVec
+	ttft, e2e      *prometheus.HistogramVec
+	prefixHit      prometheus.Counter
+	promptTokens   prometheus.Counter
+	retries        prometheus.Counter
+	ejections      *prometheus.CounterVec
+	upstreamErrors *prometheus.CounterVec
+}
+
+func newMetrics(f *fleet.Fleet, policy string) *metrics {
+	m := &metrics{
+		reg:    prometheus.NewRegistry(),
+		policy: policy,
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_requests_total",
+			Help: "Requests by the backend that answered (\"none\" when the router did), policy and HTTP status (499: the client went away first).",
+		}, []string{"backend", "policy", "status"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvroute_ttft_seconds",
+			Help:    "Router-observed time from receiving a request to the first response body byte of a 2xx response, retries included.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"backend"}),
+		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvroute_e2e_seconds",
+			Help:    "Router-observed time from receiving a completion request to the end of its response.",
+			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300},
+		}, []string{"backend"}),
+		prefixHit: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_prefix_hit_tokens_total",
+			Help: "Prompt tokens the router predicted to be in the chosen backend's prefix cache.",
+		}),
+		promptTokens: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_prompt_tokens_total",
+			Help: "Estimated prompt tokens of routed requests (the denominator of the predicted hit rate).",
+		}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_retries_total",
+			Help: "Requests re-routed to another backend after a failure before the first response byte.",
+		}),
+		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_ejections_total",
+			Help: "Times a backend was taken out of rotation after consecutive failures.",
+		}, []string{"backend"}),
+		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_upstream_errors_total",
+			Help: "Backend failures: connection errors, 5xx, broken responses and failed health checks.",
+		}, []string{"backend"}),
+	}
+	m.reg.MustRegister(m.requests, m.ttft, m.e2e, m.prefixHit, m.promptTokens, m.retries, m.ejections, m.upstreamErrors,
+		&fleetCollector{f: f}, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	return m
+}
+
+// routed counts a routing decision's prompt and predicted cache hit.
+func (m *metrics) routed(v *request.View, a *scheduler.Assignment) {
+	m.promptTokens.Add(float64(v.PromptTokens))
+	if a.MatchedTokens > 0 {
+		m.prefixHit.Add(float64(a.MatchedTokens))
+	}
+}
+
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// fleetCollector reads the fleet's load accounting at scrape time, so the
+// gauges cost nothing on the request path and are never stale.
+type fleetCollector struct{ f *fleet.Fleet }
+
+var (
+	descInflight = prometheus.NewDesc("kvroute_inflight_requests",
+		"Requests routed to the backend and not yet done.", []string{"backend"}, nil)
+	descPending = prometheus.NewDesc("kvroute_pending_prefill_tokens",
+		"Estimated uncached prompt tokens of requests routed to the backend that have not had their first byte.", []string{"backend"}, nil)
+	descDecoding = prometheus.NewDesc("kvroute_decoding_requests",
+		"Requests past their first byte and not yet done.", []string{"backend"}, nil)
+	descHealthy = prometheus.NewDesc("kvroute_backend_healthy",
+		"1 when the backend receives requests, 0 when it is ejected.", []string{"backend"}, nil)
+	descRate = prometheus.NewDesc("kvroute_prefill_rate_tokens_per_second",
+		"The backend's prefill rate as learned from observed TTFTs.", []string{"backend"}, nil)
+)
+
+func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descInflight, descPending, descDecoding, descHealthy, descRate} {
+		ch <- d
+	}
+}
+
+func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, b := range c.f.Snapshot().All {
+		l := b.Load()
+		healthy := 0.0
+		if b.Healthy() {
+			healthy = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descInflight, prometheus.GaugeValue, float64(l.InFlight), b.Name)
+		ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(l.PendingPrefill), b.Name)
+		ch <- prometheus.MustNewConstMetric(descDecoding, prometheus.GaugeValue, float64(l.Decoding), b.Name)
+		ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, healthy, b.Name)
+		ch <- prometheus.MustNewConstMetric(descRate, prometheus.GaugeValue, b.PrefillRate(), b.Name)
+	}
+}

@@ -1,0 +1,227 @@
+// Package proxy is the HTTP server of `kvroute serve`: it reads and parses
+// each completion request once, asks the scheduler for a backend, forwards
+// the original bytes with the standard library's reverse proxy (streams
+// flushed event by event), retries on another backend when one fails before
+// the first response byte, reports first byte and completion back to the
+// scheduler, checks backends' health, and exports Prometheus metrics.
+//
+// It owns all network I/O of the router. It must not make routing
+// decisions of its own for completions (package scheduler does), and it
+// never alters a request or response body.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/scheduler"
+)
+
+// Server is one router: a fleet of backends, a scheduler with one policy,
+// and the HTTP handler in front of them.
+type Server struct {
+	cfg      *config.Config
+	log      *slog.Logger
+	fleet    *fleet.Fleet
+	sched    *scheduler.Scheduler
+	health   []*backendHealth // indexed by backend ID
+	upstream *http.Transport
+	proxy    *httputil.ReverseProxy
+	metrics  *metrics
+	parse    request.Options
+	handler  http.Handler
+
+	mu      sync.Mutex // guards the fields below
+	httpSrv *http.Server
+	ln      net.Listener
+	stop    context.CancelFunc
+	checks  sync.WaitGroup
+}
+
+// New builds a router from cfg, which must have passed Validate. Backends
+// without a configured models list are asked for their /v1/models (bounded
+// by health.timeout) when upstream.discover_models is on; that is the only
+// network I/O New does. A nil logger discards logs.
+//
+// In-process users (tests, `kvroute compare`) build the Config with
+// config.Default, set Backends and Policy, call Validate, then New and
+// either Start or mount Handler in a server of their own.
+func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	p, err := policy.New(cfg.Policy, policy.Options{Seed: cfg.PolicyOptions.Seed, LoadFactor: cfg.PolicyOptions.LoadFactor})
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:      cfg,
+		log:      logger,
+		fleet:    fleet.New(),
+		upstream: newTransport(cfg.Upstream),
+		parse:    request.Options{SessionField: cfg.Session.BodyField},
+	}
+	models := s.discoverModels()
+	for i, bc := range cfg.Backends {
+		u, err := config.ParseBackendURL(bc.URL)
+		if err != nil {
+			return nil, fmt.Errorf("backend %d: %w", i, err)
+		}
+		name := bc.Name
+		if name == "" {
+			name = u.Host
+		}
+		b := s.fleet.Add(name, u, models[i])
+		s.health = append(s.health, &backendHealth{b: b})
+		logger.Info("backend", "name", name, "url", u.String(), "models", models[i])
+	}
+	s.sched = scheduler.New(s.fleet, p, scheduler.Config{BlockChars: cfg.Prefix.BlockChars, Capacity: cfg.Prefix.CapacityBlocks})
+	s.metrics = newMetrics(s.fleet, p.Name())
+	s.proxy = &httputil.ReverseProxy{
+		Rewrite:        rewrite,
+		Transport:      &retrier{s: s},
+		FlushInterval:  -1,
+		ModifyResponse: s.modifyResponse,
+		ErrorHandler:   s.proxyError,
+		ErrorLog:       slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
+		BufferPool:     bufferPool{},
+	}
+	s.handler = s.routes()
+	return s, nil
+}
+
+// Handler returns the router's HTTP handler.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Scheduler returns the scheduler, for in-process users that want to read
+// its policy or prefix index.
+func (s *Server) Scheduler() *scheduler.Scheduler { return s.sched }
+
+// Fleet returns the fleet of backends, whose Load the router keeps.
+func (s *Server) Fleet() *fleet.Fleet { return s.fleet }
+
+// Start listens on the configured address, serves in the background and
+// starts the active health checks. Use Addr to learn the bound address
+// when listen ends in ":0".
+func (s *Server) Start() error {
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	srv := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	s.mu.Lock()
+	s.httpSrv, s.ln, s.stop = srv, ln, stop
+	s.mu.Unlock()
+	s.startHealthChecks(ctx)
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("serve", "err", err)
+		}
+	}()
+	s.log.Info("listening", "addr", ln.Addr().String(), "policy", s.sched.Policy().Name(), "backends", len(s.health))
+	return nil
+}
+
+// Addr returns the address Start listens on, or "" before Start.
+func (s *Server) Addr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ln == nil {
+		return ""
+	}
+	return s.ln.Addr().String()
+}
+
+// Shutdown stops accepting connections and health checks, and waits for
+// in-flight requests (streams included) to finish until ctx is done, when
+// it closes the remaining connections.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	srv, stop := s.httpSrv, s.stop
+	s.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+	s.checks.Wait()
+	var err error
+	if srv != nil {
+		if err = srv.Shutdown(ctx); err != nil {
+			_ = srv.Close()
+		}
+	}
+	s.upstream.CloseIdleConnections()
+	return err
+}
+
+// newTransport returns the transport to the backends. Compression is off so
+// that the client's Accept-Encoding reaches the backend and the response
+// bytes pass through untouched.
+func newTransport(c config.Upstream) *http.Transport {
+	return &http.Transport{
+		Proxy:                 nil,
+		DialContext:           (&net.Dialer{Timeout: c.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		ResponseHeaderTimeout: c.ResponseHeaderTimeout,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   256,
+		IdleConnTimeout:       90 * time.Second,
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     false,
+	}
+}
+
+// routes builds the handler's mux.
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/chat/completions", s.completions(request.Chat))
+	mux.HandleFunc("/v1/completions", s.completions(request.Completion))
+	mux.HandleFunc("/v1/models", s.models)
+	mux.HandleFunc("/v1/", s.passthrough)
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/readyz", s.readyz)
+	mux.Handle("/metrics", s.metrics.handler())
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		openai.WriteError(w, http.StatusNotFound, openai.TypeNotFound, "not_found", "no route for "+r.Method+" "+r.URL.Path, 0)
+	})
+	return mux
+}
+
+// readyz answers 200 when at least one backend is healthy.
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	n := len(s.fleet.Snapshot().Healthy)
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if n == 0 {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte("no healthy backend\n"))
+		return
+	}
+	_, _ = fmt.Fprintf(w, "ok: %d healthy backends\n", n)
+}
+
+// bufferPool recycles the reverse proxy's copy buffers.
+type bufferPool struct{}
+
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (bufferPool) Get() []byte  { return *copyBuffers.Get().(*[]byte) }
+func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }
