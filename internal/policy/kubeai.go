@@ -145,6 +145,9 @@ func (p *KubeAI) ringFor(cands []*fleet.Backend) *kubeAIRing {
 	return nr
 }
 
+// kubeAIHash is KubeAI's key hash (xxhash64).
+func kubeAIHash(key string) uint64 { return xxhash.Sum64String(key) }
+
 func (r *kubeAIRing) covers(cands []*fleet.Backend) bool {
 	for _, b := range cands {
 		if _, ok := slices.BinarySearch(r.ids, b.ID); !ok {
@@ -180,7 +183,7 @@ func (p *KubeAI) Pick(in *Input) Decision {
 		}
 		total += b.Load().InFlight
 	}
-	h := xxhash.Sum64String(KubeAIKey(in.View))
+	h := kubeAIHash(KubeAIKey(in.View))
 	start, _ := slices.BinarySearch(r.points, h)
 	if start == len(r.points) {
 		start = 0
