@@ -448,11 +448,7 @@ func (e *Engine) preempt(victim *Request) {
 		}
 		e.stepCtx -= victim.computed + n
 		for i := victim.regStart; i < victim.registered; i++ {
-			b := victim.blocks[i]
-			if e.kv.hashed[b] && e.kv.byHash[e.kv.hash[b]] == b {
-				delete(e.kv.byHash, e.kv.hash[b])
-				e.kv.hashed[b] = false
-			}
+			e.kv.unregister(victim.blocks[i])
 		}
 		victim.sched = 0
 	}
