@@ -1,0 +1,334 @@
+// Package bench is kvroute's open-loop load generator: it replays a
+// workload against an OpenAI-compatible endpoint, starting every request at
+// its arrival time whatever the latency of earlier ones (no coordinated
+// omission), reads the SSE stream, and records per-request samples (TTFT,
+// inter-token gaps, end-to-end latency, usage with cached tokens, and the
+// serving backend from X-Kvroute-Backend).
+//
+// It knows nothing of routing or engines; report summarises what it measures.
+package bench
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/report"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+// DefaultMaxConcurrency is the default cap on requests in flight.
+const DefaultMaxConcurrency = 4096
+
+// BackendHeader names the backend that served a request through kvroute.
+const BackendHeader = "X-Kvroute-Backend"
+
+// SessionHeader carries a request's conversation id.
+const SessionHeader = "X-Session-ID"
+
+// Config describes one run.
+type Config struct {
+	// Target is the base URL of the OpenAI-compatible server, e.g.
+	// http://127.0.0.1:8080 (a trailing /v1 is accepted).
+	Target string
+	// Model is sent in every body; empty asks GET /v1/models and takes the
+	// first model.
+	Model string
+	// Requests are sent at their arrival times (At from the start of the run).
+	Requests []workload.Request
+	// Policy labels the run in the report.
+	Policy string
+	// Duration, if positive, drops requests arriving at or after it.
+	// Requests already sent are waited for.
+	Duration time.Duration
+	// Progress, if not nil, receives a progress bar redrawn in place (see
+	// Terminal).
+	Progress io.Writer
+	// MaxConcurrency caps requests in flight (default
+	// DefaultMaxConcurrency). A request arriving at the cap is not sent and
+	// counts as an error: an open-loop generator must not wait, and an
+	// unbounded one could exhaust file descriptors.
+	MaxConcurrency int
+	// Client overrides the HTTP client; nil uses one tuned for many
+	// concurrent streams to one host.
+	Client *http.Client
+}
+
+// Terminal returns os.Stderr when it is a terminal, else nil: progress bars
+// are for people, not for logs.
+func Terminal() io.Writer {
+	fi, err := os.Stderr.Stat()
+	if err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+		return os.Stderr
+	}
+	return nil
+}
+
+// Run replays cfg.Requests against cfg.Target and summarises the samples.
+// On cancellation of ctx it stops sending, aborts requests in flight, and
+// returns the partial run with ctx's error.
+func Run(ctx context.Context, cfg Config) (report.Run, error) {
+	samples, wall, err := Drive(ctx, cfg)
+	if samples == nil && err != nil {
+		return report.Run{Policy: cfg.Policy}, err
+	}
+	return report.Summarize(cfg.Policy, samples, wall), err
+}
+
+// Drive is Run without the summary: the samples of the requests it sent
+// (in arrival order) and the run's wall time, from the start to the last
+// completion.
+func Drive(ctx context.Context, cfg Config) ([]report.Sample, time.Duration, error) {
+	base, err := baseURL(cfg.Target)
+	if err != nil {
+		return nil, 0, err
+	}
+	client := cfg.Client
+	if client == nil {
+		client = newClient(cfg.maxConcurrency())
+		defer client.CloseIdleConnections()
+	}
+	model := cfg.Model
+	if model == "" {
+		if model, err = FirstModel(ctx, client, base); err != nil {
+			return nil, 0, err
+		}
+	}
+	reqs := make([]*workload.Request, 0, len(cfg.Requests))
+	for i := range cfg.Requests {
+		if cfg.Duration <= 0 || cfg.Requests[i].At < cfg.Duration {
+			reqs = append(reqs, &cfg.Requests[i])
+		}
+	}
+	slices.SortStableFunc(reqs, func(a, b *workload.Request) int { return cmp.Compare(a.At, b.At) })
+
+	r := &runner{client: client, base: base, model: model, samples: make([]report.Sample, len(reqs))}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stopProgress := r.progress(cfg.Progress, len(reqs))
+	limit := int64(cfg.maxConcurrency())
+	r.start = time.Now()
+	var wg sync.WaitGroup
+	timer := time.NewTimer(0)
+	<-timer.C
+	sent := 0
+dispatch:
+	for i, req := range reqs {
+		if d := time.Until(r.start.Add(req.At)); d > 0 {
+			timer.Reset(d)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				break dispatch
+			case <-timer.C:
+			}
+		} else if ctx.Err() != nil {
+			break
+		}
+		sent = i + 1
+		s := &r.samples[i]
+		s.Start = req.At
+		if r.inflight.Add(1) > limit {
+			r.inflight.Add(-1)
+			s.Err = fmt.Sprintf("not sent: %d requests already in flight (max concurrency)", limit)
+			r.errors.Add(1)
+			r.done.Add(1)
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.do(ctx, req, s)
+			r.inflight.Add(-1)
+			if s.Err != "" {
+				r.errors.Add(1)
+			}
+			r.done.Add(1)
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(r.start)
+	stopProgress()
+	samples := r.samples[:sent]
+	if err := ctx.Err(); err != nil {
+		return samples, wall, fmt.Errorf("run interrupted after %d of %d requests: %w", sent, len(reqs), err)
+	}
+	return samples, wall, nil
+}
+
+func (c *Config) maxConcurrency() int {
+	if c.MaxConcurrency > 0 {
+		return c.MaxConcurrency
+	}
+	return DefaultMaxConcurrency
+}
+
+func baseURL(target string) (string, error) {
+	u, err := url.Parse(target)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", fmt.Errorf("target %q is not an http(s) URL such as http://127.0.0.1:8080", target)
+	}
+	return strings.TrimSuffix(strings.TrimSuffix(target, "/"), "/v1"), nil
+}
+
+// newClient is an HTTP client for many concurrent streams to one host:
+// enough idle connections to reuse, no compression to undo, no proxy from
+// the environment (a benchmark measures the target, not a proxy on the way),
+// and no overall timeout (streams are as long as their outputs).
+func newClient(conns int) *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		MaxIdleConns:        conns,
+		MaxIdleConnsPerHost: conns,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		TLSHandshakeTimeout: 10 * time.Second,
+	}}
+}
+
+// FirstModel asks base's GET /v1/models and returns the first model's id.
+func FirstModel(ctx context.Context, client *http.Client, base string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
+	if err != nil {
+		return "", fmt.Errorf("list models: %w", err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("list models: %w", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("list models: GET %s/v1/models: %s", base, httpError(resp.StatusCode, body))
+	}
+	var ml openai.ModelList
+	if err := json.Unmarshal(body, &ml); err != nil {
+		return "", fmt.Errorf("list models: malformed response: %w", err)
+	}
+	if len(ml.Data) == 0 || ml.Data[0].ID == "" {
+		return "", fmt.Errorf("list models: %s/v1/models lists no model; pass one with --model", base)
+	}
+	return ml.Data[0].ID, nil
+}
+
+// httpError describes a non-200 response, with the message of an OpenAI
+// error body when there is one.
+func httpError(status int, body []byte) string {
+	var eb openai.ErrorBody
+	if json.Unmarshal(body, &eb) == nil && eb.Error.Message != "" {
+		return fmt.Sprintf("HTTP %d: %s", status, eb.Error.Message)
+	}
+	msg := strings.TrimSpace(string(body))
+	if len(msg) > 200 {
+		msg = msg[:200] + "..."
+	}
+	if msg == "" {
+		msg = http.StatusText(status)
+	}
+	return fmt.Sprintf("HTTP %d: %s", status, msg)
+}
+
+type runner struct {
+	client  *http.Client
+	base    string
+	model   string
+	start   time.Time
+	samples []report.Sample
+
+	inflight, done, errors atomic.Int64
+}
+
+// do sends one request and fills s. Latencies count from the request's
+// intended start, so time lost by a late client is charged to the request.
+func (r *runner) do(ctx context.Context, wr *workload.Request, s *report.Sample) {
+	start := r.start.Add(wr.At)
+	body := wr.Body(r.model)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.base+wr.Kind.Path(), bytes.NewReader(body))
+	if err != nil {
+		s.Err = err.Error()
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	if wr.Session != "" {
+		req.Header.Set(SessionHeader, wr.Session)
+	}
+	resp, err := r.client.Do(req)
+	if err != nil {
+		s.Err = err.Error()
+		return
+	}
+	defer resp.Body.Close()
+	s.Backend = resp.Header.Get(BackendHeader)
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		s.Err = httpError(resp.StatusCode, b)
+		return
+	}
+	st, err := readStream(resp.Body, start)
+	s.TTFT, s.E2E, s.ITL = st.ttft, st.e2e, st.itl
+	s.PromptTokens, s.CachedTokens, s.OutputTokens = st.prompt, st.cached, st.output
+	if err != nil {
+		s.Err = err.Error()
+	}
+}
+
+// progress starts redrawing a progress bar on w every 200 ms; the returned
+// function draws the final state and stops.
+func (r *runner) progress(w io.Writer, total int) func() {
+	if w == nil {
+		return func() {}
+	}
+	draw := func() {
+		done, errs, in := r.done.Load(), r.errors.Load(), r.inflight.Load()
+		const width = 30
+		fill := 0
+		if total > 0 {
+			fill = int(done) * width / total
+		}
+		el := time.Duration(0)
+		if !r.start.IsZero() {
+			el = time.Since(r.start).Round(100 * time.Millisecond)
+		}
+		fmt.Fprintf(w, "\r[%s%s] %d/%d done, %d errors, %d in flight, %v   ",
+			strings.Repeat("=", fill), strings.Repeat(" ", width-fill), done, total, errs, in, el)
+	}
+	stop := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				draw()
+			}
+		}
+	}()
+	return func() {
+		close(stop)
+		<-finished
+		draw()
+		fmt.Fprintln(w)
+	}
+}
+
+// errNoDone is a stream that ended without "data: [DONE]".
+var errNoDone = errors.New("stream ended without [DONE]")
