@@ -1,0 +1,107 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/emulator"
+	"github.com/kvroute/kvroute/internal/engine"
+)
+
+func init() {
+	commands["engine"] = command{"run an emulated vLLM-compatible inference server", runEngine}
+}
+
+func runEngine(args []string) int {
+	fs := flag.NewFlagSet("kvroute engine", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:8000", "address to serve the vLLM API on")
+	preset := fs.String("preset", "h100-llama3-8b", "hardware and model setup whose timing is emulated (see the list below)")
+	kvBlocks := fs.Int("kv-blocks", 0, "KV cache capacity in blocks of 16 tokens; 0 means the preset's")
+	timeScale := fs.Float64("time-scale", 1.0, "emulated seconds per real second: 10 runs the engine ten times faster than the hardware")
+	model := fs.String("model", "", "served model name; empty means the preset's")
+	fs.Usage = func() {
+		out := fs.Output()
+		fmt.Fprint(out, `usage: kvroute engine [--listen ADDR] [--preset NAME] [--kv-blocks N] [--time-scale X] [--model NAME]
+
+Serves an emulated vLLM engine: POST /v1/chat/completions, POST /v1/completions
+(streaming or not), GET /v1/models, GET /health and GET /metrics in vLLM's
+metric names. Scheduling, prefix caching and step timing follow the preset.
+
+flags:
+`)
+		fs.PrintDefaults()
+		fmt.Fprintln(out, "\npresets:")
+		for _, p := range engine.Presets() {
+			fmt.Fprintf(out, "  %-22s model %s, %d KV blocks, context %d, %.0f prefill tokens/s\n",
+				p.Name, p.Model, p.KVBlocks, p.MaxModelLen, p.PrefillTokensPerSec())
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "kvroute engine: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	p, err := engine.LookupPreset(*preset)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kvroute engine: %v\n", err)
+		return 2
+	}
+	if *timeScale <= 0 {
+		fmt.Fprintf(os.Stderr, "kvroute engine: --time-scale must be positive, got %g\n", *timeScale)
+		return 2
+	}
+	if *kvBlocks < 0 {
+		fmt.Fprintf(os.Stderr, "kvroute engine: --kv-blocks must be at least 0, got %d\n", *kvBlocks)
+		return 2
+	}
+	srv, err := emulator.New(emulator.Config{Preset: p, KVBlocks: *kvBlocks, TimeScale: *timeScale, Model: *model, Logger: log})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kvroute engine: %v\n", err)
+		return 1
+	}
+	defer srv.Close()
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kvroute engine: listen %s: %v\n", *listen, err)
+		return 1
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	eff := srv.Preset()
+	log.Info("engine listening", "addr", "http://"+ln.Addr().String(), "preset", eff.Name,
+		"model", srv.Model(), "kv_blocks", eff.KVBlocks, "time_scale", *timeScale)
+	select {
+	case err := <-errc:
+		log.Error("serve", "err", err)
+		return 1
+	case <-ctx.Done():
+	}
+	stop() // a second signal kills at once
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		// Streams still open after the grace period are cut.
+		log.Warn("shutdown", "err", err)
+		hs.Close()
+	}
+	return 0
+}

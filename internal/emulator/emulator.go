@@ -1,0 +1,315 @@
+// Package emulator is the real-time, HTTP face of the engine model: a
+// vLLM-compatible server (chat and text completions, streaming or not,
+// /v1/models, /health, and /metrics in vLLM's own metric names) whose
+// answers come from package engine driven on the wall clock.
+//
+// It owns the driver loop, the wire format and the metrics; it must not
+// decide anything about scheduling, caching, timing or output length: those
+// belong to package engine, which the simulator drives in virtual time. If
+// a rule of the engine model appears here, one of the two copies is wrong.
+package emulator
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/internal/engine"
+)
+
+// Config configures a Server.
+type Config struct {
+	// Preset is the hardware and model setup whose timing the engine models.
+	Preset engine.Preset
+	// KVBlocks, when positive, overrides the preset's KV cache capacity in
+	// blocks of engine.BlockSize tokens.
+	KVBlocks int
+	// TimeScale is emulated seconds per real second: 10 runs the engine ten
+	// times faster than the hardware it models. Zero means 1.
+	TimeScale float64
+	// Model is the served model name; empty means the preset's.
+	Model string
+	// Logger receives the server's logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Server is one emulated engine behind its HTTP handler.
+type Server struct {
+	model string
+	scale float64
+	log   *slog.Logger
+	start time.Time // emulated time 0
+
+	// mu guards eng and every field of pending marked "driver" below: the
+	// engine is not safe for concurrent use and handlers add and abort
+	// requests while the driver steps it.
+	mu  sync.Mutex
+	eng *engine.Engine
+	// sink buffers the events of the step in flight until the emulated
+	// clock reaches the step's end.
+	sink sink
+
+	wake      chan struct{} // capacity 1: work arrived
+	done      chan struct{} // closed by Close
+	driverEnd chan struct{} // closed when the driver returns
+	closeOnce sync.Once
+
+	nextID atomic.Uint64
+	// lag is how late, in real time, the driver got around to delivering
+	// steps: the measure of whether the emulator keeps up with the
+	// clock it emulates.
+	steps, lagSum, lagMax atomic.Int64
+	reg                   *prometheus.Registry
+	ttft                  prometheus.Observer
+	handler               http.Handler
+}
+
+// New builds a Server and starts its driver; Close stops it.
+func New(cfg Config) (*Server, error) {
+	if cfg.Preset.Name == "" {
+		return nil, errors.New("emulator: config has no preset")
+	}
+	if cfg.TimeScale < 0 {
+		return nil, fmt.Errorf("emulator: time scale %g is negative", cfg.TimeScale)
+	}
+	if cfg.KVBlocks < 0 {
+		return nil, fmt.Errorf("emulator: KV blocks %d is negative", cfg.KVBlocks)
+	}
+	s := &Server{
+		model:     cfg.Model,
+		scale:     cfg.TimeScale,
+		log:       cfg.Logger,
+		eng:       engine.New(cfg.Preset, cfg.KVBlocks),
+		wake:      make(chan struct{}, 1),
+		done:      make(chan struct{}),
+		driverEnd: make(chan struct{}),
+	}
+	if s.model == "" {
+		s.model = cfg.Preset.Model
+	}
+	if s.scale == 0 {
+		s.scale = 1
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	s.initMetrics()
+	s.handler = s.routes()
+	s.start = time.Now()
+	go s.drive()
+	return s, nil
+}
+
+// Model is the served model name.
+func (s *Server) Model() string { return s.model }
+
+// Preset is the engine's preset, with KVBlocks as overridden.
+func (s *Server) Preset() engine.Preset {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.eng.Preset()
+}
+
+// Stats returns the engine's counters.
+func (s *Server) Stats() engine.Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.eng.Stats()
+}
+
+// Handler is the HTTP handler serving the vLLM API.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Close stops the driver; requests still waiting get a 503 or a cut stream.
+// It is safe to call more than once.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() { close(s.done) })
+	<-s.driverEnd
+	return nil
+}
+
+// Lag reports how many steps the driver has run and, in real time, how
+// late it delivered them on average and at worst: near zero when the
+// machine keeps up with the emulated clock.
+func (s *Server) Lag() (steps int64, mean, worst time.Duration) {
+	n := s.steps.Load()
+	if n == 0 {
+		return 0, 0, 0
+	}
+	return n, time.Duration(s.lagSum.Load() / n), time.Duration(s.lagMax.Load())
+}
+
+// now is the emulated clock: real time since start, times the scale.
+func (s *Server) now() time.Duration {
+	return time.Duration(float64(time.Since(s.start)) * s.scale)
+}
+
+// realAt is the wall-clock instant at which the emulated clock reads t.
+func (s *Server) realAt(t time.Duration) time.Time {
+	return s.start.Add(time.Duration(float64(t) / s.scale))
+}
+
+// pending is one request's state shared by its handler and the driver.
+type pending struct {
+	r engine.Request // driver: only touched under Server.mu
+
+	// Driver fields, under Server.mu.
+	stepGen    int  // r.Generated as of the buffered step
+	stepFin    bool // the buffered step finished r
+	buffered   bool // r is in the sink's buffer
+	engineDone bool // the engine has finished r (no Abort needed)
+	sawFirst   bool // TTFT observed
+
+	// Published by the driver when the emulated clock reaches the end of
+	// the step that produced them; the handler reads them without the
+	// lock. promptTokens and cachedTokens are written before finished is
+	// set and read only after it is seen.
+	delivered    atomic.Int64
+	finished     atomic.Bool
+	promptTokens int
+	cachedTokens int
+	notify       chan struct{} // capacity 1: something was delivered
+}
+
+// sink buffers a step's events; the driver delivers them after sleeping
+// until the step's end, so that no client sees a token before its time.
+type sink struct{ buf []*pending }
+
+func (k *sink) touch(p *pending) {
+	if !p.buffered {
+		p.buffered = true
+		k.buf = append(k.buf, p)
+	}
+}
+
+// Token implements engine.Sink.
+func (k *sink) Token(r *engine.Request, _ time.Duration) {
+	p := r.Tag.(*pending)
+	p.stepGen = r.Generated
+	k.touch(p)
+}
+
+// Finished implements engine.Sink.
+func (k *sink) Finished(r *engine.Request, _ time.Duration) {
+	p := r.Tag.(*pending)
+	p.stepGen = r.Generated
+	p.stepFin = true
+	p.engineDone = true
+	k.touch(p)
+}
+
+// drive is the engine's only clock: it steps the engine at the emulated
+// time, sleeps (in real time) for the step's emulated duration, then lets
+// the step's events out. When there is nothing to do it waits for a request.
+func (s *Server) drive() {
+	defer close(s.driverEnd)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		s.mu.Lock()
+		idle := s.eng.Idle()
+		var d, end time.Duration
+		if !idle {
+			now := s.now()
+			d = s.eng.Step(now, &s.sink)
+			end = now + d
+		}
+		s.mu.Unlock()
+
+		if idle || d == 0 {
+			// Nothing runnable: only a new request (or an abort that frees
+			// room) can change that.
+			if len(s.sink.buf) > 0 {
+				s.deliver()
+			}
+			select {
+			case <-s.wake:
+				continue
+			case <-s.done:
+				return
+			}
+		}
+		if wait := time.Until(s.realAt(end)); wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-timer.C:
+			case <-s.done:
+				timer.Stop()
+				return
+			}
+		}
+		late := int64(time.Since(s.realAt(end)))
+		s.steps.Add(1)
+		s.lagSum.Add(late)
+		if late > s.lagMax.Load() {
+			s.lagMax.Store(late)
+		}
+		s.deliver()
+	}
+}
+
+// deliver publishes the buffered events to the waiting handlers without
+// ever blocking on them: each gets at most one pending notification and
+// reads how far it got from its counters.
+func (s *Server) deliver() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, p := range s.sink.buf {
+		p.buffered = false
+		if !p.sawFirst && p.stepGen > 0 {
+			p.sawFirst = true
+			s.ttft.Observe((p.r.FirstTokenAt - p.r.Arrival).Seconds())
+		}
+		if p.stepFin {
+			p.promptTokens = p.r.PromptTokens
+			p.cachedTokens = p.r.CachedTokens
+		}
+		p.delivered.Store(int64(p.stepGen))
+		if p.stepFin {
+			p.finished.Store(true)
+		}
+		select {
+		case p.notify <- struct{}{}:
+		default:
+		}
+		s.sink.buf[i] = nil
+	}
+	s.sink.buf = s.sink.buf[:0]
+}
+
+// add queues a request in the engine and wakes the driver.
+func (s *Server) add(p *pending) error {
+	s.mu.Lock()
+	err := s.eng.Add(&p.r, s.now())
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// abort removes p from the engine unless the engine already finished it.
+func (s *Server) abort(p *pending) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p.engineDone {
+		return
+	}
+	p.engineDone = true
+	s.eng.Abort(&p.r)
+	// The freed blocks may let a waiting request in.
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,303 @@
+package emulator
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/request"
+)
+
+// MaxBodyBytes bounds a request body; vLLM has no such limit but an
+// emulator on a laptop should not be the thing that runs out of memory.
+const MaxBodyBytes = 64 << 20
+
+// vLLM's error types: it names them after the Python exception and puts
+// the HTTP status in "code".
+const (
+	typeBadRequest = "BadRequestError"
+	typeNotFound   = "NotFoundError"
+)
+
+// words are the output vocabulary: each exactly engine.BytesPerToken bytes,
+// so that text sent back as a prompt re-tokenizes to the same count.
+var words = [...]string{
+	" the", " and", " for", " you", " are", " was", " not", " but",
+	" all", " can", " her", " one", " our", " out", " day", " get",
+	" has", " him", " his", " how", " man", " new", " now", " old",
+	" see", " two", " way", " who", " boy", " did", " its", " let",
+}
+
+// tokenText is the text of output token i of a request with seed.
+func tokenText(seed uint64, i int) string {
+	return words[(seed+uint64(i))%uint64(len(words))]
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+		s.complete(w, r, request.Chat)
+	})
+	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) {
+		s.complete(w, r, request.Completion)
+	})
+	mux.HandleFunc("GET /v1/models", s.models)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusOK)
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	return mux
+}
+
+// writeVLLMError writes an error in the OpenAI shape with vLLM's type names
+// and numeric code.
+func writeVLLMError(w http.ResponseWriter, status int, typ, msg string) {
+	b, _ := json.Marshal(openai.ErrorBody{Error: openai.ErrorDetail{Message: msg, Type: typ, Code: status}})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	p := s.Preset()
+	writeJSON(w, openai.ModelList{Object: "list", Data: []openai.Model{{
+		ID: s.model, Object: "model", Created: s.start.Unix(), OwnedBy: "vllm",
+		MaxModelLen: p.MaxModelLen,
+	}}})
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeVLLMError(w, http.StatusInternalServerError, "InternalServerError", err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	_, _ = w.Write(b)
+}
+
+// complete serves both completion endpoints.
+func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.Kind) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, hr.Body, MaxBodyBytes))
+	if err != nil {
+		writeVLLMError(w, http.StatusBadRequest, typeBadRequest, fmt.Sprintf("read request body: %v", err))
+		return
+	}
+	v, perr := request.Parse(kind, body, request.Options{})
+	if perr != nil {
+		writeVLLMError(w, perr.Status, typeBadRequest, perr.Message)
+		return
+	}
+	// vLLM accepts a missing model as the served one.
+	if v.Model != "" && v.Model != s.model {
+		writeVLLMError(w, http.StatusNotFound, typeNotFound, fmt.Sprintf("The model `%s` does not exist.", v.Model))
+		return
+	}
+	preset := s.Preset()
+	seed := xxhash.Sum64String(v.Prompt)
+	promptTokens := engine.Tokens(v.Prompt)
+	n := engine.OutputTokens(v.MaxTokens, v.MinTokens, v.IgnoreEOS, promptTokens, preset.MaxModelLen, seed)
+	p := &pending{notify: make(chan struct{}, 1)}
+	p.r = engine.Request{ID: s.nextID.Add(1), Prompt: v.Prompt, OutputTokens: n, Tag: p}
+	if err := s.add(p); err != nil {
+		var ce *engine.ContextError
+		if errors.As(err, &ce) {
+			writeVLLMError(w, http.StatusBadRequest, typeBadRequest, ce.Message)
+			return
+		}
+		writeVLLMError(w, http.StatusInternalServerError, "InternalServerError", err.Error())
+		return
+	}
+	// Whatever happens to the client, the engine lets go of the request.
+	defer s.abort(p)
+
+	finish := "stop"
+	if v.IgnoreEOS || (v.MaxTokens > 0 && n >= v.MaxTokens) || promptTokens+n >= preset.MaxModelLen {
+		finish = "length"
+	}
+	rs := &response{
+		s: s, v: v, p: p, seed: seed, finish: finish,
+		head: openai.Response{Created: time.Now().Unix(), Model: s.model},
+	}
+	if kind == request.Chat {
+		rs.head.ID = fmt.Sprintf("chatcmpl-%016x%016x", p.r.ID, seed)
+	} else {
+		rs.head.ID = fmt.Sprintf("cmpl-%016x%016x", p.r.ID, seed)
+	}
+	if v.Stream {
+		rs.stream(w, hr)
+	} else {
+		rs.whole(w, hr)
+	}
+}
+
+// response writes one request's answer as its tokens are delivered.
+type response struct {
+	s      *Server
+	v      *request.View
+	p      *pending
+	seed   uint64
+	finish string
+	head   openai.Response
+}
+
+// wait blocks until the driver delivers something, and reports how many
+// tokens are out and whether the request is finished; ok is false when the
+// client left or the server is closing.
+func (rs *response) wait(hr *http.Request) (n int, fin, ok bool) {
+	select {
+	case <-rs.p.notify:
+	case <-hr.Context().Done():
+		return 0, false, false
+	case <-rs.s.done:
+		return 0, false, false
+	}
+	fin = rs.p.finished.Load()
+	return int(rs.p.delivered.Load()), fin, true
+}
+
+func (rs *response) usage() *openai.Usage {
+	p := rs.p
+	n := int(p.delivered.Load())
+	return &openai.Usage{
+		PromptTokens:        p.promptTokens,
+		CompletionTokens:    n,
+		TotalTokens:         p.promptTokens + n,
+		PromptTokensDetails: &openai.PromptTokensDetails{CachedTokens: p.cachedTokens},
+	}
+}
+
+// whole answers a non-streaming request once it is finished.
+func (rs *response) whole(w http.ResponseWriter, hr *http.Request) {
+	for {
+		_, fin, ok := rs.wait(hr)
+		if !ok {
+			if hr.Context().Err() == nil {
+				writeVLLMError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "the server is shutting down")
+			}
+			return
+		}
+		if fin {
+			break
+		}
+	}
+	n := int(rs.p.delivered.Load())
+	text := make([]byte, 0, n*engine.BytesPerToken)
+	for i := range n {
+		text = append(text, tokenText(rs.seed, i)...)
+	}
+	out := rs.head
+	finish := rs.finish
+	c := openai.Choice{FinishReason: &finish}
+	if rs.v.Kind == request.Chat {
+		out.Object = "chat.completion"
+		c.Message = &openai.Message{Role: "assistant", Content: string(text)}
+	} else {
+		out.Object = "text_completion"
+		t := string(text)
+		c.Text = &t
+	}
+	out.Choices = []openai.Choice{c}
+	out.Usage = rs.usage()
+	writeJSON(w, out)
+}
+
+// stream answers with server-sent events in vLLM's format: for chat, a
+// first chunk with the assistant role, then one chunk per token, the last
+// carrying finish_reason; with include_usage, a chunk with no choices and
+// the usage; then [DONE].
+func (rs *response) stream(w http.ResponseWriter, hr *http.Request) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream; charset=utf-8")
+	h.Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	// Headers go out at once, as vLLM's do; the first data waits for the
+	// first token.
+	if rc.Flush() != nil {
+		return
+	}
+	bw := bufio.NewWriterSize(w, 4096)
+	enc := json.NewEncoder(bw)
+	enc.SetEscapeHTML(false)
+	chunk := rs.head
+	if rs.v.Kind == request.Chat {
+		chunk.Object = "chat.completion.chunk"
+	} else {
+		chunk.Object = "text_completion"
+	}
+	choices := make([]openai.Choice, 1)
+	var delta openai.Message
+	var text string
+	emit := func(c openai.Choice) {
+		choices[0] = c
+		chunk.Choices = choices
+		bw.WriteString("data: ")
+		_ = enc.Encode(&chunk) // appends '\n'
+		bw.WriteByte('\n')
+	}
+	sent := 0
+	for {
+		n, fin, ok := rs.wait(hr)
+		if !ok {
+			return
+		}
+		if sent == 0 && n > 0 && rs.v.Kind == request.Chat {
+			delta = openai.Message{Role: "assistant"}
+			emit(openai.Choice{Delta: &delta})
+		}
+		for ; sent < n; sent++ {
+			c := openai.Choice{}
+			if rs.v.Kind == request.Chat {
+				delta = openai.Message{Content: tokenText(rs.seed, sent)}
+				c.Delta = &delta
+			} else {
+				text = tokenText(rs.seed, sent)
+				c.Text = &text
+			}
+			if fin && sent == n-1 {
+				c.FinishReason = &rs.finish
+			}
+			emit(c)
+		}
+		if fin {
+			if n == 0 {
+				// Nothing generated: the finish still needs a chunk.
+				c := openai.Choice{FinishReason: &rs.finish}
+				if rs.v.Kind == request.Chat {
+					delta = openai.Message{Role: "assistant"}
+					c.Delta = &delta
+				} else {
+					text = ""
+					c.Text = &text
+				}
+				emit(c)
+			}
+			if rs.v.IncludeUsage {
+				chunk.Choices = []openai.Choice{}
+				chunk.Usage = rs.usage()
+				bw.WriteString("data: ")
+				_ = enc.Encode(&chunk)
+				bw.WriteByte('\n')
+			}
+			bw.WriteString("data: [DONE]\n\n")
+		}
+		if bw.Flush() != nil || rc.Flush() != nil {
+			return
+		}
+		if fin {
+			return
+		}
+	}
+}
