@@ -109,3 +109,14 @@ func BenchmarkLLMDPick(b *testing.B) {
 		p.Pick(in)
 	}
 }
+
+func BenchmarkLLMDRouted(b *testing.B) {
+	p := NewLLMD(Options{Seed: 1})
+	in := peerBenchInput(b, p)
+	d := Decision{Index: 7}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		p.Routed(in, d)
+	}
+}

@@ -253,3 +253,14 @@ func BenchmarkSGLangPick(b *testing.B) {
 		p.Pick(in)
 	}
 }
+
+func BenchmarkSGLangRouted(b *testing.B) {
+	p := NewSGLang(SGLangConfig{})
+	in := peerBenchInput(b, p)
+	d := Decision{Index: 7}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		p.Routed(in, d)
+	}
+}
