@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"math"
+	"sync"
 	"testing"
 	"time"
 
@@ -330,5 +331,37 @@ func BenchmarkPick(b *testing.B) {
 				p.Pick(in)
 			}
 		})
+	}
+}
+
+// TestPickConcurrent runs every policy here from several goroutines at once
+// (with -race, this checks that the shared counters, the session ring and
+// kvroute's session table are safe for concurrent use).
+func TestPickConcurrent(t *testing.T) {
+	loads := fxInFlight(0, 1, 2, 3, 4)
+	cands := fxBackends(t, loads...)
+	for _, name := range ownPolicies {
+		p := fxNew(t, name, Options{Seed: 2})
+		obs, _ := p.(Observer)
+		var wg sync.WaitGroup
+		for g := range 4 {
+			wg.Go(func() {
+				for k := range 300 {
+					in := fxInput(cands, loads, 500, fmt.Sprint("s", (g*7+k)%11))
+					if k%2 == 0 {
+						in = fxInput(cands[k%3:], loads[k%3:], 500, in.View.SessionKey)
+					}
+					d := p.Pick(in)
+					if d.Index < 0 || d.Index >= len(in.Candidates) {
+						t.Errorf("%s: index %d of %d", name, d.Index, len(in.Candidates))
+						return
+					}
+					if obs != nil {
+						obs.Routed(in, d)
+					}
+				}
+			})
+		}
+		wg.Wait()
 	}
 }
