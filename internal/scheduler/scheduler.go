@@ -193,11 +193,18 @@ func (s *Scheduler) reason(sc *scratch, matched, total int, d policy.Decision) s
 	return string(r)
 }
 
+// maxPooledBlocks bounds the hash buffer kept for reuse: a rare huge prompt
+// (the body limit allows megabytes) must not pin its buffer in the pool.
+const maxPooledBlocks = 1 << 14
+
 // put returns sc to the pool without keeping references to the request or
 // the fleet alive.
 func (s *Scheduler) put(sc *scratch) {
 	clear(sc.cands)
 	sc.in = policy.Input{}
+	if cap(sc.hashes) > maxPooledBlocks {
+		sc.hashes = nil
+	}
 	s.scratch.Put(sc)
 }
 

@@ -1,0 +1,64 @@
+package scheduler
+
+import (
+	"testing"
+
+	"github.com/kvroute/kvroute/internal/prefix"
+)
+
+// benchScheduler returns a scheduler over 64 backends, each holding a
+// shared system prompt and twenty conversations of its own, with backend k
+// also holding the benchmark prompt's first 7k blocks, and that
+// 32,000-character (500-block) prompt.
+func benchScheduler(b *testing.B) (*Scheduler, string) {
+	b.Helper()
+	const backends = 64
+	s := New(newFleet(b, backends), longestPrefix{}, Config{})
+	system := text(0, 2048)
+	prompt := system + text(1, 32000-2048)
+	query := prefix.Hash(nil, prompt, prefix.DefaultBlockChars)
+	for k := range backends {
+		for c := range 20 {
+			s.Index().Insert(k, prefix.Hash(nil, system+text(1000+k*100+c, 16000), prefix.DefaultBlockChars))
+		}
+		s.Index().Insert(k, query[:min(len(query), 7*k)])
+	}
+	return s, prompt
+}
+
+// BenchmarkRoute measures one whole routing decision, from the request view
+// to the open ticket and back to done: hash, match, pick (a trivial
+// longest-prefix policy), insert, account, reason.
+func BenchmarkRoute(b *testing.B) {
+	s, prompt := benchScheduler(b)
+	v := view("", prompt)
+	b.ReportAllocs()
+	for b.Loop() {
+		a, err := s.Route(v, nil, t0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		a.FirstByte(t0)
+		a.Done(t0)
+	}
+}
+
+// BenchmarkRouteParallel is BenchmarkRoute from GOMAXPROCS goroutines at
+// once: the cost of sharing the index lock and the load counters.
+func BenchmarkRouteParallel(b *testing.B) {
+	s, prompt := benchScheduler(b)
+	v := view("", prompt)
+	b.ReportAllocs()
+	b.ResetTimer() // RunParallel, unlike b.Loop, counts the setup otherwise
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			a, err := s.Route(v, nil, t0)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			a.FirstByte(t0)
+			a.Done(t0)
+		}
+	})
+}
