@@ -264,3 +264,35 @@ func BenchmarkSGLangRouted(b *testing.B) {
 		p.Routed(in, d)
 	}
 }
+
+// TestPeersConcurrentUse routes from several goroutines at once through
+// every peer, for the race detector: picks and observations share state.
+func TestPeersConcurrentUse(t *testing.T) {
+	for _, name := range []string{"sglang-cache-aware", "llmd-default", "dynamo-kv", "kubeai-chwbl", "preble-e2"} {
+		t.Run(name, func(t *testing.T) {
+			p, err := New(name, Options{Seed: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			bs := peerFleet(t, 8)
+			done := make(chan struct{})
+			for g := range 4 {
+				go func() {
+					defer func() { done <- struct{}{} }()
+					for i := range 200 {
+						prompt := fmt.Sprintf("conversation %d turn %d ", i%7, g) + strings.Repeat("x", 100*(i%5))
+						in := peerInput(t, prompt, bs, nil)
+						in.Now = peerT0.Add(time.Duration(i) * time.Second)
+						if d := peerRoute(p, in); d.Index < 0 || d.Index >= len(bs) {
+							t.Errorf("pick %d out of range", d.Index)
+							return
+						}
+					}
+				}()
+			}
+			for range 4 {
+				<-done
+			}
+		})
+	}
+}
