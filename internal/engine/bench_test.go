@@ -31,7 +31,7 @@ func (c *closedLoop) addNext() {
 	c.free = c.free[:len(c.free)-1]
 	i := c.next % len(c.prompts)
 	c.next++
-	*r = Request{ID: uint64(c.next), Prompt: c.prompts[i], OutputTokens: c.outputs[i], blocks: r.blocks[:0]}
+	*r = Request{ID: uint64(c.next), Prompt: c.prompts[i], OutputTokens: c.outputs[i]}
 	if err := c.e.Add(r, c.now); err != nil {
 		panic(err)
 	}
