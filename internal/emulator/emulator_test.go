@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/request"
 )
 
 const testPreset = "h100-llama3-8b"
@@ -504,5 +505,44 @@ func TestIdleTTFTMatchesTimingModel(t *testing.T) {
 	slices.Sort(got)
 	if med := got[1]; med > hi {
 		t.Errorf("median TTFT %v, want %v within +4%%", med, wantReal)
+	}
+}
+
+// TestTokenChunkTemplate checks the streaming fast path against the JSON
+// encoder: template bytes around a word must be exactly the encoded chunk.
+func TestTokenChunkTemplate(t *testing.T) {
+	cases := []struct {
+		kind  request.Kind
+		model string
+	}{
+		{request.Chat, "meta-llama/Llama-3.1-8B-Instruct"},
+		{request.Completion, `odd "model" \ name <&>`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.kind.String(), func(t *testing.T) {
+			rs := &response{v: &request.View{Kind: tc.kind}}
+			chunk := openai.Response{ID: "cmpl-1", Object: "chunk", Created: 1234, Model: tc.model}
+			pre, suf := rs.tokenChunk(chunk)
+			for i := range 3 {
+				word := tokenText(7, i)
+				c := openai.Choice{}
+				if tc.kind == request.Chat {
+					c.Delta = &openai.Message{Content: word}
+				} else {
+					c.Text = &word
+				}
+				chunk.Choices = []openai.Choice{c}
+				var want bytes.Buffer
+				enc := json.NewEncoder(&want)
+				enc.SetEscapeHTML(false)
+				want.WriteString("data: ")
+				enc.Encode(&chunk)
+				want.WriteByte('\n')
+				got := string(pre) + word + string(suf)
+				if got != want.String() {
+					t.Errorf("template gives\n%s\nencoder gives\n%s", got, want.String())
+				}
+			}
+		})
 	}
 }

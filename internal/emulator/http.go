@@ -2,6 +2,7 @@ package emulator
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -247,6 +248,7 @@ func (rs *response) stream(w http.ResponseWriter, hr *http.Request) {
 		_ = enc.Encode(&chunk) // appends '\n'
 		bw.WriteByte('\n')
 	}
+	pre, suf := rs.tokenChunk(chunk)
 	sent := 0
 	for {
 		n, fin, ok := rs.wait(hr)
@@ -258,16 +260,22 @@ func (rs *response) stream(w http.ResponseWriter, hr *http.Request) {
 			emit(openai.Choice{Delta: &delta})
 		}
 		for ; sent < n; sent++ {
-			c := openai.Choice{}
+			tok := tokenText(rs.seed, sent)
+			if !fin || sent < n-1 {
+				// The hot path: every token but the last is the same
+				// chunk around a different word.
+				bw.Write(pre)
+				bw.WriteString(tok)
+				bw.Write(suf)
+				continue
+			}
+			c := openai.Choice{FinishReason: &rs.finish}
 			if rs.v.Kind == request.Chat {
-				delta = openai.Message{Content: tokenText(rs.seed, sent)}
+				delta = openai.Message{Content: tok}
 				c.Delta = &delta
 			} else {
-				text = tokenText(rs.seed, sent)
+				text = tok
 				c.Text = &text
-			}
-			if fin && sent == n-1 {
-				c.FinishReason = &rs.finish
 			}
 			emit(c)
 		}
@@ -300,4 +308,34 @@ func (rs *response) stream(w http.ResponseWriter, hr *http.Request) {
 			return
 		}
 	}
+}
+
+// tokenPlaceholder stands for the token text in the chunk template; it
+// needs no JSON escaping and sorts after every other field of the chunk.
+const tokenPlaceholder = "\x01TOKEN\x01"
+
+// tokenChunk renders the SSE event of a token that does not finish the
+// request as the bytes before and after the token's text: the words need
+// no escaping, so streaming a token is two copies instead of a JSON
+// encoding.
+func (rs *response) tokenChunk(chunk openai.Response) (pre, suf []byte) {
+	c := openai.Choice{}
+	placeholder := tokenPlaceholder
+	if rs.v.Kind == request.Chat {
+		c.Delta = &openai.Message{Content: placeholder}
+	} else {
+		c.Text = &placeholder
+	}
+	chunk.Choices = []openai.Choice{c}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf) // as stream's encoder: no HTML escaping
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(&chunk)
+	b := bytes.TrimSuffix(buf.Bytes(), []byte{'\n'})
+	quoted, _ := json.Marshal(placeholder)
+	inner := quoted[1 : len(quoted)-1]
+	i := bytes.LastIndex(b, inner)
+	pre = append([]byte("data: "), b[:i]...)
+	suf = append(append([]byte{}, b[i+len(inner):]...), '\n', '\n')
+	return pre, suf
 }
