@@ -74,7 +74,6 @@ type Request struct {
 	computed   int      // tokens whose KV is computed (before this step's chunk)
 	sched      int      // tokens scheduled in the current step
 	registered int      // leading blocks registered in the prefix cache
-	regStart   int      // registered before this step (undone if preempted in-step)
 	blocks     []int32  // block table
 	hashes     []uint64 // chain hashes of the prompt's full blocks
 }
@@ -193,7 +192,7 @@ func (e *Engine) Add(r *Request, now time.Duration) error {
 	r.CachedTokens, r.Generated = 0, 0
 	r.Arrival, r.FirstTokenAt, r.FinishedAt = now, 0, 0
 	r.cachedSet, r.decode = false, false
-	r.computed, r.sched, r.registered, r.regStart = 0, 0, 0, 0
+	r.computed, r.sched, r.registered = 0, 0, 0
 	r.blocks = e.takeBlocks()
 	full := len(r.Prompt) / (BlockSize * BytesPerToken)
 	if r.PromptHashes != nil && len(r.PromptHashes) == full {
@@ -423,7 +422,6 @@ func (e *Engine) commit(r *Request, n int, decode bool) {
 		e.stepPrefill += n
 	}
 	e.stepCtx += r.computed + n
-	r.regStart = r.registered
 	full := min((r.computed+n)/BlockSize, len(r.hashes))
 	for i := r.registered; i < full; i++ {
 		e.kv.register(r.blocks[i], r.hashes[i])
@@ -433,28 +431,22 @@ func (e *Engine) commit(r *Request, n int, decode bool) {
 
 // preempt evicts victim, the last running request, by recomputation: its
 // blocks are freed (their cached prefixes stay findable until evicted) and
-// it goes back to the front of the waiting queue. If it was already
-// scheduled in this step, its tokens are taken back out of the batch and
-// the blocks it registered in this step, whose KV is now never computed,
-// are unregistered.
+// it goes back to the front of the waiting queue.
+//
+// The victim is never already in this step's batch: schedule walks the
+// running list from the front and the victim comes from the back, and a
+// request still in prefill is always the last admitted (a request is only
+// admitted when the budget outlasts every earlier prefill, which then
+// completes in that step), so no decode scheduled earlier in the step sits
+// behind a prefill that needs blocks.
 func (e *Engine) preempt(victim *Request) {
-	e.running = e.running[:len(e.running)-1]
-	if n := victim.sched; n > 0 {
-		e.budget += n
-		if victim.decode {
-			e.stepDecodes--
-		} else {
-			e.stepPrefill -= n
-		}
-		e.stepCtx -= victim.computed + n
-		for i := victim.regStart; i < victim.registered; i++ {
-			e.kv.unregister(victim.blocks[i])
-		}
-		victim.sched = 0
+	if victim.sched != 0 {
+		panic("engine: preempting a request already in the step's batch")
 	}
+	e.running = e.running[:len(e.running)-1]
 	e.kv.release(victim.blocks)
 	victim.blocks = victim.blocks[:0]
-	victim.computed, victim.registered, victim.regStart = 0, 0, 0
+	victim.computed, victim.registered = 0, 0
 	victim.state = stateWaiting
 	e.waiting.pushFront(victim)
 	e.stats.Preemptions++
