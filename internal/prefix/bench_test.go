@@ -125,3 +125,21 @@ func BenchmarkMemory(b *testing.B) {
 		b.StartTimer()
 	}
 }
+
+// BenchmarkInsertShared measures re-inserting a 500-block prompt that all
+// 64 backends hold, for the backend inserted first (the last one on every
+// block's holder list) and the one inserted last (the first).
+func BenchmarkInsertShared(b *testing.B) {
+	for _, bc := range []struct {
+		name    string
+		backend int
+	}{{"first-holder", 63}, {"last-holder", 0}} {
+		b.Run(bc.name, func(b *testing.B) {
+			ix, query := benchIndex(b, true)
+			b.ReportAllocs()
+			for b.Loop() {
+				ix.Insert(bc.backend, query)
+			}
+		})
+	}
+}

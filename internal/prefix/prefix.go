@@ -54,17 +54,18 @@ func Hash(dst []uint64, text string, blockChars int) []uint64 {
 // Index maps block hashes to the backends believed to hold them. It is safe
 // for concurrent use; Match takes only a read lock.
 //
-// Every (block, backend) pair is one node in a slab. A node sits on two
-// lists at once: its backend's recency list (doubly linked, for O(1) refresh
-// and eviction) and its block's holder list (singly linked from the map
-// entry, usually one to a few nodes long). Links are int32 slab indices
-// rather than pointers, which keeps a node at 24 bytes and gives the garbage
-// collector nothing to scan.
+// Every (block, backend) pair is one node in a slab, on its backend's
+// recency list (doubly linked, for O(1) refresh and eviction). Links are
+// int32 slab indices rather than pointers, which keeps a node at 24 bytes
+// and gives the garbage collector nothing to scan.
 //
-// The map entry also carries a bitmask of the holders among backends 0..63,
-// so that Match, the hot path, is one map lookup and a few word operations
-// per block for fleets of up to 64 backends; only holders with larger IDs
-// are found by walking the holder list.
+// Two tables find nodes. The block map gives, per block, a bitmask of its
+// holders among backends 0..63, so that Match, the hot path, is one map
+// lookup and a few word operations per block for fleets of up to 64
+// backends. The pair table, open addressing over (block, backend), finds a
+// given backend's node in O(1) however many backends hold the block: a
+// shared system prompt is held by the whole fleet, and walking its holders
+// on every insert would stall Match behind the write lock.
 type Index struct {
 	mu         sync.RWMutex
 	defaultCap int
@@ -72,9 +73,10 @@ type Index struct {
 	nodes      []node
 	free       int32 // head of the free-node list (linked through next), or nilNode
 	backends   []lru
+	pairs      pairTable
 }
 
-// nilNode ends every list.
+// nilNode ends every list and marks an empty pair slot.
 const nilNode = -1
 
 // maskBackends is the number of backends whose holding a block is recorded
@@ -85,8 +87,6 @@ const maskBackends = 64
 type entry struct {
 	// mask has bit b set when backend b < maskBackends holds the block.
 	mask uint64
-	// head is the first node of the holder list (all holders).
-	head int32
 	// wide counts the holders with IDs >= maskBackends.
 	wide int32
 }
@@ -96,9 +96,7 @@ type node struct {
 	// prev and next link the backend's recency list (prev towards the most
 	// recent end); next also links the free list.
 	prev, next int32
-	// holder links the next node holding the same hash.
-	holder  int32
-	backend int32
+	backend    int32
 }
 
 // lru is one backend's recency list: head is the most recently used block.
@@ -157,11 +155,15 @@ func (ix *Index) Match(hashes []uint64, out []int32) {
 	if len(out) < maskBackends {
 		alive = 1<<len(out) - 1
 	}
+	// Backends from maskBackends up keep their count in out as they go:
+	// out[b] == i means b holds blocks 0..i-1 and may hold block i.
+	wideAlive := max(0, len(out)-maskBackends)
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	i := 0
 	for ; i < len(hashes); i++ {
-		e, ok := ix.blocks[hashes[i]]
+		h := hashes[i]
+		e, ok := ix.blocks[h]
 		if !ok {
 			break
 		}
@@ -169,20 +171,19 @@ func (ix *Index) Match(hashes []uint64, out []int32) {
 			out[bits.TrailingZeros64(gone)] = int32(i)
 		}
 		alive &= e.mask
-		// Backends beyond the mask keep their count in out as they go:
-		// out[b] == i means b holds blocks 0..i-1.
-		wide := false
-		if e.wide > 0 && len(out) > maskBackends {
+		if wideAlive > 0 {
 			cur := int32(i)
-			for n := e.head; n != nilNode; n = ix.nodes[n].holder {
-				b := ix.nodes[n].backend
-				if b >= maskBackends && int(b) < len(out) && out[b] == cur {
-					out[b] = cur + 1
-					wide = true
+			wideAlive = 0
+			if e.wide > 0 {
+				for b := maskBackends; b < len(out); b++ {
+					if out[b] == cur && ix.pairs.find(ix.nodes, h, int32(b)) != nilNode {
+						out[b] = cur + 1
+						wideAlive++
+					}
 				}
 			}
 		}
-		if alive == 0 && !wide {
+		if alive == 0 && wideAlive == 0 {
 			return
 		}
 	}
@@ -214,23 +215,16 @@ func (ix *Index) Insert(backend int, hashes []uint64) {
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
 		e, ok := ix.blocks[h]
-		if !ok {
-			e.head = nilNode
-		}
-		if ok && (bit == 0 || e.mask&bit != 0) {
-			n := e.head
-			for n != nilNode && ix.nodes[n].backend != b {
-				n = ix.nodes[n].holder
-			}
-			if n != nilNode {
+		if ok && (e.mask&bit != 0 || bit == 0 && e.wide > 0) {
+			if n := ix.pairs.find(ix.nodes, h, b); n != nilNode {
 				ix.unlinkLRU(l, n)
 				ix.pushFront(l, n)
 				continue
 			}
 		}
 		n := ix.alloc()
-		ix.nodes[n] = node{hash: h, prev: nilNode, next: nilNode, holder: e.head, backend: b}
-		e.head = n
+		ix.nodes[n] = node{hash: h, prev: nilNode, next: nilNode, backend: b}
+		ix.pairs.add(ix.nodes, n)
 		if bit != 0 {
 			e.mask |= bit
 		} else {
@@ -274,32 +268,24 @@ func (ix *Index) evict(l *lru) {
 	}
 }
 
-// drop removes node n from l and from its block's holder list, and frees it.
+// drop removes node n from l and from both tables, and frees it.
 func (ix *Index) drop(l *lru, n int32) {
 	ix.unlinkLRU(l, n)
 	l.n--
+	ix.pairs.remove(ix.nodes, n)
 	h, b := ix.nodes[n].hash, ix.nodes[n].backend
 	e := ix.blocks[h]
-	if e.head == n {
-		e.head = ix.nodes[n].holder
-	} else {
-		p := e.head
-		for ix.nodes[p].holder != n {
-			p = ix.nodes[p].holder
-		}
-		ix.nodes[p].holder = ix.nodes[n].holder
-	}
 	if b < maskBackends {
 		e.mask &^= 1 << b
 	} else {
 		e.wide--
 	}
-	if e.head == nilNode {
+	if e.mask == 0 && e.wide == 0 {
 		delete(ix.blocks, h)
 	} else {
 		ix.blocks[h] = e
 	}
-	ix.nodes[n] = node{next: ix.free, prev: nilNode, holder: nilNode}
+	ix.nodes[n] = node{next: ix.free, prev: nilNode}
 	ix.free = n
 }
 
@@ -337,4 +323,92 @@ func (ix *Index) pushFront(l *lru, n int32) {
 		l.tail = n
 	}
 	l.head = n
+}
+
+// pairTable finds the node of a (block, backend) pair: open addressing with
+// linear probing over node indices, the keys read from the nodes themselves
+// (4 bytes a slot). It is kept at most half full, and deletes by shifting
+// the following run back (no tombstones), so probes stay short under churn.
+type pairTable struct {
+	slots []int32 // node index or nilNode; len is a power of two
+	shift uint    // 64 - log2(len(slots))
+	n     int
+}
+
+// minPairSlots is the table's first size.
+const minPairSlots = 1 << 10
+
+func (t *pairTable) home(h uint64, b int32) int {
+	// h is already a good hash, but tests and callers may pass plain
+	// numbers; the multiply spreads any key over the high bits taken.
+	return int(((h ^ uint64(b)*0x9e3779b97f4a7c15) * 0xbf58476d1ce4e5b9) >> t.shift)
+}
+
+func (t *pairTable) find(nodes []node, h uint64, b int32) int32 {
+	if t.n == 0 {
+		return nilNode
+	}
+	mask := len(t.slots) - 1
+	for i := t.home(h, b); ; i = (i + 1) & mask {
+		n := t.slots[i]
+		if n == nilNode {
+			return nilNode
+		}
+		if nodes[n].hash == h && nodes[n].backend == b {
+			return n
+		}
+	}
+}
+
+func (t *pairTable) add(nodes []node, n int32) {
+	if 2*(t.n+1) > len(t.slots) {
+		t.grow(nodes)
+	}
+	t.place(nodes, n)
+	t.n++
+}
+
+func (t *pairTable) place(nodes []node, n int32) {
+	mask := len(t.slots) - 1
+	i := t.home(nodes[n].hash, nodes[n].backend)
+	for t.slots[i] != nilNode {
+		i = (i + 1) & mask
+	}
+	t.slots[i] = n
+}
+
+func (t *pairTable) grow(nodes []node) {
+	old := t.slots
+	size := max(minPairSlots, 2*len(old))
+	t.slots = make([]int32, size)
+	for i := range t.slots {
+		t.slots[i] = nilNode
+	}
+	t.shift = uint(64 - bits.TrailingZeros(uint(size)))
+	for _, n := range old {
+		if n != nilNode {
+			t.place(nodes, n)
+		}
+	}
+}
+
+// remove deletes node n, which the table holds.
+func (t *pairTable) remove(nodes []node, n int32) {
+	mask := len(t.slots) - 1
+	i := t.home(nodes[n].hash, nodes[n].backend)
+	for t.slots[i] != n {
+		i = (i + 1) & mask
+	}
+	// Shift back every later entry of the run whose home is not in the
+	// cyclic range (i, j], so that no probe ever crosses an empty slot.
+	for j := (i + 1) & mask; t.slots[j] != nilNode; j = (j + 1) & mask {
+		m := t.slots[j]
+		k := t.home(nodes[m].hash, nodes[m].backend)
+		if (j-k)&mask >= (j-i)&mask {
+			t.slots[i] = m
+			i = j
+		}
+	}
+	t.slots[i] = nilNode
+	t.n--
 }

@@ -241,6 +241,9 @@ func randomAgainstModel(t *testing.T, ids []int) {
 				t.Fatalf("step %d backend %d: Len %d, want %d", step, bb, ix.Len(bb), len(model[bb]))
 			}
 		}
+		if step%50 == 0 {
+			checkInvariants(t, ix)
+		}
 	}
 }
 
@@ -285,6 +288,7 @@ func TestConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	checkInvariants(t, ix)
 	for b := range backends {
 		if n := ix.Len(b); n > 250 {
 			t.Errorf("backend %d holds %d blocks, above any capacity it had", b, n)
@@ -322,4 +326,88 @@ func TestHashMatchesReference(t *testing.T) {
 	if got := Hash([]uint64{42}, "x", 0); len(got) != 1 {
 		t.Errorf("blockChars 0 appended %d hashes", len(got)-1)
 	}
+}
+
+// checkInvariants verifies the index's internal tables against its
+// recency lists: every held node is found through the pair table, every
+// block's holder mask and wide count agree with the nodes, and nothing
+// else is left in either table.
+func checkInvariants(t *testing.T, ix *Index) {
+	t.Helper()
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	want := map[uint64]entry{}
+	total := 0
+	for b := range ix.backends {
+		l := &ix.backends[b]
+		count := 0
+		prev := int32(nilNode)
+		for n := l.head; n != nilNode; n = ix.nodes[n].next {
+			nd := ix.nodes[n]
+			if nd.prev != prev || int(nd.backend) != b {
+				t.Fatalf("backend %d: node %d has prev %d backend %d, want %d and %d", b, n, nd.prev, nd.backend, prev, b)
+			}
+			if got := ix.pairs.find(ix.nodes, nd.hash, nd.backend); got != n {
+				t.Fatalf("backend %d: pair table finds %d for node %d", b, got, n)
+			}
+			e := want[nd.hash]
+			if b < maskBackends {
+				e.mask |= 1 << b
+			} else {
+				e.wide++
+			}
+			want[nd.hash] = e
+			prev = n
+			count++
+		}
+		if count != l.n || prev != l.tail {
+			t.Fatalf("backend %d: list has %d nodes ending at %d, recorded %d ending at %d", b, count, prev, l.n, l.tail)
+		}
+		total += count
+	}
+	if ix.pairs.n != total {
+		t.Fatalf("pair table holds %d, lists hold %d", ix.pairs.n, total)
+	}
+	if len(ix.blocks) != len(want) {
+		t.Fatalf("block map has %d entries, want %d", len(ix.blocks), len(want))
+	}
+	for h, e := range want {
+		if ix.blocks[h] != e {
+			t.Fatalf("block %x: entry %+v, want %+v", h, ix.blocks[h], e)
+		}
+	}
+}
+
+// TestChurn fills, evicts and removes tens of thousands of blocks, enough
+// to grow the pair table several times and shift-delete through long runs,
+// and then checks every invariant and every match against what was inserted
+// last.
+func TestChurn(t *testing.T) {
+	ix := NewIndex(3000)
+	rng := rand.New(rand.NewPCG(5, 6))
+	ids := []int{0, 1, 2, 40, 63, 64, 65, 99}
+	for i := range 400 {
+		b := ids[rng.IntN(len(ids))]
+		switch rng.IntN(25) {
+		case 0:
+			ix.RemoveBackend(b)
+		case 1:
+			ix.SetCapacity(b, 500+rng.IntN(4000))
+		default:
+			// Shared prefixes (a few system prompts) plus unique tails.
+			p := hs(uint64(rng.IntN(4))<<40, 30)
+			ix.Insert(b, append(p, hs(uint64(i+1)<<20, 100+rng.IntN(300))...))
+		}
+	}
+	checkInvariants(t, ix)
+	for _, b := range ids {
+		p := append(hs(1<<40, 30), hs(1<<50, 10)...)
+		ix.Insert(b, p)
+		out := make([]int32, 100)
+		ix.Match(p, out)
+		if out[b] != 40 {
+			t.Errorf("backend %d matched %d of a prompt it was just given, want 40", b, out[b])
+		}
+	}
+	checkInvariants(t, ix)
 }
