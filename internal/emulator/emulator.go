@@ -41,10 +41,11 @@ type Config struct {
 
 // Server is one emulated engine behind its HTTP handler.
 type Server struct {
-	model string
-	scale float64
-	log   *slog.Logger
-	start time.Time // emulated time 0
+	model  string
+	preset engine.Preset // the engine's, fixed at New
+	scale  float64
+	log    *slog.Logger
+	start  time.Time // emulated time 0
 
 	// mu guards eng and every field of pending marked "driver" below: the
 	// engine is not safe for concurrent use and handlers add and abort
@@ -90,6 +91,7 @@ func New(cfg Config) (*Server, error) {
 		done:      make(chan struct{}),
 		driverEnd: make(chan struct{}),
 	}
+	s.preset = s.eng.Preset()
 	if s.model == "" {
 		s.model = cfg.Preset.Model
 	}
@@ -109,12 +111,9 @@ func New(cfg Config) (*Server, error) {
 // Model is the served model name.
 func (s *Server) Model() string { return s.model }
 
-// Preset is the engine's preset, with KVBlocks as overridden.
-func (s *Server) Preset() engine.Preset {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.eng.Preset()
-}
+// Preset is the engine's preset, with KVBlocks as overridden (and
+// MaxModelLen as the engine bounds it).
+func (s *Server) Preset() engine.Preset { return s.preset }
 
 // Stats returns the engine's counters.
 func (s *Server) Stats() engine.Stats {

@@ -546,3 +546,43 @@ func TestTokenChunkTemplate(t *testing.T) {
 		})
 	}
 }
+
+func TestStartServesUntilContextDone(t *testing.T) {
+	p, err := engine.LookupPreset(testPreset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	r, err := Start(ctx, Config{Preset: p, TimeScale: 50, Model: "served"}, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if !strings.HasPrefix(r.URL, "http://127.0.0.1:") {
+		t.Errorf("URL %q", r.URL)
+	}
+	// A stream in flight when the context ends is cut, not left hanging.
+	b := map[string]any{"model": "served", "prompt": "go on", "max_tokens": 5000, "ignore_eos": true, "stream": true}
+	resp := post(t, t.Context(), r.URL+"/v1/completions", b)
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	rest, _ := io.ReadAll(br)
+	if bytes.Contains(rest, []byte("[DONE]")) {
+		t.Errorf("stream ran to [DONE] after the server stopped")
+	}
+	// The listener closes right after the engine; give it a moment.
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		resp, err := http.Get(r.URL + "/health")
+		if err != nil {
+			break
+		}
+		resp.Body.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("still serving 2s after the context ended")
+		}
+	}
+}

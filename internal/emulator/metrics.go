@@ -34,7 +34,7 @@ func (s *Server) initMetrics() {
 	d := func(name, help string) *prometheus.Desc {
 		return prometheus.NewDesc(name, help, nil, labels)
 	}
-	p := s.eng.Preset()
+	p := s.preset
 	// vLLM's cache_config_info carries every CacheConfig field as a label
 	// and no model_name; model_name is added so that every family here can
 	// be selected by model.
