@@ -113,9 +113,9 @@ func BenchmarkMemory(b *testing.B) {
 					h = append(h, uint64(p)<<20|uint64(i)|1<<60)
 				}
 			}
-			before := ix.Len(p % 64)
+			had := ix.Len(p % 64)
 			ix.Insert(p%64, h)
-			held += ix.Len(p%64) - before
+			held += ix.Len(p%64) - had
 		}
 		b.StopTimer()
 		runtime.GC()

@@ -214,14 +214,14 @@ func (ix *Index) Insert(backend int, hashes []uint64) {
 	}
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
-		e, ok := ix.blocks[h]
-		if ok && (e.mask&bit != 0 || bit == 0 && e.wide > 0) {
-			if n := ix.pairs.find(ix.nodes, h, b); n != nilNode {
-				ix.unlinkLRU(l, n)
-				ix.pushFront(l, n)
-				continue
-			}
+		// A block the backend holds needs only its recency refreshed: the
+		// block map is not touched.
+		if n := ix.pairs.find(ix.nodes, h, b); n != nilNode {
+			ix.unlinkLRU(l, n)
+			ix.pushFront(l, n)
+			continue
 		}
+		e := ix.blocks[h]
 		n := ix.alloc()
 		ix.nodes[n] = node{hash: h, prev: nilNode, next: nilNode, backend: b}
 		ix.pairs.add(ix.nodes, n)

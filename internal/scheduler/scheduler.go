@@ -97,7 +97,10 @@ func (s *Scheduler) Policy() policy.Policy { return s.policy }
 // backend's load.
 type Assignment struct {
 	Backend *fleet.Backend
-	// Reason is short and human-readable, e.g. "prefix=812/1024 est_ttft=0.21s".
+	// Reason is short and human-readable, e.g.
+	// "policy=kvroute prefix=812/1024 est_ttft=0.210s sticky": the policy,
+	// the prompt's blocks held by the chosen backend out of its full
+	// blocks, the policy's TTFT estimate when it makes one, and its note.
 	Reason string
 	// MatchedTokens is the predicted prefix-cache hit in tokens.
 	MatchedTokens int
