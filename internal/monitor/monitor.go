@@ -1,0 +1,424 @@
+// Package monitor keeps the fleet's picture of each engine's own load fresh:
+// it scrapes every backend's /metrics (and llama.cpp's /slots) on an
+// interval, parses the exposition with package adapter, and publishes the
+// reading to the backend with fleet.Backend.SetEngine. From vLLM's
+// cache_config_info it also derives the backend's prefix index capacity and
+// hands it to a callback.
+//
+// It owns the scrape loops, their timing, timeouts and body limits, the
+// staleness rule and the scrape logs and metrics. It must not parse
+// expositions itself (that is package adapter), route, or touch the prefix
+// index directly (it knows the scheduler only through the capacity
+// callback).
+//
+// Staleness: a reading carries the time it was taken (EngineState.At). A
+// failed scrape leaves the last reading and its At untouched, so it ages;
+// once it is older than StaleAfter intervals the monitor withdraws it
+// (SetEngine(nil)), so that every consumer, including those that only test
+// Engine() for nil, stops trusting it. The kvroute policy additionally
+// ignores readings older than policy.EngineStateMaxAge, whichever is sooner.
+package monitor
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/internal/adapter"
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/request"
+)
+
+// Defaults of Config.
+const (
+	// DefaultInterval is the time between two scrapes of one backend: a
+	// queue of engine steps of tens of milliseconds moves visibly in a
+	// quarter second, and four small GETs a second cost an engine nothing.
+	DefaultInterval = 250 * time.Millisecond
+	// DefaultTimeout bounds one scrape (connection, headers and body).
+	DefaultTimeout = time.Second
+	// DefaultStaleAfter is how many intervals a reading stays trusted
+	// without a successful scrape: one or two lost scrapes are noise, four
+	// (a second at the default interval) mean the engine is not answering.
+	DefaultStaleAfter = 4
+	// DefaultMaxBodyBytes bounds a /metrics or /slots body. vLLM's
+	// exposition with its histograms is tens of kilobytes per model.
+	DefaultMaxBodyBytes = 8 << 20
+)
+
+// Config tunes a Monitor. The zero value of each field means its default.
+type Config struct {
+	// Interval between two scrapes of one backend. Default DefaultInterval.
+	Interval time.Duration
+	// Timeout of one scrape. Default DefaultTimeout.
+	Timeout time.Duration
+	// StaleAfter is how many intervals a reading is kept without a
+	// successful scrape before it is withdrawn. Default DefaultStaleAfter.
+	StaleAfter int
+	// Kinds is the configured engine kind per backend ID; a backend not in
+	// the map, or mapped to adapter.Unknown, is detected from its /metrics.
+	Kinds map[int]adapter.Kind
+	// BlockChars is the router's prefix block size in characters, to turn
+	// an engine's KV capacity into router blocks. Default
+	// prefix.DefaultBlockChars.
+	BlockChars int
+	// SetCapacity, when set, receives a backend's prefix index capacity in
+	// router blocks whenever the engine's reported KV capacity gives a new
+	// value: num_gpu_blocks x block_size tokens x request.BytesPerToken /
+	// BlockChars. The proxy passes scheduler.Index().SetCapacity.
+	SetCapacity func(backendID, blocks int)
+	// MaxBodyBytes bounds a response body; a larger one is a failed
+	// scrape. Default DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+}
+
+func (c Config) withDefaults() Config {
+	if c.Interval <= 0 {
+		c.Interval = DefaultInterval
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.StaleAfter <= 0 {
+		c.StaleAfter = DefaultStaleAfter
+	}
+	if c.BlockChars <= 0 {
+		c.BlockChars = prefix.DefaultBlockChars
+	}
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	return c
+}
+
+// StaleAge is how old a reading may grow without a successful scrape before
+// the monitor withdraws it.
+func (c Config) StaleAge() time.Duration {
+	c = c.withDefaults()
+	return time.Duration(c.StaleAfter) * c.Interval
+}
+
+// Monitor scrapes the engines of a fleet. Create it with New and start it
+// with Run; it is also a prometheus.Collector of its scrape metrics.
+type Monitor struct {
+	fleet  *fleet.Fleet
+	cfg    Config
+	client *http.Client
+	log    *slog.Logger
+
+	mu       sync.Mutex
+	watchers map[*fleet.Backend]*watcher
+}
+
+// watcher is one backend's scrape loop state. Only its loop goroutine
+// touches the unexported fields except errors, which Collect reads.
+type watcher struct {
+	b      *fleet.Backend
+	kind   adapter.Kind // configured, or Unknown to detect
+	cancel context.CancelFunc
+	done   chan struct{}
+	errors atomic.Uint64
+
+	detected  adapter.Kind // latched after the first good scrape
+	failing   bool         // last scrape failed (for logging changes only)
+	failures  int          // consecutive failures
+	lastOK    time.Time
+	capBlocks int // last capacity passed to SetCapacity
+}
+
+// New returns a monitor of f's backends. client may be nil (a client of
+// its own is used); logger may be nil (logs are discarded).
+func New(f *fleet.Fleet, cfg Config, client *http.Client, logger *slog.Logger) *Monitor {
+	if client == nil {
+		client = &http.Client{}
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Monitor{
+		fleet:    f,
+		cfg:      cfg.withDefaults(),
+		client:   client,
+		log:      logger,
+		watchers: map[*fleet.Backend]*watcher{},
+	}
+}
+
+// Run scrapes until ctx is done, then returns once every scrape loop has
+// stopped. Every interval it re-reads the fleet's snapshot, starting a loop
+// for each backend that appeared and stopping the loop of each that left.
+// A backend without a URL (the simulator's) is not scraped. When a loop
+// stops, its backend's engine state is withdrawn, since nothing will
+// refresh it any more.
+func (m *Monitor) Run(ctx context.Context) {
+	t := time.NewTicker(m.cfg.Interval)
+	defer t.Stop()
+	for {
+		m.sync(ctx)
+		select {
+		case <-ctx.Done():
+			m.stopAll()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// sync starts and stops scrape loops to match the fleet's membership.
+func (m *Monitor) sync(ctx context.Context) {
+	snap := m.fleet.Snapshot()
+	present := make(map[*fleet.Backend]bool, len(snap.All))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, b := range snap.All {
+		if b == nil || b.URL == nil {
+			continue
+		}
+		present[b] = true
+		if _, ok := m.watchers[b]; ok {
+			continue
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		w := &watcher{b: b, kind: m.cfg.Kinds[b.ID], cancel: cancel, done: make(chan struct{})}
+		m.watchers[b] = w
+		go m.loop(wctx, w)
+	}
+	for b, w := range m.watchers {
+		if !present[b] {
+			w.cancel()
+			<-w.done
+			delete(m.watchers, b)
+		}
+	}
+}
+
+func (m *Monitor) stopAll() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, w := range m.watchers {
+		w.cancel()
+	}
+	for b, w := range m.watchers {
+		<-w.done
+		delete(m.watchers, b)
+	}
+}
+
+// jitter is the random delay before a loop's first scrape, so that the
+// scrapes of a large fleet spread over the interval instead of arriving
+// together. Stubbed in tests.
+var jitter = func(d time.Duration) time.Duration { return rand.N(d) }
+
+// loop scrapes one backend every interval until ctx is done.
+func (m *Monitor) loop(ctx context.Context, w *watcher) {
+	defer close(w.done)
+	defer w.b.SetEngine(nil)
+	if w.kind != adapter.Unknown {
+		m.log.Info("engine kind configured", "backend", w.b.Name, "kind", string(w.kind))
+	}
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(jitter(m.cfg.Interval)):
+	}
+	t := time.NewTicker(m.cfg.Interval)
+	defer t.Stop()
+	for {
+		m.scrapeOnce(ctx, w)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// scrapeOnce takes one reading of w's backend and publishes it, or, on
+// failure, ages the last one and withdraws it once stale.
+func (m *Monitor) scrapeOnce(ctx context.Context, w *watcher) {
+	sctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
+	st, err := m.read(sctx, w)
+	cancel()
+	if ctx.Err() != nil {
+		return // shutting down: not the engine's failure
+	}
+	now := time.Now()
+	if err != nil {
+		w.errors.Add(1)
+		w.failures++
+		if !w.failing {
+			m.log.Warn("engine scrape failing", "backend", w.b.Name, "err", err)
+		}
+		w.failing = true
+		if e := w.b.Engine(); e != nil && now.Sub(e.At) > m.cfg.StaleAge() {
+			w.b.SetEngine(nil)
+		}
+		return
+	}
+	if w.failing {
+		m.log.Info("engine scrape recovered", "backend", w.b.Name, "failures", w.failures,
+			"last_ok", w.lastOK)
+	}
+	w.failing, w.failures, w.lastOK = false, 0, now
+
+	if w.detected != st.Kind {
+		if w.kind == adapter.Unknown {
+			m.log.Info("engine kind detected", "backend", w.b.Name, "kind", string(st.Kind))
+		}
+		w.detected = st.Kind
+	}
+	// Fields the engine does not expose (-1) read as 0: no queue we know
+	// of, no usage we know of.
+	e := &fleet.EngineState{At: now}
+	e.Running = int(max(st.Running, 0))
+	e.Waiting = int(max(st.Waiting, 0))
+	e.KVUsage = min(max(st.KVUsage, 0), 1)
+	if st.NumGPUBlocks > 0 {
+		e.KVBlocks = st.NumGPUBlocks
+	}
+	w.b.SetEngine(e)
+
+	if st.BlockSize > 0 && st.NumGPUBlocks > 0 && m.cfg.SetCapacity != nil {
+		blocks := int(int64(st.NumGPUBlocks) * int64(st.BlockSize) * request.BytesPerToken / int64(m.cfg.BlockChars))
+		if blocks > 0 && blocks != w.capBlocks {
+			w.capBlocks = blocks
+			m.cfg.SetCapacity(w.b.ID, blocks)
+			m.log.Info("prefix index capacity from engine", "backend", w.b.Name,
+				"num_gpu_blocks", st.NumGPUBlocks, "block_size", st.BlockSize, "router_blocks", blocks)
+		}
+	}
+}
+
+// read fetches and parses one reading. The kind parsed is the configured
+// one, else the one detected before, else detection runs again.
+//
+// llama.cpp: /metrics exists only with --metrics and gives processing and
+// deferred requests; /slots gives the busy slots. /slots is read when the
+// metrics give no running count, or when /metrics fails on a backend that
+// is, or may be, a llama.cpp server (a llama.cpp server without --metrics
+// is detected by its /slots).
+func (m *Monitor) read(ctx context.Context, w *watcher) (adapter.State, error) {
+	kind := w.kind
+	if kind == adapter.Unknown {
+		kind = w.detected
+	}
+	body, err := m.get(ctx, w.b.URL, "/metrics")
+	var st adapter.State
+	if err == nil {
+		st, err = adapter.ParseMetrics(bytes.NewReader(body), kind)
+		if err != nil && w.kind == adapter.Unknown && kind != adapter.Unknown {
+			// The engine behind the URL may have been replaced by another
+			// kind: detect afresh.
+			st, err = adapter.ParseMetrics(bytes.NewReader(body), adapter.Unknown)
+		}
+	}
+	if err == nil && (st.Kind != adapter.LlamaCpp || st.Running >= 0) {
+		return st, nil
+	}
+	if kind != adapter.Unknown && kind != adapter.LlamaCpp {
+		return adapter.State{}, err
+	}
+	sbody, serr := m.get(ctx, w.b.URL, "/slots")
+	if serr != nil {
+		if err == nil {
+			return st, nil // metrics without a running count still count
+		}
+		return adapter.State{}, errors.Join(err, serr)
+	}
+	slots, serr := adapter.ParseSlots(bytes.NewReader(sbody))
+	if serr != nil {
+		if err == nil {
+			return st, nil
+		}
+		return adapter.State{}, errors.Join(err, serr)
+	}
+	if err != nil { // no usable metrics: the slots alone
+		st = adapter.State{Kind: adapter.LlamaCpp, Waiting: -1, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1}
+	}
+	st.Running = float64(slots.Processing)
+	return st, nil
+}
+
+// get fetches base+path and returns its body, refusing a non-200 status
+// and a body over the limit.
+func (m *Monitor) get(ctx context.Context, base *url.URL, path string) ([]byte, error) {
+	u := base.JoinPath(path).String()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", u, err)
+	}
+	resp, err := m.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", u, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10)) // let the connection be reused
+		return nil, fmt.Errorf("scrape %s: status %s", u, resp.Status)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, m.cfg.MaxBodyBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: read body: %w", u, err)
+	}
+	if int64(len(b)) > m.cfg.MaxBodyBytes {
+		return nil, fmt.Errorf("scrape %s: body larger than %d bytes", u, m.cfg.MaxBodyBytes)
+	}
+	return b, nil
+}
+
+// The metrics the monitor exports.
+var (
+	descErrors = prometheus.NewDesc("kvroute_engine_scrape_errors_total",
+		"Failed scrapes of a backend's engine metrics.", []string{"backend"}, nil)
+	descWaiting = prometheus.NewDesc("kvroute_engine_waiting",
+		"Requests waiting in the engine's queue, as it last reported (absent when stale).", []string{"backend"}, nil)
+	descRunning = prometheus.NewDesc("kvroute_engine_running",
+		"Requests running in the engine's batch, as it last reported (absent when stale).", []string{"backend"}, nil)
+	descKVUsage = prometheus.NewDesc("kvroute_engine_kv_usage",
+		"Engine KV cache usage 0..1, as it last reported (absent when stale).", []string{"backend"}, nil)
+)
+
+// Register registers the monitor's metrics on r.
+func (m *Monitor) Register(r prometheus.Registerer) error {
+	if err := r.Register(m); err != nil {
+		return fmt.Errorf("register engine monitor metrics: %w", err)
+	}
+	return nil
+}
+
+// Describe implements prometheus.Collector.
+func (m *Monitor) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descErrors
+	ch <- descWaiting
+	ch <- descRunning
+	ch <- descKVUsage
+}
+
+// Collect implements prometheus.Collector. The gauges are read off the
+// fleet at collection time, so they show exactly what the policies see.
+func (m *Monitor) Collect(ch chan<- prometheus.Metric) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for b, w := range m.watchers {
+		ch <- prometheus.MustNewConstMetric(descErrors, prometheus.CounterValue, float64(w.errors.Load()), b.Name)
+		if e := b.Engine(); e != nil {
+			ch <- prometheus.MustNewConstMetric(descWaiting, prometheus.GaugeValue, float64(e.Waiting), b.Name)
+			ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, float64(e.Running), b.Name)
+			ch <- prometheus.MustNewConstMetric(descKVUsage, prometheus.GaugeValue, e.KVUsage, b.Name)
+		}
+	}
+}
+
+var _ prometheus.Collector = (*Monitor)(nil)

@@ -1,0 +1,489 @@
+package monitor
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/internal/adapter"
+	"github.com/kvroute/kvroute/internal/fleet"
+)
+
+// engineServer is an in-process engine's metrics surface whose answers a
+// test changes while the monitor scrapes it.
+type engineServer struct {
+	*httptest.Server
+	metrics atomic.Pointer[string] // nil: 404
+	slots   atomic.Pointer[string] // nil: 404
+	status  atomic.Int32           // non-zero: every response has this status
+	hang    atomic.Bool            // answer nothing until the request is cancelled
+	hits    atomic.Int64
+}
+
+func newEngine(t *testing.T, metrics string) *engineServer {
+	t.Helper()
+	s := &engineServer{}
+	if metrics != "" {
+		s.setMetrics(metrics)
+	}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.hits.Add(1)
+		if s.hang.Load() {
+			<-r.Context().Done()
+			return
+		}
+		if c := s.status.Load(); c != 0 {
+			http.Error(w, "failing", int(c))
+			return
+		}
+		var body *string
+		switch r.URL.Path {
+		case "/metrics":
+			body = s.metrics.Load()
+		case "/slots":
+			body = s.slots.Load()
+		}
+		if body == nil {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprint(w, *body)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (s *engineServer) setMetrics(m string) { s.metrics.Store(&m) }
+func (s *engineServer) setSlots(m string)   { s.slots.Store(&m) }
+
+func fixture(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "adapter", "testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// vllmMetrics is a minimal vLLM v1 exposition.
+func vllmMetrics(running, waiting int, usage float64, blockSize, gpuBlocks int) string {
+	return fmt.Sprintf(`# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} %d
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} %d
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} %g
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="%d",engine="0",num_gpu_blocks="%d"} 1
+`, running, waiting, usage, blockSize, gpuBlocks)
+}
+
+// logBuffer collects log lines safely from concurrent loops.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), s)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// fastConfig scrapes every few milliseconds so that tests run quickly.
+func fastConfig() Config {
+	return Config{Interval: 5 * time.Millisecond, Timeout: 200 * time.Millisecond, StaleAfter: 4}
+}
+
+// start runs a monitor over backends at urls and stops it at cleanup,
+// failing the test if Run does not return promptly.
+func start(t *testing.T, cfg Config, urls ...string) (*fleet.Fleet, *Monitor, *logBuffer) {
+	t.Helper()
+	f := fleet.New()
+	for _, s := range urls {
+		u, err := url.Parse(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Add(u.Host, u, nil)
+	}
+	logs := &logBuffer{}
+	m := New(f, cfg, nil, slog.New(slog.NewTextHandler(logs, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { m.Run(ctx); close(done) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Error("Run did not return within 5s of cancel")
+		}
+	})
+	return f, m, logs
+}
+
+// waitFor polls cond until it holds or 5 s pass.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func TestScrapeFixtures(t *testing.T) {
+	slots := fixture(t, "slots.json") // 2 of 3 slots processing
+	tests := []struct {
+		name    string
+		metrics string // fixture file, or "" for no /metrics
+		inline  string // inline exposition instead of a fixture
+		slots   bool
+		kind    adapter.Kind
+		want    fleet.EngineState // At ignored
+	}{
+		{name: "vllm auto", metrics: "vllm.prom", want: fleet.EngineState{Running: 12, Waiting: 5, KVUsage: 0.42, KVBlocks: 27000}},
+		{name: "vllm explicit", metrics: "vllm.prom", kind: adapter.VLLM, want: fleet.EngineState{Running: 12, Waiting: 5, KVUsage: 0.42, KVBlocks: 27000}},
+		{name: "vllm v0 names", metrics: "vllm_v0.prom", want: fleet.EngineState{Running: 3, Waiting: 0, KVUsage: 0.9}},
+		{name: "sglang auto", metrics: "sglang.prom", want: fleet.EngineState{Running: 7, Waiting: 2, KVUsage: 0.28}},
+		{name: "sglang explicit", metrics: "sglang.prom", kind: adapter.SGLang, want: fleet.EngineState{Running: 7, Waiting: 2, KVUsage: 0.28}},
+		{name: "llamacpp metrics", metrics: "llamacpp.prom", slots: true, want: fleet.EngineState{Running: 4, Waiting: 9}},
+		{name: "llamacpp deferred only plus slots", inline: "llamacpp:requests_deferred 9\n", slots: true, want: fleet.EngineState{Running: 2, Waiting: 9}},
+		{name: "llamacpp slots only auto", slots: true, want: fleet.EngineState{Running: 2}},
+		{name: "llamacpp slots only explicit", slots: true, kind: adapter.LlamaCpp, want: fleet.EngineState{Running: 2}},
+		{name: "tgi auto", metrics: "tgi.prom", want: fleet.EngineState{Running: 32, Waiting: 6}},
+		{name: "tgi explicit", metrics: "tgi.prom", kind: adapter.TGI, want: fleet.EngineState{Running: 32, Waiting: 6}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			text := tt.inline
+			if tt.metrics != "" {
+				text = fixture(t, tt.metrics)
+			}
+			srv := newEngine(t, text)
+			if tt.slots {
+				srv.setSlots(slots)
+			}
+			cfg := fastConfig()
+			cfg.Kinds = map[int]adapter.Kind{0: tt.kind}
+			before := time.Now()
+			f, _, logs := start(t, cfg, srv.URL)
+			b := f.Snapshot().All[0]
+			waitFor(t, "engine state", func() bool { return b.Engine() != nil })
+			got := *b.Engine()
+			if got.At.Before(before) || got.At.After(time.Now()) {
+				t.Errorf("At = %v, not within the test", got.At)
+			}
+			got.At = time.Time{}
+			if got != tt.want {
+				t.Fatalf("engine state %+v, want %+v", got, tt.want)
+			}
+			if tt.kind == adapter.Unknown {
+				if n := logs.count("engine kind detected"); n != 1 {
+					t.Errorf("%d detection log lines, want 1:\n%s", n, logs)
+				}
+			} else if n := logs.count("engine kind configured"); n != 1 {
+				t.Errorf("%d configured-kind log lines, want 1:\n%s", n, logs)
+			}
+		})
+	}
+}
+
+func TestWrongKindOrNoEngine(t *testing.T) {
+	tests := []struct {
+		name    string
+		metrics string
+		kind    adapter.Kind
+	}{
+		{"configured sglang serves vllm", fixture(t, "vllm.prom"), adapter.SGLang},
+		{"configured vllm serves tgi", fixture(t, "tgi.prom"), adapter.VLLM},
+		{"configured llamacpp without metrics or slots", "", adapter.LlamaCpp},
+		{"no engine metrics", "# TYPE go_goroutines gauge\ngo_goroutines 5\n", adapter.Unknown},
+		{"garbage", "this is { not prometheus", adapter.Unknown},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := newEngine(t, tt.metrics)
+			cfg := fastConfig()
+			cfg.Kinds = map[int]adapter.Kind{0: tt.kind}
+			f, m, logs := start(t, cfg, srv.URL)
+			waitFor(t, "several scrapes", func() bool { return scrapeErrors(t, m)[f.Snapshot().All[0].Name] >= 3 })
+			if e := f.Snapshot().All[0].Engine(); e != nil {
+				t.Fatalf("engine state %+v published from a wrong exposition", e)
+			}
+			if n := logs.count("engine scrape failing"); n != 1 {
+				t.Errorf("%d failing log lines over several failures, want 1:\n%s", n, logs)
+			}
+		})
+	}
+}
+
+// scrapeErrors gathers kvroute_engine_scrape_errors_total by backend.
+func scrapeErrors(t *testing.T, m *Monitor) map[string]float64 {
+	t.Helper()
+	return gather(t, m)["kvroute_engine_scrape_errors_total"]
+}
+
+// gather collects m's metrics through a registry: family -> backend -> value.
+func gather(t *testing.T, m *Monitor) map[string]map[string]float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	if err := m.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]map[string]float64{}
+	for _, f := range fams {
+		out[f.GetName()] = map[string]float64{}
+		for _, mt := range f.Metric {
+			v := mt.GetGauge().GetValue()
+			if mt.Counter != nil {
+				v = mt.Counter.GetValue()
+			}
+			out[f.GetName()][mt.Label[0].GetValue()] = v
+		}
+	}
+	return out
+}
+
+func TestStaleAndRecovery(t *testing.T) {
+	srv := newEngine(t, vllmMetrics(1, 7, 0.5, 16, 1000))
+	cfg := fastConfig()
+	f, m, logs := start(t, cfg, srv.URL)
+	b := f.Snapshot().All[0]
+	waitFor(t, "engine state", func() bool { return b.Engine() != nil })
+	if g := gather(t, m); g["kvroute_engine_waiting"][b.Name] != 7 || g["kvroute_engine_kv_usage"][b.Name] != 0.5 {
+		t.Fatalf("gauges %v, want waiting 7 and kv usage 0.5", g)
+	}
+
+	srv.status.Store(http.StatusInternalServerError)
+	failedAt := time.Now()
+	last := b.Engine()
+	waitFor(t, "a failed scrape", func() bool { return scrapeErrors(t, m)[b.Name] > 0 })
+	// A failed scrape must not refresh the reading.
+	if e := b.Engine(); e != nil && e.At.After(failedAt) {
+		t.Fatalf("reading taken at %v after the engine started failing at %v", e.At, failedAt)
+	}
+	waitFor(t, "stale reading withdrawn", func() bool { return b.Engine() == nil })
+	if age := time.Since(last.At); age < cfg.StaleAge() {
+		t.Fatalf("reading withdrawn %v after it was taken, before the stale age %v", age, cfg.StaleAge())
+	}
+	if g := gather(t, m); len(g["kvroute_engine_waiting"]) != 0 {
+		t.Fatalf("stale gauges still exported: %v", g["kvroute_engine_waiting"])
+	}
+	// Many failures, one log line.
+	waitFor(t, "more failures", func() bool { return scrapeErrors(t, m)[b.Name] >= 10 })
+	if n := logs.count("engine scrape failing"); n != 1 {
+		t.Fatalf("%d failing log lines, want 1:\n%s", n, logs)
+	}
+
+	srv.status.Store(0)
+	waitFor(t, "recovered reading", func() bool { return b.Engine() != nil })
+	time.Sleep(10 * cfg.Interval)
+	if n := logs.count("engine scrape recovered"); n != 1 {
+		t.Fatalf("%d recovered log lines, want 1:\n%s", n, logs)
+	}
+	if n := logs.count("engine kind detected"); n != 1 {
+		t.Fatalf("kind detected %d times across an outage, want once:\n%s", n, logs)
+	}
+}
+
+func TestTimeoutGoesStale(t *testing.T) {
+	srv := newEngine(t, vllmMetrics(0, 3, 0.1, 16, 1000))
+	cfg := fastConfig()
+	cfg.Timeout = 20 * time.Millisecond
+	f, m, _ := start(t, cfg, srv.URL)
+	b := f.Snapshot().All[0]
+	waitFor(t, "engine state", func() bool { return b.Engine() != nil })
+	srv.hang.Store(true)
+	waitFor(t, "stale reading withdrawn", func() bool { return b.Engine() == nil })
+	if scrapeErrors(t, m)[b.Name] == 0 {
+		t.Fatal("timed-out scrapes not counted as errors")
+	}
+}
+
+func TestBodyLimit(t *testing.T) {
+	big := fixture(t, "vllm.prom") + "# " + strings.Repeat("x", 4096) + "\n"
+	srv := newEngine(t, big)
+	cfg := fastConfig()
+	cfg.MaxBodyBytes = 2048
+	f, m, logs := start(t, cfg, srv.URL)
+	b := f.Snapshot().All[0]
+	waitFor(t, "failed scrapes", func() bool { return scrapeErrors(t, m)[b.Name] >= 2 })
+	if b.Engine() != nil {
+		t.Fatal("reading published from an oversized body")
+	}
+	if !strings.Contains(logs.String(), "larger than 2048 bytes") {
+		t.Fatalf("log does not name the limit:\n%s", logs)
+	}
+}
+
+func TestCapacityFromCacheConfig(t *testing.T) {
+	srv := newEngine(t, vllmMetrics(0, 0, 0, 16, 27000))
+	var mu sync.Mutex
+	var calls [][2]int
+	cfg := fastConfig()
+	cfg.BlockChars = 128
+	cfg.SetCapacity = func(id, blocks int) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, [2]int{id, blocks})
+	}
+	got := func() [][2]int {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([][2]int(nil), calls...)
+	}
+	f, m, _ := start(t, cfg, srv.URL)
+	b := f.Snapshot().All[0]
+	waitFor(t, "capacity", func() bool { return len(got()) > 0 })
+	// 27000 engine blocks of 16 tokens, 4 bytes a token, 128-character
+	// router blocks.
+	want := 27000 * 16 * 4 / 128
+	hits := srv.hits.Load()
+	waitFor(t, "more scrapes", func() bool { return srv.hits.Load() >= hits+5 })
+	if c := got(); len(c) != 1 || c[0] != [2]int{b.ID, want} {
+		t.Fatalf("SetCapacity calls %v, want one call (%d, %d)", c, b.ID, want)
+	}
+	if e := b.Engine(); e == nil || e.KVBlocks != 27000 {
+		t.Fatalf("engine state %+v, want KVBlocks 27000", e)
+	}
+	// An engine restarted with a different cache size updates it once.
+	srv.setMetrics(vllmMetrics(0, 0, 0, 32, 1000))
+	waitFor(t, "new capacity", func() bool { return len(got()) == 2 })
+	if c := got(); c[1] != [2]int{b.ID, 1000 * 32 * 4 / 128} {
+		t.Fatalf("second SetCapacity call %v", c[1])
+	}
+	_ = m
+}
+
+func TestBackendsAddedLaterAndShutdown(t *testing.T) {
+	a := newEngine(t, vllmMetrics(1, 0, 0, 16, 100))
+	bsrv := newEngine(t, fixture(t, "sglang.prom"))
+	f := fleet.New()
+	ua, _ := url.Parse(a.URL)
+	f.Add("a", ua, nil)
+	f.Add("sim", nil, nil) // no URL: never scraped
+	m := New(f, fastConfig(), nil, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { m.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	snap := f.Snapshot()
+	waitFor(t, "first backend", func() bool { return snap.All[0].Engine() != nil })
+	ub, _ := url.Parse(bsrv.URL)
+	late := f.Add("b", ub, nil)
+	waitFor(t, "backend added later", func() bool { return late.Engine() != nil })
+	if e := late.Engine(); e.Running != 7 || e.Waiting != 2 {
+		t.Fatalf("late backend state %+v, want SGLang fixture's 7 running 2 waiting", e)
+	}
+	if snap.All[1].Engine() != nil {
+		t.Fatal("a backend without URL got engine state")
+	}
+
+	cancel()
+	start := time.Now()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Run took %v to stop", d)
+	}
+	for _, b := range f.Snapshot().All {
+		if b.Engine() != nil {
+			t.Errorf("backend %s keeps engine state after the monitor stopped", b.Name)
+		}
+	}
+}
+
+// TestConcurrent runs many fast loops while readers read engine states and
+// collect metrics; it is meant for -race.
+func TestConcurrent(t *testing.T) {
+	var urls []string
+	for i := range 8 {
+		srv := newEngine(t, vllmMetrics(i, i, float64(i)/10, 16, 1000+i))
+		urls = append(urls, srv.URL)
+		if i%3 == 0 {
+			srv.status.Store(http.StatusServiceUnavailable)
+		}
+	}
+	cfg := fastConfig()
+	cfg.Interval = time.Millisecond
+	var capCalls atomic.Int64
+	cfg.SetCapacity = func(int, int) { capCalls.Add(1) }
+	f, m, _ := start(t, cfg, urls...)
+	stop := time.Now().Add(300 * time.Millisecond)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for time.Now().Before(stop) {
+				for _, b := range f.Snapshot().All {
+					if e := b.Engine(); e != nil && (e.Waiting != b.ID || e.KVBlocks != 1000+b.ID) {
+						t.Errorf("backend %d: state %+v of another backend", b.ID, e)
+						return
+					}
+				}
+				gather(t, m)
+			}
+		})
+	}
+	wg.Wait()
+	for _, b := range f.Snapshot().All {
+		if up := b.ID%3 != 0; up != (b.Engine() != nil) {
+			t.Errorf("backend %d: engine state %v, serving %v", b.ID, b.Engine(), up)
+		}
+	}
+	if n := capCalls.Load(); n != 5 {
+		t.Errorf("%d capacity calls, want one per healthy backend (5)", n)
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	c := Config{}.withDefaults()
+	if c.Interval != DefaultInterval || c.Timeout != DefaultTimeout || c.StaleAfter != DefaultStaleAfter ||
+		c.MaxBodyBytes != DefaultMaxBodyBytes || c.BlockChars <= 0 {
+		t.Fatalf("defaults %+v", c)
+	}
+	if got := (Config{}).StaleAge(); got != DefaultStaleAfter*DefaultInterval {
+		t.Fatalf("StaleAge %v", got)
+	}
+	if got := (Config{Interval: time.Second, StaleAfter: 2}).StaleAge(); got != 2*time.Second {
+		t.Fatalf("StaleAge %v", got)
+	}
+}
