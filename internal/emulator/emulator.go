@@ -52,6 +52,11 @@ type Server struct {
 	// requests while the driver steps it.
 	mu  sync.Mutex
 	eng *engine.Engine
+	// lastAdd is the emulated time of the latest Add.
+	lastAdd time.Duration
+	// maxCatchUp bounds how far back in emulated time a late step may
+	// start (see drive).
+	maxCatchUp time.Duration
 	// sink buffers the events of the step in flight until the emulated
 	// clock reaches the step's end.
 	sink sink
@@ -66,9 +71,11 @@ type Server struct {
 	// steps: the measure of whether the emulator keeps up with the
 	// clock it emulates.
 	steps, lagSum, lagMax atomic.Int64
-	reg                   *prometheus.Registry
-	ttft                  prometheus.Observer
-	handler               http.Handler
+	// slip is the emulated time lost between consecutive busy steps.
+	slip    atomic.Int64
+	reg     *prometheus.Registry
+	ttft    prometheus.Observer
+	handler http.Handler
 }
 
 // New builds a Server and starts its driver; Close stops it.
@@ -92,6 +99,7 @@ func New(cfg Config) (*Server, error) {
 		driverEnd: make(chan struct{}),
 	}
 	s.preset = s.eng.Preset()
+	s.maxCatchUp = time.Duration(float64(MaxCatchUp) * s.scale)
 	if s.model == "" {
 		s.model = cfg.Preset.Model
 	}
@@ -133,15 +141,29 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// Lag reports how many steps the driver has run and, in real time, how
-// late it delivered them on average and at worst: near zero when the
-// machine keeps up with the emulated clock.
-func (s *Server) Lag() (steps int64, mean, worst time.Duration) {
-	n := s.steps.Load()
-	if n == 0 {
-		return 0, 0, 0
+// MaxCatchUp is how far behind the real clock, in real time, the driver
+// may start a step to make up for waking late.
+const MaxCatchUp = 50 * time.Millisecond
+
+// DriverStats say how well the driver keeps up with the emulated clock.
+type DriverStats struct {
+	// Steps is the number of steps run.
+	Steps int64
+	// MeanLate and WorstLate are how late, in real time, the driver
+	// delivered steps' tokens after their scheduled end.
+	MeanLate, WorstLate time.Duration
+	// Slip is the emulated time lost between busy steps (the engine
+	// model has none): near zero when the machine keeps up.
+	Slip time.Duration
+}
+
+// Driver reports how well the driver keeps up with the emulated clock.
+func (s *Server) Driver() DriverStats {
+	st := DriverStats{Steps: s.steps.Load(), WorstLate: time.Duration(s.lagMax.Load()), Slip: time.Duration(s.slip.Load())}
+	if st.Steps > 0 {
+		st.MeanLate = time.Duration(s.lagSum.Load() / st.Steps)
 	}
-	return n, time.Duration(s.lagSum.Load() / n), time.Duration(s.lagMax.Load())
+	return st
 }
 
 // now is the emulated clock: real time since start, times the scale.
@@ -210,18 +232,39 @@ func (s *Server) drive() {
 	defer close(s.driverEnd)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	// prevEnd is the emulated end of the previous step while the engine
+	// stays busy, -1 after it went idle.
+	prevEnd := time.Duration(-1)
 	for {
 		s.mu.Lock()
 		idle := s.eng.Idle()
 		var d, end time.Duration
 		if !idle {
 			now := s.now()
+			if prevEnd >= 0 {
+				// A GPU starts its next step when the last one ends, not
+				// when the host got around to it: when the driver woke
+				// late, the step starts back at prevEnd, so that host
+				// jitter delays delivery without slowing the emulated
+				// engine down. It never starts before a request that is
+				// already queued arrived, nor further back than
+				// maxCatchUp (a stalled process resynchronises).
+				start := max(prevEnd, s.lastAdd, now-s.maxCatchUp)
+				if start < now {
+					s.slip.Add(int64(start - prevEnd))
+					now = start
+				} else {
+					s.slip.Add(int64(now - prevEnd))
+				}
+			}
 			d = s.eng.Step(now, &s.sink)
 			end = now + d
+			prevEnd = end
 		}
 		s.mu.Unlock()
 
 		if idle || d == 0 {
+			prevEnd = -1
 			// Nothing runnable: only a new request (or an abort that frees
 			// room) can change that.
 			if len(s.sink.buf) > 0 {
@@ -285,7 +328,8 @@ func (s *Server) deliver() {
 // add queues a request in the engine and wakes the driver.
 func (s *Server) add(p *pending) error {
 	s.mu.Lock()
-	err := s.eng.Add(&p.r, s.now())
+	s.lastAdd = s.now()
+	err := s.eng.Add(&p.r, s.lastAdd)
 	s.mu.Unlock()
 	if err != nil {
 		return err

@@ -93,13 +93,18 @@ func TestLoadManyStreams(t *testing.T) {
 	t.Logf("%d engines, %d streams, %v: %d requests, %d failed, %.0f tokens/s, process CPU %.2f cores",
 		engines, streams, wall.Round(time.Millisecond), done.Load(), failed.Load(), float64(tokens.Load())/wall.Seconds(), cpu.Seconds()/wall.Seconds())
 	var steps int64
-	var lag time.Duration
+	var lag, slip, busy time.Duration
 	for i, s := range servers {
-		n, mean, worst := s.Lag()
-		t.Logf("engine %d: %d steps, delivered late by %v on average, %v at worst", i, n, mean, worst)
-		steps += n
-		lag += time.Duration(n) * mean
+		d := s.Driver()
+		st := s.Stats()
+		t.Logf("engine %d: %d steps, delivered late by %v on average, %v at worst; clock slip %v over %v busy",
+			i, d.Steps, d.MeanLate, d.WorstLate, d.Slip, st.BusyTime)
+		steps += d.Steps
+		lag += time.Duration(d.Steps) * d.MeanLate
+		slip += d.Slip
+		busy += st.BusyTime
 	}
+	t.Logf("all engines: clock slip %.2f%% of busy time", 100*slip.Seconds()/busy.Seconds())
 	if failed.Load() > 0 || done.Load() == 0 {
 		t.Errorf("%d requests failed, %d completed", failed.Load(), done.Load())
 	}
