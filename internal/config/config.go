@@ -24,6 +24,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/kvroute/kvroute/internal/adapter"
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/prefix"
 )
@@ -52,6 +53,8 @@ type Config struct {
 	Retry Retry `yaml:"retry"`
 	// Upstream tunes connections to the backends.
 	Upstream Upstream `yaml:"upstream"`
+	// Engines tunes the reading of the engines' own load from their metrics.
+	Engines Engines `yaml:"engines"`
 	// Log tunes the router's own log.
 	Log Log `yaml:"log"`
 	// ShutdownGrace is how long, on SIGTERM or SIGINT, the router lets
@@ -83,6 +86,10 @@ type Backend struct {
 	// at startup (when discover_models is on), and serve any model if that
 	// fails.
 	Models []string `yaml:"models"`
+	// Kind is the engine behind the URL, which says how to read its
+	// metrics: vllm, sglang, llamacpp, tgi, or auto (detect it from what
+	// its /metrics exposes, or a llama.cpp server's /slots). Default auto.
+	Kind string `yaml:"kind"`
 }
 
 // Session says where the session (conversation) key comes from.
@@ -156,6 +163,25 @@ type Upstream struct {
 	DiscoverModels bool `yaml:"discover_models"`
 }
 
+// Engines tunes the scraping of each backend's /metrics (and llama.cpp's
+// /slots), whose queue, batch and KV cache figures the policies combine
+// with the router's own accounting.
+type Engines struct {
+	// Enabled turns scraping on. Turn it off for servers that expose no
+	// engine metrics. Default true.
+	Enabled bool `yaml:"enabled"`
+	// Interval between two scrapes of one backend. It must be below 3s,
+	// the age beyond which the kvroute policy ignores a report. Default
+	// 250ms.
+	Interval time.Duration `yaml:"interval"`
+	// Timeout of one scrape. Default 1s.
+	Timeout time.Duration `yaml:"timeout"`
+	// StaleAfter is how many intervals a backend's last report is still
+	// used while its scrapes fail; after that the policies fall back to
+	// the router's own accounting for it. Default 4.
+	StaleAfter int `yaml:"stale_after"`
+}
+
 // Log tunes the router's log.
 type Log struct {
 	// Level is debug, info, warn or error. Default info. Per-request lines
@@ -178,6 +204,9 @@ const (
 	DefaultConnectTimeout = 5 * time.Second
 	DefaultHeaderTimeout  = 10 * time.Minute
 	DefaultShutdownGrace  = 30 * time.Second
+	DefaultEngineInterval = 250 * time.Millisecond
+	DefaultEngineTimeout  = time.Second
+	DefaultEngineStale    = 4
 )
 
 // Default returns the configuration with every default set and no
@@ -193,6 +222,7 @@ func Default() *Config {
 		Health:        Health{Interval: DefaultHealthInterval, Timeout: DefaultHealthTimeout, Path: DefaultHealthPath, EjectAfter: DefaultEjectAfter},
 		Retry:         Retry{Attempts: DefaultRetryAttempts},
 		Upstream:      Upstream{ConnectTimeout: DefaultConnectTimeout, ResponseHeaderTimeout: DefaultHeaderTimeout, DiscoverModels: true},
+		Engines:       Engines{Enabled: true, Interval: DefaultEngineInterval, Timeout: DefaultEngineTimeout, StaleAfter: DefaultEngineStale},
 		Log:           Log{Level: "info", Format: "text"},
 		ShutdownGrace: DefaultShutdownGrace,
 	}
@@ -309,6 +339,9 @@ func (c *Config) Validate() error {
 			bad("backends[%d].name: %q is also the name of backends[%d]", i, b.Name, j)
 		}
 		names[b.Name] = i
+		if _, err := adapter.ParseKind(b.Kind); err != nil {
+			bad("backends[%d].kind: %v", i, err)
+		}
 		for k, m := range b.Models {
 			if m == "" {
 				bad("backends[%d].models[%d]: empty model name", i, k)
@@ -344,6 +377,15 @@ func (c *Config) Validate() error {
 	}
 	if c.Upstream.ResponseHeaderTimeout < 0 {
 		bad("upstream.response_header_timeout: %v must not be negative", c.Upstream.ResponseHeaderTimeout)
+	}
+	if c.Engines.Interval <= 0 || c.Engines.Interval >= policy.EngineStateMaxAge {
+		bad("engines.interval: %v must be positive and below %v (the kvroute policy ignores older engine reports)", c.Engines.Interval, policy.EngineStateMaxAge)
+	}
+	if c.Engines.Timeout <= 0 {
+		bad("engines.timeout: %v must be positive", c.Engines.Timeout)
+	}
+	if c.Engines.StaleAfter < 1 {
+		bad("engines.stale_after: %d must be at least 1", c.Engines.StaleAfter)
 	}
 	if c.ShutdownGrace < 0 {
 		bad("shutdown_grace: %v must not be negative", c.ShutdownGrace)

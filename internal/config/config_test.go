@@ -46,6 +46,11 @@ func TestDefaults(t *testing.T) {
 		{"log.format", c.Log.Format, "text"},
 		{"shutdown_grace", c.ShutdownGrace, 30 * time.Second},
 		{"backends[0].name", c.Backends[0].Name, "127.0.0.1:9000"},
+		{"backends[0].kind", c.Backends[0].Kind, ""},
+		{"engines.enabled", c.Engines.Enabled, true},
+		{"engines.interval", c.Engines.Interval, 250 * time.Millisecond},
+		{"engines.timeout", c.Engines.Timeout, time.Second},
+		{"engines.stale_after", c.Engines.StaleAfter, 4},
 	}
 	for _, ch := range checks {
 		if ch.got != ch.want {
@@ -62,6 +67,8 @@ backends:
   - url: http://a:8000/
     name: gpu-a
     models: [llama]
+    kind: sglang
+engines: {enabled: false, interval: 100ms, timeout: 300ms, stale_after: 2}
 session: {header: X-Conv, body_field: user}
 limits: {max_body_bytes: 1MiB}
 prefix: {block_chars: 32, capacity_blocks: 500}
@@ -80,7 +87,9 @@ shutdown_grace: 3s
 		c.Health.Interval != time.Second || c.Health.Timeout != 500*time.Millisecond || c.Health.Path != "/ping" ||
 		c.Health.EjectAfter != 5 || c.Retry.Attempts != 0 || c.Upstream.ConnectTimeout != time.Second ||
 		c.Upstream.ResponseHeaderTimeout != 0 || c.Upstream.DiscoverModels || c.Log.Level != "debug" ||
-		c.Log.Format != "json" || c.ShutdownGrace != 3*time.Second {
+		c.Log.Format != "json" || c.ShutdownGrace != 3*time.Second || c.Backends[0].Kind != "sglang" ||
+		c.Engines.Enabled || c.Engines.Interval != 100*time.Millisecond || c.Engines.Timeout != 300*time.Millisecond ||
+		c.Engines.StaleAfter != 2 {
 		t.Errorf("values not decoded as written: %+v", c)
 	}
 }
@@ -136,6 +145,11 @@ func TestValidateErrors(t *testing.T) {
 		{"negative retry", "retry: {attempts: -1}\nbackends: [{url: 'http://a:1'}]", "retry.attempts"},
 		{"bad level", "log: {level: loud}\nbackends: [{url: 'http://a:1'}]", "log.level"},
 		{"bad format", "log: {format: xml}\nbackends: [{url: 'http://a:1'}]", "log.format"},
+		{"unknown engine kind", "backends: [{url: 'http://a:1', kind: triton}]", "backends[0].kind: unknown engine kind \"triton\""},
+		{"zero engine interval", "engines: {interval: 0s}\nbackends: [{url: 'http://a:1'}]", "engines.interval"},
+		{"engine interval beyond report age", "engines: {interval: 5s}\nbackends: [{url: 'http://a:1'}]", "engines.interval: 5s must be positive and below 3s"},
+		{"zero engine timeout", "engines: {timeout: 0s}\nbackends: [{url: 'http://a:1'}]", "engines.timeout"},
+		{"zero stale_after", "engines: {stale_after: 0}\nbackends: [{url: 'http://a:1'}]", "engines.stale_after"},
 		{"low load factor", "policy_options: {load_factor: 0.5}\nbackends: [{url: 'http://a:1'}]", "load_factor"},
 	}
 	for _, tt := range tests {
