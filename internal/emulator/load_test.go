@@ -17,7 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/proxy"
 )
 
 // TestLoadManyStreams drives several engines with many concurrent
@@ -28,7 +30,9 @@ import (
 //	KVROUTE_LOAD=1 go test -run LoadManyStreams -cpuprofile /tmp/load.prof ./internal/emulator
 //	go tool pprof -tags /tmp/load.prof   # CPU by component label
 //
-// KVROUTE_LOAD_ENGINES, _STREAMS and _SECONDS change the shape (8, 500, 10).
+// KVROUTE_LOAD_ENGINES, _STREAMS and _SECONDS change the shape (8, 500, 10);
+// KVROUTE_LOAD_ROUTER=POLICY puts a kvroute router (component=router)
+// between the clients and the engines.
 func TestLoadManyStreams(t *testing.T) {
 	if os.Getenv("KVROUTE_LOAD") == "" {
 		t.Skip("set KVROUTE_LOAD=1 to run the load harness")
@@ -54,6 +58,30 @@ func TestLoadManyStreams(t *testing.T) {
 		}
 	})
 
+	targets := urls
+	if policy := os.Getenv("KVROUTE_LOAD_ROUTER"); policy != "" {
+		cc := config.Default()
+		cc.Listen = "127.0.0.1:0"
+		cc.Policy = policy
+		cc.Upstream.DiscoverModels = false
+		for i, u := range urls {
+			cc.Backends = append(cc.Backends, config.Backend{URL: u, Name: fmt.Sprintf("engine-%d", i)})
+		}
+		if err := cc.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		rt, err := proxy.New(cc, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pprof.Do(t.Context(), pprof.Labels("component", "router"), func(context.Context) {
+			if err := rt.Start(); err != nil {
+				t.Fatal(err)
+			}
+		})
+		t.Cleanup(func() { rt.Shutdown(context.Background()) })
+		targets = []string{"http://" + rt.Addr()}
+	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: streams, MaxConnsPerHost: 0}}
 	system := strings.Repeat("You are a helpful assistant with a long system prompt. ", 60)
 	var done, failed, tokens atomic.Int64
@@ -74,7 +102,7 @@ func TestLoadManyStreams(t *testing.T) {
 						},
 						"max_tokens": 128, "ignore_eos": true, "stream": true,
 					})
-					got, err := streamOnce(ctx, client, urls[(i+n)%len(urls)], body)
+					got, err := streamOnce(ctx, client, targets[(i+n)%len(targets)], body)
 					if err != nil {
 						failed.Add(1)
 						t.Logf("stream %d: %v", i, err)
