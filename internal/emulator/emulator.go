@@ -67,9 +67,8 @@ type Server struct {
 	closeOnce sync.Once
 
 	nextID atomic.Uint64
-	// lag is how late, in real time, the driver got around to delivering
-	// steps: the measure of whether the emulator keeps up with the
-	// clock it emulates.
+	// steps, lagSum and lagMax say how late, in real time, the driver got
+	// around to delivering steps (see DriverStats).
 	steps, lagSum, lagMax atomic.Int64
 	// slip is the emulated time lost between consecutive busy steps.
 	slip    atomic.Int64
@@ -99,13 +98,13 @@ func New(cfg Config) (*Server, error) {
 		driverEnd: make(chan struct{}),
 	}
 	s.preset = s.eng.Preset()
-	s.maxCatchUp = time.Duration(float64(MaxCatchUp) * s.scale)
 	if s.model == "" {
 		s.model = cfg.Preset.Model
 	}
 	if s.scale == 0 {
 		s.scale = 1
 	}
+	s.maxCatchUp = time.Duration(float64(MaxCatchUp) * s.scale)
 	if s.log == nil {
 		s.log = slog.Default()
 	}
