@@ -199,11 +199,6 @@ func benchMain(ctx context.Context, stdout, stderr io.Writer, f *benchFlags, opt
 	if n := run.Errors; n > 0 {
 		fmt.Fprintf(stderr, "%d requests failed; first error: %s\n", n, firstError(run.Samples))
 	}
-	if f.json != "" {
-		if err := writeReportJSON(f.json, rep); err != nil {
-			return err
-		}
-	}
 	if f.out != "" {
 		if err := os.MkdirAll(f.out, 0o755); err != nil {
 			return fmt.Errorf("--out: %w", err)
@@ -211,6 +206,11 @@ func benchMain(ctx context.Context, stdout, stderr io.Writer, f *benchFlags, opt
 		if err := writeSVGFile(filepath.Join(f.out, "ttft.svg"), func(w io.Writer) error {
 			return report.WriteTTFTChart(w, rep.Runs)
 		}); err != nil {
+			return err
+		}
+	}
+	if f.json != "" {
+		if err := writeReportJSON(f.json, rep); err != nil {
 			return err
 		}
 	}
