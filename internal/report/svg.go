@@ -14,11 +14,22 @@ import (
 // opens, with no plotting dependency.
 
 const (
-	svgW, svgH                    = 720, 440
-	padL, padR, padT, padB        = 70, 20, 40, 50
-	plotW, plotH                  = svgW - padL - padR, svgH - padT - padB
-	maxPointsPerLine              = 400
-	legendX, legendY, legendLineH = padL + 12, padT + 16, 18
+	svgW, svgH             = 720, 440
+	padL, padR, padT, padB = 70, 20, 40, 50
+	plotW, plotH           = svgW - padL - padR, svgH - padT - padB
+	maxPointsPerLine       = 400
+	legendLineH            = 18
+	legendW                = 170
+)
+
+// legendCorner places the legend where a chart's lines seldom are.
+type legendCorner int
+
+const (
+	// topLeft suits curves that rise to the right (p99 against load).
+	topLeft legendCorner = iota
+	// bottomRight suits CDFs, which are at 1 on the right.
+	bottomRight
 )
 
 // palette holds distinguishable line colours (Okabe-Ito).
@@ -100,7 +111,7 @@ type series struct {
 }
 
 // plot writes a chart with axes, grid, ticks, labels and a legend.
-func plot(w io.Writer, title, xlabel, ylabel string, xa, ya axis, lines []series) error {
+func plot(w io.Writer, title, xlabel, ylabel string, xa, ya axis, lines []series, corner legendCorner) error {
 	bw := bufio.NewWriter(w)
 	fmt.Fprintf(bw, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", svgW, svgH, svgW, svgH)
 	fmt.Fprintf(bw, `<rect width="%d" height="%d" fill="white"/>`+"\n", svgW, svgH)
@@ -118,6 +129,10 @@ func plot(w io.Writer, title, xlabel, ylabel string, xa, ya axis, lines []series
 	fmt.Fprintf(bw, `<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#333"/>`+"\n", padL, padT, plotW, plotH)
 	fmt.Fprintf(bw, `<text x="%d" y="%d" text-anchor="middle">%s</text>`+"\n", padL+plotW/2, svgH-12, html.EscapeString(xlabel))
 	fmt.Fprintf(bw, `<text transform="translate(16 %d) rotate(-90)" text-anchor="middle">%s</text>`+"\n", padT+plotH/2, html.EscapeString(ylabel))
+	legendX, legendY := padL+12, padT+16
+	if corner == bottomRight {
+		legendX, legendY = padL+plotW-legendW, padT+plotH-12-(len(lines)-1)*legendLineH
+	}
 	for i, s := range lines {
 		c := palette[i%len(palette)]
 		fmt.Fprintf(bw, `<polyline fill="none" stroke="%s" stroke-width="2" points="`, c)
@@ -173,7 +188,7 @@ func WriteTTFTChart(w io.Writer, runs []Run) error {
 	}
 	lo, hi = logRange(lo, hi)
 	return plot(w, "TTFT distribution", "time to first token (ms, log scale)", "fraction of requests",
-		axis{lo: lo, hi: hi, log: true, px: plotW}, axis{lo: 0, hi: 1, px: plotH}, lines)
+		axis{lo: lo, hi: hi, log: true, px: plotW}, axis{lo: 0, hi: 1, px: plotH}, lines, bottomRight)
 }
 
 // WriteSweepChart writes an SVG of p99 TTFT against offered load, one line
@@ -211,5 +226,5 @@ func WriteSweepChart(w io.Writer, points []SweepPoint) error {
 		lines = append(lines, s)
 	}
 	return plot(w, "p99 TTFT against offered load", "offered load (fraction of prefill capacity)", "p99 TTFT (ms, log scale)",
-		axis{lo: xlo, hi: xhi, px: plotW}, axis{lo: ylo, hi: yhi, log: true, px: plotH}, lines)
+		axis{lo: xlo, hi: xhi, px: plotW}, axis{lo: ylo, hi: yhi, log: true, px: plotH}, lines, topLeft)
 }
