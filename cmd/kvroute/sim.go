@@ -37,8 +37,8 @@ type fleetFlags struct {
 	jsonFile, out                       string
 }
 
-func (w *fleetFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&w.engines, "engines", "8", "engine count (with --preset), or a mix such as 4xh100-llama3-8b,4xa100-llama3-8b")
+func (w *fleetFlags) register(fs *flag.FlagSet, engines string) {
+	fs.StringVar(&w.engines, "engines", engines, "engine count (with --preset), or a mix such as 4xh100-llama3-8b,4xa100-llama3-8b")
 	fs.StringVar(&w.preset, "preset", "h100-llama3-8b", "engine preset when --engines is a count")
 	fs.StringVar(&w.workload, "workload", "", "built-in workload name or Mooncake-format trace file (required)")
 	fs.StringVar(&w.policies, "policies", "", "comma-separated routing policies (default: all)")
@@ -119,7 +119,7 @@ func parseSweepLoads(s string) ([]float64, error) {
 func runSim(args []string) int {
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
 	var w fleetFlags
-	w.register(fs)
+	w.register(fs, "8")
 	oracle := fs.Bool("oracle", false, "also compute the workload's bounds: infinite-cache hit rate and no-queue mean TTFT")
 	sweep := fs.String("sweep", "", "comma-separated loads (e.g. 0.3,0.5,0.7,0.9): run each and chart p99 TTFT against load")
 	parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "runs to simulate side by side (each run is single-threaded)")

@@ -165,9 +165,13 @@ func TestLoadAt(t *testing.T) {
 				t.Errorf("hand-computed offered load %g, want about %g (%d tokens over %.2fs)", got, tc.load, tokens, span)
 			}
 			if IsBuiltin(tc.name) {
-				// A synthetic workload keeps its duration rather than
-				// being squeezed into a burst.
-				if span < 15 || span > 22 {
+				// A synthetic workload keeps about its duration (the
+				// realisation at the new rate differs, and the final
+				// scaling absorbs that) rather than being squeezed: at
+				// the default rate chat offers these 4 engines less than
+				// a tenth of their capacity, so time scaling alone would
+				// leave it a burst of a second or two.
+				if span < 10 || span > 40 {
 					t.Errorf("synthetic workload spans %.1fs, want about 20s", span)
 				}
 			} else if len(reqs) != 50 {

@@ -1,0 +1,215 @@
+// Package compare runs kvroute's live side-by-side benchmark in process:
+// for each policy, a fresh set of emulated engines (package emulator) and
+// one router (package proxy) on loopback, and the load generator (package
+// bench) replaying the same workload against the router. The results come
+// back as one report.Report, in emulated time.
+//
+// It owns the wiring and the lifetime of those servers and the conversion
+// between wall-clock and emulated time; it must not contain any routing,
+// engine or measurement logic of its own.
+package compare
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/bench"
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/emulator"
+	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/report"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+// Config describes a comparison.
+type Config struct {
+	// Engines has one preset per emulated engine.
+	Engines []engine.Preset
+	// KVBlocks > 0 overrides every engine's KV cache capacity.
+	KVBlocks int
+	// TimeScale is emulated seconds per wall-clock second (see
+	// emulator.Config); 0 means 1. The workload's arrival times are in
+	// emulated time and are replayed TimeScale times faster, so the load
+	// the engines see is the load the workload offers.
+	TimeScale float64
+	// Policies are run one after the other, each on fresh engines.
+	Policies []string
+	// Seed seeds the policies' random choices.
+	Seed int64
+	// OfferedLoad is copied into every run (see sim.Offered).
+	OfferedLoad float64
+	// Progress, when not nil, receives the load generator's progress bar
+	// (see bench.Terminal) and one line per policy.
+	Progress io.Writer
+	// Logger receives the servers' logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Run replays reqs (arrival times in emulated time) once per policy and
+// returns the runs in policy order. Latencies, throughputs and durations in
+// the result are in emulated time: a wall-clock measurement times
+// TimeScale.
+func Run(ctx context.Context, reqs []workload.Request, cfg Config) (*report.Report, error) {
+	if len(cfg.Engines) == 0 {
+		return nil, errors.New("compare: no engines")
+	}
+	if len(cfg.Policies) == 0 {
+		return nil, errors.New("compare: no policies")
+	}
+	if cfg.TimeScale == 0 {
+		cfg.TimeScale = 1
+	}
+	if cfg.TimeScale < 0 {
+		return nil, fmt.Errorf("compare: time scale %g is negative", cfg.TimeScale)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	// The wall-clock schedule: the same requests, TimeScale times faster.
+	wall := make([]workload.Request, len(reqs))
+	copy(wall, reqs)
+	workload.ScaleTime(wall, 1/cfg.TimeScale)
+
+	rep := &report.Report{}
+	for _, p := range cfg.Policies {
+		run, err := runOne(ctx, wall, cfg, p)
+		if err != nil {
+			return nil, fmt.Errorf("compare: policy %s: %w", p, err)
+		}
+		run.OfferedLoad = cfg.OfferedLoad
+		rep.Runs = append(rep.Runs, run)
+		if cfg.Progress != nil {
+			fmt.Fprintf(cfg.Progress, "%s: %d completed, %d errors, mean TTFT %.1f ms, hit rate %.1f%%\n",
+				p, run.Completed, run.Errors, run.TTFT.Mean, 100*run.PrefixHitRate)
+		}
+	}
+	return rep, nil
+}
+
+// runOne starts fresh engines and a router with policy p, replays wall
+// (arrival times on the wall clock) through the router, stops everything
+// and returns the run in emulated time.
+func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string) (report.Run, error) {
+	var stack servers
+	defer stack.close()
+
+	cc := config.Default()
+	cc.Listen = "127.0.0.1:0"
+	cc.Policy = p
+	cc.PolicyOptions.Seed = cfg.Seed
+	cc.Upstream.DiscoverModels = false
+	kv := make([]int, len(cfg.Engines))
+	for i, pr := range cfg.Engines {
+		em, err := emulator.New(emulator.Config{
+			Preset: pr, KVBlocks: cfg.KVBlocks, TimeScale: cfg.TimeScale, Logger: cfg.Logger,
+		})
+		if err != nil {
+			return report.Run{}, fmt.Errorf("engine %d: %w", i, err)
+		}
+		stack.closers = append(stack.closers, em.Close)
+		url, err := stack.serve(em.Handler())
+		if err != nil {
+			return report.Run{}, fmt.Errorf("engine %d: %w", i, err)
+		}
+		kv[i] = em.Preset().KVBlocks
+		cc.Backends = append(cc.Backends, config.Backend{URL: url, Name: fmt.Sprintf("engine-%d", i)})
+	}
+	if err := cc.Validate(); err != nil {
+		return report.Run{}, fmt.Errorf("router config: %w", err)
+	}
+	rt, err := proxy.New(cc, cfg.Logger)
+	if err != nil {
+		return report.Run{}, fmt.Errorf("router: %w", err)
+	}
+	// The router's prefix index holds as much as each engine's KV cache,
+	// exactly as the simulator sets it: an engine block of BlockSize
+	// tokens is BlockSize*BytesPerToken characters of prompt.
+	for i := range kv {
+		chars := kv[i] * engine.BlockSize * engine.BytesPerToken
+		rt.Scheduler().Index().SetCapacity(i, chars/blockChars(cc))
+	}
+	if err := rt.Start(); err != nil {
+		return report.Run{}, fmt.Errorf("router: %w", err)
+	}
+	stack.closers = append(stack.closers, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return rt.Shutdown(ctx)
+	})
+
+	samples, elapsed, err := bench.Drive(ctx, bench.Config{
+		Target:   "http://" + rt.Addr(),
+		Model:    cfg.Engines[0].Model,
+		Requests: wall,
+		Policy:   p,
+		Progress: cfg.Progress,
+	})
+	if err != nil {
+		return report.Run{}, err
+	}
+	return report.Summarize(p, toEmulated(samples, cfg.TimeScale), scale(elapsed, cfg.TimeScale)), nil
+}
+
+func blockChars(c *config.Config) int {
+	if c.Prefix.BlockChars > 0 {
+		return c.Prefix.BlockChars
+	}
+	return prefix.DefaultBlockChars
+}
+
+// toEmulated converts wall-clock samples to emulated time in place.
+func toEmulated(samples []report.Sample, timeScale float64) []report.Sample {
+	for i := range samples {
+		s := &samples[i]
+		s.Start = scale(s.Start, timeScale)
+		s.TTFT = scale(s.TTFT, timeScale)
+		s.E2E = scale(s.E2E, timeScale)
+		for j := range s.ITL {
+			s.ITL[j] = scale(s.ITL[j], timeScale)
+		}
+	}
+	return samples
+}
+
+func scale(d time.Duration, f float64) time.Duration {
+	return time.Duration(float64(d) * f)
+}
+
+// servers are the loopback servers of one run, closed in reverse order.
+type servers struct {
+	closers []func() error
+}
+
+// serve serves h on a fresh loopback port and returns its base URL.
+func (s *servers) serve(h http.Handler) (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	s.closers = append(s.closers, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			return srv.Close()
+		}
+		return nil
+	})
+	return "http://" + ln.Addr().String(), nil
+}
+
+func (s *servers) close() {
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		_ = s.closers[i]()
+	}
+	s.closers = nil
+}
