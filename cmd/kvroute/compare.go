@@ -97,13 +97,14 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	}
 	fmt.Fprintf(stdout, "\noffered load %.2f of the fleet's prefill capacity (every prompt token counted uncached)\n", offered)
 	report.WriteTable(stdout, rep)
-	if w.jsonFile != "" {
-		if err := writeReportJSON(w.jsonFile, rep); err != nil {
+	// Charts first: they create --out, which --json may point into.
+	if w.out != "" {
+		if err := writeRunCharts(w.out, rep.Runs, len(rep.Runs), false); err != nil {
 			return nil, err
 		}
 	}
-	if w.out != "" {
-		if err := writeRunCharts(w.out, rep.Runs, len(rep.Runs), false); err != nil {
+	if w.jsonFile != "" {
+		if err := writeReportJSON(w.jsonFile, rep); err != nil {
 			return nil, err
 		}
 	}

@@ -217,13 +217,14 @@ func simMain(stdout io.Writer, w *fleetFlags, withOracle bool, sweep string, par
 	}
 	fmt.Fprintf(stdout, "\nsimulated %d runs in %.1fs\n", len(runs), elapsed.Seconds())
 
-	if w.jsonFile != "" {
-		if err := writeReportJSON(w.jsonFile, rep); err != nil {
+	// Charts first: they create --out, which --json may point into.
+	if w.out != "" {
+		if err := writeRunCharts(w.out, runs, len(policies), sweep != ""); err != nil {
 			return err
 		}
 	}
-	if w.out != "" {
-		if err := writeRunCharts(w.out, runs, len(policies), sweep != ""); err != nil {
+	if w.jsonFile != "" {
+		if err := writeReportJSON(w.jsonFile, rep); err != nil {
 			return err
 		}
 	}
