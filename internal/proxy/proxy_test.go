@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -695,4 +697,58 @@ func counterValue(c prometheus.Collector) float64 {
 		}
 	}
 	return total
+}
+
+// A storm of mixed outcomes (successes, 5xx, dropped connections, streams
+// broken mid-way, clients that give up before or after the first byte)
+// must leave every backend's accounting at zero; newRig's cleanup checks
+// that.
+func TestStormCountersReturnToZero(t *testing.T) {
+	r := newRig(t, "kvroute", 4, func(c *config.Config) { c.Health.EjectAfter = 1000 })
+	modes := []mode{modeOK, mode500, modeClose, modeHeadersThenClose, modeBreak, modeOK}
+	for i, f := range r.backends {
+		f.setMode(modes[i%len(modes)])
+		f.gap = time.Millisecond
+	}
+	// Count the requests that reach the router: some clients give up
+	// before theirs is even sent.
+	var arrivals atomic.Int64
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		arrivals.Add(1)
+		r.srv.Handler().ServeHTTP(w, req)
+	}))
+	defer front.Close()
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for j := range 25 {
+				// Backends change behaviour under the requests' feet.
+				r.backends[(w+j)%len(r.backends)].setMode(modes[(w*7+j)%len(modes)])
+				ctx, cancel := context.WithCancel(context.Background())
+				if j%5 == 4 {
+					// A client that gives up early, at a random point.
+					time.AfterFunc(time.Duration(j%3)*time.Millisecond, cancel)
+				}
+				body := chat("shared", j%2 == 0, words(fmt.Sprintf("storm-%d", j%4), 600+j))
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, front.URL+"/v1/chat/completions", strings.NewReader(body))
+				req.Header.Set("X-Session-ID", fmt.Sprintf("s%d", w))
+				if resp, err := r.client.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	// Every request is counted once, whatever its fate (the count lands
+	// when the proxy is done with the body, just after the client).
+	want := float64(arrivals.Load())
+	deadline := time.Now().Add(3 * time.Second)
+	for counterValue(r.srv.metrics.requests) < want && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := counterValue(r.srv.metrics.requests); n != want || want < 160 {
+		t.Errorf("requests_total = %v, want %v (the requests that reached the router, at least 160)", n, want)
+	}
 }
