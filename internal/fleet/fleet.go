@@ -185,7 +185,13 @@ type Ticket struct {
 	start                  time.Time
 	work                   int64
 	state                  atomic.Int32
+	noRate                 atomic.Bool
 }
+
+// NoRateSample marks the ticket's first byte as no measure of prefill, so
+// that it does not teach the prefill rate: a non-streaming response's first
+// byte arrives only after the whole generation. Call it before FirstByte.
+func (t *Ticket) NoRateSample() { t.noRate.Store(true) }
 
 // FirstByte marks the arrival of the first response byte: the request's
 // prefill tokens leave PendingPrefill and it becomes a decoding stream, and
@@ -200,7 +206,9 @@ func (t *Ticket) FirstByte(now time.Time) {
 	b.decodeBudget.Add(t.budget)
 	b.decodeTokens.Add(t.prompt)
 	b.pendingPrefill.Add(-t.uncach)
-	b.observeRate(t.work, now.Sub(t.start))
+	if !t.noRate.Load() {
+		b.observeRate(t.work, now.Sub(t.start))
+	}
 }
 
 // Done releases everything the request still holds. Only the first call counts.

@@ -127,6 +127,21 @@ func TestPrefillRateCountsQueuedWork(t *testing.T) {
 	assertZero(t, b)
 }
 
+func TestNoRateSample(t *testing.T) {
+	_, b := newBackend(t)
+	tk := b.Start(4000, 4000, 1, t0)
+	tk.NoRateSample()
+	tk.FirstByte(t0.Add(10 * time.Second))
+	if got := b.PrefillRate(); got != DefaultPrefillRate {
+		t.Errorf("PrefillRate = %v after an excluded sample, want the prior %v", got, DefaultPrefillRate)
+	}
+	if l := b.Load(); l.Decoding != 1 || l.PendingPrefill != 0 {
+		t.Errorf("excluded sample changed the accounting: %+v", l)
+	}
+	tk.Done(t0)
+	assertZero(t, b)
+}
+
 func TestServes(t *testing.T) {
 	f := New()
 	anyModel := f.Add("any", nil, nil)

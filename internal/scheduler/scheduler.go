@@ -172,6 +172,11 @@ func (s *Scheduler) Route(v *request.View, exclude []int, now time.Time) (*Assig
 		MatchedTokens: matchedTok,
 		ticket:        b.Start(int64(v.PromptTokens), int64(v.PromptTokens-matchedTok), int64(budget), now),
 	}
+	if !v.Stream {
+		// The first byte of a non-streaming response comes after the whole
+		// generation; its delay says nothing of the prefill rate.
+		a.ticket.NoRateSample()
+	}
 	a.Reason = s.reason(sc, blocks, len(sc.hashes), d)
 	return a, nil
 }

@@ -252,6 +252,31 @@ func TestReason(t *testing.T) {
 	}
 }
 
+// TestRateLearning checks that streaming requests teach the chosen
+// backend's prefill rate and non-streaming ones, whose first byte follows
+// the whole generation, do not.
+func TestRateLearning(t *testing.T) {
+	for _, stream := range []bool{true, false} {
+		f := newFleet(t, 1)
+		s := New(f, longestPrefix{}, Config{})
+		v := view("", text(5, 40000)) // 10,000 uncached tokens
+		v.Stream = stream
+		a, err := s.Route(v, nil, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.FirstByte(t0.Add(2 * time.Second))
+		a.Done(t0.Add(3 * time.Second))
+		want := float64(fleet.DefaultPrefillRate)
+		if stream {
+			want = 5000
+		}
+		if got := a.Backend.PrefillRate(); got != want {
+			t.Errorf("stream=%v: PrefillRate = %v, want %v", stream, got, want)
+		}
+	}
+}
+
 // TestConcurrentRoute routes from many goroutines with health flapping and
 // every request ending some way, then checks the counters are all zero.
 func TestConcurrentRoute(t *testing.T) {
