@@ -1,0 +1,523 @@
+// Package admission owns the router's admission queue: when every backend
+// that could serve a request is saturated, the request waits here instead
+// of being piled onto an engine that is already behind. The queue is
+// ordered by priority (higher first) and, within one priority, fair across
+// tenants (round robin between the tenants' FIFO queues). A waiter leaves
+// when capacity frees up, when it has waited its limit (429), or when its
+// client goes away; a request that finds the queue full gets 429 at once.
+//
+// The package decides nothing about where a request goes (package
+// scheduler does) and does no network I/O. What "saturated" means is given
+// by the caller: a function of the model, usually Limits.Saturated over the
+// fleet's load accounting and the engines' reported queues.
+//
+// A nil *Controller admits everything at no cost, which is how the proxy
+// runs when no limit is configured.
+package admission
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/openai"
+)
+
+// Defaults of Config.
+const (
+	// DefaultMaxQueue bounds the waiters; beyond it requests get 429 at once.
+	DefaultMaxQueue = 1024
+	// DefaultMaxWait is how long a request may wait before it gets 429.
+	DefaultMaxWait = 30 * time.Second
+	// DefaultRecheck is the period of the re-check while anybody waits:
+	// engine-reported queues change without an event the router sees.
+	DefaultRecheck = 50 * time.Millisecond
+	// DefaultEngineMaxAge is the age beyond which an engine's reported
+	// state is too stale to declare a backend saturated.
+	DefaultEngineMaxAge = 2 * time.Second
+)
+
+// PriorityHeader carries a request's priority: an integer, higher first,
+// default 0.
+const PriorityHeader = "X-Kvroute-Priority"
+
+// Config tunes the queue. Zero fields take the defaults above.
+type Config struct {
+	// MaxQueue is the most requests that may wait at once.
+	MaxQueue int
+	// MaxWait is the longest a request waits before it gets 429.
+	MaxWait time.Duration
+	// Recheck is the period at which waiters are re-checked against
+	// saturated while the queue is not empty.
+	Recheck time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.MaxQueue <= 0 {
+		c.MaxQueue = DefaultMaxQueue
+	}
+	if c.MaxWait <= 0 {
+		c.MaxWait = DefaultMaxWait
+	}
+	if c.Recheck <= 0 {
+		c.Recheck = DefaultRecheck
+	}
+	return c
+}
+
+// Controller is the admission queue. Its methods are safe for concurrent
+// use; a nil *Controller admits every request at once.
+type Controller struct {
+	cfg       Config
+	saturated func(model string) bool
+	m         *metrics
+
+	// queued mirrors the number of waiters so that Admit and Wake can skip
+	// the lock when nobody waits, the common case.
+	queued atomic.Int64
+
+	mu sync.Mutex
+	// levels are the non-empty priority levels, highest first.
+	levels []*level
+	// transit counts waiters granted admission that have not released it
+	// yet: their load is not visible to saturated, so granting more would
+	// admit the whole queue on one freed slot.
+	transit int
+	// ticking is whether the re-check goroutine runs; it runs only while
+	// somebody waits, so an idle controller owns no goroutine.
+	ticking bool
+	// grantEvery is a moving average of the interval between grants from
+	// the queue, from which Retry-After is estimated; 0 until known.
+	grantEvery time.Duration
+	lastGrant  time.Time
+}
+
+// level is the waiters of one priority.
+type level struct {
+	prio    int
+	tenants map[string]*tenantQueue
+	// ring is the tenants with waiters, served round robin from next.
+	ring []*tenantQueue
+	next int
+}
+
+// tenantQueue is one tenant's waiters at one priority, first in first out.
+type tenantQueue struct {
+	name    string
+	waiters []*waiter
+}
+
+// waiter is one queued request.
+type waiter struct {
+	model    string
+	prio     int
+	tenant   string
+	enqueued time.Time
+	// ready is closed when the waiter is granted; granted is set under
+	// Controller.mu at the same moment.
+	ready    chan struct{}
+	granted  bool
+	released atomic.Bool
+}
+
+// New returns a controller that queues requests while saturated(model)
+// reports true. saturated is called with the controller's lock held, so it
+// must be quick and must not call back into the controller. Metrics are
+// registered on reg unless it is nil.
+func New(cfg Config, saturated func(model string) bool, reg prometheus.Registerer) (*Controller, error) {
+	if saturated == nil {
+		return nil, fmt.Errorf("admission: nil saturated function")
+	}
+	c := &Controller{cfg: cfg.withDefaults(), saturated: saturated, m: newMetrics()}
+	if reg != nil {
+		if err := c.m.register(reg); err != nil {
+			return nil, fmt.Errorf("admission: register metrics: %w", err)
+		}
+	}
+	return c, nil
+}
+
+// noRelease is the release of a request admitted without waiting.
+func noRelease() {}
+
+// Admit returns when the request may be routed. It returns at once when
+// the model's backends are not all saturated and nobody of equal or higher
+// priority waits (a newcomer never overtakes a waiter of its priority).
+// Otherwise the request waits for capacity.
+//
+// The error is an *openai.Error with status 429 when the queue is full or
+// the request waited Config.MaxWait, or the context's error when the client
+// went away while waiting (its place in the queue is freed at once).
+//
+// After a nil error the caller must call release exactly once, as soon as
+// the request's load shows in what saturated reads (right after routing),
+// or when it gives the request up before that. Until then no other waiter
+// is admitted, so that one freed slot admits one request and not the whole
+// queue. Further calls of release do nothing.
+func (c *Controller) Admit(ctx context.Context, model string, priority int, tenant string) (release func(), err error) {
+	if c == nil {
+		return noRelease, nil
+	}
+	// Fast path: nobody waits. Concurrent arrivals may all pass here at
+	// once; the limits are soft by that much.
+	if c.queued.Load() == 0 && !c.saturated(model) {
+		return noRelease, nil
+	}
+	c.mu.Lock()
+	if !c.waitingAtOrAbove(priority) && c.transit == 0 && !c.saturated(model) {
+		c.mu.Unlock()
+		return noRelease, nil
+	}
+	if int(c.queued.Load()) >= c.cfg.MaxQueue {
+		ra := c.retryAfterLocked()
+		c.mu.Unlock()
+		c.m.rejections.WithLabelValues("full").Inc()
+		return nil, &openai.Error{Status: http.StatusTooManyRequests, Type: openai.TypeRateLimit, Code: "queue_full", RetryAfter: ra,
+			Message: fmt.Sprintf("every backend for model %q is saturated and the router's queue is full (%d waiting); retry later", model, c.cfg.MaxQueue)}
+	}
+	w := &waiter{model: model, prio: priority, tenant: tenant, enqueued: time.Now(), ready: make(chan struct{})}
+	c.enqueueLocked(w)
+	// Capacity may already be free for this model (the waiters ahead may be
+	// for another one).
+	c.dispatchLocked()
+	if !c.ticking {
+		c.ticking = true
+		go c.tick()
+	}
+	c.mu.Unlock()
+
+	timer := time.NewTimer(c.cfg.MaxWait)
+	select {
+	case <-w.ready:
+	case <-ctx.Done():
+	case <-timer.C:
+	}
+	timer.Stop()
+
+	c.mu.Lock()
+	if !w.granted {
+		c.removeLocked(w)
+		ra := c.retryAfterLocked()
+		c.mu.Unlock()
+		waited := time.Since(w.enqueued)
+		if ctx.Err() != nil {
+			c.m.wait.WithLabelValues("cancelled").Observe(waited.Seconds())
+			return nil, fmt.Errorf("admission: client gone after waiting %v: %w", waited.Round(time.Millisecond), ctx.Err())
+		}
+		c.m.wait.WithLabelValues("timeout").Observe(waited.Seconds())
+		c.m.rejections.WithLabelValues("timeout").Inc()
+		return nil, &openai.Error{Status: http.StatusTooManyRequests, Type: openai.TypeRateLimit, Code: "queue_timeout", RetryAfter: ra,
+			Message: fmt.Sprintf("every backend for model %q stayed saturated while the request waited %v in the router's queue; retry later", model, c.cfg.MaxWait)}
+	}
+	c.mu.Unlock()
+	c.m.wait.WithLabelValues("admitted").Observe(time.Since(w.enqueued).Seconds())
+	release = func() { c.release(w) }
+	if err := ctx.Err(); err != nil {
+		// Granted, but the client left meanwhile: hand the grant on.
+		release()
+		return nil, fmt.Errorf("admission: client gone: %w", err)
+	}
+	return release, nil
+}
+
+// release ends w's grant once and lets the next waiter in.
+func (c *Controller) release(w *waiter) {
+	if !w.released.CompareAndSwap(false, true) {
+		return
+	}
+	c.mu.Lock()
+	c.transit--
+	c.dispatchLocked()
+	c.mu.Unlock()
+}
+
+// Wake re-checks the waiters against saturated. Call it when load drops: a
+// request finished or had its first byte, a backend came back. It costs an
+// atomic load when nobody waits.
+func (c *Controller) Wake() {
+	if c == nil || c.queued.Load() == 0 {
+		return
+	}
+	c.mu.Lock()
+	c.dispatchLocked()
+	c.mu.Unlock()
+}
+
+// Len returns the number of waiting requests.
+func (c *Controller) Len() int {
+	if c == nil {
+		return 0
+	}
+	return int(c.queued.Load())
+}
+
+// tick re-checks the waiters every Recheck while anybody waits, and stops
+// when the queue is empty.
+func (c *Controller) tick() {
+	t := time.NewTicker(c.cfg.Recheck)
+	defer t.Stop()
+	for range t.C {
+		c.mu.Lock()
+		if c.queued.Load() == 0 {
+			c.ticking = false
+			c.mu.Unlock()
+			return
+		}
+		c.dispatchLocked()
+		c.mu.Unlock()
+	}
+}
+
+// waitingAtOrAbove reports whether a waiter of priority p or higher waits.
+func (c *Controller) waitingAtOrAbove(p int) bool {
+	return len(c.levels) > 0 && c.levels[0].prio >= p
+}
+
+func (c *Controller) enqueueLocked(w *waiter) {
+	i, found := slices.BinarySearchFunc(c.levels, w.prio, func(l *level, p int) int { return p - l.prio })
+	if !found {
+		c.levels = slices.Insert(c.levels, i, &level{prio: w.prio, tenants: map[string]*tenantQueue{}})
+	}
+	l := c.levels[i]
+	tq := l.tenants[w.tenant]
+	if tq == nil {
+		tq = &tenantQueue{name: w.tenant}
+		l.tenants[w.tenant] = tq
+	}
+	if len(tq.waiters) == 0 {
+		// A tenant that joins the ring goes last in the current round, so
+		// it cannot cut ahead of tenants already waiting their turn.
+		if l.next == 0 {
+			l.ring = append(l.ring, tq)
+		} else {
+			l.ring = slices.Insert(l.ring, l.next, tq)
+			l.next++
+		}
+	}
+	tq.waiters = append(tq.waiters, w)
+	c.queued.Add(1)
+	c.m.length.Inc()
+}
+
+// removeLocked takes w out of the queue wherever it is.
+func (c *Controller) removeLocked(w *waiter) {
+	li := slices.IndexFunc(c.levels, func(l *level) bool { return l.prio == w.prio })
+	if li < 0 {
+		return
+	}
+	l := c.levels[li]
+	tq := l.tenants[w.tenant]
+	if tq == nil {
+		return
+	}
+	i := slices.Index(tq.waiters, w)
+	if i < 0 {
+		return
+	}
+	tq.waiters = slices.Delete(tq.waiters, i, i+1)
+	c.queued.Add(-1)
+	c.m.length.Dec()
+	if len(tq.waiters) > 0 {
+		return
+	}
+	delete(l.tenants, tq.name)
+	ri := slices.Index(l.ring, tq)
+	l.ring = slices.Delete(l.ring, ri, ri+1)
+	if ri < l.next {
+		l.next--
+	}
+	if l.next >= len(l.ring) {
+		l.next = 0
+	}
+	if len(l.ring) == 0 {
+		c.levels = slices.Delete(c.levels, li, li+1)
+	}
+}
+
+// dispatchLocked grants the first waiter, in queue order, whose model is
+// not saturated, unless a grant is still in transit. Waiters are taken by
+// priority, then round robin across tenants, then first come first served;
+// a waiter whose model is saturated does not hold up waiters of another
+// model behind it.
+func (c *Controller) dispatchLocked() {
+	if c.transit > 0 || c.queued.Load() == 0 {
+		return
+	}
+	var sat map[string]bool // per pass: one call of saturated per model
+	isSat := func(model string) bool {
+		if s, ok := sat[model]; ok {
+			return s
+		}
+		if sat == nil {
+			sat = map[string]bool{}
+		}
+		s := c.saturated(model)
+		sat[model] = s
+		return s
+	}
+	for _, l := range c.levels {
+		for k := range len(l.ring) {
+			ri := (l.next + k) % len(l.ring)
+			tq := l.ring[ri]
+			for _, w := range tq.waiters {
+				if isSat(w.model) {
+					continue
+				}
+				// The next turn goes to the tenant after this one.
+				l.next = ri + 1
+				if l.next >= len(l.ring) {
+					l.next = 0
+				}
+				c.grantLocked(w)
+				return
+			}
+		}
+	}
+}
+
+func (c *Controller) grantLocked(w *waiter) {
+	c.removeLocked(w)
+	now := time.Now()
+	if !c.lastGrant.IsZero() {
+		// Intervals longer than MaxWait are idle gaps, not drain rate.
+		if d := now.Sub(c.lastGrant); d < c.cfg.MaxWait {
+			if c.grantEvery == 0 {
+				c.grantEvery = d
+			} else {
+				c.grantEvery += (d - c.grantEvery) / 5
+			}
+		}
+	}
+	c.lastGrant = now
+	w.granted = true
+	c.transit++
+	close(w.ready)
+}
+
+// retryAfterLocked estimates in whole seconds when a rejected request
+// would find room: the queue's length times the recent interval between
+// grants, at least 1 and at most MaxWait.
+func (c *Controller) retryAfterLocked() int {
+	maxS := int(math.Ceil(c.cfg.MaxWait.Seconds()))
+	if c.grantEvery == 0 {
+		return 1
+	}
+	s := int(math.Ceil((time.Duration(c.queued.Load()+1) * c.grantEvery).Seconds()))
+	return min(max(s, 1), max(maxS, 1))
+}
+
+// ParsePriority reads the X-Kvroute-Priority header: absent or empty means
+// 0; anything but an integer in [-1000000, 1000000] is a 400.
+func ParsePriority(h http.Header) (int, *openai.Error) {
+	v := strings.TrimSpace(h.Get(PriorityHeader))
+	if v == "" {
+		return 0, nil
+	}
+	p, err := strconv.Atoi(v)
+	if err != nil || p < -1_000_000 || p > 1_000_000 {
+		return 0, openai.BadRequest("invalid_priority",
+			fmt.Sprintf("header %s: %q is not an integer between -1000000 and 1000000 (higher is served first, default 0)", PriorityHeader, v))
+	}
+	return p, nil
+}
+
+// Tenant returns the fairness key of a request: the value of header when
+// header is set and present, else the bearer token of Authorization, else
+// "" (all anonymous requests share one tenant). The value is hashed, so an
+// API key is never kept in clear.
+func Tenant(h http.Header, header string) string {
+	v := ""
+	if header != "" {
+		v = h.Get(header)
+	}
+	if v == "" {
+		a := h.Get("Authorization")
+		if len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
+			v = strings.TrimSpace(a[7:])
+		}
+	}
+	if v == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(v))
+	return hex.EncodeToString(sum[:12])
+}
+
+// Limits say when a backend is saturated. A zero limit is off.
+type Limits struct {
+	// MaxInFlight is the most requests the router keeps in flight on one
+	// backend.
+	MaxInFlight int64
+	// MaxPendingPrefill is the most uncached prompt tokens waiting for
+	// their first byte on one backend (the router's estimate).
+	MaxPendingPrefill int64
+	// MaxEngineWaiting is the most requests the engine itself may report
+	// queued; its report counts only while fresher than EngineMaxAge.
+	MaxEngineWaiting int
+	// EngineMaxAge is how old an engine report may be to count; 0 means
+	// DefaultEngineMaxAge.
+	EngineMaxAge time.Duration
+}
+
+// Enabled reports whether any limit is set.
+func (l Limits) Enabled() bool {
+	return l.MaxInFlight > 0 || l.MaxPendingPrefill > 0 || l.MaxEngineWaiting > 0
+}
+
+// BackendSaturated reports whether b has reached any limit at now.
+func (l Limits) BackendSaturated(b *fleet.Backend, now time.Time) bool {
+	if l.MaxInFlight > 0 || l.MaxPendingPrefill > 0 {
+		ld := b.Load()
+		if l.MaxInFlight > 0 && ld.InFlight >= l.MaxInFlight {
+			return true
+		}
+		if l.MaxPendingPrefill > 0 && ld.PendingPrefill >= l.MaxPendingPrefill {
+			return true
+		}
+	}
+	if l.MaxEngineWaiting > 0 {
+		age := l.EngineMaxAge
+		if age <= 0 {
+			age = DefaultEngineMaxAge
+		}
+		// A stale or missing report says nothing about now; the router's
+		// own accounting still applies.
+		if es := b.Engine(); es != nil && now.Sub(es.At) <= age && es.Waiting >= l.MaxEngineWaiting {
+			return true
+		}
+	}
+	return false
+}
+
+// Saturated returns the function New takes: a model's backends are
+// saturated when every healthy backend serving it has reached a limit. A
+// model that no healthy backend serves is not saturated, so that the
+// request goes on to get its 404 or 503 from the scheduler.
+func (l Limits) Saturated(f *fleet.Fleet) func(model string) bool {
+	return func(model string) bool {
+		now := time.Now()
+		any := false
+		for _, b := range f.Snapshot().Healthy {
+			if !b.Serves(model) {
+				continue
+			}
+			if !l.BackendSaturated(b, now) {
+				return false
+			}
+			any = true
+		}
+		return any
+	}
+}
