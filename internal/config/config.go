@@ -51,6 +51,8 @@ type Config struct {
 	Health Health `yaml:"health"`
 	// Retry tunes retries before the first response byte.
 	Retry Retry `yaml:"retry"`
+	// Admission queues requests while every backend is saturated.
+	Admission Admission `yaml:"admission"`
 	// Upstream tunes connections to the backends.
 	Upstream Upstream `yaml:"upstream"`
 	// Engines tunes the reading of the engines' own load from their metrics.
@@ -221,6 +223,7 @@ func Default() *Config {
 		Prefix:        Prefix{BlockChars: prefix.DefaultBlockChars, CapacityBlocks: prefix.DefaultCapacity},
 		Health:        Health{Interval: DefaultHealthInterval, Timeout: DefaultHealthTimeout, Path: DefaultHealthPath, EjectAfter: DefaultEjectAfter},
 		Retry:         Retry{Attempts: DefaultRetryAttempts},
+		Admission:     defaultAdmission(),
 		Upstream:      Upstream{ConnectTimeout: DefaultConnectTimeout, ResponseHeaderTimeout: DefaultHeaderTimeout, DiscoverModels: true},
 		Engines:       Engines{Enabled: true, Interval: DefaultEngineInterval, Timeout: DefaultEngineTimeout, StaleAfter: DefaultEngineStale},
 		Log:           Log{Level: "info", Format: "text"},
@@ -369,6 +372,7 @@ func (c *Config) Validate() error {
 	if c.Health.EjectAfter <= 0 {
 		bad("health.eject_after: %d must be positive", c.Health.EjectAfter)
 	}
+	c.Admission.validate(bad)
 	if c.Retry.Attempts < 0 {
 		bad("retry.attempts: %d must not be negative", c.Retry.Attempts)
 	}

@@ -1,0 +1,58 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestAdmissionDefaultsOff(t *testing.T) {
+	c := parse(t, "backends: [{url: 'http://127.0.0.1:9000'}]\n")
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.Admission.Enabled() {
+		t.Error("admission must be off by default")
+	}
+	if c.Admission.MaxQueue != 1024 || c.Admission.MaxWait != 30*time.Second || c.Admission.TenantHeader != "" {
+		t.Errorf("defaults %+v", c.Admission)
+	}
+}
+
+func TestAdmissionParse(t *testing.T) {
+	c := parse(t, `backends: [{url: 'http://127.0.0.1:9000'}]
+admission:
+  max_inflight_per_backend: 8
+  max_pending_prefill_tokens_per_backend: 32000
+  max_engine_waiting: 4
+  max_queue: 50
+  max_wait: 5s
+  tenant_header: X-Team
+`)
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	want := Admission{MaxInFlightPerBackend: 8, MaxPendingPrefillTokensPerBackend: 32000, MaxEngineWaiting: 4, MaxQueue: 50, MaxWait: 5 * time.Second, TenantHeader: "X-Team"}
+	if c.Admission != want || !c.Admission.Enabled() {
+		t.Errorf("got %+v, want %+v", c.Admission, want)
+	}
+}
+
+func TestAdmissionValidate(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{"max_inflight_per_backend: -1", "admission.max_inflight_per_backend"},
+		{"max_pending_prefill_tokens_per_backend: -5", "admission.max_pending_prefill_tokens_per_backend"},
+		{"max_engine_waiting: -2", "admission.max_engine_waiting"},
+		{"max_queue: 0", "admission.max_queue"},
+		{"max_wait: 0s", "admission.max_wait"},
+	} {
+		c := parse(t, "backends: [{url: 'http://127.0.0.1:9000'}]\nadmission: {"+tc.yaml+"}\n")
+		err := c.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want one naming %s", tc.yaml, err, tc.want)
+		}
+	}
+	if _, err := Parse([]byte("admission: {max_inflight: 3}\n")); err == nil || !strings.Contains(err.Error(), "max_inflight") {
+		t.Errorf("misspelt key: %v", err)
+	}
+}
