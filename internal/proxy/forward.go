@@ -86,7 +86,12 @@ func (s *Server) completions(kind request.Kind) http.HandlerFunc {
 				v.SessionKey = k
 			}
 		}
+		release, ok := s.admit(w, r, v.Model)
+		if !ok {
+			return
+		}
 		a, rerr := s.sched.Route(v, nil, start)
+		release() // the request's load is accounted (or it failed to route)
 		if rerr != nil {
 			s.reject(w, routeError(rerr, v.Model))
 			return
@@ -255,6 +260,7 @@ func (t *retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 					now := time.Now()
 					if len(head) > 0 {
 						fl.a.FirstByte(now)
+						s.adm.Wake() // its prefill left the backend's pending tokens
 						s.metrics.ttft.WithLabelValues(b.Name).Observe(now.Sub(fl.start).Seconds())
 					}
 					s.health[b.ID].ok()
@@ -341,6 +347,7 @@ func (s *Server) end(fl *flight, status int) {
 	now := time.Now()
 	if fl.a != nil {
 		fl.a.Done(now)
+		s.adm.Wake()
 	}
 	name := noBackend
 	if fl.target != nil {

@@ -21,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/openai"
@@ -42,6 +43,9 @@ type Server struct {
 	metrics  *metrics
 	parse    request.Options
 	handler  http.Handler
+
+	// adm is the admission queue; nil when no admission limit is set.
+	adm *admission.Controller
 
 	mu      sync.Mutex // guards the fields below
 	httpSrv *http.Server
@@ -89,6 +93,9 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	}
 	s.sched = scheduler.New(s.fleet, p, scheduler.Config{BlockChars: cfg.Prefix.BlockChars, Capacity: cfg.Prefix.CapacityBlocks})
 	s.metrics = newMetrics(s.fleet, p.Name())
+	if s.adm, err = newAdmission(cfg, s.fleet, s.metrics.reg); err != nil {
+		return nil, err
+	}
 	s.proxy = &httputil.ReverseProxy{
 		Rewrite:        rewrite,
 		Transport:      &retrier{s: s},

@@ -1,0 +1,156 @@
+package proxy
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/openai"
+)
+
+// heldBackend answers each completion only when the test lets it: it
+// reports the arrival of each request (by its first message) on arrived,
+// then waits for a value on proceed.
+type heldBackend struct {
+	srv     *httptest.Server
+	arrived chan string
+	proceed chan struct{}
+}
+
+func newHeldBackend(t *testing.T) *heldBackend {
+	t.Helper()
+	h := &heldBackend{arrived: make(chan string, 16), proceed: make(chan struct{}, 16)}
+	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			return
+		}
+		var body struct {
+			Messages []struct{ Content string } `json:"messages"`
+		}
+		b, _ := io.ReadAll(r.Body)
+		_ = json.Unmarshal(b, &body)
+		name := ""
+		if len(body.Messages) > 0 {
+			name = body.Messages[0].Content
+		}
+		h.arrived <- name
+		select {
+		case <-h.proceed:
+		case <-r.Context().Done():
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, jsonAnswer("held"))
+	}))
+	t.Cleanup(h.srv.Close)
+	return h
+}
+
+// next returns the name of the next request to reach the backend.
+func (h *heldBackend) next(t *testing.T) string {
+	t.Helper()
+	select {
+	case n := <-h.arrived:
+		return n
+	case <-time.After(5 * time.Second):
+		t.Fatal("no request reached the backend")
+		return ""
+	}
+}
+
+// TestAdmissionQueue saturates a one-slot backend: later requests wait in
+// the router, the higher priority goes first, a full queue answers 429
+// with Retry-After in the OpenAI shape, and a bad priority is a 400.
+func TestAdmissionQueue(t *testing.T) {
+	hb := newHeldBackend(t)
+	r := newRig(t, "kvroute", 0, func(c *config.Config) {
+		c.Backends = []config.Backend{{URL: hb.srv.URL, Name: "held", Models: []string{"m"}}}
+		c.Admission.MaxInFlightPerBackend = 1
+		c.Admission.MaxQueue = 2
+		c.Admission.MaxWait = 5 * time.Second
+	})
+	send := func(name string, prio int) <-chan result {
+		ch := make(chan result, 1)
+		go func() {
+			ch <- r.post("/v1/chat/completions", chat("m", false, name), "X-Kvroute-Priority", strconv.Itoa(prio))
+		}()
+		return ch
+	}
+	waitQueued := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for r.srv.adm.Len() != n {
+			if time.Now().After(deadline) {
+				t.Fatalf("queue length %d, want %d", r.srv.adm.Len(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+
+	first := send("first", 0)
+	if got := hb.next(t); got != "first" {
+		t.Fatalf("backend got %q first", got)
+	}
+	low := send("low", 0)
+	waitQueued(1)
+	high := send("high", 7)
+	waitQueued(2)
+
+	full := r.post("/v1/chat/completions", chat("m", false, "overflow"), "X-Kvroute-Priority", "3")
+	checkErrorShape(t, full, http.StatusTooManyRequests, openai.TypeRateLimit)
+	if ra, err := strconv.Atoi(full.header.Get("Retry-After")); err != nil || ra < 1 {
+		t.Errorf("Retry-After %q, want a positive number of seconds", full.header.Get("Retry-After"))
+	}
+
+	bad := r.post("/v1/chat/completions", chat("m", false, "bad"), "X-Kvroute-Priority", "urgent")
+	checkErrorShape(t, bad, http.StatusBadRequest, openai.TypeInvalidRequest)
+
+	// Let the requests through one at a time: the backend sees the higher
+	// priority before the earlier, lower one.
+	hb.proceed <- struct{}{}
+	if got := hb.next(t); got != "high" {
+		t.Errorf("second request at the backend %q, want high", got)
+	}
+	hb.proceed <- struct{}{}
+	if got := hb.next(t); got != "low" {
+		t.Errorf("third request at the backend %q, want low", got)
+	}
+	hb.proceed <- struct{}{}
+	for name, ch := range map[string]<-chan result{"first": first, "high": high, "low": low} {
+		if res := <-ch; res.status != http.StatusOK {
+			t.Errorf("%s: status %d: %s", name, res.status, res.body)
+		}
+	}
+	waitQueued(0)
+}
+
+// TestAdmissionTimeout: a request that waits max_wait gets 429.
+func TestAdmissionTimeout(t *testing.T) {
+	hb := newHeldBackend(t)
+	r := newRig(t, "kvroute", 0, func(c *config.Config) {
+		c.Backends = []config.Backend{{URL: hb.srv.URL, Name: "held", Models: []string{"m"}}}
+		c.Admission.MaxInFlightPerBackend = 1
+		c.Admission.MaxWait = 100 * time.Millisecond
+	})
+	first := make(chan result, 1)
+	go func() { first <- r.post("/v1/chat/completions", chat("m", false, "first")) }()
+	hb.next(t)
+	start := time.Now()
+	res := r.post("/v1/chat/completions", chat("m", false, "late"))
+	checkErrorShape(t, res, http.StatusTooManyRequests, openai.TypeRateLimit)
+	if d := time.Since(start); d < 100*time.Millisecond {
+		t.Errorf("429 after %v, before max_wait", d)
+	}
+	if res.header.Get("Retry-After") == "" {
+		t.Error("no Retry-After")
+	}
+	hb.proceed <- struct{}{}
+	if res := <-first; res.status != http.StatusOK {
+		t.Errorf("first: %d", res.status)
+	}
+}
