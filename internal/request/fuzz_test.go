@@ -3,12 +3,18 @@ package request
 import (
 	"os"
 	"path/filepath"
+	"reflect"
+	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
-// FuzzParse checks that no body makes Parse panic, and that every rejection
-// is a client error (4xx) with a type and a message. Seeds are the bodies
-// in testdata/seeds, for both endpoints.
+// FuzzParse checks that no body makes Parse panic, that every rejection is
+// a client error (4xx) with a type and a message, that a parsed view is
+// well formed (valid UTF-8 prompt, no negative counts) and that parsing is
+// deterministic. Seeds are the bodies in testdata/seeds, for both
+// endpoints: odd content parts, invalid UTF-8, deeply nested and long
+// bodies among them.
 func FuzzParse(f *testing.F) {
 	seeds, err := filepath.Glob("testdata/seeds/*.json")
 	if err != nil || len(seeds) == 0 {
@@ -42,6 +48,18 @@ func FuzzParse(f *testing.F) {
 		}
 		if v.PromptTokens < 0 || v.MaxTokens < 0 || v.MinTokens < 0 {
 			t.Fatalf("negative counts in %+v", v)
+		}
+		// encoding/json replaces invalid UTF-8 in strings with U+FFFD, so
+		// whatever the client sent, the index hashes valid text.
+		if !utf8.ValidString(v.Prompt) || !utf8.ValidString(v.Model) {
+			t.Fatalf("invalid UTF-8 in the view: model %q prompt %q", v.Model, v.Prompt)
+		}
+		if !strings.Contains(v.Prompt, v.FirstUser) {
+			t.Fatalf("first user text %q is not part of the prompt", v.FirstUser)
+		}
+		again, e := Parse(k, body, Options{SessionField: field})
+		if e != nil || !reflect.DeepEqual(v, again) {
+			t.Fatalf("Parse is not deterministic: %+v then %+v (%v)", v, again, e)
 		}
 	})
 }
