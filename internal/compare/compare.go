@@ -51,6 +51,11 @@ type Config struct {
 	Progress io.Writer
 	// Logger receives the servers' logs; nil discards them.
 	Logger *slog.Logger
+	// Driver, when not nil, receives each engine's driver statistics at
+	// the end of each policy's run: how well the emulated clock kept up
+	// with the real one. A live run on a machine too busy to keep up
+	// measures the machine, not the routing.
+	Driver func(policy string, engine int, st emulator.DriverStats)
 }
 
 // Run replays reqs (arrival times in emulated time) once per policy and
@@ -107,6 +112,7 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string) 
 	cc.PolicyOptions.Seed = cfg.Seed
 	cc.Upstream.DiscoverModels = false
 	kv := make([]int, len(cfg.Engines))
+	ems := make([]*emulator.Server, len(cfg.Engines))
 	for i, pr := range cfg.Engines {
 		em, err := emulator.New(emulator.Config{
 			Preset: pr, KVBlocks: cfg.KVBlocks, TimeScale: cfg.TimeScale, Logger: cfg.Logger,
@@ -114,6 +120,7 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string) 
 		if err != nil {
 			return report.Run{}, fmt.Errorf("engine %d: %w", i, err)
 		}
+		ems[i] = em
 		stack.closers = append(stack.closers, em.Close)
 		url, err := stack.serve(em.Handler())
 		if err != nil {
@@ -154,6 +161,11 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string) 
 	})
 	if err != nil {
 		return report.Run{}, err
+	}
+	if cfg.Driver != nil {
+		for i, em := range ems {
+			cfg.Driver(p, i, em.Driver())
+		}
 	}
 	return report.Summarize(p, toEmulated(samples, cfg.TimeScale), scale(elapsed, cfg.TimeScale)), nil
 }

@@ -279,15 +279,19 @@ func TestEventHeap(t *testing.T) {
 }
 
 // BenchmarkSim64 measures simulated requests per second of CPU on 64
-// engines with a synthetic chat workload at 70% load.
+// engines with each synthetic workload at 70% load, one policy.
 func BenchmarkSim64(b *testing.B) {
-	b.ReportAllocs()
-	engines, reqs := fixture(b, "chat", 64, 20000, 0.7)
-	b.ResetTimer()
-	for range b.N {
-		if _, err := Run(reqs, Config{Engines: engines, Policy: policy.Default, Seed: 1}); err != nil {
-			b.Fatal(err)
-		}
+	for _, name := range []string{"chat", "agent", "mixed", "rag"} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			engines, reqs := fixture(b, name, 64, 20000, 0.7)
+			b.ResetTimer()
+			for range b.N {
+				if _, err := Run(reqs, Config{Engines: engines, Policy: policy.Default, Seed: 1}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(reqs)*b.N)/b.Elapsed().Seconds(), "req/s")
+		})
 	}
-	b.ReportMetric(float64(len(reqs)*b.N)/b.Elapsed().Seconds(), "req/s")
 }
