@@ -89,7 +89,7 @@ func TestCrossCheck(t *testing.T) {
 		// between two equally loaded engines against the simulator's
 		// (it compares in-flight counts at the instant of arrival); with
 		// 15 requests one flipped choice moves the hit rate by 10 points.
-		// Without -race it agrees; see the flip analysis in docs.
+		// Without -race it agrees.
 		policies = policies[:3]
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
