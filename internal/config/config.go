@@ -53,6 +53,8 @@ type Config struct {
 	Retry Retry `yaml:"retry"`
 	// Admission queues requests while every backend is saturated.
 	Admission Admission `yaml:"admission"`
+	// Admin tunes the admin API under /admin/ (off without a token).
+	Admin Admin `yaml:"admin"`
 	// Upstream tunes connections to the backends.
 	Upstream Upstream `yaml:"upstream"`
 	// Engines tunes the reading of the engines' own load from their metrics.
@@ -130,14 +132,23 @@ type Health struct {
 	Timeout time.Duration `yaml:"timeout"`
 	// Path of the active check (GET; 200 means healthy). Default "/health"
 	// (vLLM, SGLang, llama.cpp and TGI all serve it). Empty disables active
-	// checks, and with them passive ejection, since nothing could bring an
-	// ejected backend back.
+	// checks; the circuit breaker then probes with requests alone.
 	Path string `yaml:"path"`
-	// EjectAfter is the number of consecutive failures (connection errors
-	// and 5xx responses of proxied requests, failed active checks) after
-	// which a backend stops receiving requests until an active check
-	// succeeds. Default 3.
+	// EjectAfter is the number of consecutive failures (connection errors,
+	// timeouts and 5xx responses of proxied requests, failed active
+	// checks) that open a backend's circuit breaker: it receives no
+	// requests for cooldown, then goes half-open. Default 3.
 	EjectAfter int `yaml:"eject_after"`
+	// Cooldown is how long an open breaker keeps its backend out before
+	// going half-open. Each failed probe doubles it, up to max_cooldown;
+	// a successful probe resets it. Default 2s.
+	Cooldown time.Duration `yaml:"cooldown"`
+	// MaxCooldown caps the doubled cool-down. Default 30s.
+	MaxCooldown time.Duration `yaml:"max_cooldown"`
+	// HalfOpenProbes is how many requests a half-open breaker lets
+	// through at a time; the first success (of a request or an active
+	// check) closes it, the first failure opens it again. Default 1.
+	HalfOpenProbes int `yaml:"half_open_probes"`
 }
 
 // Retry tunes retries.
@@ -202,6 +213,9 @@ const (
 	DefaultHealthTimeout  = 2 * time.Second
 	DefaultHealthPath     = "/health"
 	DefaultEjectAfter     = 3
+	DefaultCooldown       = 2 * time.Second
+	DefaultMaxCooldown    = 30 * time.Second
+	DefaultHalfOpenProbes = 1
 	DefaultRetryAttempts  = 2
 	DefaultConnectTimeout = 5 * time.Second
 	DefaultHeaderTimeout  = 10 * time.Minute
@@ -216,14 +230,16 @@ const (
 // keeps its default; this is the one place where defaults are set.
 func Default() *Config {
 	return &Config{
-		Listen:        DefaultListen,
-		Policy:        policy.Default,
-		Session:       Session{Header: DefaultSessionHeader},
-		Limits:        Limits{MaxBodyBytes: DefaultMaxBodyBytes},
-		Prefix:        Prefix{BlockChars: prefix.DefaultBlockChars, CapacityBlocks: prefix.DefaultCapacity},
-		Health:        Health{Interval: DefaultHealthInterval, Timeout: DefaultHealthTimeout, Path: DefaultHealthPath, EjectAfter: DefaultEjectAfter},
+		Listen:  DefaultListen,
+		Policy:  policy.Default,
+		Session: Session{Header: DefaultSessionHeader},
+		Limits:  Limits{MaxBodyBytes: DefaultMaxBodyBytes},
+		Prefix:  Prefix{BlockChars: prefix.DefaultBlockChars, CapacityBlocks: prefix.DefaultCapacity},
+		Health: Health{Interval: DefaultHealthInterval, Timeout: DefaultHealthTimeout, Path: DefaultHealthPath, EjectAfter: DefaultEjectAfter,
+			Cooldown: DefaultCooldown, MaxCooldown: DefaultMaxCooldown, HalfOpenProbes: DefaultHalfOpenProbes},
 		Retry:         Retry{Attempts: DefaultRetryAttempts},
 		Admission:     defaultAdmission(),
+		Admin:         defaultAdmin(),
 		Upstream:      Upstream{ConnectTimeout: DefaultConnectTimeout, ResponseHeaderTimeout: DefaultHeaderTimeout, DiscoverModels: true},
 		Engines:       Engines{Enabled: true, Interval: DefaultEngineInterval, Timeout: DefaultEngineTimeout, StaleAfter: DefaultEngineStale},
 		Log:           Log{Level: "info", Format: "text"},
@@ -372,7 +388,17 @@ func (c *Config) Validate() error {
 	if c.Health.EjectAfter <= 0 {
 		bad("health.eject_after: %d must be positive", c.Health.EjectAfter)
 	}
+	if c.Health.Cooldown <= 0 {
+		bad("health.cooldown: %v must be positive", c.Health.Cooldown)
+	}
+	if c.Health.MaxCooldown < c.Health.Cooldown {
+		bad("health.max_cooldown: %v must be at least health.cooldown (%v)", c.Health.MaxCooldown, c.Health.Cooldown)
+	}
+	if c.Health.HalfOpenProbes <= 0 {
+		bad("health.half_open_probes: %d must be positive", c.Health.HalfOpenProbes)
+	}
 	c.Admission.validate(bad)
+	c.Admin.validate(bad)
 	if c.Retry.Attempts < 0 {
 		bad("retry.attempts: %d must not be negative", c.Retry.Attempts)
 	}
