@@ -58,6 +58,14 @@ type Backend struct {
 	Models []string
 
 	healthy atomic.Bool
+	// membership, see membership.go: draining backends get no new
+	// requests; a removing one is retired once its last request ends.
+	draining, removing, retired atomic.Bool
+	fleet                       *Fleet
+	// added and warmup drive the warm-up ramp (WarmupWeight); warmup 0
+	// means the backend takes its full share at once.
+	added  time.Time
+	warmup time.Duration
 	// accounting, see Load
 	inflight, pendingPrefill, decoding, decodeBudget, decodeTokens atomic.Int64
 	engine                                                         atomic.Pointer[EngineState]
@@ -229,7 +237,9 @@ func (t *Ticket) Done(now time.Time) {
 			b.decodeBudget.Add(-t.budget)
 			b.decodeTokens.Add(-t.prompt)
 		}
-		b.inflight.Add(-1)
+		if b.inflight.Add(-1) == 0 && b.removing.Load() {
+			b.fleet.retire(b)
+		}
 		return
 	}
 }
@@ -247,10 +257,15 @@ type Fleet struct {
 // published whenever either changes. Load counters are read live from the
 // backends through their atomics.
 type Snapshot struct {
-	// All backends, indexed by ID.
+	// All member backends (draining ones included, retired ones not), in
+	// ID order. All[i].ID == i as long as no backend has been removed.
 	All []*Backend
-	// Healthy backends, in ID order.
+	// Healthy backends that are not draining, in ID order: the ones that
+	// may receive new requests.
 	Healthy []*Backend
+	// IDs is one more than the largest ID ever given (retired included):
+	// the size of a slice indexed by backend ID.
+	IDs int
 }
 
 // New returns an empty fleet.
@@ -264,7 +279,7 @@ func New() *Fleet {
 func (f *Fleet) Add(name string, u *url.URL, models []string) *Backend {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	b := &Backend{ID: len(f.backends), Name: name, URL: u, Models: slices.Clone(models)}
+	b := &Backend{ID: len(f.backends), Name: name, URL: u, Models: slices.Clone(models), fleet: f}
 	b.healthy.Store(true)
 	f.backends = append(f.backends, b)
 	f.publish()
@@ -286,9 +301,13 @@ func (f *Fleet) SetHealthy(b *Backend, ok bool) {
 // publish stores a fresh snapshot of the current membership and health.
 // The caller holds f.mu, so the last snapshot stored reflects the last change.
 func (f *Fleet) publish() {
-	s := &Snapshot{All: slices.Clip(slices.Clone(f.backends))}
+	s := &Snapshot{IDs: len(f.backends)}
 	for _, b := range f.backends {
-		if b.healthy.Load() {
+		if b.retired.Load() {
+			continue
+		}
+		s.All = append(s.All, b)
+		if b.healthy.Load() && !b.draining.Load() {
 			s.Healthy = append(s.Healthy, b)
 		}
 	}

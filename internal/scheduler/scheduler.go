@@ -13,6 +13,7 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -46,13 +47,15 @@ type Config struct {
 
 // Scheduler routes requests over a fleet with one policy.
 type Scheduler struct {
-	fleet    *fleet.Fleet
-	policy   policy.Policy
-	observer policy.Observer // policy as an Observer, or nil
-	index    *prefix.Index
-	blockCh  int
-	prefix   string // "policy=<name> ", the constant head of every Reason
-	scratch  sync.Pool
+	fleet *fleet.Fleet
+	// pol is the current policy; SetPolicy swaps it while requests route.
+	pol     atomic.Pointer[active]
+	index   *prefix.Index
+	blockCh int
+	scratch sync.Pool
+	// picks counts routings whose request has no key for warm-up (see
+	// warmKey).
+	picks atomic.Uint64
 }
 
 // scratch is one Route's working memory, pooled so that routing allocates
@@ -76,12 +79,10 @@ func New(f *fleet.Fleet, p policy.Policy, cfg Config) *Scheduler {
 	}
 	s := &Scheduler{
 		fleet:   f,
-		policy:  p,
 		index:   prefix.NewIndex(cfg.Capacity),
 		blockCh: cfg.BlockChars,
-		prefix:  "policy=" + p.Name() + " ",
 	}
-	s.observer, _ = p.(policy.Observer)
+	s.SetPolicy(p)
 	s.scratch.New = func() any { return new(scratch) }
 	return s
 }
@@ -91,7 +92,23 @@ func New(f *fleet.Fleet, p policy.Policy, cfg Config) *Scheduler {
 func (s *Scheduler) Index() *prefix.Index { return s.index }
 
 // Policy returns the scheduler's policy.
-func (s *Scheduler) Policy() policy.Policy { return s.policy }
+func (s *Scheduler) Policy() policy.Policy { return s.pol.Load().policy }
+
+// active is one policy with what Route derives from it.
+type active struct {
+	policy   policy.Policy
+	observer policy.Observer // policy as an Observer, or nil
+	prefix   string          // "policy=<name> ", the constant head of every Reason
+}
+
+// SetPolicy makes p the policy of every Route that starts after it returns
+// (a configuration reload); routings under way finish with the old one.
+// The prefix index and the fleet's accounting carry over.
+func (s *Scheduler) SetPolicy(p policy.Policy) {
+	a := &active{policy: p, prefix: "policy=" + p.Name() + " "}
+	a.observer, _ = p.(policy.Observer)
+	s.pol.Store(a)
+}
 
 // Assignment is one routing decision and the request's claim on the chosen
 // backend's load.
@@ -115,10 +132,26 @@ func (s *Scheduler) Route(v *request.View, exclude []int, now time.Time) (*Assig
 	sc := s.scratch.Get().(*scratch)
 	defer s.put(sc)
 
+	sc.hashes = prefix.Hash(sc.hashes[:0], v.Prompt, s.blockCh)
 	sc.cands = sc.cands[:0]
+	warm := s.warmKey(v, sc.hashes)
+	held := 0
 	for _, b := range snap.Healthy {
 		if b.Serves(v.Model) && !excluded(exclude, b.ID) {
+			if !warmAdmits(b, warm, now) {
+				held++
+				continue
+			}
 			sc.cands = append(sc.cands, b)
+		}
+	}
+	if len(sc.cands) == 0 && held > 0 {
+		// Only warming backends can take the request: warm-up slows a
+		// newcomer's ramp, it must not turn a request away.
+		for _, b := range snap.Healthy {
+			if b.Serves(v.Model) && !excluded(exclude, b.ID) {
+				sc.cands = append(sc.cands, b)
+			}
 		}
 	}
 	if len(sc.cands) == 0 {
@@ -130,11 +163,10 @@ func (s *Scheduler) Route(v *request.View, exclude []int, now time.Time) (*Assig
 		return nil, ErrUnknownModel
 	}
 
-	sc.hashes = prefix.Hash(sc.hashes[:0], v.Prompt, s.blockCh)
-	if cap(sc.all) < len(snap.All) {
-		sc.all = make([]int32, len(snap.All))
+	if cap(sc.all) < snap.IDs {
+		sc.all = make([]int32, snap.IDs)
 	}
-	sc.all = sc.all[:len(snap.All)]
+	sc.all = sc.all[:snap.IDs]
 	s.index.Match(sc.hashes, sc.all)
 	sc.matched = sc.matched[:0]
 	for _, b := range sc.cands {
@@ -149,14 +181,15 @@ func (s *Scheduler) Route(v *request.View, exclude []int, now time.Time) (*Assig
 		Matched:    sc.matched,
 		Now:        now,
 	}
-	d := s.policy.Pick(&sc.in)
+	act := s.pol.Load()
+	d := act.policy.Pick(&sc.in)
 	if d.Index < 0 || d.Index >= len(sc.cands) {
 		// A policy bug must not take the router down; the first candidate
 		// is as good as any when the policy has no answer.
 		d.Index = 0
 	}
-	if s.observer != nil {
-		s.observer.Routed(&sc.in, d)
+	if act.observer != nil {
+		act.observer.Routed(&sc.in, d)
 	}
 	b := sc.cands[d.Index]
 	s.index.Insert(b.ID, sc.hashes)
@@ -177,13 +210,13 @@ func (s *Scheduler) Route(v *request.View, exclude []int, now time.Time) (*Assig
 		// generation; its delay says nothing of the prefill rate.
 		a.ticket.NoRateSample()
 	}
-	a.Reason = s.reason(sc, blocks, len(sc.hashes), d)
+	a.Reason = s.reason(sc, act.prefix, blocks, len(sc.hashes), d)
 	return a, nil
 }
 
 // reason renders "policy=<name> prefix=<matched>/<total>[ est_ttft=<s>s][ <note>]".
-func (s *Scheduler) reason(sc *scratch, matched, total int, d policy.Decision) string {
-	r := append(sc.reason[:0], s.prefix...)
+func (s *Scheduler) reason(sc *scratch, head string, matched, total int, d policy.Decision) string {
+	r := append(sc.reason[:0], head...)
 	r = append(r, "prefix="...)
 	r = strconv.AppendInt(r, int64(matched), 10)
 	r = append(r, '/')

@@ -1,0 +1,113 @@
+package fleet
+
+import (
+	"net/url"
+	"slices"
+	"time"
+)
+
+// Membership changes. A fleet that serves while it changes needs three
+// moves besides Add:
+//
+//   - Drain: the backend keeps its in-flight requests (streams finish) but
+//     gets no new ones; Undrain takes it back.
+//   - Remove: drain, and retire the backend once its last request ends.
+//     A retired backend leaves the snapshot for good; its ID is never
+//     given again, so per-ID state elsewhere (prefix index, health) can
+//     never be mistaken for a newcomer's.
+//   - Warm-up: a backend added to a serving fleet starts with an empty
+//     cache and an unknown prefill rate, and a load-aware policy would
+//     pour every request onto its empty queue at once. Its weight ramps
+//     linearly from 0 to 1 over its warm-up period, and the scheduler
+//     offers it only to that fraction of requests (see WarmupWeight).
+//
+// Time is passed in, never read, so that the simulator can add backends in
+// virtual time.
+
+// AddWarm adds a healthy backend that ramps up over warmup starting at now,
+// and returns it with its new ID. A warmup of 0 is Add.
+func (f *Fleet) AddWarm(name string, u *url.URL, models []string, now time.Time, warmup time.Duration) *Backend {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b := &Backend{ID: len(f.backends), Name: name, URL: u, Models: slices.Clone(models), fleet: f, added: now, warmup: max(warmup, 0)}
+	b.healthy.Store(true)
+	f.backends = append(f.backends, b)
+	f.publish()
+	return b
+}
+
+// WarmupWeight is the share of requests b is offered at now: 0 when it was
+// just added, rising linearly to 1 at the end of its warm-up period, and 1
+// for a backend without one.
+func (b *Backend) WarmupWeight(now time.Time) float64 {
+	if b.warmup <= 0 {
+		return 1
+	}
+	el := now.Sub(b.added)
+	if el >= b.warmup {
+		return 1
+	}
+	if el <= 0 {
+		return 0
+	}
+	return float64(el) / float64(b.warmup)
+}
+
+// Draining reports whether b gets no new requests (drained or being
+// removed).
+func (b *Backend) Draining() bool { return b.draining.Load() }
+
+// Retired reports whether b was removed and its last request has ended.
+func (b *Backend) Retired() bool { return b.retired.Load() }
+
+// Drain stops new requests to b; its in-flight requests go on. It does
+// nothing to a backend being removed.
+func (f *Fleet) Drain(b *Backend) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !b.draining.Swap(true) {
+		f.publish()
+	}
+}
+
+// Undrain lets b receive new requests again. It reports false, and does
+// nothing, when b is being removed or retired: removal is final.
+func (f *Fleet) Undrain(b *Backend) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if b.removing.Load() {
+		return false
+	}
+	if b.draining.Swap(false) {
+		f.publish()
+	}
+	return true
+}
+
+// Remove drains b and retires it once its in-flight count reaches 0 (at
+// once if it is idle). It reports whether b was retired right away. A
+// request that read the snapshot just before the drain may still start on
+// b; its Done retires b in turn.
+func (f *Fleet) Remove(b *Backend) (retired bool) {
+	f.mu.Lock()
+	b.draining.Store(true)
+	b.removing.Store(true)
+	f.publish()
+	f.mu.Unlock()
+	if b.inflight.Load() == 0 {
+		f.retire(b)
+	}
+	return b.retired.Load()
+}
+
+// retire takes a removed, idle backend out of the snapshot. Done calls it
+// when a removed backend's last request ends; repeated calls do nothing.
+func (f *Fleet) retire(b *Backend) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if b.inflight.Load() != 0 || b.retired.Load() {
+		return
+	}
+	b.retired.Store(true)
+	f.publish()
+}

@@ -1,0 +1,116 @@
+package fleet
+
+import (
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestMembership(t *testing.T) {
+	tests := []struct {
+		name        string
+		ops         func(f *Fleet, b []*Backend)
+		all, health []int
+	}{
+		{"drain", func(f *Fleet, b []*Backend) { f.Drain(b[1]) }, []int{0, 1, 2}, []int{0, 2}},
+		{"drain twice, undrain", func(f *Fleet, b []*Backend) { f.Drain(b[1]); f.Drain(b[1]); f.Undrain(b[1]) }, []int{0, 1, 2}, []int{0, 1, 2}},
+		{"remove idle", func(f *Fleet, b []*Backend) { f.Remove(b[0]) }, []int{1, 2}, []int{1, 2}},
+		{"undrain after remove refused", func(f *Fleet, b []*Backend) {
+			f.Remove(b[2])
+			if f.Undrain(b[2]) {
+				t.Error("Undrain of a removed backend reported true")
+			}
+		}, []int{0, 1}, []int{0, 1}},
+		{"drained and unhealthy", func(f *Fleet, b []*Backend) { f.Drain(b[0]); f.SetHealthy(b[0], false); f.Undrain(b[0]) }, []int{0, 1, 2}, []int{1, 2}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := New()
+			var bs []*Backend
+			for range 3 {
+				bs = append(bs, f.Add("b", nil, nil))
+			}
+			tt.ops(f, bs)
+			s := f.Snapshot()
+			if got := ids(s.All); !slices.Equal(got, tt.all) {
+				t.Errorf("All = %v, want %v", got, tt.all)
+			}
+			if got := ids(s.Healthy); !slices.Equal(got, tt.health) {
+				t.Errorf("Healthy = %v, want %v", got, tt.health)
+			}
+			if s.IDs != 3 {
+				t.Errorf("IDs = %d, want 3", s.IDs)
+			}
+		})
+	}
+}
+
+func TestRemoveWaitsForInFlight(t *testing.T) {
+	f := New()
+	b := f.Add("b0", nil, nil)
+	f.Add("b1", nil, nil)
+	t1 := b.Start(100, 100, 10, t0)
+	t2 := b.Start(100, 100, 10, t0)
+	t1.FirstByte(t0.Add(time.Second))
+	if f.Remove(b) {
+		t.Fatal("Remove retired a backend with two requests in flight")
+	}
+	if !b.Draining() || slices.Contains(f.Snapshot().Healthy, b) || !slices.Contains(f.Snapshot().All, b) {
+		t.Fatal("a removed backend with requests in flight must be draining: out of Healthy, still in All")
+	}
+	t1.Done(t0.Add(2 * time.Second))
+	if b.Retired() {
+		t.Fatal("retired with one request still in flight")
+	}
+	t2.Done(t0.Add(3 * time.Second))
+	t2.Done(t0.Add(3 * time.Second))
+	if !b.Retired() || slices.Contains(f.Snapshot().All, b) {
+		t.Fatal("not retired after its last request ended")
+	}
+	assertZero(t, b)
+	if nb := f.Add("b2", nil, nil); nb.ID != 2 {
+		t.Errorf("new backend after a removal got ID %d, want 2 (IDs are never reused)", nb.ID)
+	}
+}
+
+// TestRemoveRace removes a backend while requests start and end on it: it
+// must end retired, with nothing leaked, whatever the interleaving.
+func TestRemoveRace(t *testing.T) {
+	for range 50 {
+		f := New()
+		b := f.Add("b0", nil, nil)
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				for range 20 {
+					b.Start(10, 10, 1, t0).Done(t0)
+				}
+			})
+		}
+		wg.Go(func() { f.Remove(b) })
+		wg.Wait()
+		if !b.Retired() {
+			t.Fatalf("removed idle backend not retired (in flight %d)", b.Load().InFlight)
+		}
+		assertZero(t, b)
+	}
+}
+
+func TestWarmupWeight(t *testing.T) {
+	f := New()
+	b := f.AddWarm("w", nil, nil, t0, 10*time.Second)
+	cold := f.Add("c", nil, nil)
+	tests := []struct {
+		at   time.Duration
+		want float64
+	}{{-time.Second, 0}, {0, 0}, {time.Second, 0.1}, {5 * time.Second, 0.5}, {10 * time.Second, 1}, {time.Hour, 1}}
+	for _, tt := range tests {
+		if got := b.WarmupWeight(t0.Add(tt.at)); got != tt.want {
+			t.Errorf("WarmupWeight(+%v) = %g, want %g", tt.at, got, tt.want)
+		}
+		if got := cold.WarmupWeight(t0.Add(tt.at)); got != 1 {
+			t.Errorf("backend without warm-up: weight %g, want 1", got)
+		}
+	}
+}
