@@ -55,6 +55,8 @@ type Config struct {
 	Admission Admission `yaml:"admission"`
 	// Admin tunes the admin API under /admin/ (off without a token).
 	Admin Admin `yaml:"admin"`
+	// Auth is the router's own API key check (off by default).
+	Auth Auth `yaml:"auth"`
 	// Upstream tunes connections to the backends.
 	Upstream Upstream `yaml:"upstream"`
 	// Engines tunes the reading of the engines' own load from their metrics.
@@ -94,6 +96,10 @@ type Backend struct {
 	// metrics: vllm, sglang, llamacpp, tgi, or auto (detect it from what
 	// its /metrics exposes, or a llama.cpp server's /slots). Default auto.
 	Kind string `yaml:"kind"`
+	// MaxModelLen is the backend's context length in tokens, for
+	// limits.reject_over_context. Default 0: what its /v1/models says
+	// (vLLM's max_model_len), else unknown.
+	MaxModelLen int `yaml:"max_model_len"`
 }
 
 // Session says where the session (conversation) key comes from.
@@ -111,6 +117,26 @@ type Limits struct {
 	// MaxBodyBytes is the largest request body accepted; larger bodies get
 	// 413. A number of bytes or a size such as "32MiB". Default 32MiB.
 	MaxBodyBytes ByteSize `yaml:"max_body_bytes"`
+	// MaxHeaderBytes bounds the request line and headers; the HTTP server
+	// answers larger ones with 431. Default 1MiB.
+	MaxHeaderBytes ByteSize `yaml:"max_header_bytes"`
+	// MaxMessages is the largest number of chat messages accepted; more
+	// get 400. Default 100000.
+	MaxMessages int `yaml:"max_messages"`
+	// ReadHeaderTimeout bounds the time a client takes to send the request
+	// line and headers; a slower client's connection is closed. Default 10s.
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
+	// BodyTimeout bounds the time a client takes to send the request body,
+	// counted from the end of the headers; a slower client gets 408 and no
+	// backend sees its request (the body is read in full before routing).
+	// Default 60s.
+	BodyTimeout time.Duration `yaml:"body_timeout"`
+	// RejectOverContext answers 400 (in vLLM's context-length wording)
+	// when a request's estimated prompt tokens exceed the largest context
+	// (max_model_len) among the backends serving its model, as their
+	// /v1/models or backends[].max_model_len say; a backend whose context
+	// is unknown lifts the limit. Default true.
+	RejectOverContext bool `yaml:"reject_over_context"`
 }
 
 // Prefix tunes the prefix-cache index.
@@ -233,13 +259,14 @@ func Default() *Config {
 		Listen:  DefaultListen,
 		Policy:  policy.Default,
 		Session: Session{Header: DefaultSessionHeader},
-		Limits:  Limits{MaxBodyBytes: DefaultMaxBodyBytes},
+		Limits:  defaultLimits(),
 		Prefix:  Prefix{BlockChars: prefix.DefaultBlockChars, CapacityBlocks: prefix.DefaultCapacity},
 		Health: Health{Interval: DefaultHealthInterval, Timeout: DefaultHealthTimeout, Path: DefaultHealthPath, EjectAfter: DefaultEjectAfter,
 			Cooldown: DefaultCooldown, MaxCooldown: DefaultMaxCooldown, HalfOpenProbes: DefaultHalfOpenProbes},
 		Retry:         Retry{Attempts: DefaultRetryAttempts},
 		Admission:     defaultAdmission(),
 		Admin:         defaultAdmin(),
+		Auth:          defaultAuth(),
 		Upstream:      Upstream{ConnectTimeout: DefaultConnectTimeout, ResponseHeaderTimeout: DefaultHeaderTimeout, DiscoverModels: true},
 		Engines:       Engines{Enabled: true, Interval: DefaultEngineInterval, Timeout: DefaultEngineTimeout, StaleAfter: DefaultEngineStale},
 		Log:           Log{Level: "info", Format: "text"},
@@ -399,6 +426,8 @@ func (c *Config) Validate() error {
 	}
 	c.Admission.validate(bad)
 	c.Admin.validate(bad)
+	c.Limits.validate(bad)
+	c.Auth.validate(bad)
 	if c.Retry.Attempts < 0 {
 		bad("retry.attempts: %d must not be negative", c.Retry.Attempts)
 	}

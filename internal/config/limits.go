@@ -1,0 +1,139 @@
+package config
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+// Defaults of the limits section.
+const (
+	DefaultMaxHeaderBytes    = 1 << 20
+	DefaultMaxMessages       = 100000
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultBodyTimeout       = 60 * time.Second
+)
+
+func defaultLimits() Limits {
+	return Limits{
+		MaxBodyBytes:      DefaultMaxBodyBytes,
+		MaxHeaderBytes:    DefaultMaxHeaderBytes,
+		MaxMessages:       DefaultMaxMessages,
+		ReadHeaderTimeout: DefaultReadHeaderTimeout,
+		BodyTimeout:       DefaultBodyTimeout,
+		RejectOverContext: true,
+	}
+}
+
+// validate reports the new limits' errors through bad (max_body_bytes is
+// checked in Validate).
+func (l Limits) validate(bad func(format string, args ...any)) {
+	if l.MaxHeaderBytes <= 0 || l.MaxHeaderBytes > 1<<30 {
+		bad("limits.max_header_bytes: %d must be positive and at most 1GiB", l.MaxHeaderBytes)
+	}
+	if l.MaxMessages <= 0 {
+		bad("limits.max_messages: %d must be positive", l.MaxMessages)
+	}
+	if l.ReadHeaderTimeout <= 0 {
+		bad("limits.read_header_timeout: %v must be positive", l.ReadHeaderTimeout)
+	}
+	if l.BodyTimeout <= 0 {
+		bad("limits.body_timeout: %v must be positive", l.BodyTimeout)
+	}
+}
+
+// DefaultAuthExempt are the paths that need no API key by default: probes,
+// metrics, and the admin API, which has its own token.
+var DefaultAuthExempt = []string{"/healthz", "/readyz", "/metrics", "/admin/"}
+
+// Auth is the router's own API key check. It is off unless api_keys_file
+// or api_keys_env names at least one key; then every request, except to
+// the exempt paths, must carry "Authorization: Bearer <key>" with one of
+// the keys, or gets 401. The header still reaches the backend unchanged.
+type Auth struct {
+	// APIKeysFile is a file of keys, one a line; blank lines and lines
+	// starting with # are ignored. A line "sha256:<64 hex digits>" is the
+	// SHA-256 digest of a key, so the file need not hold the key itself.
+	// Read at startup. Default "".
+	APIKeysFile string `yaml:"api_keys_file"`
+	// APIKeysEnv names an environment variable holding keys separated by
+	// commas (plain or "sha256:<hex>"). Default "".
+	APIKeysEnv string `yaml:"api_keys_env"`
+	// Exempt are paths served without a key; one ending in "/" covers the
+	// paths under it. Default [/healthz, /readyz, /metrics, /admin/].
+	Exempt []string `yaml:"exempt"`
+}
+
+func defaultAuth() Auth { return Auth{Exempt: DefaultAuthExempt} }
+
+func (a Auth) validate(bad func(format string, args ...any)) {
+	for i, p := range a.Exempt {
+		if !strings.HasPrefix(p, "/") {
+			bad("auth.exempt[%d]: %q must start with /", i, p)
+		}
+	}
+}
+
+// KeyDigests returns the SHA-256 digests of the configured keys, from the
+// file and the environment variable. None means the check is off; a named
+// file that cannot be read, an empty named variable, or a malformed digest
+// is an error, so that a typo does not silently open the router.
+func (a Auth) KeyDigests() ([][sha256.Size]byte, error) {
+	var out [][sha256.Size]byte
+	add := func(where, k string) error {
+		k = strings.TrimSpace(k)
+		if k == "" || strings.HasPrefix(k, "#") {
+			return nil
+		}
+		if hexd, ok := strings.CutPrefix(k, "sha256:"); ok {
+			b, err := hex.DecodeString(hexd)
+			if err != nil || len(b) != sha256.Size {
+				return fmt.Errorf("%s: %q is not sha256: followed by 64 hex digits", where, truncateKey(k))
+			}
+			out = append(out, [sha256.Size]byte(b))
+			return nil
+		}
+		out = append(out, sha256.Sum256([]byte(k)))
+		return nil
+	}
+	if a.APIKeysFile != "" {
+		b, err := os.ReadFile(a.APIKeysFile)
+		if err != nil {
+			return nil, fmt.Errorf("auth.api_keys_file: %w", err)
+		}
+		n := len(out)
+		for i, line := range strings.Split(string(b), "\n") {
+			if err := add(fmt.Sprintf("auth.api_keys_file %s line %d", a.APIKeysFile, i+1), line); err != nil {
+				return nil, err
+			}
+		}
+		if len(out) == n {
+			return nil, fmt.Errorf("auth.api_keys_file: %s holds no key", a.APIKeysFile)
+		}
+	}
+	if a.APIKeysEnv != "" {
+		v := os.Getenv(a.APIKeysEnv)
+		n := len(out)
+		for _, k := range strings.Split(v, ",") {
+			if err := add("auth.api_keys_env "+a.APIKeysEnv, k); err != nil {
+				return nil, err
+			}
+		}
+		if len(out) == n {
+			return nil, fmt.Errorf("auth.api_keys_env: $%s holds no key", a.APIKeysEnv)
+		}
+	}
+	return out, nil
+}
+
+// truncateKey keeps a malformed key's first characters for an error
+// message, not the whole secret.
+func truncateKey(k string) string {
+	if len(k) > 12 {
+		return k[:12] + "..."
+	}
+	return k
+}

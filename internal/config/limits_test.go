@@ -1,0 +1,78 @@
+package config
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestLimitsAndAuthValidation(t *testing.T) {
+	tests := []struct {
+		name, yaml, wantErr string
+	}{
+		{"defaults", "", ""},
+		{"all set", "limits: {max_header_bytes: 64KiB, max_messages: 10, read_header_timeout: 1s, body_timeout: 2s, reject_over_context: false}\nauth: {exempt: [/healthz]}", ""},
+		{"zero messages", "limits: {max_messages: 0}", "limits.max_messages"},
+		{"zero header timeout", "limits: {read_header_timeout: 0s}", "limits.read_header_timeout"},
+		{"negative body timeout", "limits: {body_timeout: -1s}", "limits.body_timeout"},
+		{"zero header bytes", "limits: {max_header_bytes: 0}", "limits.max_header_bytes"},
+		{"relative exempt", "auth: {exempt: [healthz]}", "auth.exempt[0]"},
+		{"unknown auth key", "auth: {api_key: x}", "unknown key api_key"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse([]byte("backends: [{url: http://127.0.0.1:1}]\n" + tt.yaml))
+			if err == nil {
+				err = c.Validate()
+			}
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("error %v, want one naming %s", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestKeyDigests(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "keys")
+	d := sha256.Sum256([]byte("hashed-key"))
+	if err := os.WriteFile(file, []byte("# keys\n\nplain-key\n  sha256:"+hex.EncodeToString(d[:])+"  \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KVROUTE_TEST_KEYS", "env-a, env-b")
+	got, err := Auth{APIKeysFile: file, APIKeysEnv: "KVROUTE_TEST_KEYS"}.KeyDigests()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][sha256.Size]byte{sha256.Sum256([]byte("plain-key")), d, sha256.Sum256([]byte("env-a")), sha256.Sum256([]byte("env-b"))}
+	if len(got) != len(want) {
+		t.Fatalf("%d digests, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("digest %d differs", i)
+		}
+	}
+	if ds, err := (Auth{}).KeyDigests(); err != nil || len(ds) != 0 {
+		t.Errorf("no keys configured: %d digests, %v", len(ds), err)
+	}
+	bad := []Auth{
+		{APIKeysFile: filepath.Join(dir, "missing")},
+		{APIKeysEnv: "KVROUTE_TEST_UNSET_VARIABLE"},
+	}
+	if err := os.WriteFile(filepath.Join(dir, "short"), []byte("sha256:abcd\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bad = append(bad, Auth{APIKeysFile: filepath.Join(dir, "short")})
+	for _, a := range bad {
+		if _, err := a.KeyDigests(); err == nil {
+			t.Errorf("%+v: no error", a)
+		}
+	}
+}
