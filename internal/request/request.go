@@ -82,6 +82,9 @@ type Options struct {
 	// SessionField names a top-level body field (e.g. "user") whose string
 	// value is the session key when no header gave one. Empty disables it.
 	SessionField string
+	// MaxMessages bounds the number of chat messages; 0 means
+	// MaxMessages, the package default.
+	MaxMessages int
 }
 
 // Limits that keep a hostile body from costing more than its size.
@@ -151,8 +154,12 @@ func Parse(k Kind, body []byte, opt Options) (*View, *openai.Error) {
 		if len(b.Messages) == 0 {
 			return nil, openai.BadRequest("missing_messages", "'messages' must be a non-empty array")
 		}
-		if len(b.Messages) > MaxMessages {
-			return nil, openai.BadRequest("too_many_messages", fmt.Sprintf("'messages' has %d entries, more than the limit of %d", len(b.Messages), MaxMessages))
+		limit := MaxMessages
+		if opt.MaxMessages > 0 {
+			limit = opt.MaxMessages
+		}
+		if len(b.Messages) > limit {
+			return nil, openai.BadRequest("too_many_messages", fmt.Sprintf("'messages' has %d entries, more than the limit of %d", len(b.Messages), limit))
 		}
 		prompt, first, err := renderChat(b.Messages, b.Tools)
 		if err != nil {
