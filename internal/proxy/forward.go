@@ -230,6 +230,17 @@ func (t *retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 	out := req
 	for {
 		b := fl.a.Backend
+		if !s.allow(b) {
+			// A half-open breaker's probes are out: go elsewhere if any
+			// other backend can take the request, else probe anyway.
+			fl.tried = append(fl.tried, b.ID)
+			if next, err := s.sched.Route(fl.view, fl.tried, time.Now()); err == nil {
+				fl.a.Done(time.Now())
+				s.metrics.routed(fl.view, next)
+				fl.a = next
+				continue
+			}
+		}
 		fl.target = b
 		if fl.retries > 0 {
 			out = req.Clone(ctx)
@@ -250,7 +261,7 @@ func (t *retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 				// The backend's own answer (a 4xx such as a too long
 				// prompt): not a failure of the backend, and its timing
 				// says nothing of prefill.
-				s.health[b.ID].ok()
+				s.succeeded(b)
 				resp.Body = s.track(resp, fl, nil, nil)
 				return resp, nil
 			default:
@@ -263,7 +274,7 @@ func (t *retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 						s.adm.Wake() // its prefill left the backend's pending tokens
 						s.metrics.ttft.WithLabelValues(b.Name).Observe(now.Sub(fl.start).Seconds())
 					}
-					s.health[b.ID].ok()
+					s.succeeded(b)
 					resp.Body = s.track(resp, fl, head, perr)
 					return resp, nil
 				}

@@ -12,72 +12,150 @@ import (
 	"github.com/kvroute/kvroute/internal/fleet"
 )
 
-// backendHealth counts one backend's consecutive failures. A backend is
-// ejected (marked unhealthy in the fleet) after health.eject_after of them,
-// whether they come from proxied requests (connection errors, 5xx) or from
-// active checks, and only an active check brings it back.
+// backendHealth is one backend's circuit breaker (see breaker) and what
+// applies its transitions. Failures of proxied requests (connection
+// errors, timeouts, 5xx, responses broken by the backend) and of active
+// checks open it; while open the backend is out of the fleet's healthy
+// set and the prefix index forgets it, so its sessions and prefixes move
+// to other backends and nothing else moves; after the cool-down it is
+// back in the healthy set as half-open, where a few probe requests or an
+// active check decide whether it closes or opens again with a longer
+// cool-down.
 type backendHealth struct {
-	b     *fleet.Backend
-	fails atomic.Int64
-	mu    sync.Mutex // serialises ejection and recovery
+	b *fleet.Backend
+	// quiet is set while the breaker is closed with no failure counted,
+	// and notClosed while it is not closed: they let the hot path's
+	// success and allow cost one atomic load.
+	quiet, notClosed atomic.Bool
+	mu               sync.Mutex // guards br and timer; held while a transition is applied
+	br               breaker
+	timer            *time.Timer
 }
 
-// ok records a successful proxied request. It is on the hot path, so it
-// writes only when there is something to reset.
-func (h *backendHealth) ok() {
-	if h.fails.Load() != 0 {
-		h.fails.Store(0)
+// breakerConfig returns the breaker's settings from the health section.
+func (s *Server) breakerConfig() breakerConfig {
+	h := s.cfg.Health
+	return breakerConfig{threshold: h.EjectAfter, cooldown: h.Cooldown, maxCooldown: h.MaxCooldown, probes: h.HalfOpenProbes}
+}
+
+// healthOf returns b's breaker, or nil for a backend this server does not
+// track.
+func (s *Server) healthOf(b *fleet.Backend) *backendHealth {
+	if b == nil || b.ID < 0 || b.ID >= len(s.health) {
+		return nil
 	}
+	return s.health[b.ID]
 }
 
-// failure records a failure of backend b: a connection error, a 5xx, or a
-// response broken by the backend. Client cancellations are not failures.
+// succeeded records a successful proxied request or active check.
+func (s *Server) succeeded(b *fleet.Backend) {
+	h := s.healthOf(b)
+	if h == nil || h.quiet.Load() {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s.apply(h, h.br.success(time.Now(), s.breakerConfig()), nil)
+}
+
+// failure records a failure of backend b: a connection error, a timeout, a
+// 5xx, or a response broken by the backend. Client cancellations are not
+// failures.
 func (s *Server) failure(b *fleet.Backend, err error) {
 	if errors.Is(err, context.Canceled) {
 		return
 	}
 	s.metrics.upstreamErrors.WithLabelValues(b.Name).Inc()
-	if s.cfg.Health.Path == "" {
-		// Without active checks nothing could bring an ejected backend
-		// back, so passive ejection is off too.
-		return
-	}
-	h := s.health[b.ID]
-	n := h.fails.Add(1)
-	if n < int64(s.cfg.Health.EjectAfter) {
+	h := s.healthOf(b)
+	if h == nil {
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !b.Healthy() {
-		return
-	}
-	s.fleet.SetHealthy(b, false)
-	// An engine that fails this way has usually restarted or crashed, and
-	// its prefix cache with it; when it comes back, route to it by load
-	// until its cache is rebuilt rather than by a stale picture.
-	s.sched.Index().RemoveBackend(b.ID)
-	s.metrics.ejections.WithLabelValues(b.Name).Inc()
-	s.log.Warn("backend ejected", "backend", b.Name, "consecutive_failures", n, "err", err)
+	s.apply(h, h.br.failure(time.Now(), s.breakerConfig()), err)
 }
 
-// recovered records a successful active check.
-func (s *Server) recovered(b *fleet.Backend) {
-	h := s.health[b.ID]
-	h.fails.Store(0)
-	if b.Healthy() {
-		return
+// allow reports whether a request may be sent to b now: always while its
+// breaker is closed, a few probes while half-open.
+func (s *Server) allow(b *fleet.Backend) bool {
+	h := s.healthOf(b)
+	if h == nil || !h.notClosed.Load() {
+		return true
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !b.Healthy() {
+	return h.br.allow(time.Now(), s.breakerConfig())
+}
+
+// expire ends an open breaker's cool-down; its timer calls it.
+func (s *Server) expire(h *backendHealth) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s.apply(h, h.br.expire(time.Now()), nil)
+}
+
+// apply carries a breaker transition over to the fleet, the prefix index,
+// metrics and logs. The caller holds h.mu, so that transitions reach the
+// fleet in the order they happened.
+func (s *Server) apply(h *backendHealth, t transition, err error) {
+	b := h.b
+	h.quiet.Store(h.br.state == breakerClosed && h.br.fails == 0)
+	h.notClosed.Store(h.br.state != breakerClosed)
+	switch t {
+	case toOpen:
+		s.fleet.SetHealthy(b, false)
+		// An engine that fails this way has usually restarted or crashed,
+		// and its prefix cache with it: forget what it held, so that its
+		// conversations go where their prefix now is, and when it comes
+		// back it is routed to by load until its cache is rebuilt.
+		s.sched.Index().RemoveBackend(b.ID)
+		s.metrics.ejections.WithLabelValues(b.Name).Inc()
+		wait := max(time.Until(h.br.until), 0)
+		if h.timer != nil {
+			h.timer.Stop()
+		}
+		h.timer = time.AfterFunc(wait, func() { s.expire(h) })
+		s.log.Warn("backend breaker open", "backend", b.Name, "cooldown", h.br.cooldown, "err", err)
+	case toHalfOpen:
 		s.fleet.SetHealthy(b, true)
-		s.log.Info("backend healthy", "backend", b.Name)
+		s.log.Info("backend breaker half-open", "backend", b.Name)
+	case toClosed:
+		s.fleet.SetHealthy(b, true)
+		s.log.Info("backend breaker closed", "backend", b.Name)
+	}
+}
+
+// breakerStatus is a breaker's state for the admin API.
+type breakerStatus struct {
+	state breakerState
+	fails int
+	until time.Time
+}
+
+func (s *Server) breakerStatus(b *fleet.Backend) breakerStatus {
+	h := s.healthOf(b)
+	if h == nil {
+		return breakerStatus{}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return breakerStatus{state: h.br.state, fails: h.br.fails, until: h.br.until}
+}
+
+// stopBreakers stops the cool-down timers (at shutdown).
+func (s *Server) stopBreakers() {
+	for _, h := range s.health {
+		h.mu.Lock()
+		if h.timer != nil {
+			h.timer.Stop()
+		}
+		h.mu.Unlock()
 	}
 }
 
 // startHealthChecks starts one active checker per backend; they stop when
 // ctx is done. A backend is checked at once, then every health.interval.
+// A check's outcome feeds the backend's breaker like a request's.
 func (s *Server) startHealthChecks(ctx context.Context) {
 	if s.cfg.Health.Path == "" {
 		return
@@ -96,7 +174,7 @@ func (s *Server) startHealthChecks(ctx context.Context) {
 					s.log.Debug("health check failed", "backend", h.b.Name, "err", err)
 					s.failure(h.b, err)
 				} else {
-					s.recovered(h.b)
+					s.succeeded(h.b)
 				}
 				select {
 				case <-ctx.Done():
