@@ -168,6 +168,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		stop()
 	}
 	s.checks.Wait()
+	s.stopBreakers()
 	var err error
 	if srv != nil {
 		if err = srv.Shutdown(ctx); err != nil {
