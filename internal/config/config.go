@@ -61,6 +61,8 @@ type Config struct {
 	Upstream Upstream `yaml:"upstream"`
 	// Engines tunes the reading of the engines' own load from their metrics.
 	Engines Engines `yaml:"engines"`
+	// Fleet tunes DNS discovery, reloads and the warm-up of new backends.
+	Fleet Fleet `yaml:"fleet"`
 	// Log tunes the router's own log.
 	Log Log `yaml:"log"`
 	// ShutdownGrace is how long, on SIGTERM or SIGINT, the router lets
@@ -92,6 +94,19 @@ type Backend struct {
 	// at startup (when discover_models is on), and serve any model if that
 	// fails.
 	Models []string `yaml:"models"`
+	// Discovery is static (the URL is one backend) or dns (the URL's host
+	// is re-resolved every dns_interval and each A/AAAA address is a
+	// backend on the URL's port, e.g. a Kubernetes headless service).
+	// Default static.
+	Discovery string `yaml:"discovery"`
+	// SRV, with discovery dns, names an SRV record whose targets and
+	// ports are the backends (e.g. _http._tcp.vllm.ns.svc.cluster.local);
+	// url is then optional and only its scheme and path are used. Setting
+	// it implies discovery: dns. Default "".
+	SRV string `yaml:"srv"`
+	// DNSInterval overrides fleet.dns_interval for this entry. Default 0
+	// (use fleet.dns_interval).
+	DNSInterval time.Duration `yaml:"dns_interval"`
 	// Kind is the engine behind the URL, which says how to read its
 	// metrics: vllm, sglang, llamacpp, tgi, or auto (detect it from what
 	// its /metrics exposes, or a llama.cpp server's /slots). Default auto.
@@ -269,6 +284,7 @@ func Default() *Config {
 		Auth:          defaultAuth(),
 		Upstream:      Upstream{ConnectTimeout: DefaultConnectTimeout, ResponseHeaderTimeout: DefaultHeaderTimeout, DiscoverModels: true},
 		Engines:       Engines{Enabled: true, Interval: DefaultEngineInterval, Timeout: DefaultEngineTimeout, StaleAfter: DefaultEngineStale},
+		Fleet:         defaultFleet(),
 		Log:           Log{Level: "info", Format: "text"},
 		ShutdownGrace: DefaultShutdownGrace,
 	}
@@ -369,6 +385,8 @@ func (c *Config) Validate() error {
 	urls := map[string]int{}
 	for i := range c.Backends {
 		b := &c.Backends[i]
+		b.prepareDiscovery()
+		b.validateDiscovery(i, bad)
 		u, err := ParseBackendURL(b.URL)
 		if err != nil {
 			bad("backends[%d].url: %v", i, err)
@@ -425,6 +443,7 @@ func (c *Config) Validate() error {
 		bad("health.half_open_probes: %d must be positive", c.Health.HalfOpenProbes)
 	}
 	c.Admission.validate(bad)
+	c.Fleet.validate(bad)
 	c.Admin.validate(bad)
 	c.Limits.validate(bad)
 	c.Auth.validate(bad)

@@ -1,0 +1,104 @@
+package config
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestDiscoveryConfig(t *testing.T) {
+	tests := []struct {
+		name    string
+		yaml    string
+		wantErr string // "" means valid
+		check   func(t *testing.T, c *Config)
+	}{
+		{"defaults", "backends: [{url: http://a:1}]", "", func(t *testing.T, c *Config) {
+			if c.Fleet != (Fleet{Warmup: DefaultWarmup, DNSInterval: DefaultDNSInterval, ConfigPoll: DefaultConfigPoll}) || c.Backends[0].IsDNS() {
+				t.Errorf("fleet %+v, dns %v", c.Fleet, c.Backends[0].IsDNS())
+			}
+		}},
+		{"dns with interval", "backends: [{url: http://vllm.ns.svc:8000, discovery: dns, dns_interval: 2s}]", "", func(t *testing.T, c *Config) {
+			if !c.Backends[0].IsDNS() || c.Backends[0].DNSInterval != 2*time.Second {
+				t.Errorf("backend %+v", c.Backends[0])
+			}
+		}},
+		{"srv implies dns and a url", "backends: [{srv: _http._tcp.vllm.ns.svc.cluster.local}]", "", func(t *testing.T, c *Config) {
+			b := c.Backends[0]
+			if b.Discovery != DiscoveryDNS || b.URL != "http://vllm.ns.svc.cluster.local" || b.Name != "vllm.ns.svc.cluster.local" {
+				t.Errorf("backend %+v", b)
+			}
+		}},
+		{"fleet section", "fleet: {warmup: 0s, dns_interval: 1s, config_poll: 0s}\nbackends: [{url: http://a:1}]", "", func(t *testing.T, c *Config) {
+			if c.Fleet != (Fleet{DNSInterval: time.Second}) {
+				t.Errorf("fleet %+v", c.Fleet)
+			}
+		}},
+		{"bad discovery", "backends: [{url: http://a:1, discovery: consul}]", "backends[0].discovery", nil},
+		{"srv on static", "backends: [{url: http://a:1, discovery: static, srv: _x._tcp.a}]", "backends[0].srv", nil},
+		{"interval on static", "backends: [{url: http://a:1, dns_interval: 1s}]", "backends[0].dns_interval", nil},
+		{"tiny interval", "backends: [{url: http://a:1, discovery: dns, dns_interval: 1ms}]", "backends[0].dns_interval", nil},
+		{"srv without labels", "backends: [{srv: vllm.ns, discovery: dns}]", "backends[0].srv", nil},
+		{"negative warmup", "fleet: {warmup: -1s}\nbackends: [{url: http://a:1}]", "fleet.warmup", nil},
+		{"tiny fleet interval", "fleet: {dns_interval: 1ms}\nbackends: [{url: http://a:1}]", "fleet.dns_interval", nil},
+		{"unknown fleet key", "fleet: {warm_up: 1s}\nbackends: [{url: http://a:1}]", "unknown key warm_up", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse([]byte(tt.yaml))
+			if err == nil {
+				err = c.Validate()
+			}
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				tt.check(t, c)
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("error %v, want one naming %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestWatch(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kvroute.yaml")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("listen: a\n")
+	var n atomic.Int64
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); Watch(ctx, path, 5*time.Millisecond, func() { n.Add(1) }) }()
+	defer func() { cancel(); <-done }()
+	wait := func(want int64) {
+		t.Helper()
+		deadline := time.Now().Add(3 * time.Second)
+		for n.Load() < want && time.Now().Before(deadline) {
+			time.Sleep(2 * time.Millisecond)
+		}
+		time.Sleep(30 * time.Millisecond) // no extra calls either
+		if got := n.Load(); got != want {
+			t.Fatalf("%d changes seen, want %d", got, want)
+		}
+	}
+	wait(0)
+	write("listen: b\n") // same size, new content
+	wait(1)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	wait(1) // a missing file is no change
+	write("listen: bb\n")
+	wait(2)
+}
