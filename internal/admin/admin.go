@@ -1,0 +1,239 @@
+// Package admin is the router's admin API under /admin/: it lists the
+// backends with their live state as the router sees them, drains and
+// undrains them, and shows the last routing decisions with their reasons.
+//
+// It owns the API's authentication (a bearer token compared in constant
+// time; no token configured means the API does not exist and every path
+// answers 404), its JSON wire format and the fixed-size log of decisions.
+// It reads and changes router state only through Source, so it makes no
+// routing decision and does no network I/O of its own; it never sees a
+// prompt or a client's Authorization header beyond checking its own token.
+package admin
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/openai"
+)
+
+// Prefix is the path under which the router mounts the handler.
+const Prefix = "/admin/"
+
+// Errors a Source returns for drain and undrain.
+var (
+	// ErrUnknownBackend: no backend has that name (404).
+	ErrUnknownBackend = errors.New("no backend has this name")
+	// ErrRemoving: the backend is being removed, which is final (409).
+	ErrRemoving = errors.New("backend is being removed")
+)
+
+// Source is the router state the admin API reads and changes.
+type Source interface {
+	// Backends returns every member backend's live state, in ID order.
+	Backends() []Backend
+	// Drain stops new requests to the named backend; its in-flight
+	// requests (streams included) go on.
+	Drain(name string) error
+	// Undrain lets the named backend receive new requests again.
+	Undrain(name string) error
+}
+
+// Backend is one backend's live state as GET /admin/backends shows it.
+type Backend struct {
+	Name   string   `json:"name"`
+	URL    string   `json:"url"`
+	Models []string `json:"models"`
+	// Healthy is false while the breaker is open.
+	Healthy bool `json:"healthy"`
+	// Draining backends get no new requests.
+	Draining bool    `json:"draining"`
+	Breaker  Breaker `json:"breaker"`
+	// Load is the router's own accounting of the backend.
+	Load Load `json:"load"`
+	// PrefillRate is the learned prefill rate in tokens per second (the
+	// prior until a first byte taught it).
+	PrefillRate float64 `json:"prefill_rate_tokens_per_second"`
+	// Engine is what the engine itself last reported, nil if nothing.
+	Engine *Engine `json:"engine"`
+	// PrefixBlocks is how many prefix blocks the router's index believes
+	// the backend holds.
+	PrefixBlocks int `json:"prefix_blocks"`
+}
+
+// Breaker is a backend's circuit breaker.
+type Breaker struct {
+	// State is closed, open or half-open.
+	State string `json:"state"`
+	// ConsecutiveFailures counts failures while closed.
+	ConsecutiveFailures int `json:"consecutive_failures"`
+	// OpenUntil is when an open breaker goes half-open.
+	OpenUntil *time.Time `json:"open_until,omitempty"`
+}
+
+// Load is the router's accounting of a backend (see fleet.Load).
+type Load struct {
+	InFlight             int64 `json:"in_flight"`
+	PendingPrefillTokens int64 `json:"pending_prefill_tokens"`
+	Decoding             int64 `json:"decoding"`
+	DecodeBudgetTokens   int64 `json:"decode_budget_tokens"`
+	DecodeTokens         int64 `json:"decode_tokens"`
+}
+
+// Engine is the engine's last report (see fleet.EngineState).
+type Engine struct {
+	ReportedAt time.Time `json:"reported_at"`
+	// AgeSeconds is how old the report was when the API answered.
+	AgeSeconds float64 `json:"age_seconds"`
+	Running    int     `json:"running"`
+	Waiting    int     `json:"waiting"`
+	KVUsage    float64 `json:"kv_usage"`
+	KVBlocks   int     `json:"kv_blocks"`
+}
+
+// Handler serves the admin API.
+type Handler struct {
+	// digest is the SHA-256 of the token; comparing digests keeps the
+	// comparison constant-time whatever the length of the guess.
+	digest  [sha256.Size]byte
+	enabled bool
+	src     Source
+	log     *Log
+	now     func() time.Time
+}
+
+// New returns the admin API over src and log. An empty token disables it:
+// every path answers 404, as if the API did not exist.
+func New(token string, src Source, log *Log) *Handler {
+	h := &Handler{src: src, log: log, now: time.Now, enabled: token != ""}
+	if h.enabled {
+		h.digest = sha256.Sum256([]byte(token))
+	}
+	return h
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !h.enabled {
+		notFound(w, r)
+		return
+	}
+	if !h.authorized(r) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="kvroute admin"`)
+		openai.WriteError(w, http.StatusUnauthorized, openai.TypeAuthentication, "invalid_admin_token",
+			"the admin API needs the header Authorization: Bearer <admin token>", 0)
+		return
+	}
+	path := strings.TrimPrefix(r.URL.Path, strings.TrimSuffix(Prefix, "/"))
+	switch {
+	case path == "/backends":
+		if method(w, r, http.MethodGet) {
+			h.backends(w)
+		}
+	case path == "/decisions":
+		if method(w, r, http.MethodGet) {
+			h.decisions(w, r)
+		}
+	case strings.HasPrefix(path, "/backends/"):
+		name, action, ok := strings.Cut(strings.TrimPrefix(path, "/backends/"), "/")
+		if !ok || name == "" || (action != "drain" && action != "undrain") {
+			notFound(w, r)
+			return
+		}
+		if method(w, r, http.MethodPost) {
+			h.drain(w, name, action)
+		}
+	default:
+		notFound(w, r)
+	}
+}
+
+// authorized checks the bearer token in constant time.
+func (h *Handler) authorized(r *http.Request) bool {
+	auth := r.Header.Get("Authorization")
+	scheme, token, ok := strings.Cut(auth, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return false
+	}
+	d := sha256.Sum256([]byte(strings.TrimSpace(token)))
+	return subtle.ConstantTimeCompare(d[:], h.digest[:]) == 1
+}
+
+func (h *Handler) backends(w http.ResponseWriter) {
+	writeJSON(w, http.StatusOK, map[string]any{"backends": h.src.Backends()})
+}
+
+func (h *Handler) drain(w http.ResponseWriter, name, action string) {
+	var err error
+	if action == "drain" {
+		err = h.src.Drain(name)
+	} else {
+		err = h.src.Undrain(name)
+	}
+	switch {
+	case errors.Is(err, ErrUnknownBackend):
+		openai.WriteError(w, http.StatusNotFound, openai.TypeNotFound, "backend_not_found", "no backend is named '"+name+"'", 0)
+		return
+	case errors.Is(err, ErrRemoving):
+		openai.WriteError(w, http.StatusConflict, openai.TypeInvalidRequest, "backend_removing", "backend '"+name+"' is being removed; it cannot be undrained", 0)
+		return
+	case err != nil:
+		openai.WriteError(w, http.StatusInternalServerError, openai.TypeServer, "admin_error", action+" "+name+": "+err.Error(), 0)
+		return
+	}
+	for _, b := range h.src.Backends() {
+		if b.Name == name {
+			writeJSON(w, http.StatusOK, b)
+			return
+		}
+	}
+	// Removed between the change and the read: the change still happened.
+	writeJSON(w, http.StatusOK, map[string]string{"name": name})
+}
+
+// decisions answers the last routing decisions, newest first; ?limit=N
+// bounds how many.
+func (h *Handler) decisions(w http.ResponseWriter, r *http.Request) {
+	n := h.log.Cap()
+	if q := r.URL.Query().Get("limit"); q != "" {
+		v, err := strconv.Atoi(q)
+		if err != nil || v <= 0 {
+			openai.WriteError(w, http.StatusBadRequest, openai.TypeInvalidRequest, "invalid_limit", "limit must be a positive integer, got '"+q+"'", 0)
+			return
+		}
+		n = min(n, v)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"decisions": h.log.Last(n)})
+}
+
+// method reports whether r uses want, answering 405 otherwise.
+func method(w http.ResponseWriter, r *http.Request, want string) bool {
+	if r.Method == want {
+		return true
+	}
+	w.Header().Set("Allow", want)
+	openai.WriteError(w, http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "method_not_allowed", r.Method+" is not allowed on "+r.URL.Path+"; use "+want, 0)
+	return false
+}
+
+func notFound(w http.ResponseWriter, r *http.Request) {
+	openai.WriteError(w, http.StatusNotFound, openai.TypeNotFound, "not_found", "no route for "+r.Method+" "+r.URL.Path, 0)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		openai.WriteError(w, http.StatusInternalServerError, openai.TypeServer, "admin_error", err.Error(), 0)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}

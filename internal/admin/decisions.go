@@ -1,0 +1,96 @@
+package admin
+
+import (
+	"sync"
+	"time"
+)
+
+// SessionShown is how many leading characters of a session key a
+// Decision keeps: enough to tell conversations apart in a listing, too
+// few to replay a client's identifier.
+const SessionShown = 8
+
+// Decision is one routing decision as GET /admin/decisions shows it. It
+// never holds prompt text or credentials.
+type Decision struct {
+	// Time is when the request arrived.
+	Time  time.Time `json:"time"`
+	Model string    `json:"model"`
+	// Session is the session key's first SessionShown characters, with
+	// "…" when it was longer; "" for requests without one.
+	Session string `json:"session,omitempty"`
+	// Backend is the backend that answered (after retries); "" when none
+	// could be chosen.
+	Backend string `json:"backend"`
+	// Reason is the scheduler's reason for the final choice, or the
+	// routing error.
+	Reason string `json:"reason"`
+	// Retries is how many times the request was re-routed.
+	Retries int `json:"retries"`
+	// Status is the response status the router saw when the decision was
+	// settled (the backend's, or the router's own error).
+	Status int `json:"status"`
+}
+
+// Log is a fixed-size ring of the last decisions. Record is on the
+// request path: it takes a short lock, and allocates only to shorten a
+// long session key.
+type Log struct {
+	mu   sync.Mutex
+	ring []Decision
+	next int // where the next decision goes
+	n    int // how many are held, up to len(ring)
+}
+
+// NewLog returns a log that keeps the last size decisions (at least 1).
+func NewLog(size int) *Log {
+	return &Log{ring: make([]Decision, max(size, 1))}
+}
+
+// Cap is how many decisions the log keeps.
+func (l *Log) Cap() int { return len(l.ring) }
+
+// Record adds d, truncating its session key; the oldest decision goes
+// when the log is full. A nil log records nothing.
+func (l *Log) Record(d Decision) {
+	if l == nil {
+		return
+	}
+	d.Session = Truncate(d.Session)
+	l.mu.Lock()
+	l.ring[l.next] = d
+	l.next++
+	if l.next == len(l.ring) {
+		l.next = 0
+	}
+	l.n = min(l.n+1, len(l.ring))
+	l.mu.Unlock()
+}
+
+// Last returns up to n decisions, newest first.
+func (l *Log) Last(n int) []Decision {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n = min(n, l.n)
+	out := make([]Decision, 0, max(n, 0))
+	for i := range n {
+		j := l.next - 1 - i
+		if j < 0 {
+			j += len(l.ring)
+		}
+		out = append(out, l.ring[j])
+	}
+	return out
+}
+
+// Truncate shortens a session key to SessionShown characters.
+func Truncate(key string) string {
+	if len(key) <= SessionShown {
+		return key
+	}
+	r := []rune(key)
+	if len(r) <= SessionShown {
+		return key
+	}
+	return string(r[:SessionShown]) + "…"
+}
