@@ -24,6 +24,7 @@ import (
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/monitor"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/request"
@@ -41,6 +42,7 @@ type Server struct {
 	upstream *http.Transport
 	proxy    *httputil.ReverseProxy
 	metrics  *metrics
+	monitor  *monitor.Monitor // nil with engines.enabled off
 	parse    request.Options
 	handler  http.Handler
 
@@ -105,6 +107,9 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		ErrorLog:       slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 		BufferPool:     bufferPool{},
 	}
+	if err := s.newMonitor(); err != nil {
+		return nil, err
+	}
 	s.handler = s.routes()
 	return s, nil
 }
@@ -138,6 +143,7 @@ func (s *Server) Start() error {
 	s.httpSrv, s.ln, s.stop = srv, ln, stop
 	s.mu.Unlock()
 	s.startHealthChecks(ctx)
+	s.startMonitor(ctx)
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error("serve", "err", err)

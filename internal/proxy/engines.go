@@ -1,0 +1,62 @@
+package proxy
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/adapter"
+	"github.com/kvroute/kvroute/internal/monitor"
+)
+
+// newMonitor builds the scraper of the engines' own metrics (engines.*
+// keys) and registers its metrics; with engines.enabled off it does
+// nothing. Backend IDs are the indexes of cfg.Backends, in the order New
+// added them.
+func (s *Server) newMonitor() error {
+	ec := s.cfg.Engines
+	if !ec.Enabled {
+		return nil
+	}
+	kinds := map[int]adapter.Kind{}
+	for _, b := range s.fleet.Snapshot().All {
+		if b.ID >= len(s.cfg.Backends) {
+			continue
+		}
+		k, err := adapter.ParseKind(s.cfg.Backends[b.ID].Kind)
+		if err != nil {
+			return err // Validate has already refused it
+		}
+		kinds[b.ID] = k
+	}
+	// Scrapes get a transport of their own: a few idle connections per
+	// engine, so that they neither wait behind nor hold proxied traffic's.
+	client := &http.Client{Transport: &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: s.cfg.Upstream.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 2,
+		IdleConnTimeout:     time.Minute,
+	}}
+	s.monitor = monitor.New(s.fleet, monitor.Config{
+		Interval:    ec.Interval,
+		Timeout:     ec.Timeout,
+		StaleAfter:  ec.StaleAfter,
+		Kinds:       kinds,
+		BlockChars:  s.cfg.Prefix.BlockChars,
+		SetCapacity: s.sched.Index().SetCapacity,
+	}, client, s.log)
+	return s.monitor.Register(s.metrics.reg)
+}
+
+// startMonitor runs the scraper until ctx is done; Shutdown waits for it
+// with the health checks.
+func (s *Server) startMonitor(ctx context.Context) {
+	if s.monitor == nil {
+		return
+	}
+	s.checks.Add(1)
+	go func() {
+		defer s.checks.Done()
+		s.monitor.Run(ctx)
+	}()
+}
