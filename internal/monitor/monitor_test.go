@@ -487,3 +487,31 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatalf("StaleAge %v", got)
 	}
 }
+
+// BenchmarkScrape is one scrape of the vLLM fixture over loopback: GET,
+// parse, publish.
+func BenchmarkScrape(b *testing.B) {
+	for _, name := range []string{"vllm.prom", "sglang.prom"} {
+		b.Run(name, func(b *testing.B) {
+			text, err := os.ReadFile(filepath.Join("..", "adapter", "testdata", name))
+			if err != nil {
+				b.Fatal(err)
+			}
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(text) }))
+			defer srv.Close()
+			u, _ := url.Parse(srv.URL)
+			f := fleet.New()
+			be := f.Add("e", u, nil)
+			m := New(f, Config{}, nil, nil)
+			w := &watcher{b: be}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				m.scrapeOnce(ctx, w)
+			}
+			if be.Engine() == nil || w.errors.Load() != 0 {
+				b.Fatalf("scrapes failed: %d errors", w.errors.Load())
+			}
+		})
+	}
+}
