@@ -86,6 +86,10 @@ func (s *Server) completions(kind request.Kind) http.HandlerFunc {
 				v.SessionKey = k
 			}
 		}
+		if e := s.checkContext(v); e != nil {
+			s.reject(w, e)
+			return
+		}
 		release, ok := s.admit(w, r, v.Model)
 		if !ok {
 			return
@@ -113,6 +117,9 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *open
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return nil, tooLarge(limit)
+		}
+		if errors.Is(err, errBodyTimeout) {
+			return nil, s.bodyTimeout(w)
 		}
 		return nil, openai.BadRequest("body_read_error", "could not read the request body: "+err.Error())
 	}

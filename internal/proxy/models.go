@@ -74,11 +74,12 @@ func (s *Server) discoverModels() [][]string {
 			continue
 		}
 		wg.Go(func() {
-			ids, _, err := s.fetchModels(context.Background(), u)
+			ids, raw, err := s.fetchModels(context.Background(), u)
 			if err != nil || len(ids) == 0 {
 				s.log.Warn("model discovery failed; the backend is taken to serve any model", "backend", bc.URL, "err", err)
 				return
 			}
+			s.noteModelLens(i, ids, raw)
 			out[i] = ids
 		})
 	}

@@ -46,6 +46,9 @@ type Server struct {
 	parse    request.Options
 	handler  http.Handler
 
+	// guard holds the checks made before routing (limits.go, auth.go).
+	guard guard
+
 	// adm is the admission queue; nil when no admission limit is set.
 	adm *admission.Controller
 
@@ -77,8 +80,9 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		log:      logger,
 		fleet:    fleet.New(),
 		upstream: newTransport(cfg.Upstream),
-		parse:    request.Options{SessionField: cfg.Session.BodyField},
+		parse:    request.Options{SessionField: cfg.Session.BodyField, MaxMessages: cfg.Limits.MaxMessages},
 	}
+	s.guard.discovered = make([]map[string]int, len(cfg.Backends))
 	models := s.discoverModels()
 	for i, bc := range cfg.Backends {
 		u, err := config.ParseBackendURL(bc.URL)
@@ -110,7 +114,9 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	if err := s.newMonitor(); err != nil {
 		return nil, err
 	}
-	s.handler = s.routes()
+	if s.handler, err = s.guarded(s.routes()); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -135,7 +141,8 @@ func (s *Server) Start() error {
 	ctx, stop := context.WithCancel(context.Background())
 	srv := &http.Server{
 		Handler:           s.handler,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: s.cfg.Limits.ReadHeaderTimeout,
+		MaxHeaderBytes:    int(s.cfg.Limits.MaxHeaderBytes),
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}

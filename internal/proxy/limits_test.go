@@ -1,0 +1,151 @@
+package proxy
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/openai"
+)
+
+func TestLimits(t *testing.T) {
+	r := newRig(t, "kvroute", 2, func(c *config.Config) {
+		c.Limits.MaxHeaderBytes = 4 << 10
+		c.Limits.MaxMessages = 3
+	})
+	long := words("long", 20000) // about 5000 tokens, over the fakes' 4096
+	tests := []struct {
+		name   string
+		body   string
+		hdr    []string
+		status int
+		typ    string
+		code   string
+	}{
+		{"headers over the limit", chat("shared", false, "hi"), []string{"X-Big", strings.Repeat("a", 16<<10)}, http.StatusRequestHeaderFieldsTooLarge, "", ""},
+		{"too many messages", chat("shared", false, "a", "b", "c", "d"), nil, http.StatusBadRequest, openai.TypeInvalidRequest, "too_many_messages"},
+		{"as many messages as allowed", chat("shared", false, "a", "b", "c"), nil, http.StatusOK, "", ""},
+		{"prompt over every context", chat("shared", false, long), nil, http.StatusBadRequest, openai.TypeInvalidRequest, "context_length_exceeded"},
+		{"prompt within the context", chat("shared", false, long[:8000]), nil, http.StatusOK, "", ""},
+		// own-b0 has no max_model_len in /v1/models: the router does not guess.
+		{"unknown context", chat("own-b0", false, long), nil, http.StatusOK, "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := r.backends[0].hits.Load() + r.backends[1].hits.Load()
+			res := r.post("/v1/chat/completions", tt.body, tt.hdr...)
+			if tt.typ == "" {
+				if res.status != tt.status {
+					t.Fatalf("status %d, want %d: %.200s", res.status, tt.status, res.body)
+				}
+				return
+			}
+			checkErrorShape(t, res, tt.status, tt.typ)
+			if !strings.Contains(string(res.body), tt.code) {
+				t.Errorf("code %s missing from %s", tt.code, res.body)
+			}
+			if after := r.backends[0].hits.Load() + r.backends[1].hits.Load(); after != before {
+				t.Errorf("a rejected request reached a backend")
+			}
+		})
+	}
+	res := r.post("/v1/chat/completions", chat("shared", false, long))
+	if want := "maximum context length is 4096 tokens"; !strings.Contains(string(res.body), want) {
+		t.Errorf("context error %s lacks vLLM's wording %q", res.body, want)
+	}
+}
+
+// A configured max_model_len wins over an unknown one and bounds every
+// model of the backend.
+func TestContextFromConfig(t *testing.T) {
+	r := newRig(t, "kvroute", 1, func(c *config.Config) {
+		c.Backends[0].MaxModelLen = 1000
+		c.Upstream.DiscoverModels = false
+	})
+	if res := r.post("/v1/chat/completions", chat("anything", false, words("x", 6000))); res.status != http.StatusBadRequest {
+		t.Errorf("status %d, want 400: %s", res.status, res.body)
+	}
+	if res := r.post("/v1/chat/completions", chat("anything", false, words("x", 2000))); res.status != http.StatusOK {
+		t.Errorf("status %d, want 200: %s", res.status, res.body)
+	}
+}
+
+// dial opens a raw connection to the router.
+func dial(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// A client that sends its headers too slowly is disconnected.
+func TestSlowHeaders(t *testing.T) {
+	r := newRig(t, "kvroute", 1, func(c *config.Config) { c.Limits.ReadHeaderTimeout = 200 * time.Millisecond })
+	c := dial(t, r.srv.Addr())
+	if _, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: "); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := io.ReadAll(c) // the server closes the connection
+	if err != nil {
+		t.Fatalf("connection not closed by the router: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("closed after %v, want about 200ms", d)
+	}
+	if r.backends[0].hits.Load() != 0 {
+		t.Error("a backend saw the request")
+	}
+}
+
+// A client that sends its body too slowly gets 408 and never holds a
+// backend: the body is read in full before routing.
+func TestSlowBody(t *testing.T) {
+	r := newRig(t, "kvroute", 1, func(c *config.Config) { c.Limits.BodyTimeout = 300 * time.Millisecond })
+	body := chat("shared", false, "hello")
+	c := dial(t, r.srv.Addr())
+	_, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+
+		itoa(len(body))+"\r\n\r\n"+body[:10])
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if l := r.srv.Fleet().Snapshot().All[0].Load(); l.InFlight != 0 || r.backends[0].hits.Load() != 0 {
+		t.Fatalf("a half-sent request holds a backend: %+v", l)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer to a slow body: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	checkErrorShape(t, result{status: resp.StatusCode, header: resp.Header, body: b}, http.StatusRequestTimeout, openai.TypeInvalidRequest)
+	if r.backends[0].hits.Load() != 0 {
+		t.Error("a backend saw the slow request")
+	}
+}
+
+// The body deadline ends with the body: a stream that lasts longer than
+// limits.body_timeout is not cut.
+func TestBodyDeadlineSparesLongStreams(t *testing.T) {
+	r := newRig(t, "kvroute", 1, func(c *config.Config) { c.Limits.BodyTimeout = 100 * time.Millisecond })
+	r.backends[0].gap = 80 * time.Millisecond
+	r.backends[0].events = 6 // about 400ms of stream
+	res := r.post("/v1/chat/completions", chat("shared", true, "tell me"))
+	want := strings.Join(streamEvents("b0", 6), "")
+	if res.status != 200 || res.readErr != nil || string(res.body) != want {
+		t.Fatalf("status %d, err %v, body %q", res.status, res.readErr, res.body)
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
