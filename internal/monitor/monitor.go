@@ -288,8 +288,8 @@ func (m *Monitor) scrapeOnce(ctx context.Context, w *watcher) {
 	if st.NumGPUBlocks > 0 {
 		e.KVBlocks = st.NumGPUBlocks
 	}
-	w.b.SetEngine(e)
-
+	// The capacity goes first, so that whoever sees this report also sees
+	// the index sized by it.
 	if st.BlockSize > 0 && st.NumGPUBlocks > 0 && m.cfg.SetCapacity != nil {
 		blocks := int(int64(st.NumGPUBlocks) * int64(st.BlockSize) * request.BytesPerToken / int64(m.cfg.BlockChars))
 		if blocks > 0 && blocks != w.capBlocks {
@@ -299,6 +299,7 @@ func (m *Monitor) scrapeOnce(ctx context.Context, w *watcher) {
 				"num_gpu_blocks", st.NumGPUBlocks, "block_size", st.BlockSize, "router_blocks", blocks)
 		}
 	}
+	w.b.SetEngine(e)
 }
 
 // read fetches and parses one reading. The kind parsed is the configured

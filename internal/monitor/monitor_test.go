@@ -464,13 +464,18 @@ func TestConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	for _, b := range f.Snapshot().All {
-		if up := b.ID%3 != 0; up != (b.Engine() != nil) {
-			t.Errorf("backend %d: engine state %v, serving %v", b.ID, b.Engine(), up)
+	// On a loaded machine a scrape may time out now and then, so wait for
+	// the serving backends' reports rather than expect them at this instant.
+	waitFor(t, "reports of the serving backends", func() bool {
+		for _, b := range f.Snapshot().All {
+			if up := b.ID%3 != 0; up != (b.Engine() != nil) {
+				return false
+			}
 		}
-	}
+		return true
+	})
 	if n := capCalls.Load(); n != 5 {
-		t.Errorf("%d capacity calls, want one per healthy backend (5)", n)
+		t.Errorf("%d capacity calls, want one per serving backend (5)", n)
 	}
 }
 
