@@ -41,10 +41,11 @@ func (s *Server) breakerConfig() breakerConfig {
 // healthOf returns b's breaker, or nil for a backend this server does not
 // track.
 func (s *Server) healthOf(b *fleet.Backend) *backendHealth {
-	if b == nil || b.ID < 0 || b.ID >= len(s.health) {
+	hs := s.healthTable()
+	if b == nil || b.ID < 0 || b.ID >= len(hs) {
 		return nil
 	}
-	return s.health[b.ID]
+	return hs[b.ID]
 }
 
 // succeeded records a successful proxied request or active check.
@@ -144,7 +145,10 @@ func (s *Server) breakerStatus(b *fleet.Backend) breakerStatus {
 
 // stopBreakers stops the cool-down timers (at shutdown).
 func (s *Server) stopBreakers() {
-	for _, h := range s.health {
+	for _, h := range s.healthTable() {
+		if h == nil {
+			continue
+		}
 		h.mu.Lock()
 		if h.timer != nil {
 			h.timer.Stop()
@@ -157,33 +161,42 @@ func (s *Server) stopBreakers() {
 // ctx is done. A backend is checked at once, then every health.interval.
 // A check's outcome feeds the backend's breaker like a request's.
 func (s *Server) startHealthChecks(ctx context.Context) {
+	for _, h := range s.healthTable() {
+		if h == nil {
+			continue
+		}
+		s.startCheck(ctx, h)
+	}
+}
+
+// startCheck starts h's active checker; it stops when ctx is done or its
+// backend is retired.
+func (s *Server) startCheck(ctx context.Context, h *backendHealth) {
 	if s.cfg.Health.Path == "" {
 		return
 	}
-	for _, h := range s.health {
-		s.checks.Add(1)
-		go func() {
-			defer s.checks.Done()
-			t := time.NewTicker(s.cfg.Health.Interval)
-			defer t.Stop()
-			for {
-				if err := s.check(ctx, h.b); err != nil {
-					if ctx.Err() != nil {
-						return
-					}
-					s.log.Debug("health check failed", "backend", h.b.Name, "err", err)
-					s.failure(h.b, err)
-				} else {
-					s.succeeded(h.b)
-				}
-				select {
-				case <-ctx.Done():
+	s.checks.Add(1)
+	go func() {
+		defer s.checks.Done()
+		t := time.NewTicker(s.cfg.Health.Interval)
+		defer t.Stop()
+		for !h.b.Retired() {
+			if err := s.check(ctx, h.b); err != nil {
+				if ctx.Err() != nil {
 					return
-				case <-t.C:
 				}
+				s.log.Debug("health check failed", "backend", h.b.Name, "err", err)
+				s.failure(h.b, err)
+			} else {
+				s.succeeded(h.b)
 			}
-		}()
-	}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
 }
 
 // check does one active check of b.

@@ -52,6 +52,9 @@ type Server struct {
 	// adm is the admission queue; nil when no admission limit is set.
 	adm *admission.Controller
 
+	// members tracks backends added and removed while serving (members.go).
+	members membership
+
 	mu      sync.Mutex // guards the fields below
 	httpSrv *http.Server
 	ln      net.Listener
@@ -85,6 +88,9 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	s.guard.discovered = make([]map[string]int, len(cfg.Backends))
 	models := s.discoverModels()
 	for i, bc := range cfg.Backends {
+		if bc.IsDNS() {
+			continue // resolved in Start, see members.go
+		}
 		u, err := config.ParseBackendURL(bc.URL)
 		if err != nil {
 			return nil, fmt.Errorf("backend %d: %w", i, err)
@@ -97,6 +103,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		s.health = append(s.health, &backendHealth{b: b})
 		logger.Info("backend", "name", name, "url", u.String(), "models", models[i])
 	}
+	s.initMembers(models)
 	s.sched = scheduler.New(s.fleet, p, scheduler.Config{BlockChars: cfg.Prefix.BlockChars, Capacity: cfg.Prefix.CapacityBlocks})
 	s.metrics = newMetrics(s.fleet, p.Name())
 	if s.adm, err = newAdmission(cfg, s.fleet, s.metrics.reg); err != nil {
@@ -150,6 +157,7 @@ func (s *Server) Start() error {
 	s.httpSrv, s.ln, s.stop = srv, ln, stop
 	s.mu.Unlock()
 	s.startHealthChecks(ctx)
+	s.startMembers(ctx)
 	s.startMonitor(ctx)
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -1,0 +1,86 @@
+package proxy
+
+import (
+	"errors"
+	"reflect"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/policy"
+)
+
+// Reload applies a new, validated configuration while the router serves,
+// without touching a request in flight:
+//   - backends: entries that are gone are drained and removed once idle,
+//     new ones are added with warm-up, unchanged ones keep their state;
+//     DNS pools start and stop likewise;
+//   - policy and policy_options: a new policy routes the requests that
+//     start after Reload returns (the prefix index and load carry over);
+//   - fleet: warmup and dns_interval apply to what is added from now on.
+//
+// Every other setting is read once at startup; a change to it is logged as
+// needing a restart and otherwise ignored.
+func (s *Server) Reload(cfg *config.Config) error {
+	m := &s.members
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old := m.cfgSeen(s)
+	if cfg.Policy != old.Policy || cfg.PolicyOptions != old.PolicyOptions {
+		p, err := policy.New(cfg.Policy, policy.Options{Seed: cfg.PolicyOptions.Seed, LoadFactor: cfg.PolicyOptions.LoadFactor})
+		if err != nil {
+			return err
+		}
+		s.sched.SetPolicy(p)
+		s.log.Info("reload: policy changed", "from", old.Policy, "to", cfg.Policy)
+	}
+	for _, k := range restartKeys(old, cfg) {
+		s.log.Warn("reload: setting changed; it takes effect after a restart", "key", k)
+	}
+	s.applyBackends(cfg)
+	m.last = cfg
+	s.log.Info("reload: applied", "backends", len(s.fleet.Snapshot().All), "policy", cfg.Policy)
+	return nil
+}
+
+// ReloadWith loads a configuration with load (which reads and validates
+// it: `kvroute serve` passes the same loader as at startup, flags
+// included) and applies it. A configuration that fails to load or to
+// validate is logged and ignored: the one in force keeps serving.
+func (s *Server) ReloadWith(load func() (*config.Config, error)) error {
+	cfg, err := load()
+	if err == nil && cfg == nil {
+		err = errors.New("no configuration")
+	}
+	if err != nil {
+		s.log.Error("reload: invalid configuration ignored; the previous one keeps serving", "err", err)
+		return err
+	}
+	return s.Reload(cfg)
+}
+
+// cfgSeen is the configuration last applied: the startup one until the
+// first reload.
+func (m *membership) cfgSeen(s *Server) *config.Config {
+	if m.last != nil {
+		return m.last
+	}
+	return s.cfg
+}
+
+// restartKeys names the top-level keys that differ between old and next
+// and that Reload cannot apply.
+func restartKeys(old, next *config.Config) []string {
+	applied := map[string]bool{"backends": true, "policy": true, "policy_options": true, "fleet": true}
+	var keys []string
+	ov, nv := reflect.ValueOf(old).Elem(), reflect.ValueOf(next).Elem()
+	for i := range ov.NumField() {
+		f := ov.Type().Field(i)
+		k := f.Tag.Get("yaml")
+		if k == "" || k == "-" || applied[k] {
+			continue
+		}
+		if !reflect.DeepEqual(ov.Field(i).Interface(), nv.Field(i).Interface()) {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
