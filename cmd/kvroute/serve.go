@@ -94,6 +94,7 @@ flags:
 		return 1
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	go watchReloads(ctx, fs.Lookup("config").Value.String(), cfg.Fleet.ConfigPoll, srv, load, log)
 	<-ctx.Done()
 	stop() // a second signal kills the process at once
 	log.Info("shutting down: waiting for in-flight requests", "grace", cfg.ShutdownGrace)
