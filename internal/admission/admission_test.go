@@ -309,8 +309,7 @@ func TestStorm(t *testing.T) {
 	)
 	baseline := runtime.NumGoroutine()
 	var inflight, peak atomic.Int64
-	var c *Controller
-	c = newController(t, Config{MaxQueue: 300, MaxWait: 300 * time.Millisecond, Recheck: 5 * time.Millisecond},
+	c := newController(t, Config{MaxQueue: 300, MaxWait: 300 * time.Millisecond, Recheck: 5 * time.Millisecond},
 		func(string) bool { return inflight.Load() >= slots })
 	var admitted, rejected, cancelled atomic.Int64
 	var wg sync.WaitGroup
