@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -69,7 +70,7 @@ func newMetrics(f *fleet.Fleet, policy string) *metrics {
 		}, []string{"backend"}),
 	}
 	m.reg.MustRegister(m.requests, m.ttft, m.e2e, m.prefixHit, m.promptTokens, m.retries, m.ejections, m.upstreamErrors,
-		&fleetCollector{f: f}, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+		&fleetCollector{f: f}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
