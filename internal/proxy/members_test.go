@@ -221,3 +221,27 @@ func TestDNSPool(t *testing.T) {
 		t.Error("a vanished address still gets requests")
 	}
 }
+
+// TestPerModelPools: each model's requests spread over its own pool only.
+func TestPerModelPools(t *testing.T) {
+	r := newRig(t, "round-robin", 4, func(c *config.Config) {
+		for i := range c.Backends {
+			c.Backends[i].Models = []string{[]string{"llama", "qwen"}[i/2]}
+		}
+	})
+	got := map[string]map[string]int{"llama": {}, "qwen": {}}
+	for i := range 16 {
+		m := []string{"llama", "qwen"}[i/8] // one model at a time: round-robin's counter is fleet-wide
+		res := r.post("/v1/chat/completions", chat(m, false, words(fmt.Sprint(i), 100)))
+		if res.status != 200 {
+			t.Fatalf("%s: status %d", m, res.status)
+		}
+		got[m][res.header.Get("X-Kvroute-Backend")]++
+	}
+	want := map[string][]string{"llama": {"b0", "b1"}, "qwen": {"b2", "b3"}}
+	for m, pool := range want {
+		if len(got[m]) != 2 || got[m][pool[0]] == 0 || got[m][pool[1]] == 0 {
+			t.Errorf("%s went to %v, want both of %v and nothing else", m, got[m], pool)
+		}
+	}
+}
