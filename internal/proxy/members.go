@@ -237,18 +237,6 @@ func (s *Server) applyBackends(cfg *config.Config) {
 	for i := range cfg.Backends {
 		want[entryKey(&cfg.Backends[i])] = &cfg.Backends[i]
 	}
-	for k, b := range m.static {
-		if _, ok := want[k]; !ok {
-			s.removeBackend(b, "removed from the config")
-			delete(m.static, k)
-		}
-	}
-	for k, p := range m.pools {
-		if _, ok := want[k]; !ok {
-			s.stopPool(p, "removed from the config")
-			delete(m.pools, k)
-		}
-	}
 	for k, bc := range want {
 		if _, ok := m.static[k]; ok {
 			continue
@@ -274,5 +262,19 @@ func (s *Server) applyBackends(cfg *config.Config) {
 			continue
 		}
 		m.static[k] = s.addBackend(bc.Name, u, bc.Models, true)
+	}
+	// Removals come after additions, so that replacing the whole list
+	// never leaves a moment without a backend to route to.
+	for k, b := range m.static {
+		if _, ok := want[k]; !ok {
+			s.removeBackend(b, "removed from the config")
+			delete(m.static, k)
+		}
+	}
+	for k, p := range m.pools {
+		if _, ok := want[k]; !ok {
+			s.stopPool(p, "removed from the config")
+			delete(m.pools, k)
+		}
 	}
 }
