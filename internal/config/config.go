@@ -187,8 +187,9 @@ type Health struct {
 	// MaxCooldown caps the doubled cool-down. Default 30s.
 	MaxCooldown time.Duration `yaml:"max_cooldown"`
 	// HalfOpenProbes is how many requests a half-open breaker lets
-	// through at a time; the first success (of a request or an active
-	// check) closes it, the first failure opens it again. Default 1.
+	// through per cool-down when active checks are off; with them on,
+	// the next active check is the probe. The first success closes the
+	// breaker, the first failure opens it again. Default 1.
 	HalfOpenProbes int `yaml:"half_open_probes"`
 }
 

@@ -97,7 +97,9 @@ func (s *Server) completions(kind request.Kind) http.HandlerFunc {
 		a, rerr := s.sched.Route(v, nil, start)
 		release() // the request's load is accounted (or it failed to route)
 		if rerr != nil {
-			s.reject(w, routeError(rerr, v.Model))
+			e := routeError(rerr, v.Model)
+			s.recordRejected(v, start, e)
+			s.reject(w, e)
 			return
 		}
 		s.metrics.routed(v, a)
@@ -172,6 +174,7 @@ func (s *Server) modifyResponse(resp *http.Response) error {
 		return nil
 	}
 	resp.Header.Set(headerBackend, fl.target.Name)
+	s.record(fl, resp.StatusCode)
 	if fl.a != nil && fl.a.Reason != "" {
 		resp.Header.Set(headerReason, fl.a.Reason)
 	}
@@ -191,6 +194,7 @@ func (s *Server) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		if fl != nil && fl.view == nil {
 			s.metrics.requests.WithLabelValues(name, s.metrics.policy, strconv.Itoa(statusClientGone)).Inc()
 		}
+		s.record(fl, statusClientGone)
 		return
 	}
 	status, code := http.StatusBadGateway, "backend_error"
@@ -201,6 +205,7 @@ func (s *Server) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	if fl == nil || fl.view == nil {
 		s.metrics.requests.WithLabelValues(name, s.metrics.policy, strconv.Itoa(status)).Inc()
 	}
+	s.record(fl, status)
 	msg := "backend " + name + " failed: " + err.Error()
 	if fl != nil && fl.retries > 0 {
 		msg += " (after " + strconv.Itoa(fl.retries) + " retries)"

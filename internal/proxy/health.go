@@ -17,10 +17,10 @@ import (
 // errors, timeouts, 5xx, responses broken by the backend) and of active
 // checks open it; while open the backend is out of the fleet's healthy
 // set and the prefix index forgets it, so its sessions and prefixes move
-// to other backends and nothing else moves; after the cool-down it is
-// back in the healthy set as half-open, where a few probe requests or an
-// active check decide whether it closes or opens again with a longer
-// cool-down.
+// to other backends and nothing else moves; after the cool-down it goes
+// half-open, where the next active check (or, without active checks, a
+// few probe requests let back in) decides whether it closes or opens
+// again with a longer cool-down.
 type backendHealth struct {
 	b *fleet.Backend
 	// quiet is set while the breaker is closed with no failure counted,
@@ -118,8 +118,15 @@ func (s *Server) apply(h *backendHealth, t transition, err error) {
 		h.timer = time.AfterFunc(wait, func() { s.expire(h) })
 		s.log.Warn("backend breaker open", "backend", b.Name, "cooldown", h.br.cooldown, "err", err)
 	case toHalfOpen:
+		if s.cfg.Health.Path != "" {
+			// The active check is the probe: a backend whose health
+			// endpoint still fails gets no request, and the next check
+			// closes the breaker or opens it again.
+			s.log.Info("backend breaker half-open, probing with the active check", "backend", b.Name)
+			break
+		}
 		s.fleet.SetHealthy(b, true)
-		s.log.Info("backend breaker half-open", "backend", b.Name)
+		s.log.Info("backend breaker half-open, probing with requests", "backend", b.Name)
 	case toClosed:
 		s.fleet.SetHealthy(b, true)
 		s.log.Info("backend breaker closed", "backend", b.Name)

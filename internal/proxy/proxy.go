@@ -21,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/admin"
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -48,6 +49,11 @@ type Server struct {
 
 	// guard holds the checks made before routing (limits.go, auth.go).
 	guard guard
+
+	// decisions is the admin API's log of the last routing decisions,
+	// and adminAPI the handler mounted at /admin/.
+	decisions *admin.Log
+	adminAPI  http.Handler
 
 	// adm is the admission queue; nil when no admission limit is set.
 	adm *admission.Controller
@@ -119,6 +125,9 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		BufferPool:     bufferPool{},
 	}
 	if err := s.newMonitor(); err != nil {
+		return nil, err
+	}
+	if s.adminAPI, err = s.newAdmin(); err != nil {
 		return nil, err
 	}
 	if s.handler, err = s.guarded(s.routes()); err != nil {
@@ -228,6 +237,7 @@ func (s *Server) routes() http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("/readyz", s.readyz)
+	mux.Handle(admin.Prefix, s.adminAPI)
 	mux.Handle("/metrics", s.metrics.handler())
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, http.StatusNotFound, openai.TypeNotFound, "not_found", "no route for "+r.Method+" "+r.URL.Path, 0)
