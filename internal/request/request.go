@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/kvroute/kvroute/internal/openai"
 )
@@ -258,7 +259,13 @@ func renderChat(msgs []message, tools []json.RawMessage) (prompt, firstUser stri
 			if err := json.Compact(&buf, t); err != nil {
 				return "", "", openai.BadRequest("invalid_tools", "'tools' entries must be JSON objects")
 			}
-			sb.Write(buf.Bytes())
+			// Compact keeps invalid UTF-8 bytes that the engine's JSON
+			// decoder turns into U+FFFD; render them as it sees them.
+			b := buf.Bytes()
+			if !utf8.Valid(b) {
+				b = bytes.ToValidUTF8(b, []byte("\uFFFD"))
+			}
+			sb.Write(b)
 			sb.WriteByte('\n')
 		}
 	}
