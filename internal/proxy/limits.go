@@ -68,13 +68,14 @@ func (s *Server) buildContexts() {
 	}
 }
 
-// contextOf returns b's context length for model, 0 when unknown.
+// contextOf returns b's context length for model, 0 when unknown. The
+// configured backends[].max_model_len wins over what /v1/models says.
 func (s *Server) contextOf(b *fleet.Backend, model string) int {
 	m := s.guard.ctx[b.Name]
-	if n := m[model]; n > 0 {
+	if n := m[""]; n > 0 {
 		return n
 	}
-	return m[""]
+	return m[model]
 }
 
 // checkContext rejects a request whose estimated prompt tokens exceed the

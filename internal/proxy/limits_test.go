@@ -61,18 +61,31 @@ func TestLimits(t *testing.T) {
 	}
 }
 
-// A configured max_model_len wins over an unknown one and bounds every
-// model of the backend.
+// A configured max_model_len bounds every model of the backend, and wins
+// over what its /v1/models says (4096 for "shared" on the fakes).
 func TestContextFromConfig(t *testing.T) {
-	r := newRig(t, "kvroute", 1, func(c *config.Config) {
-		c.Backends[0].MaxModelLen = 1000
-		c.Upstream.DiscoverModels = false
-	})
-	if res := r.post("/v1/chat/completions", chat("anything", false, words("x", 6000))); res.status != http.StatusBadRequest {
-		t.Errorf("status %d, want 400: %s", res.status, res.body)
+	tests := []struct {
+		name     string
+		discover bool
+		model    string
+	}{
+		{"without discovery", false, "anything"},
+		{"over the discovered length", true, "shared"},
+		{"over an unknown length", true, "own-b0"},
 	}
-	if res := r.post("/v1/chat/completions", chat("anything", false, words("x", 2000))); res.status != http.StatusOK {
-		t.Errorf("status %d, want 200: %s", res.status, res.body)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, "kvroute", 1, func(c *config.Config) {
+				c.Backends[0].MaxModelLen = 1000
+				c.Upstream.DiscoverModels = tt.discover
+			})
+			if res := r.post("/v1/chat/completions", chat(tt.model, false, words("x", 6000))); res.status != http.StatusBadRequest {
+				t.Errorf("status %d, want 400: %s", res.status, res.body)
+			}
+			if res := r.post("/v1/chat/completions", chat(tt.model, false, words("x", 2000))); res.status != http.StatusOK {
+				t.Errorf("status %d, want 200: %s", res.status, res.body)
+			}
+		})
 	}
 }
 
