@@ -130,11 +130,13 @@ func (s *Server) limitBody(next http.Handler) http.Handler {
 }
 
 // deadlineBody clears the read deadline when the body ends, and turns a
-// deadline expiry into errBodyTimeout.
+// deadline expiry into errBodyTimeout. After an expiry the deadline stays:
+// the server would otherwise wait for the rest of the slow body before
+// closing the connection.
 type deadlineBody struct {
 	io.ReadCloser
-	rc      *http.ResponseController
-	cleared bool
+	rc   *http.ResponseController
+	done bool
 }
 
 // errBodyTimeout is the body read error of a client that sent its body too
@@ -143,13 +145,14 @@ var errBodyTimeout = errors.New("the client sent its request body too slowly")
 
 func (d *deadlineBody) Read(p []byte) (int, error) {
 	n, err := d.ReadCloser.Read(p)
-	if err != nil && !d.cleared {
-		d.cleared = true
-		_ = d.rc.SetReadDeadline(time.Time{})
-		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
-			return n, errBodyTimeout
-		}
+	if err == nil || d.done {
+		return n, err
 	}
+	d.done = true
+	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+		return n, errBodyTimeout
+	}
+	_ = d.rc.SetReadDeadline(time.Time{})
 	return n, err
 }
 

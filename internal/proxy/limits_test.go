@@ -146,6 +146,11 @@ func TestSlowBody(t *testing.T) {
 	if r.backends[0].hits.Load() != 0 {
 		t.Error("a backend saw the slow request")
 	}
+	// The connection is closed at once, not kept for the rest of the body.
+	start := time.Now()
+	if _, err := io.ReadAll(c); err != nil || time.Since(start) > 2*time.Second {
+		t.Errorf("connection not closed after the 408: %v after %v", err, time.Since(start))
+	}
 }
 
 // The body deadline ends with the body: a stream that lasts longer than
