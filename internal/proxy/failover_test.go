@@ -42,20 +42,23 @@ func (r *rig) backendByName(name string) *fleet.Backend {
 func TestCrashMovesOnlyDeadSessions(t *testing.T) {
 	for _, pol := range []string{"kvroute", "session-hash"} {
 		t.Run(pol, func(t *testing.T) {
-			const backends, sessions = 4, 32
+			const backends, sessions = 4, 24
 			r := newRig(t, pol, backends, func(c *config.Config) {
 				c.Health.Cooldown = time.Minute // the crashed backend stays out for the test
 				c.Health.MaxCooldown = time.Minute
 			})
-			for _, f := range r.backends {
-				f.prefillRate = 0 // what this tests is where requests go, not when
-			}
+			// Every prompt stays below fleet.MinRateWork tokens, so that no
+			// backend learns a prefill rate: kvroute's estimates then differ
+			// only by cached prefix and load, and the one thing that can
+			// move a conversation is the crash (kvroute would otherwise
+			// rightly spill a conversation off a backend that a noisy
+			// first sample made look slow).
 			turn := func(s, n int) string {
 				// Each turn extends the conversation, so that its prefix is
 				// where the conversation lives.
-				msgs := []string{words(fmt.Sprintf("sess%d", s), 1200)}
+				msgs := []string{words(fmt.Sprintf("sess%d", s), 400)}
 				for i := 1; i <= n; i++ {
-					msgs = append(msgs, fmt.Sprintf("answer %d", i), words(fmt.Sprintf("sess%d-turn%d", s, i), 200))
+					msgs = append(msgs, fmt.Sprintf("answer %d", i), words(fmt.Sprintf("sess%d-turn%d", s, i), 60))
 				}
 				return chat("shared", s%2 == 0, msgs...)
 			}
@@ -67,20 +70,10 @@ func TestCrashMovesOnlyDeadSessions(t *testing.T) {
 				}
 				return res.header.Get("X-Kvroute-Backend")
 			}
-			// The first turns arrive together, so that a load-aware policy
-			// spreads them; the second turns, one at a time, must stick.
 			before := make([]string, sessions)
-			var wg sync.WaitGroup
 			for s := range sessions {
-				if pol == "session-hash" {
-					// Keys spread by their hash; sent together, bounded
-					// loads would move some, which is not what this tests.
-					before[s] = send(s, 0)
-					continue
-				}
-				wg.Go(func() { before[s] = send(s, 0) })
+				before[s] = send(s, 0)
 			}
-			wg.Wait()
 			per := map[string]int{}
 			for s := range sessions {
 				if again := send(s, 1); again != before[s] {
@@ -108,6 +101,11 @@ func TestCrashMovesOnlyDeadSessions(t *testing.T) {
 					moved++
 				case after != before[s]:
 					t.Errorf("session %d moved from live %s to %s when %s crashed", s, before[s], after, dead)
+				}
+			}
+			for _, b := range r.srv.Fleet().Snapshot().All {
+				if b.PrefillRate() != fleet.DefaultPrefillRate {
+					t.Errorf("%s learned a prefill rate (%v): the prompts are too long for this test", b.Name, b.PrefillRate())
 				}
 			}
 			if moved != per[dead] {
@@ -151,7 +149,11 @@ type streamResult struct {
 // up, and every counter returns to zero (newRig checks that).
 func TestKillMidRun(t *testing.T) {
 	const requests = 100
-	r := newRig(t, "kvroute", 3, func(c *config.Config) {
+	// Round robin gives the victim its third of the requests whatever its
+	// held streams: a load-aware policy would steer away from it, and the
+	// crash might find nothing queued there. Where requests go after the
+	// crash is the same scheduler code for every policy.
+	r := newRig(t, "round-robin", 3, func(c *config.Config) {
 		c.Health.Cooldown = time.Minute
 		c.Health.MaxCooldown = time.Minute
 		c.Retry.Attempts = 2
@@ -200,6 +202,7 @@ func TestKillMidRun(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	victim.kill()
+	close(victim.gate) // let handlers the crash did not reach run out
 	killed := time.Now()
 	t.Logf("killed %s with %d streaming and %d requests (%d prefill tokens) waiting for their first byte",
 		victim.name, at.Decoding, at.InFlight-at.Decoding, at.PendingPrefill)
