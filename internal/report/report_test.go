@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"io"
+	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -207,5 +209,75 @@ func TestWriteSweepChart(t *testing.T) {
 	checkSVG(t, s, "round-robin", "kvroute", ">10<", ">10k<", ">0.5<", ">0.9<")
 	if n := strings.Count(s, "<circle"); n != len(pts) {
 		t.Errorf("%d points drawn, want %d", n, len(pts))
+	}
+}
+
+// TestITLSummaryMatchesSort checks the selection against the definition:
+// the mean and nearest-rank p99 of every gap of the completed samples,
+// sorted, whatever the spread of the gaps (ties, negatives, huge values).
+func TestITLSummaryMatchesSort(t *testing.T) {
+	gens := map[string]func(r *rand.Rand) time.Duration{
+		"spread": func(r *rand.Rand) time.Duration { return time.Duration(r.Int64N(int64(time.Second))) },
+		"ties":   func(r *rand.Rand) time.Duration { return time.Duration(r.IntN(3)) * time.Millisecond },
+		"tiny":   func(r *rand.Rand) time.Duration { return time.Duration(r.IntN(200) - 20) },
+		"heavy": func(r *rand.Rand) time.Duration {
+			return time.Duration(r.ExpFloat64() * float64(time.Millisecond) * float64(1+r.IntN(1000)))
+		},
+		"constant": func(*rand.Rand) time.Duration { return 7 * time.Millisecond },
+	}
+	for name, gen := range gens {
+		for _, n := range []int{1, 2, 99, 100, 101, 5000} {
+			r := rand.New(rand.NewPCG(uint64(n), 1))
+			var samples []Sample
+			var all []float64
+			for len(all) < n {
+				s := Sample{ITL: make([]time.Duration, 1+r.IntN(20))}
+				for j := range s.ITL {
+					s.ITL[j] = gen(r)
+				}
+				if r.IntN(10) == 0 {
+					s.Err = "failed" // its gaps must not count
+				} else {
+					for _, g := range s.ITL {
+						all = append(all, ms(g))
+					}
+				}
+				samples = append(samples, s)
+			}
+			want := dist(all)
+			got := itlSummary(samples)
+			if got.P99 != want.P99 || math.Abs(got.Mean-want.Mean) > 1e-9*math.Max(1, math.Abs(want.Mean)) {
+				t.Errorf("%s n=%d: got mean %v p99 %v, want mean %v p99 %v", name, n, got.Mean, got.P99, want.Mean, want.P99)
+			}
+		}
+	}
+}
+
+func TestGapBucketMonotone(t *testing.T) {
+	prev := -1
+	for _, d := range []time.Duration{-5, -1, 0, 1, 63, 64, 65, 127, 128, 129, 1000, 1 << 20, 1<<20 + 1, 1 << 40, 1<<62 + 12345, math.MaxInt64} {
+		b := gapBucket(d)
+		if b < prev || b >= itlBuckets {
+			t.Fatalf("gapBucket(%d) = %d after %d (of %d)", d, b, prev, itlBuckets)
+		}
+		prev = b
+	}
+}
+
+// BenchmarkSummarize summarises a simulated run's worth of samples: 20,000
+// requests of 250 gaps.
+func BenchmarkSummarize(b *testing.B) {
+	b.ReportAllocs()
+	r := rand.New(rand.NewPCG(1, 2))
+	samples := make([]Sample, 20000)
+	for i := range samples {
+		samples[i] = Sample{TTFT: time.Duration(r.Int64N(int64(time.Second))), E2E: time.Duration(r.Int64N(int64(10 * time.Second))), ITL: make([]time.Duration, 250)}
+		for j := range samples[i].ITL {
+			samples[i].ITL[j] = time.Duration(r.Int64N(int64(50 * time.Millisecond)))
+		}
+	}
+	b.ResetTimer()
+	for range b.N {
+		Summarize("p", samples, time.Minute)
 	}
 }
