@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -47,6 +48,29 @@ const (
 	// conversation off its cache on request count alone; one slot of slack
 	// fixes that while a hot key still spills as load grows.
 	AffinitySlots = 1
+
+	// RateTrust is how far a backend's learned prefill rate must stray from
+	// the fleet's (the geometric mean over the candidates) before it counts.
+	// Within a factor RateTrust of the fleet's, every backend is costed at
+	// the fleet's rate; beyond it, at its own rate shrunk by that factor. A
+	// rate is learned from the TTFTs of the requests the router sent there,
+	// so noise feeds back: identical engines learn rates up to 2.2x apart
+	// (16k to 35k tokens/s on h100-llama3-8b under the mixed workload), the
+	// "fast" one draws the traffic and the "slow" one, starved, never
+	// corrects its rate. A different GPU class (an A100 is 3.2x slower than
+	// an H100 on Llama-3-8B) or a throttled server still shows.
+	RateTrust = 3.0
+
+	// MissCostPerWaiter and FreeWaiters price the fleet-wide cost of
+	// recomputing a prompt. When the fleet is backlogged, every token one
+	// backend computes that another had cached delays the requests queued
+	// behind it, and through load balancing, everybody's. So a candidate's
+	// uncached tokens are charged (MissCostPerWaiter * excess) times again,
+	// excess being the mean number of requests per candidate waiting for
+	// their first token beyond FreeWaiters. Below that the fleet is not
+	// backlogged and the charge is 0: pure TTFT.
+	MissCostPerWaiter = 3.0
+	FreeWaiters       = 1.0
 
 	// EngineStateMaxAge is how old an engine report may be and still count.
 	// Metric scrapes arrive about once a second; an older report describes
@@ -108,9 +132,21 @@ func (p *KVRoute) Pick(in *Input) Decision {
 	}
 	tokensPerBlock := float64(in.BlockChars) / request.BytesPerToken
 
+	// First pass: the fleet's rate and backlog (see RateTrust and
+	// MissCostPerWaiter).
+	var logRate float64
+	var waiting int64
+	for _, b := range cands {
+		logRate += math.Log(learnedRate(b))
+		l := b.Load()
+		waiting += l.InFlight - l.Decoding
+	}
+	fleetRate := math.Exp(logRate / float64(n))
+	missCost := MissCostPerWaiter * max(float64(waiting)/float64(n)-FreeWaiters, 0)
+
 	start := p.rot.start(n)
 	best, holder := -1, -1
-	var bestEst, holderEst float64
+	var bestScore, bestEst, holderScore, holderEst float64
 	var bestLoad, holderLoad, total int64
 	var holderMatch int32
 	for k := range n {
@@ -121,18 +157,25 @@ func (p *KVRoute) Pick(in *Input) Decision {
 		b := cands[i]
 		l := b.Load()
 		total += l.InFlight
-		est := p.estimate(b, &l, prompt, int64(float64(in.Matched[i])*tokensPerBlock), in.Now)
+		cached := int64(float64(in.Matched[i]) * tokensPerBlock)
+		rate := trustedRate(learnedRate(b), fleetRate)
+		est := p.estimate(b, &l, prompt, cached, rate, in.Now)
+		// The score adds the fleet's share of the recomputation to this
+		// request's TTFT; it equals est when the fleet is not backlogged.
+		// It is priced at the fleet's rate: the capacity lost is the
+		// fleet's, and a backend's own rate would amplify its deviations.
+		score := est + missCost*float64(max(prompt-cached, 1))/fleetRate
 		// Exact float ties happen (idle, equal rates, no cache): break them
 		// by fewer in flight, then by the rotating scan order.
-		if best < 0 || est < bestEst || (est == bestEst && l.InFlight < bestLoad) {
-			best, bestEst, bestLoad = i, est, l.InFlight
+		if best < 0 || score < bestScore || (score == bestScore && l.InFlight < bestLoad) {
+			best, bestScore, bestEst, bestLoad = i, score, est, l.InFlight
 		}
 		// The conversation's holder: the longest match for this prompt; on
 		// equal matches (none at all, say) the backend it last went to, then
-		// the lower estimate.
+		// the lower score.
 		if m := in.Matched[i]; keyed && (holder < 0 || m > holderMatch ||
-			(m == holderMatch && cands[holder].ID != lastID && (b.ID == lastID || est < holderEst))) {
-			holder, holderEst, holderLoad, holderMatch = i, est, l.InFlight, m
+			(m == holderMatch && cands[holder].ID != lastID && (b.ID == lastID || score < holderScore))) {
+			holder, holderScore, holderEst, holderLoad, holderMatch = i, score, est, l.InFlight, m
 		}
 	}
 
@@ -140,7 +183,7 @@ func (p *KVRoute) Pick(in *Input) Decision {
 		if holder == best {
 			return Decision{Index: best, EstTTFT: bestEst, Note: "sticky"}
 		}
-		if holderEst <= AffinityRatio*bestEst+AffinitySlack &&
+		if holderScore <= AffinityRatio*bestScore+AffinitySlack &&
 			holderLoad+1 <= boundedLoadCap(p.loadFactor, total, n)+AffinitySlots {
 			return Decision{Index: holder, EstTTFT: holderEst, Note: "sticky"}
 		}
@@ -153,9 +196,30 @@ func (p *KVRoute) Pick(in *Input) Decision {
 	return Decision{Index: best, EstTTFT: bestEst, Note: note}
 }
 
+// learnedRate is b's learned prefill rate, or the prior if it has none.
+func learnedRate(b *fleet.Backend) float64 {
+	if r := b.PrefillRate(); r > 0 {
+		return r
+	}
+	return fleet.DefaultPrefillRate
+}
+
+// trustedRate is the rate kvroute costs a backend at: the fleet's rate
+// unless the backend's own strays beyond a factor RateTrust, and then its
+// own shrunk by that factor (continuous at the band's edges).
+func trustedRate(own, fleetRate float64) float64 {
+	switch r := own / fleetRate; {
+	case r > RateTrust:
+		return fleetRate * r / RateTrust
+	case r < 1/RateTrust:
+		return fleetRate * r * RateTrust
+	}
+	return fleetRate
+}
+
 // estimate is candidate b's estimated TTFT in seconds for a request of
-// prompt tokens of which cached are in b's prefix cache.
-func (p *KVRoute) estimate(b *fleet.Backend, l *fleet.Load, prompt, cached int64, now time.Time) float64 {
+// prompt tokens of which cached are in b's prefix cache, at rate tokens/s.
+func (p *KVRoute) estimate(b *fleet.Backend, l *fleet.Load, prompt, cached int64, rate float64, now time.Time) float64 {
 	// The engine computes at least the last prompt token even on a full
 	// hit (it needs its logits), so the uncached work is never zero.
 	uncached := max(prompt-cached, 1)
@@ -183,10 +247,6 @@ func (p *KVRoute) estimate(b *fleet.Backend, l *fleet.Load, prompt, cached int64
 
 	steps := max((work+PrefillChunkTokens-1)/PrefillChunkTokens, 1)
 	dec := DecodeSeqCost*float64(decoding) + DecodeContextCost*float64(context)
-	rate := b.PrefillRate()
-	if rate <= 0 {
-		rate = fleet.DefaultPrefillRate
-	}
 	return (float64(work) + float64(steps)*dec) / rate
 }
 

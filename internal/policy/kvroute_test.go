@@ -93,8 +93,20 @@ func TestKVRoutePick(t *testing.T) {
 			[]fxLoad{{matched: 500, pending: []int64{30000, 30000}}, {}}, 1, "load"},
 		{"keeps the prefix holder when its queue costs less than the prefill saved",
 			[]fxLoad{{matched: 500, pending: []int64{3000}}, {}}, 0, "cache"},
-		{"prefers a higher learned prefill rate",
-			[]fxLoad{{rate: 10000}, {rate: 40000}, {rate: 20000}}, 1, "load"},
+		{"prefers a rate far above the fleet's",
+			// Fleet (geometric mean) 10.6k: 40k is 3.8x above, beyond RateTrust.
+			[]fxLoad{{rate: 3000}, {rate: 40000}, {rate: 10000}}, 1, "load"},
+		{"ignores learned rates within RateTrust of the fleet's",
+			// Noise between identical engines: the fast-looking one holds
+			// more work and loses.
+			[]fxLoad{{rate: 35000, pending: []int64{3000}}, {rate: 16000}, {rate: 23000, pending: []int64{1000}}}, 1, "load"},
+		{"a backlogged fleet keeps a request with the holder of its prefix",
+			// 12 requests wait on backend 0 (mean 6 per backend): the 12,000
+			// queued tokens there beat recomputing 8,000 on the idle one.
+			[]fxLoad{{matched: 500, pending: []int64{1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000}}, {}}, 0, "cache"},
+		{"a fleet that is not backlogged sends it to the idle backend",
+			// The same queued tokens in one request: no backlog, pure TTFT.
+			[]fxLoad{{matched: 500, pending: []int64{12000}}, {}}, 1, "load"},
 		{"a slow backend's cache still wins when it saves enough",
 			[]fxLoad{{rate: 5000, matched: 500}, {rate: 20000}}, 0, "cache"},
 		{"penalises a big decoding batch",
@@ -363,5 +375,34 @@ func TestPickConcurrent(t *testing.T) {
 			})
 		}
 		wg.Wait()
+	}
+}
+
+func TestKVRouteTrustedRate(t *testing.T) {
+	tests := []struct{ own, want float64 }{
+		{10000, 10000},
+		{29000, 10000},
+		{3500, 10000},
+		{30000, 10000},
+		{60000, 20000},
+		{2000, 6000},
+	}
+	for _, tc := range tests {
+		if got := trustedRate(tc.own, 10000); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("trustedRate(%v, 10000) = %v, want %v", tc.own, got, tc.want)
+		}
+	}
+}
+
+func TestKVRouteMissCost(t *testing.T) {
+	// EstTTFT stays this request's TTFT estimate; the fleet's share of the
+	// recomputation only ranks.
+	loads := []fxLoad{{matched: 500, pending: []int64{1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000}}, {}}
+	cands := fxBackends(t, loads...)
+	d := fxNew(t, "kvroute", Options{}).Pick(fxInput(cands, loads, 8000, ""))
+	// 12,000 queued tokens plus the one recomputed, no decoding batch.
+	want := 12001.0 / fleet.DefaultPrefillRate
+	if d.Index != 0 || math.Abs(d.EstTTFT-want) > 1e-12 {
+		t.Fatalf("picked %d est %v, want 0 est %v", d.Index, d.EstTTFT, want)
 	}
 }
