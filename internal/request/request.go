@@ -94,25 +94,25 @@ const (
 )
 
 type chatBody struct {
-	Model               string            `json:"model"`
-	Messages            []message         `json:"messages"`
-	Tools               []json.RawMessage `json:"tools"`
-	MaxTokens           *int              `json:"max_tokens"`
-	MaxCompletionTokens *int              `json:"max_completion_tokens"`
-	MinTokens           *int              `json:"min_tokens"`
-	IgnoreEOS           bool              `json:"ignore_eos"`
-	Stream              bool              `json:"stream"`
-	StreamOptions       *streamOptions    `json:"stream_options"`
+	Model               string         `json:"model"`
+	Messages            []message      `json:"messages"`
+	Tools               []rawValue     `json:"tools"`
+	MaxTokens           *int           `json:"max_tokens"`
+	MaxCompletionTokens *int           `json:"max_completion_tokens"`
+	MinTokens           *int           `json:"min_tokens"`
+	IgnoreEOS           bool           `json:"ignore_eos"`
+	Stream              bool           `json:"stream"`
+	StreamOptions       *streamOptions `json:"stream_options"`
 }
 
 type completionBody struct {
-	Model         string          `json:"model"`
-	Prompt        json.RawMessage `json:"prompt"`
-	MaxTokens     *int            `json:"max_tokens"`
-	MinTokens     *int            `json:"min_tokens"`
-	IgnoreEOS     bool            `json:"ignore_eos"`
-	Stream        bool            `json:"stream"`
-	StreamOptions *streamOptions  `json:"stream_options"`
+	Model         string         `json:"model"`
+	Prompt        rawValue       `json:"prompt"`
+	MaxTokens     *int           `json:"max_tokens"`
+	MinTokens     *int           `json:"min_tokens"`
+	IgnoreEOS     bool           `json:"ignore_eos"`
+	Stream        bool           `json:"stream"`
+	StreamOptions *streamOptions `json:"stream_options"`
 }
 
 type streamOptions struct {
@@ -121,15 +121,33 @@ type streamOptions struct {
 
 // Message is one chat message as Render consumes it.
 type message struct {
-	Role      string          `json:"role"`
-	Content   json.RawMessage `json:"content"`
-	Name      string          `json:"name"`
+	Role      string   `json:"role"`
+	Content   rawValue `json:"content"`
+	Name      string   `json:"name"`
 	ToolCalls []struct {
 		Function struct {
 			Name      string `json:"name"`
 			Arguments string `json:"arguments"`
 		} `json:"function"`
 	} `json:"tool_calls"`
+}
+
+// rawValue is a JSON value of the body left undecoded, like
+// json.RawMessage, but aliasing the body instead of copying it: message
+// contents and prompts make up nearly all of a body, and copying them out
+// only to decode them again (validating them a second time) cost as much as
+// the rest of Parse.
+type rawValue []byte
+
+// UnmarshalJSON keeps data, a slice of the body that json.Unmarshal has
+// already validated as one JSON value. Keeping it without a copy is safe
+// because it aliases the body given to Parse, which outlives the decode, and
+// Parse copies whatever the view keeps before it returns. It never fails, so
+// that a content of the wrong type is still reported by writeContent with the
+// message's index.
+func (r *rawValue) UnmarshalJSON(data []byte) error {
+	*r = data
+	return nil
 }
 
 type contentPart struct {
@@ -162,7 +180,7 @@ func Parse(k Kind, body []byte, opt Options) (*View, *openai.Error) {
 		if len(b.Messages) > limit {
 			return nil, openai.BadRequest("too_many_messages", fmt.Sprintf("'messages' has %d entries, more than the limit of %d", len(b.Messages), limit))
 		}
-		prompt, first, err := renderChat(b.Messages, b.Tools)
+		prompt, first, err := renderChat(b.Messages, b.Tools, len(body))
 		if err != nil {
 			return nil, err
 		}
@@ -250,18 +268,27 @@ func sessionField(body []byte, field string) string {
 // Text content parts are concatenated; non-text parts (images, audio) render
 // as a placeholder so that they still occupy a position in the prefix.
 // The trailing "<|assistant|>\n" is the generation prompt.
-func renderChat(msgs []message, tools []json.RawMessage) (prompt, firstUser string, e *openai.Error) {
+func renderChat(msgs []message, tools []rawValue, bodyLen int) (prompt, firstUser string, e *openai.Error) {
 	var sb strings.Builder
+	// The prompt is about as long as the body its parts were decoded from
+	// (every delimiter the template adds replaces longer JSON syntax), so
+	// one allocation usually holds it.
+	sb.Grow(bodyLen + len("<|assistant|>\n"))
 	if len(tools) > 0 {
 		sb.WriteString("<|tools|>\n")
+		var buf bytes.Buffer
 		for _, t := range tools {
-			var buf bytes.Buffer
-			if err := json.Compact(&buf, t); err != nil {
-				return "", "", openai.BadRequest("invalid_tools", "'tools' entries must be JSON objects")
+			b := []byte(t)
+			if !compact(t) {
+				// Compacting a compact value would return it unchanged.
+				buf.Reset()
+				if err := json.Compact(&buf, t); err != nil {
+					return "", "", openai.BadRequest("invalid_tools", "'tools' entries must be JSON objects")
+				}
+				b = buf.Bytes()
 			}
 			// Compact keeps invalid UTF-8 bytes that the engine's JSON
 			// decoder turns into U+FFFD; render them as it sees them.
-			b := buf.Bytes()
 			if !utf8.Valid(b) {
 				b = bytes.ToValidUTF8(b, []byte("\uFFFD"))
 			}
@@ -297,13 +324,17 @@ func renderChat(msgs []message, tools []json.RawMessage) (prompt, firstUser stri
 	return sb.String(), firstUser, nil
 }
 
-func writeContent(sb *strings.Builder, raw json.RawMessage) error {
+func writeContent(sb *strings.Builder, raw rawValue) error {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil
 	}
 	switch raw[0] {
 	case '"':
+		if text, ok := plainString(raw); ok {
+			sb.Write(text)
+			return nil
+		}
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return fmt.Errorf("invalid string")
@@ -333,13 +364,16 @@ func writeContent(sb *strings.Builder, raw json.RawMessage) error {
 // renderPrompt renders a completions prompt: a string, an array of strings
 // (a batch, concatenated), an array of token ids, or an array of arrays of
 // token ids. ntok is the exact token count for token-id prompts, else -1.
-func renderPrompt(raw json.RawMessage) (text string, ntok int, e *openai.Error) {
+func renderPrompt(raw rawValue) (text string, ntok int, e *openai.Error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
 		return "", 0, openai.BadRequest("missing_prompt", "'prompt' is required")
 	}
 	switch raw[0] {
 	case '"':
+		if text, ok := plainString(raw); ok {
+			return string(text), -1, nil
+		}
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return "", 0, openai.BadRequest("invalid_prompt", "'prompt' is not a valid string")
@@ -377,4 +411,40 @@ func tokensText(toks []int64) string {
 		b = append(b, ' ')
 	}
 	return string(b)
+}
+
+// plainString returns the text of raw, a JSON string already validated by
+// encoding/json, when decoding it would return its bytes between the quotes
+// unchanged: no escape sequence and valid UTF-8 (encoding/json replaces
+// invalid bytes with U+FFFD). A valid JSON string holds no unescaped quote
+// or control character, so nothing else can change. Otherwise ok is false
+// and the caller decodes it with encoding/json.
+func plainString(raw []byte) (text []byte, ok bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return nil, false
+	}
+	text = raw[1 : len(raw)-1]
+	if bytes.IndexByte(text, '\\') >= 0 || !utf8.Valid(text) {
+		return nil, false
+	}
+	return text, true
+}
+
+// compact reports whether json.Compact would return v, a JSON value already
+// validated by encoding/json, unchanged: no whitespace outside strings.
+// Inside a string a backslash escapes the next byte, so an escaped quote
+// does not end it.
+func compact(v []byte) bool {
+	in := false
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case in && c == '\\':
+			i++
+		case c == '"':
+			in = !in
+		case !in && (c == ' ' || c == '\t' || c == '\n' || c == '\r'):
+			return false
+		}
+	}
+	return true
 }
