@@ -125,16 +125,34 @@ type Assignment struct {
 	ticket *fleet.Ticket
 }
 
+// BlockChars is the prefix block size in characters that Route hashes
+// prompts with.
+func (s *Scheduler) BlockChars() int { return s.blockCh }
+
 // Route picks a backend for v, skipping the backends whose IDs are in
 // exclude (those that already failed this request).
 func (s *Scheduler) Route(v *request.View, exclude []int, now time.Time) (*Assignment, error) {
-	snap := s.fleet.Snapshot()
 	sc := s.scratch.Get().(*scratch)
 	defer s.put(sc)
-
 	sc.hashes = prefix.Hash(sc.hashes[:0], v.Prompt, s.blockCh)
+	return s.route(sc, v, sc.hashes, exclude, now)
+}
+
+// RouteHashed is Route for a caller that has already hashed v.Prompt:
+// hashes must be prefix.Hash(nil, v.Prompt, s.BlockChars()). The simulator
+// hashes each prompt once for the router and its engine alike. hashes is
+// read during the call only and never modified.
+func (s *Scheduler) RouteHashed(v *request.View, hashes []uint64, exclude []int, now time.Time) (*Assignment, error) {
+	sc := s.scratch.Get().(*scratch)
+	defer s.put(sc)
+	return s.route(sc, v, hashes, exclude, now)
+}
+
+// route is Route with the prompt's hashes given.
+func (s *Scheduler) route(sc *scratch, v *request.View, hashes []uint64, exclude []int, now time.Time) (*Assignment, error) {
+	snap := s.fleet.Snapshot()
 	sc.cands = sc.cands[:0]
-	warm := s.warmKey(v, sc.hashes)
+	warm := s.warmKey(v, hashes)
 	held := 0
 	for _, b := range snap.Healthy {
 		if b.Serves(v.Model) && !excluded(exclude, b.ID) {
@@ -167,7 +185,7 @@ func (s *Scheduler) Route(v *request.View, exclude []int, now time.Time) (*Assig
 		sc.all = make([]int32, snap.IDs)
 	}
 	sc.all = sc.all[:snap.IDs]
-	s.index.Match(sc.hashes, sc.all)
+	s.index.Match(hashes, sc.all)
 	sc.matched = sc.matched[:0]
 	for _, b := range sc.cands {
 		sc.matched = append(sc.matched, sc.all[b.ID])
@@ -175,7 +193,7 @@ func (s *Scheduler) Route(v *request.View, exclude []int, now time.Time) (*Assig
 
 	sc.in = policy.Input{
 		View:       v,
-		Hashes:     sc.hashes,
+		Hashes:     hashes,
 		BlockChars: s.blockCh,
 		Candidates: sc.cands,
 		Matched:    sc.matched,
@@ -192,7 +210,7 @@ func (s *Scheduler) Route(v *request.View, exclude []int, now time.Time) (*Assig
 		act.observer.Routed(&sc.in, d)
 	}
 	b := sc.cands[d.Index]
-	s.index.Insert(b.ID, sc.hashes)
+	s.index.Insert(b.ID, hashes)
 
 	blocks := int(sc.matched[d.Index])
 	matchedTok := min(v.PromptTokens, blocks*s.blockCh/request.BytesPerToken)
@@ -210,7 +228,7 @@ func (s *Scheduler) Route(v *request.View, exclude []int, now time.Time) (*Assig
 		// generation; its delay says nothing of the prefill rate.
 		a.ticket.NoRateSample()
 	}
-	a.Reason = s.reason(sc, act.prefix, blocks, len(sc.hashes), d)
+	a.Reason = s.reason(sc, act.prefix, blocks, len(hashes), d)
 	return a, nil
 }
 

@@ -316,3 +316,30 @@ func TestConcurrentRoute(t *testing.T) {
 		}
 	}
 }
+
+// TestRouteHashedMatchesRoute replays the same requests through Route on one
+// scheduler and through RouteHashed (with the prompts hashed by the caller)
+// on another: every decision and its reason must agree.
+func TestRouteHashedMatchesRoute(t *testing.T) {
+	a := New(newFleet(t, 4), policy.Policy(longestPrefix{}), Config{})
+	b := New(newFleet(t, 4), policy.Policy(longestPrefix{}), Config{})
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := range 200 {
+		v := view("m", text(r.IntN(8), 64*(1+r.IntN(20))+r.IntN(64)))
+		now := t0.Add(time.Duration(i) * time.Millisecond)
+		got, err := b.RouteHashed(v, prefix.Hash(nil, v.Prompt, b.BlockChars()), nil, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := a.Route(v, nil, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Backend.ID != want.Backend.ID || got.Reason != want.Reason || got.MatchedTokens != want.MatchedTokens {
+			t.Fatalf("request %d: RouteHashed picked %d (%q, %d tokens), Route %d (%q, %d tokens)",
+				i, got.Backend.ID, got.Reason, got.MatchedTokens, want.Backend.ID, want.Reason, want.MatchedTokens)
+		}
+		got.Done(now)
+		want.Done(now)
+	}
+}

@@ -192,8 +192,13 @@ type sim struct {
 	cur     int // the node whose step is running (for the sink)
 	samples []report.Sample
 	arena   []time.Duration
-	end     time.Duration
-	nextID  uint64
+	// shareHashes is set when the router's blocks are the engine's (same
+	// size, and both hash with prefix.Hash): each prompt is then hashed
+	// once, into hashArena, for both.
+	shareHashes bool
+	hashArena   []uint64
+	end         time.Duration
+	nextID      uint64
 }
 
 func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
@@ -222,10 +227,8 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 		s.nodes[i].eng = engine.New(pr, cfg.KVBlocks)
 	}
 	s.sched = scheduler.New(f, p, cfg.Scheduler)
-	blockChars := cfg.Scheduler.BlockChars
-	if blockChars <= 0 {
-		blockChars = prefix.DefaultBlockChars
-	}
+	blockChars := s.sched.BlockChars()
+	s.shareHashes = blockChars == engine.BlockSize*engine.BytesPerToken
 	for i := range s.nodes {
 		// The router learns a backend's capacity from its metrics (vLLM's
 		// cache_config_info): engine blocks of BlockSize tokens of
@@ -288,7 +291,15 @@ func (s *sim) arrive(r *workload.Request) {
 		return
 	}
 	v.SessionKey = r.Session
-	a, err := s.sched.Route(v, nil, Epoch.Add(s.now))
+	var hashes []uint64
+	var a *scheduler.Assignment
+	var err error
+	if s.shareHashes {
+		hashes = s.hash(v.Prompt)
+		a, err = s.sched.RouteHashed(v, hashes, nil, Epoch.Add(s.now))
+	} else {
+		a, err = s.sched.Route(v, nil, Epoch.Add(s.now))
+	}
 	if err != nil {
 		s.fail(r.At, v.PromptTokens, 0, err.Error())
 		return
@@ -299,6 +310,7 @@ func (s *sim) arrive(r *workload.Request) {
 	f := &flight{a: a, arrival: r.At, backend: int32(a.Backend.ID)}
 	f.ID = s.nextID
 	f.Prompt = v.Prompt
+	f.PromptHashes = hashes
 	// The output length follows the engine's one rule, seeded as the
 	// emulator seeds it, so that a request gets the same length here as
 	// from kvroute engine.
@@ -330,6 +342,24 @@ func (s *sim) alloc(n int) []time.Duration {
 	}
 	out := s.arena[len(s.arena) : len(s.arena) : len(s.arena)+n]
 	s.arena = s.arena[:len(s.arena)+n]
+	return out
+}
+
+// hash returns prefix.Hash(nil, prompt, engine block bytes), carved from a
+// shared arena so that hashing a prompt costs no allocation of its own. The
+// slice is never written again: the router reads it during Route and the
+// engine until the request finishes.
+func (s *sim) hash(prompt string) []uint64 {
+	n := len(prompt) / (engine.BlockSize * engine.BytesPerToken)
+	if n > 1<<12 {
+		return prefix.Hash(make([]uint64, 0, n), prompt, engine.BlockSize*engine.BytesPerToken)
+	}
+	if cap(s.hashArena)-len(s.hashArena) < n {
+		s.hashArena = make([]uint64, 0, 1<<15)
+	}
+	l := len(s.hashArena)
+	out := prefix.Hash(s.hashArena[l:l:l+n], prompt, engine.BlockSize*engine.BytesPerToken)
+	s.hashArena = s.hashArena[:l+n]
 	return out
 }
 
