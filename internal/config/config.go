@@ -207,8 +207,11 @@ type Upstream struct {
 	// ConnectTimeout bounds establishing a connection. Default 5s.
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
 	// ResponseHeaderTimeout bounds the wait for a backend's response
-	// headers after the request was sent. A non-streaming request sends its
-	// headers only when the whole completion is done, so keep it above the
+	// headers after the request was sent, and then again the wait for the
+	// first body byte (vLLM sends a stream's headers before its prefill).
+	// A backend that exceeds it is a failure: the request is retried
+	// elsewhere, or gets 504. A non-streaming request sends its headers
+	// only when the whole completion is done, so keep it above the
 	// longest completion. 0 means no limit. Default 10m.
 	ResponseHeaderTimeout time.Duration `yaml:"response_header_timeout"`
 	// DiscoverModels asks each backend without a configured models list

@@ -278,7 +278,7 @@ func (t *retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 				return resp, nil
 			default:
 				var perr error
-				head, perr = peek(resp.Body)
+				head, perr = s.firstByte(resp.Body)
 				if len(head) > 0 || perr == io.EOF {
 					now := time.Now()
 					if len(head) > 0 {
@@ -286,7 +286,9 @@ func (t *retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 						s.adm.Wake() // its prefill left the backend's pending tokens
 						s.metrics.ttft.WithLabelValues(b.Name).Observe(now.Sub(fl.start).Seconds())
 					}
-					s.succeeded(b)
+					// Success is recorded when the body ends (trackedBody):
+					// a backend that starts responses and then breaks them
+					// must collect consecutive failures.
 					resp.Body = s.track(resp, fl, head, perr)
 					return resp, nil
 				}
@@ -384,7 +386,8 @@ func (s *Server) end(fl *flight, status int) {
 // when the body ends (EOF, error or Close), exactly once. head holds bytes
 // already read by peek, and headErr the error that came with them.
 func (s *Server) track(resp *http.Response, fl *flight, head []byte, headErr error) io.ReadCloser {
-	return &trackedBody{s: s, fl: fl, rc: resp.Body, head: head, headErr: headErr, status: resp.StatusCode, ctx: resp.Request.Context()}
+	return &trackedBody{s: s, fl: fl, rc: resp.Body, head: head, headErr: headErr, status: resp.StatusCode, ctx: resp.Request.Context(),
+		sse: resp.StatusCode == http.StatusOK && isSSE(resp.Header.Get("Content-Type"))}
 }
 
 type trackedBody struct {
@@ -396,9 +399,47 @@ type trackedBody struct {
 	status  int
 	ctx     context.Context
 	done    atomic.Bool
+	// sse marks an event stream, which gets an error event if its backend
+	// breaks it (streamerr.go): tail tracks event boundaries, and cut
+	// holds the event's unsent bytes, then cutErr is returned.
+	sse    bool
+	tail   sseTail
+	cut    []byte
+	cutErr error
 }
 
 func (t *trackedBody) Read(p []byte) (int, error) {
+	if t.cutErr != nil {
+		n := copy(p, t.cut)
+		t.cut = t.cut[n:]
+		if n == 0 {
+			return 0, t.cutErr
+		}
+		return n, nil
+	}
+	n, err := t.read(p)
+	if !t.sse {
+		return n, err
+	}
+	t.tail.note(p[:n])
+	if err != nil && err != io.EOF && t.ctx.Err() == nil {
+		name := noBackend
+		if t.fl.target != nil {
+			name = t.fl.target.Name
+		}
+		t.cut, t.cutErr = streamErrorEvent(name, err, t.tail.atBoundary()), err
+	}
+	if t.cutErr != nil {
+		if n == 0 {
+			return t.Read(p)
+		}
+		return n, nil // the event follows on the next Read
+	}
+	return n, err
+}
+
+// read is Read for the backend's own bytes.
+func (t *trackedBody) read(p []byte) (int, error) {
 	if len(t.head) > 0 {
 		n := copy(p, t.head)
 		t.head = t.head[n:]
@@ -437,6 +478,9 @@ func (t *trackedBody) finish(err error) {
 		// sees a truncated body. Never retried.
 		s.failure(fl.target, err)
 		s.log.Warn("response broken after first byte", "backend", fl.target.Name, "err", err)
+	}
+	if err == io.EOF && t.status/100 == 2 && fl.target != nil && fl.view != nil {
+		s.succeeded(fl.target)
 	}
 	if fl.view == nil {
 		s.metrics.requests.WithLabelValues(fl.target.Name, s.metrics.policy, strconv.Itoa(t.status)).Inc()

@@ -7,7 +7,8 @@
 //
 // It owns all network I/O of the router. It must not make routing
 // decisions of its own for completions (package scheduler does), and it
-// never alters a request or response body.
+// never alters a request or response body: it only ever appends an error
+// event to an event stream its backend broke (streamerr.go).
 package proxy
 
 import (

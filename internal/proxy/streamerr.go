@@ -1,0 +1,76 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+
+	"github.com/kvroute/kvroute/internal/openai"
+)
+
+// A stream whose backend breaks after its first byte cannot be retried:
+// the client already holds part of it. The router then ends it in two
+// ways a client can detect, whatever its SSE library:
+//
+//  1. it appends one SSE event in the OpenAI error shape,
+//
+//     data: {"error":{"message":"backend engine-0 broke the stream: ...","type":"server_error","param":null,"code":"backend_stream_broken"}}
+//
+//     preceded by a blank line when the backend stopped inside an event,
+//     so that the error event parses on its own (the OpenAI SDKs raise an
+//     APIError on an event with an "error" key);
+//  2. it never sends data: [DONE], and aborts the response instead of
+//     ending it, so that the HTTP framing itself is truncated (an
+//     unterminated chunked body, seen by HTTP clients as an unexpected
+//     EOF).
+//
+// The bytes the backend sent before the break reach the client unchanged.
+// Non-SSE bodies (a JSON completion) get no event, which would corrupt
+// them: only the abort.
+
+// streamBrokenCode is the error code of the event.
+const streamBrokenCode = "backend_stream_broken"
+
+// isSSE reports whether a response with this Content-Type is an event
+// stream.
+func isSSE(contentType string) bool {
+	return strings.HasPrefix(strings.ToLower(strings.TrimSpace(contentType)), "text/event-stream")
+}
+
+// sseTail remembers the last bytes relayed, to tell whether the stream
+// stopped between events.
+type sseTail struct {
+	b [4]byte
+	n int
+}
+
+func (t *sseTail) note(p []byte) {
+	for _, c := range p[max(0, len(p)-4):] {
+		copy(t.b[:], t.b[1:])
+		t.b[3] = c
+		t.n = min(t.n+1, 4)
+	}
+}
+
+// atBoundary reports whether nothing, or a whole number of events, was
+// relayed.
+func (t *sseTail) atBoundary() bool {
+	s := t.b[4-t.n:]
+	return t.n == 0 || bytes.HasSuffix(s, []byte("\n\n")) || bytes.HasSuffix(s, []byte("\r\n\r\n")) || bytes.HasSuffix(s, []byte("\r\r"))
+}
+
+// streamErrorEvent is the event that ends a broken stream (see above).
+func streamErrorEvent(backend string, cause error, atBoundary bool) []byte {
+	body, _ := json.Marshal(openai.ErrorBody{Error: openai.ErrorDetail{
+		Message: "backend " + backend + " broke the stream: " + cause.Error(),
+		Type:    openai.TypeServer,
+		Code:    streamBrokenCode,
+	}})
+	var b []byte
+	if !atBoundary {
+		b = append(b, "\n\n"...)
+	}
+	b = append(b, "data: "...)
+	b = append(b, body...)
+	return append(b, "\n\n"...)
+}
