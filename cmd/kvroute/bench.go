@@ -48,6 +48,7 @@ func runBench(args []string) int {
 	fs.IntVar(&f.maxConc, "max-concurrency", bench.DefaultMaxConcurrency, "safety cap on requests in flight; a request arriving at the cap is not sent and counts as an error")
 	fs.StringVar(&f.out, "out", "", "write ttft.svg (TTFT distribution) into `DIR`")
 	fs.StringVar(&f.json, "json", "", "write the results as {\"runs\":[...]} JSON to `FILE`")
+	soak := registerSoak(fs)
 	fs.Usage = func() {
 		o := fs.Output()
 		fmt.Fprintln(o, "usage: kvroute bench --target URL --workload NAME|FILE [--rate R | --speedup X] [--duration D] [--limit N] [--seed S] [--model M] [--out DIR] [--json FILE]")
@@ -66,6 +67,11 @@ func runBench(args []string) int {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if set["soak"] {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+		defer stop()
+		return runSoak(ctx, os.Stdout, os.Stderr, &f, soak, set)
+	}
 	opt, err := f.check(fs.Args(), set)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kvroute bench: %v\nRun 'kvroute bench -h' for the flags.\n", err)

@@ -274,9 +274,13 @@ func (r *runner) do(ctx context.Context, wr *workload.Request, s *report.Sample)
 	}
 	defer resp.Body.Close()
 	s.Backend = resp.Header.Get(BackendHeader)
+	s.Status = resp.StatusCode
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		s.Err = httpError(resp.StatusCode, b)
+		if !isErrorBody(b) {
+			s.Err = errNotOpenAI + s.Err
+		}
 		return
 	}
 	st, err := readStream(resp.Body, start)
