@@ -30,6 +30,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/prefix"
 	"github.com/kvroute/kvroute/internal/report"
@@ -213,13 +214,10 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 	s := &sim{
 		cfg:     cfg,
 		reqs:    reqs,
-		model:   cfg.Model,
 		nodes:   make([]node, len(cfg.Engines)),
 		samples: make([]report.Sample, 0, len(reqs)),
 	}
-	if s.model == "" {
-		s.model = cfg.Engines[0].Model
-	}
+	s.model = cfg.model()
 	for i, pr := range cfg.Engines {
 		// Backends serve any model, so that a heterogeneous fleet (whose
 		// presets name different models) still takes every request.
@@ -228,6 +226,9 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 	}
 	s.sched = scheduler.New(f, p, cfg.Scheduler)
 	blockChars := s.sched.BlockChars()
+	if blockChars != cfg.blockChars() {
+		return nil, fmt.Errorf("sim: scheduler blocks of %d characters, want %d", blockChars, cfg.blockChars())
+	}
 	s.shareHashes = blockChars == engine.BlockSize*engine.BytesPerToken
 	for i := range s.nodes {
 		// The router learns a backend's capacity from its metrics (vLLM's
@@ -260,17 +261,19 @@ func (s *sim) push(at time.Duration, class uint8, engine int) {
 
 // loop runs the simulation to the last event.
 func (s *sim) loop() {
-	next := 0
-	for next < len(s.order) || len(s.heap) > 0 {
-		if next < len(s.order) {
-			r := &s.reqs[s.order[next]]
-			if len(s.heap) == 0 || (event{at: r.At, class: evArrival}).less(s.heap[0]) {
-				s.now = r.At
-				s.arrive(r)
-				next++
-				continue
-			}
-		}
+	for _, k := range s.order {
+		r := &s.reqs[k]
+		s.until(r.At)
+		s.arrive(r)
+	}
+	s.until(-1)
+}
+
+// until handles, in order, the events that come before an arrival at at
+// (every event when at < 0), and sets the clock to at.
+func (s *sim) until(at time.Duration) {
+	arrival := event{at: at, class: evArrival}
+	for len(s.heap) > 0 && (at < 0 || s.heap[0].less(arrival)) {
 		e := s.heap.pop()
 		s.now = e.at
 		switch e.class {
@@ -280,22 +283,42 @@ func (s *sim) loop() {
 			s.stepStart(int(e.engine))
 		}
 	}
+	if at >= 0 {
+		s.now = at
+	}
+}
+
+// view parses r as this run's router would see it, and hashes its prompt
+// when the router and engines share hashes.
+func (s *sim) view(r *workload.Request) (*request.View, []uint64, *openai.Error) {
+	v, perr := request.Parse(r.Kind, r.Body(s.model), s.cfg.Request)
+	if perr != nil {
+		return nil, nil, perr
+	}
+	v.SessionKey = r.Session
+	var hashes []uint64
+	if s.shareHashes {
+		hashes = s.hash(v.Prompt)
+	}
+	return v, hashes, nil
 }
 
 // arrive routes one request and queues it on its engine.
 func (s *sim) arrive(r *workload.Request) {
-	body := r.Body(s.model)
-	v, perr := request.Parse(r.Kind, body, s.cfg.Request)
+	v, hashes, perr := s.view(r)
+	s.admit(r, v, hashes, perr)
+}
+
+// admit routes a parsed request (see view) and queues it on its engine. v
+// and hashes are only read, so runs in lockstep may share them.
+func (s *sim) admit(r *workload.Request, v *request.View, hashes []uint64, perr *openai.Error) {
 	if perr != nil {
 		s.fail(r.At, 0, 0, "parse: "+perr.Message)
 		return
 	}
-	v.SessionKey = r.Session
-	var hashes []uint64
 	var a *scheduler.Assignment
 	var err error
-	if s.shareHashes {
-		hashes = s.hash(v.Prompt)
+	if hashes != nil {
 		a, err = s.sched.RouteHashed(v, hashes, nil, Epoch.Add(s.now))
 	} else {
 		a, err = s.sched.Route(v, nil, Epoch.Add(s.now))
@@ -503,20 +526,113 @@ type Job struct {
 // their results in job order. Each run is single-threaded and owns its
 // fleet, so running several side by side changes nothing in any result;
 // jobs may share their Reqs.
+//
+// Jobs that share their Reqs (the same slice), model, parser options and
+// block size run in lockstep, split over at most parallel goroutines: each
+// arrival's body is built, parsed and hashed once per goroutine and the
+// read-only view is handed to every run of the group, instead of once per
+// run. Every run still sees exactly the events it would see alone, so
+// results are the same byte for byte; a rate of simulated requests per
+// CPU-second counts each run's requests (jobs x requests), the parsing
+// shared among them counted once.
 func RunAll(jobs []Job, parallel int) ([]report.Run, error) {
+	parallel = max(parallel, 1)
 	runs := make([]report.Run, len(jobs))
 	errs := make([]error, len(jobs))
-	sem := make(chan struct{}, max(parallel, 1))
+	// Group the jobs; a group's members are split round-robin into at most
+	// parallel units, each run by one goroutine.
+	type key struct {
+		reqs  *workload.Request
+		n     int
+		model string
+		opt   request.Options
+		block int
+	}
+	var order []key
+	groups := map[key][]int{}
+	for i, j := range jobs {
+		k := key{n: len(j.Reqs), model: j.Config.model(), opt: j.Config.Request, block: j.Config.blockChars()}
+		if len(j.Reqs) > 0 {
+			k.reqs = &j.Reqs[0]
+		}
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], i)
+	}
+	var units [][]int
+	for _, k := range order {
+		g := groups[k]
+		n := min(parallel, len(g))
+		split := make([][]int, n)
+		for i, j := range g {
+			split[i%n] = append(split[i%n], j)
+		}
+		units = append(units, split...)
+	}
+	sem := make(chan struct{}, parallel)
 	var wg sync.WaitGroup
-	for i := range jobs {
+	for _, u := range units {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			runs[i], errs[i] = Run(jobs[i].Reqs, jobs[i].Config)
+			var sims []*sim
+			var idx []int
+			for _, i := range u {
+				s, err := newSim(jobs[i].Reqs, jobs[i].Config)
+				if err != nil {
+					errs[i] = err
+					continue
+				}
+				sims = append(sims, s)
+				idx = append(idx, i)
+			}
+			lockstep(sims)
+			for k, s := range sims {
+				runs[idx[k]] = s.result()
+			}
 		}()
 	}
 	wg.Wait()
 	return runs, errors.Join(errs...)
+}
+
+// lockstep runs sims, which share their requests, model, parser options
+// and block size, side by side on one goroutine: each arrival is parsed
+// and hashed once, by the first run, and admitted by every run at its own
+// clock.
+func lockstep(sims []*sim) {
+	if len(sims) == 0 {
+		return
+	}
+	first := sims[0]
+	for _, k := range first.order {
+		r := &first.reqs[k]
+		v, hashes, perr := first.view(r)
+		for _, s := range sims {
+			s.until(r.At)
+			s.admit(r, v, hashes, perr)
+		}
+	}
+	for _, s := range sims {
+		s.until(-1)
+	}
+}
+
+// model is the model name the run's requests ask for.
+func (c *Config) model() string {
+	if c.Model == "" && len(c.Engines) > 0 {
+		return c.Engines[0].Model
+	}
+	return c.Model
+}
+
+// blockChars is the router's block size of the run.
+func (c *Config) blockChars() int {
+	if c.Scheduler.BlockChars <= 0 {
+		return prefix.DefaultBlockChars
+	}
+	return c.Scheduler.BlockChars
 }

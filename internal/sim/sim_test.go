@@ -295,3 +295,41 @@ func BenchmarkSim64(b *testing.B) {
 		})
 	}
 }
+
+// TestRunAllLockstep checks that runs sharing their requests, which RunAll
+// steps together over one parse of each arrival, give exactly the results
+// they give alone, however the jobs are split over goroutines.
+func TestRunAllLockstep(t *testing.T) {
+	engines, reqs := fixture(t, "agent", 3, 200, 0.8)
+	_, other := fixture(t, "chat", 3, 150, 0.5)
+	var jobs []Job
+	for _, p := range policy.Names() {
+		jobs = append(jobs, Job{Reqs: reqs, Config: Config{Engines: engines, Policy: p, Seed: 5}})
+	}
+	jobs = append(jobs, Job{Reqs: other, Config: Config{Engines: engines, Policy: policy.Default, Seed: 5}})
+	want := make([]report.Run, len(jobs))
+	for i, j := range jobs {
+		r, err := Run(j.Reqs, j.Config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[i] = r
+	}
+	wantJSON, err := json.Marshal(report.Report{Runs: want})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, parallel := range []int{1, 2, 5} {
+		got, err := RunAll(jobs, parallel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gotJSON, err := json.Marshal(report.Report{Runs: got})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(gotJSON, wantJSON) {
+			t.Errorf("parallel %d: RunAll differs from runs alone:\n%s\n%s", parallel, gotJSON, wantJSON)
+		}
+	}
+}
