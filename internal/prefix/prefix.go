@@ -326,68 +326,80 @@ func (ix *Index) pushFront(l *lru, n int32) {
 }
 
 // pairTable finds the node of a (block, backend) pair: open addressing with
-// linear probing over node indices, the keys read from the nodes themselves
-// (4 bytes a slot). It is kept at most half full, and deletes by shifting
-// the following run back (no tombstones), so probes stay short under churn.
+// linear probing over node indices. Each slot also keeps the top 32 bits of
+// its pair's mixed key (the tag), from which the slot's home follows and
+// which rules out most mismatches: probing, deleting and growing never read
+// a node except to confirm a tag match, and nodes are scattered over a slab
+// of millions where every read is a cache miss. It is kept at most half
+// full, and deletes by shifting the following run back (no tombstones), so
+// probes stay short under churn.
 type pairTable struct {
-	slots []int32 // node index or nilNode; len is a power of two
-	shift uint    // 64 - log2(len(slots))
+	slots []pairSlot // len is a power of two, at most 1<<32
+	shift uint       // 32 - log2(len(slots)): home = tag >> shift
 	n     int
+}
+
+// pairSlot is one slot: a node index (nilNode when empty) and its tag.
+type pairSlot struct {
+	node int32
+	tag  uint32
 }
 
 // minPairSlots is the table's first size.
 const minPairSlots = 1 << 10
 
-func (t *pairTable) home(h uint64, b int32) int {
+// tag mixes a pair into 32 bits whose leading bits are its home.
+func pairTag(h uint64, b int32) uint32 {
 	// h is already a good hash, but tests and callers may pass plain
 	// numbers; the multiply spreads any key over the high bits taken.
-	return int(((h ^ uint64(b)*0x9e3779b97f4a7c15) * 0xbf58476d1ce4e5b9) >> t.shift)
+	return uint32(((h ^ uint64(b)*0x9e3779b97f4a7c15) * 0xbf58476d1ce4e5b9) >> 32)
 }
 
 func (t *pairTable) find(nodes []node, h uint64, b int32) int32 {
 	if t.n == 0 {
 		return nilNode
 	}
+	tag := pairTag(h, b)
 	mask := len(t.slots) - 1
-	for i := t.home(h, b); ; i = (i + 1) & mask {
-		n := t.slots[i]
-		if n == nilNode {
+	for i := int(tag >> t.shift); ; i = (i + 1) & mask {
+		sl := t.slots[i]
+		if sl.node == nilNode {
 			return nilNode
 		}
-		if nodes[n].hash == h && nodes[n].backend == b {
-			return n
+		if sl.tag == tag && nodes[sl.node].hash == h && nodes[sl.node].backend == b {
+			return sl.node
 		}
 	}
 }
 
 func (t *pairTable) add(nodes []node, n int32) {
 	if 2*(t.n+1) > len(t.slots) {
-		t.grow(nodes)
+		t.grow()
 	}
-	t.place(nodes, n)
+	t.place(pairSlot{node: n, tag: pairTag(nodes[n].hash, nodes[n].backend)})
 	t.n++
 }
 
-func (t *pairTable) place(nodes []node, n int32) {
+func (t *pairTable) place(sl pairSlot) {
 	mask := len(t.slots) - 1
-	i := t.home(nodes[n].hash, nodes[n].backend)
-	for t.slots[i] != nilNode {
+	i := int(sl.tag >> t.shift)
+	for t.slots[i].node != nilNode {
 		i = (i + 1) & mask
 	}
-	t.slots[i] = n
+	t.slots[i] = sl
 }
 
-func (t *pairTable) grow(nodes []node) {
+func (t *pairTable) grow() {
 	old := t.slots
 	size := max(minPairSlots, 2*len(old))
-	t.slots = make([]int32, size)
+	t.slots = make([]pairSlot, size)
 	for i := range t.slots {
-		t.slots[i] = nilNode
+		t.slots[i].node = nilNode
 	}
-	t.shift = uint(64 - bits.TrailingZeros(uint(size)))
-	for _, n := range old {
-		if n != nilNode {
-			t.place(nodes, n)
+	t.shift = uint(32 - bits.TrailingZeros(uint(size)))
+	for _, sl := range old {
+		if sl.node != nilNode {
+			t.place(sl)
 		}
 	}
 }
@@ -395,20 +407,19 @@ func (t *pairTable) grow(nodes []node) {
 // remove deletes node n, which the table holds.
 func (t *pairTable) remove(nodes []node, n int32) {
 	mask := len(t.slots) - 1
-	i := t.home(nodes[n].hash, nodes[n].backend)
-	for t.slots[i] != n {
+	i := int(pairTag(nodes[n].hash, nodes[n].backend) >> t.shift)
+	for t.slots[i].node != n {
 		i = (i + 1) & mask
 	}
 	// Shift back every later entry of the run whose home is not in the
 	// cyclic range (i, j], so that no probe ever crosses an empty slot.
-	for j := (i + 1) & mask; t.slots[j] != nilNode; j = (j + 1) & mask {
-		m := t.slots[j]
-		k := t.home(nodes[m].hash, nodes[m].backend)
+	for j := (i + 1) & mask; t.slots[j].node != nilNode; j = (j + 1) & mask {
+		k := int(t.slots[j].tag >> t.shift)
 		if (j-k)&mask >= (j-i)&mask {
-			t.slots[i] = m
+			t.slots[i] = t.slots[j]
 			i = j
 		}
 	}
-	t.slots[i] = nilNode
+	t.slots[i].node = nilNode
 	t.n--
 }
