@@ -100,11 +100,16 @@ func (b *breaker) failure(now time.Time, c breakerConfig) transition {
 	return toOpen
 }
 
-// success records a successful request or check at now.
-func (b *breaker) success(now time.Time, c breakerConfig) transition {
+// success records a successful request (check false) or active check
+// (check true) at now. A passing check does not clear a closed breaker's
+// count of failed requests: an engine whose /health answers while its
+// completions fail must still be ejected.
+func (b *breaker) success(now time.Time, c breakerConfig, check bool) transition {
 	switch b.state {
 	case breakerClosed:
-		b.fails = 0
+		if !check {
+			b.fails = 0
+		}
 		return noChange
 	case breakerOpen:
 		if now.Before(b.until) {

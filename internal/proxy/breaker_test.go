@@ -34,6 +34,20 @@ func TestBreakerTransitions(t *testing.T) {
 			{4, "fail", noChange, false, breakerClosed},
 			{5, "fail", toOpen, false, breakerOpen},
 		}},
+		{"a passing check does not hide failing requests", []step{
+			{0, "fail", noChange, false, breakerClosed},
+			{1, "check", noChange, false, breakerClosed},
+			{2, "fail", noChange, false, breakerClosed},
+			{3, "check", noChange, false, breakerClosed},
+			{4, "fail", toOpen, false, breakerOpen},
+		}},
+		{"a passing check closes a half-open breaker", []step{
+			{0, "fail", noChange, false, breakerClosed},
+			{0, "fail", noChange, false, breakerClosed},
+			{0, "fail", toOpen, false, breakerOpen},
+			{time.Second, "expire", toHalfOpen, false, breakerHalfOpen},
+			{time.Second, "check", toClosed, false, breakerClosed},
+		}},
 		{"open lets nothing through and ignores late outcomes", []step{
 			{0, "fail", noChange, false, breakerClosed},
 			{0, "fail", noChange, false, breakerClosed},
@@ -108,7 +122,9 @@ func TestBreakerTransitions(t *testing.T) {
 				case "fail":
 					got = b.failure(now, cfg)
 				case "ok":
-					got = b.success(now, cfg)
+					got = b.success(now, cfg, false)
+				case "check":
+					got = b.success(now, cfg, true)
 				case "expire":
 					got = b.expire(now)
 				case "allow":

@@ -273,7 +273,7 @@ func (t *retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 				// The backend's own answer (a 4xx such as a too long
 				// prompt): not a failure of the backend, and its timing
 				// says nothing of prefill.
-				s.succeeded(b)
+				s.succeeded(b, false)
 				resp.Body = s.track(resp, fl, nil, nil)
 				return resp, nil
 			default:
@@ -480,7 +480,7 @@ func (t *trackedBody) finish(err error) {
 		s.log.Warn("response broken after first byte", "backend", fl.target.Name, "err", err)
 	}
 	if err == io.EOF && t.status/100 == 2 && fl.target != nil && fl.view != nil {
-		s.succeeded(fl.target)
+		s.succeeded(fl.target, false)
 	}
 	if fl.view == nil {
 		s.metrics.requests.WithLabelValues(fl.target.Name, s.metrics.policy, strconv.Itoa(t.status)).Inc()

@@ -48,15 +48,16 @@ func (s *Server) healthOf(b *fleet.Backend) *backendHealth {
 	return hs[b.ID]
 }
 
-// succeeded records a successful proxied request or active check.
-func (s *Server) succeeded(b *fleet.Backend) {
+// succeeded records a successful proxied request (check false) or active
+// check (check true).
+func (s *Server) succeeded(b *fleet.Backend, check bool) {
 	h := s.healthOf(b)
 	if h == nil || h.quiet.Load() {
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	s.apply(h, h.br.success(time.Now(), s.breakerConfig()), nil)
+	s.apply(h, h.br.success(time.Now(), s.breakerConfig(), check), nil)
 }
 
 // failure records a failure of backend b: a connection error, a timeout, a
@@ -195,7 +196,7 @@ func (s *Server) startCheck(ctx context.Context, h *backendHealth) {
 				s.log.Debug("health check failed", "backend", h.b.Name, "err", err)
 				s.failure(h.b, err)
 			} else {
-				s.succeeded(h.b)
+				s.succeeded(h.b, true)
 			}
 			select {
 			case <-ctx.Done():
