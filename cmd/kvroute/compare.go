@@ -8,9 +8,11 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/bench"
 	"github.com/kvroute/kvroute/internal/compare"
+	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/report"
 	"github.com/kvroute/kvroute/internal/sim"
 	"github.com/kvroute/kvroute/internal/workload"
@@ -83,6 +85,7 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	}
 	fmt.Fprintf(stdout, "fleet: %d emulated engines, prefill capacity %.0f prompt tokens/s; time scale %gx\n", len(engines), capacity, timeScale)
 	fmt.Fprintf(stdout, "workload: %d requests over %.0fs emulated (%.0fs of wall clock per policy)\n", len(reqs), span, span/timeScale)
+	keeping := map[string]*driverSummary{}
 	rep, err := compare.Run(ctx, reqs, compare.Config{
 		Engines:     engines,
 		KVBlocks:    w.kvBlocks,
@@ -91,12 +94,22 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 		Seed:        w.seed,
 		OfferedLoad: offered,
 		Progress:    bench.Terminal(),
+		Driver: func(policy string, _ int, st emulator.DriverStats) {
+			d := keeping[policy]
+			if d == nil {
+				d = &driverSummary{}
+				keeping[policy] = d
+			}
+			d.slip = max(d.slip, st.Slip)
+			d.late = max(d.late, st.WorstLate)
+		},
 	})
 	if err != nil {
 		return nil, err
 	}
 	fmt.Fprintf(stdout, "\noffered load %.2f of the fleet's prefill capacity (every prompt token counted uncached)\n", offered)
 	report.WriteTable(stdout, rep)
+	writeDriverSummary(stdout, policies, keeping, span)
 	// Charts first: they create --out, which --json may point into.
 	if w.out != "" {
 		if err := writeRunCharts(w.out, rep.Runs, len(rep.Runs), false); err != nil {
@@ -109,4 +122,40 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 		}
 	}
 	return rep, nil
+}
+
+// driverSummary is how well one policy's emulated engines kept up with the
+// real clock: the worst engine's slip (emulated time lost, which slows the
+// engine down against its model) and its worst lateness in delivering a
+// step (real time, which delays tokens without slowing the engine).
+type driverSummary struct {
+	slip, late time.Duration
+}
+
+// slipWarn is the share of the run's emulated span above which a policy's
+// slip is called out: beyond it the live figures measure the machine as
+// much as the routing.
+const slipWarn = 0.02
+
+// writeDriverSummary prints, per policy, how well the emulators kept up, so
+// that a reader can tell a routing effect from a machine that was too busy
+// for the time scale.
+func writeDriverSummary(w io.Writer, policies []string, keeping map[string]*driverSummary, span float64) {
+	fmt.Fprintln(w, "\nemulator clock (worst engine): slip = emulated time lost behind the real clock; late = worst delay delivering a step")
+	worst := 0.0
+	for _, p := range policies {
+		d := keeping[p]
+		if d == nil {
+			continue
+		}
+		share := 0.0
+		if span > 0 {
+			share = d.slip.Seconds() / span
+		}
+		worst = max(worst, share)
+		fmt.Fprintf(w, "  %-20s slip %8v (%.2f%% of %.0fs emulated)  late %v\n", p, d.slip.Round(time.Millisecond), 100*share, span, d.late.Round(time.Millisecond))
+	}
+	if worst > slipWarn {
+		fmt.Fprintf(w, "warning: the emulated engines fell behind the real clock by up to %.1f%% of the run: the machine was too busy for this time scale; use a lower --time-scale\n", 100*worst)
+	}
 }

@@ -21,17 +21,18 @@ func init() {
 // as if nothing were cached) queues build behind long prefills, which is
 // where routing shows in the tail. rag streams few output tokens per prompt
 // token, so the live path (engines, router and client on one machine) keeps
-// up at a time scale of 4: 80s of emulated traffic replay in 20s of wall
-// clock per policy, about a minute for the three. Workloads heavy in output
-// tokens (chat) would saturate a small machine's CPU at that scale and
-// measure the machine rather than the routing.
+// up at a time scale of 4: 64s of emulated traffic replay in 16s of wall
+// clock per policy, under a minute for the three with start-up and the last
+// requests' tails. Workloads heavy in output tokens (chat) would saturate a
+// small machine's CPU at that scale and measure the machine rather than the
+// routing.
 const (
 	demoEngines   = "4"
 	demoPreset    = "h100-llama3-8b"
 	demoWorkload  = "rag"
 	demoLoad      = 0.9
 	demoTimeScale = 4
-	demoSpan      = 80 * time.Second
+	demoSpan      = 64 * time.Second
 	demoPolicies  = "round-robin,least-request,kvroute"
 )
 
