@@ -246,6 +246,25 @@ func TestKVRouteSession(t *testing.T) {
 			t.Fatalf("unkeyed request picked %d, want 0", d.Index)
 		}
 	})
+	t.Run("short requests pay at most the ratio to stay home", func(t *testing.T) {
+		// 200-token turns at the prior 10k tokens/s: every estimate is tens
+		// of milliseconds, where a fixed slack of the same size would keep
+		// a conversation home at any ratio.
+		for _, tc := range []struct {
+			queued int64
+			want   string
+		}{{30, "sticky"}, {80, "spill"}, {400, "spill"}} {
+			loads := []fxLoad{{}, {pending: []int64{tc.queued}}}
+			cands := fxBackends(t, loads...)
+			p := fxNew(t, "kvroute", Options{}).(*KVRoute)
+			in := fxInput(cands, loads, 200, "conv-1")
+			p.Routed(in, Decision{Index: 1})
+			d := p.Pick(in)
+			if d.Note != tc.want || (d.Index == 1) != (tc.want == "sticky") {
+				t.Errorf("holder with %d queued tokens: picked %d (%q), want %q", tc.queued, d.Index, d.Note, tc.want)
+			}
+		}
+	})
 	t.Run("the longest match is the holder", func(t *testing.T) {
 		loads := []fxLoad{{matched: 10, pending: []int64{6000}}, {matched: 300, pending: []int64{6000}}, {}}
 		cands := fxBackends(t, loads...)
