@@ -67,9 +67,11 @@ type Config struct {
 	// StaleAfter is how many intervals a reading is kept without a
 	// successful scrape before it is withdrawn. Default DefaultStaleAfter.
 	StaleAfter int
-	// Kinds is the configured engine kind per backend ID; a backend not in
-	// the map, or mapped to adapter.Unknown, is detected from its /metrics.
-	Kinds map[int]adapter.Kind
+	// KindOf returns the configured engine kind of a backend, or Unknown
+	// to detect it from what /metrics exposes; nil detects every kind. It
+	// is asked once, when the backend's scraping starts, so backends added
+	// while serving (reload, DNS) get their configured kind too.
+	KindOf func(b *fleet.Backend) adapter.Kind
 	// BlockChars is the router's prefix block size in characters, to turn
 	// an engine's KV capacity into router blocks. Default
 	// prefix.DefaultBlockChars.
@@ -191,7 +193,11 @@ func (m *Monitor) sync(ctx context.Context) {
 			continue
 		}
 		wctx, cancel := context.WithCancel(ctx)
-		w := &watcher{b: b, kind: m.cfg.Kinds[b.ID], cancel: cancel, done: make(chan struct{})}
+		var kind adapter.Kind
+		if m.cfg.KindOf != nil {
+			kind = m.cfg.KindOf(b)
+		}
+		w := &watcher{b: b, kind: kind, cancel: cancel, done: make(chan struct{})}
 		m.watchers[b] = w
 		go m.loop(wctx, w)
 	}

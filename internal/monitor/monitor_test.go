@@ -194,7 +194,7 @@ func TestScrapeFixtures(t *testing.T) {
 				srv.setSlots(slots)
 			}
 			cfg := fastConfig()
-			cfg.Kinds = map[int]adapter.Kind{0: tt.kind}
+			cfg.KindOf = func(*fleet.Backend) adapter.Kind { return tt.kind }
 			before := time.Now()
 			f, _, logs := start(t, cfg, srv.URL)
 			b := f.Snapshot().All[0]
@@ -235,7 +235,7 @@ func TestWrongKindOrNoEngine(t *testing.T) {
 			t.Parallel()
 			srv := newEngine(t, tt.metrics)
 			cfg := fastConfig()
-			cfg.Kinds = map[int]adapter.Kind{0: tt.kind}
+			cfg.KindOf = func(*fleet.Backend) adapter.Kind { return tt.kind }
 			f, m, logs := start(t, cfg, srv.URL)
 			waitFor(t, "several scrapes", func() bool { return scrapeErrors(t, m)[f.Snapshot().All[0].Name] >= 3 })
 			if e := f.Snapshot().All[0].Engine(); e != nil {

@@ -52,7 +52,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, model string) (re
 			s.reject(w, oe)
 		} else {
 			// The client left while queued: nobody to answer.
-			s.metrics.requests.WithLabelValues(noBackend, s.metrics.policy, strconv.Itoa(statusClientGone)).Inc()
+			s.metrics.requests.WithLabelValues(noBackend, s.policyName(), strconv.Itoa(statusClientGone)).Inc()
 		}
 		return nil, false
 	}

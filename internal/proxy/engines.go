@@ -7,28 +7,17 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/adapter"
+	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/monitor"
 )
 
 // newMonitor builds the scraper of the engines' own metrics (engines.*
 // keys) and registers its metrics; with engines.enabled off it does
-// nothing. Backend IDs are the indexes of cfg.Backends, in the order New
-// added them.
+// nothing.
 func (s *Server) newMonitor() error {
 	ec := s.cfg.Engines
 	if !ec.Enabled {
 		return nil
-	}
-	kinds := map[int]adapter.Kind{}
-	for _, b := range s.fleet.Snapshot().All {
-		if b.ID >= len(s.cfg.Backends) {
-			continue
-		}
-		k, err := adapter.ParseKind(s.cfg.Backends[b.ID].Kind)
-		if err != nil {
-			return err // Validate has already refused it
-		}
-		kinds[b.ID] = k
 	}
 	// Scrapes get a transport of their own: a few idle connections per
 	// engine, so that they neither wait behind nor hold proxied traffic's.
@@ -41,11 +30,30 @@ func (s *Server) newMonitor() error {
 		Interval:    ec.Interval,
 		Timeout:     ec.Timeout,
 		StaleAfter:  ec.StaleAfter,
-		Kinds:       kinds,
+		KindOf:      s.kindOf,
 		BlockChars:  s.cfg.Prefix.BlockChars,
 		SetCapacity: s.sched.Index().SetCapacity,
 	}, client, s.log)
 	return s.monitor.Register(s.metrics.reg)
+}
+
+// setKind records the configured engine kind ("" or "auto": detect) of
+// the backend named name, before it joins the fleet; Validate has already
+// refused unknown kinds.
+func (s *Server) setKind(name, kind string) {
+	if k, err := adapter.ParseKind(kind); err == nil && k != adapter.Unknown {
+		s.kinds.Store(name, k)
+	} else {
+		s.kinds.Delete(name)
+	}
+}
+
+// kindOf is the monitor's lookup of a backend's configured kind.
+func (s *Server) kindOf(b *fleet.Backend) adapter.Kind {
+	if k, ok := s.kinds.Load(b.Name); ok {
+		return k.(adapter.Kind)
+	}
+	return adapter.Unknown
 }
 
 // startMonitor runs the scraper until ctx is done; Shutdown waits for it

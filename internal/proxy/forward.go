@@ -148,7 +148,7 @@ func routeError(err error, model string) *openai.Error {
 
 // reject writes a router-made error and counts it.
 func (s *Server) reject(w http.ResponseWriter, e *openai.Error) {
-	s.metrics.requests.WithLabelValues(noBackend, s.metrics.policy, strconv.Itoa(e.Status)).Inc()
+	s.metrics.requests.WithLabelValues(noBackend, s.policyName(), strconv.Itoa(e.Status)).Inc()
 	e.Write(w)
 }
 
@@ -192,7 +192,7 @@ func (s *Server) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		// The client is gone: nobody to answer. The attempt was already
 		// released by the retrier.
 		if fl != nil && fl.view == nil {
-			s.metrics.requests.WithLabelValues(name, s.metrics.policy, strconv.Itoa(statusClientGone)).Inc()
+			s.metrics.requests.WithLabelValues(name, s.policyName(), strconv.Itoa(statusClientGone)).Inc()
 		}
 		s.record(fl, statusClientGone)
 		return
@@ -203,7 +203,7 @@ func (s *Server) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		status, code = http.StatusGatewayTimeout, "backend_timeout"
 	}
 	if fl == nil || fl.view == nil {
-		s.metrics.requests.WithLabelValues(name, s.metrics.policy, strconv.Itoa(status)).Inc()
+		s.metrics.requests.WithLabelValues(name, s.policyName(), strconv.Itoa(status)).Inc()
 	}
 	s.record(fl, status)
 	msg := "backend " + name + " failed: " + err.Error()
@@ -378,7 +378,7 @@ func (s *Server) end(fl *flight, status int) {
 	if fl.target != nil {
 		name = fl.target.Name
 	}
-	s.metrics.requests.WithLabelValues(name, s.metrics.policy, strconv.Itoa(status)).Inc()
+	s.metrics.requests.WithLabelValues(name, s.policyName(), strconv.Itoa(status)).Inc()
 	s.metrics.e2e.WithLabelValues(name).Observe(now.Sub(fl.start).Seconds())
 }
 
@@ -483,7 +483,7 @@ func (t *trackedBody) finish(err error) {
 		s.succeeded(fl.target, false)
 	}
 	if fl.view == nil {
-		s.metrics.requests.WithLabelValues(fl.target.Name, s.metrics.policy, strconv.Itoa(t.status)).Inc()
+		s.metrics.requests.WithLabelValues(fl.target.Name, s.policyName(), strconv.Itoa(t.status)).Inc()
 		return
 	}
 	s.end(fl, t.status)

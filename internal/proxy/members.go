@@ -167,7 +167,7 @@ func (s *Server) resolvePool(p *pool, warm bool) {
 		if _, ok := p.members[k]; ok {
 			continue
 		}
-		p.members[k] = s.addBackend(p.entry.Name+"/"+u.Host, u, p.models, warm)
+		p.members[k] = s.addBackend(p.entry.Name+"/"+u.Host, u, p.models, p.entry.Kind, warm)
 	}
 	for k, b := range p.members {
 		if !seen[k] {
@@ -192,7 +192,7 @@ func (s *Server) stopPool(p *pool, why string) {
 
 // addBackend adds a backend (with warm-up when warm), its health and its
 // active checker; the caller holds members.mu.
-func (s *Server) addBackend(name string, u *url.URL, models []string, warm bool) *fleet.Backend {
+func (s *Server) addBackend(name string, u *url.URL, models []string, kind string, warm bool) *fleet.Backend {
 	m := &s.members
 	var w time.Duration
 	if warm {
@@ -203,6 +203,7 @@ func (s *Server) addBackend(name string, u *url.URL, models []string, warm bool)
 			models = ids
 		}
 	}
+	s.setKind(name, kind)
 	b := s.fleet.AddWarm(name, u, models, time.Now(), w)
 	h := &backendHealth{b: b}
 	t := slices.Clone(s.healthTable())
@@ -261,7 +262,7 @@ func (s *Server) applyBackends(cfg *config.Config) {
 			s.log.Error("reload: bad backend URL", "url", bc.URL, "err", err)
 			continue
 		}
-		m.static[k] = s.addBackend(bc.Name, u, bc.Models, true)
+		m.static[k] = s.addBackend(bc.Name, u, bc.Models, bc.Kind, true)
 	}
 	// Removals come after additions, so that replacing the whole list
 	// never leaves a moment without a backend to route to.

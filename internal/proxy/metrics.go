@@ -12,14 +12,17 @@ import (
 	"github.com/kvroute/kvroute/internal/scheduler"
 )
 
+// policyName is the policy label of kvroute_requests_total: the policy
+// routing new requests now, so that a reload that changes it shows.
+func (s *Server) policyName() string { return s.sched.Policy().Name() }
+
 // noBackend is the backend label of requests the router answered itself.
 const noBackend = "none"
 
 // metrics are the router's Prometheus metrics, in a registry of their own
 // so that several routers can live in one process (tests, compare).
 type metrics struct {
-	reg    *prometheus.Registry
-	policy string
+	reg *prometheus.Registry
 
 	requests       *prometheus.CounterVec
 	ttft, e2e      *prometheus.HistogramVec
@@ -30,10 +33,9 @@ type metrics struct {
 	upstreamErrors *prometheus.CounterVec
 }
 
-func newMetrics(f *fleet.Fleet, policy string) *metrics {
+func newMetrics(f *fleet.Fleet) *metrics {
 	m := &metrics{
-		reg:    prometheus.NewRegistry(),
-		policy: policy,
+		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_requests_total",
 			Help: "Requests by the backend that answered (\"none\" when the router did), policy and HTTP status (499: the client went away first).",

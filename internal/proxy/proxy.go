@@ -45,8 +45,12 @@ type Server struct {
 	proxy    *httputil.ReverseProxy
 	metrics  *metrics
 	monitor  *monitor.Monitor // nil with engines.enabled off
-	parse    request.Options
-	handler  http.Handler
+	// kinds is each backend's configured engine kind (backends[].kind),
+	// by backend name, for the monitor: adapter.Kind values, absent for
+	// auto. It is set before the backend joins the fleet.
+	kinds   sync.Map
+	parse   request.Options
+	handler http.Handler
 
 	// guard holds the checks made before routing (limits.go, auth.go).
 	guard guard
@@ -106,13 +110,14 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		if name == "" {
 			name = u.Host
 		}
+		s.setKind(name, bc.Kind)
 		b := s.fleet.Add(name, u, models[i])
 		s.health = append(s.health, &backendHealth{b: b})
 		logger.Info("backend", "name", name, "url", u.String(), "models", models[i])
 	}
 	s.initMembers(models)
 	s.sched = scheduler.New(s.fleet, p, scheduler.Config{BlockChars: cfg.Prefix.BlockChars, Capacity: cfg.Prefix.CapacityBlocks})
-	s.metrics = newMetrics(s.fleet, p.Name())
+	s.metrics = newMetrics(s.fleet)
 	if s.adm, err = newAdmission(cfg, s.fleet, s.metrics.reg); err != nil {
 		return nil, err
 	}
