@@ -54,16 +54,10 @@ func runBench(args []string) int {
 		fmt.Fprintln(o, "usage: kvroute bench --target URL --workload NAME|FILE [--rate R | --speedup X] [--duration D] [--limit N] [--seed S] [--model M] [--out DIR] [--json FILE]")
 		fmt.Fprintln(o, "\nReplays a workload open-loop: every request starts at its arrival time, whatever the latency of earlier ones. Records time to first token, inter-token latency, end-to-end latency and the cached prompt tokens the server reports, and prints a table.\n\nflags:")
 		fs.PrintDefaults()
-		fmt.Fprintln(o, "\nbuilt-in workloads:")
-		for _, b := range workload.Builtins() {
-			fmt.Fprintf(o, "  %-8s %s\n", b[0], b[1])
-		}
+		writeBuiltins(o)
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := parseFlags(fs, args, false); !ok {
+		return code
 	}
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })

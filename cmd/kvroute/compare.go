@@ -15,7 +15,6 @@ import (
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/report"
 	"github.com/kvroute/kvroute/internal/sim"
-	"github.com/kvroute/kvroute/internal/workload"
 )
 
 func init() {
@@ -31,16 +30,10 @@ func runCompare(args []string) int {
 		fmt.Fprintln(fs.Output(), "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--policies a,b,c] [--rate R | --speedup X | --load F] [--limit N] [--seed S] [--time-scale X] [--json FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nStarts the emulated engines and one router on loopback, in process, and replays the workload once per policy against fresh engines. Latencies are reported in emulated time.\n\nflags:")
 		fs.PrintDefaults()
-		fmt.Fprintln(fs.Output(), "\nbuilt-in workloads:")
-		for _, b := range workload.Builtins() {
-			fmt.Fprintf(fs.Output(), "  %-8s %s\n", b[0], b[1])
-		}
+		writeBuiltins(fs.Output())
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := parseFlags(fs, args, false); !ok {
+		return code
 	}
 	if w.policies == "" {
 		w.policies = "round-robin,least-request,kvroute"

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -22,7 +21,7 @@ func init() {
 }
 
 func runEngine(args []string) int {
-	fs := flag.NewFlagSet("kvroute engine", flag.ContinueOnError)
+	fs := flag.NewFlagSet("engine", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:8000", "address to serve the vLLM API on")
 	preset := fs.String("preset", "h100-llama3-8b", "hardware and model setup whose timing is emulated (see the list below)")
 	kvBlocks := fs.Int("kv-blocks", 0, "KV cache capacity in blocks of 16 tokens; 0 means the preset's")
@@ -45,15 +44,8 @@ flags:
 				p.Name, p.Model, p.KVBlocks, p.MaxModelLen, p.PrefillTokensPerSec())
 		}
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "kvroute engine: unexpected argument %q\n", fs.Arg(0))
-		return 2
+	if code, ok := parseFlags(fs, args, true); !ok {
+		return code
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	p, err := engine.LookupPreset(*preset)

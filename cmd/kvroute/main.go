@@ -5,9 +5,14 @@
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"os"
 	"sort"
+
+	"github.com/kvroute/kvroute/internal/workload"
 )
 
 // command is one subcommand: run gets the arguments after its name and
@@ -51,4 +56,29 @@ func usage() {
 		fmt.Fprintf(os.Stderr, "  %-10s %s\n", n, commands[n].summary)
 	}
 	fmt.Fprintln(os.Stderr, "\nRun 'kvroute <command> -h' for a command's flags.")
+}
+
+// parseFlags parses a subcommand's args into fs. When ok is false the
+// command must return code: 0 after --help, 2 for a bad flag (fs has said
+// which) or, with noArgs, for a stray argument.
+func parseFlags(fs *flag.FlagSet, args []string, noArgs bool) (code int, ok bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, false
+		}
+		return 2, false
+	}
+	if noArgs && fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "kvroute %s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		return 2, false
+	}
+	return 0, true
+}
+
+// writeBuiltins lists the built-in workloads for a command's --help.
+func writeBuiltins(w io.Writer) {
+	fmt.Fprintln(w, "\nbuilt-in workloads:")
+	for _, b := range workload.Builtins() {
+		fmt.Fprintf(w, "  %-8s %s\n", b[0], b[1])
+	}
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -53,7 +52,7 @@ func configFlags(fs *flag.FlagSet) func() (*config.Config, error) {
 }
 
 func runServe(args []string) int {
-	fs := flag.NewFlagSet("kvroute serve", flag.ContinueOnError)
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	load := configFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: kvroute serve [--config FILE] [--listen ADDR] [--backend URL]... [--policy NAME]
@@ -68,15 +67,8 @@ flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "kvroute serve: unexpected argument %q\n", fs.Arg(0))
-		return 2
+	if code, ok := parseFlags(fs, args, true); !ok {
+		return code
 	}
 	cfg, err := load()
 	if err != nil {

@@ -127,16 +127,10 @@ func runSim(args []string) int {
 		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--oracle] [--json FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nReplays the workload on a simulated fleet in virtual time, with the same scheduler and engine model as kvroute serve and kvroute engine, once per policy.\n\nflags:")
 		fs.PrintDefaults()
-		fmt.Fprintln(fs.Output(), "\nbuilt-in workloads:")
-		for _, b := range workload.Builtins() {
-			fmt.Fprintf(fs.Output(), "  %-8s %s\n", b[0], b[1])
-		}
+		writeBuiltins(fs.Output())
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := parseFlags(fs, args, false); !ok {
+		return code
 	}
 	if err := simMain(os.Stdout, &w, *oracle, *sweep, *parallel); err != nil {
 		fmt.Fprintf(os.Stderr, "kvroute sim: %v\n", err)

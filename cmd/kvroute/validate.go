@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -12,7 +11,7 @@ func init() {
 }
 
 func runValidate(args []string) int {
-	fs := flag.NewFlagSet("kvroute validate", flag.ContinueOnError)
+	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
 	load := configFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: kvroute validate --config FILE [serve's override flags]
@@ -24,15 +23,8 @@ flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "kvroute validate: unexpected argument %q\n", fs.Arg(0))
-		return 2
+	if code, ok := parseFlags(fs, args, true); !ok {
+		return code
 	}
 	if _, err := load(); err != nil {
 		fmt.Fprintf(os.Stderr, "kvroute validate: %v\n", err)
