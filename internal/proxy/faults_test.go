@@ -112,6 +112,10 @@ func judgeStream(body string, readErr error) sseOutcome {
 func TestFaultEngineKilledUnderLoad(t *testing.T) {
 	const requests = 200
 	r, ems := newEmuRig(t, 3, 20, func(c *config.Config) {
+		// Round robin: this test is about failover, and it needs the victim
+		// to surely hold streams and queued prefills when it dies (a
+		// load-aware policy may steer away from it at just that moment).
+		c.Policy = "round-robin"
 		c.Health.Cooldown = time.Minute
 		c.Health.MaxCooldown = time.Minute
 		c.Retry.Attempts = 2
