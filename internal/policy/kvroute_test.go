@@ -104,6 +104,11 @@ func TestKVRoutePick(t *testing.T) {
 			// 12 requests wait on backend 0 (mean 6 per backend): the 12,000
 			// queued tokens there beat recomputing 8,000 on the idle one.
 			[]fxLoad{{matched: 500, pending: []int64{1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000}}, {}}, 0, "cache"},
+		{"a modest backlog keeps a prefix holder queued three prompts deep",
+			// 3 requests of 8,000 tokens wait on backend 0 (mean 1.5 per
+			// backend, 0.5 beyond FreeWaiters): 24,001 tokens there against
+			// 8,000 recomputed at a charge of 6 x 0.5 = 3 more times each.
+			[]fxLoad{{matched: 500, pending: []int64{8000, 8000, 8000}}, {}}, 0, "cache"},
 		{"a fleet that is not backlogged sends it to the idle backend",
 			// The same queued tokens in one request: no backlog, pure TTFT.
 			[]fxLoad{{matched: 500, pending: []int64{12000}}, {}}, 1, "load"},
