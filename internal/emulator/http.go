@@ -111,7 +111,7 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.
 	promptTokens := engine.Tokens(v.Prompt)
 	n := engine.OutputTokens(v.MaxTokens, v.MinTokens, v.IgnoreEOS, promptTokens, preset.MaxModelLen, seed)
 	p := &pending{notify: make(chan struct{}, 1)}
-	p.r = engine.Request{ID: s.nextID.Add(1), Prompt: v.Prompt, OutputTokens: n, Tag: p,
+	p.r = engine.Request{ID: s.nextID.Add(1), Prompt: v.Prompt, OutputTokens: n, MaxTokens: v.MaxTokens, Tag: p,
 		// Hashed here, outside the engine lock, so that a long prompt
 		// does not hold up the driver.
 		PromptHashes: prefix.Hash(nil, v.Prompt, engine.BlockSize*engine.BytesPerToken)}

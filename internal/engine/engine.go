@@ -50,6 +50,10 @@ type Request struct {
 	Prompt string // rendered prompt text
 	// OutputTokens is how many tokens to generate before finishing.
 	OutputTokens int
+	// MaxTokens is the client's max_tokens, 0 when unset. Like vLLM, the
+	// engine rejects a request whose prompt plus max_tokens exceeds the
+	// context length, even if it would stop earlier.
+	MaxTokens int
 	// Tag is the driver's handle; the engine never looks at it.
 	Tag any
 	// PromptHashes optionally carries prefix.Hash(nil, Prompt,
@@ -184,10 +188,11 @@ func (e *Engine) Add(r *Request, now time.Duration) error {
 	if r.PromptTokens == 0 {
 		return fmt.Errorf("engine: add request %d: empty prompt", r.ID)
 	}
-	if total := r.PromptTokens + r.OutputTokens; total > e.p.MaxModelLen {
+	completion := max(r.OutputTokens, r.MaxTokens)
+	if total := r.PromptTokens + completion; total > e.p.MaxModelLen {
 		return &ContextError{Message: fmt.Sprintf(
 			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-			e.p.MaxModelLen, total, r.PromptTokens, r.OutputTokens)}
+			e.p.MaxModelLen, total, r.PromptTokens, completion)}
 	}
 	r.CachedTokens, r.Generated = 0, 0
 	r.Arrival, r.FirstTokenAt, r.FinishedAt = now, 0, 0

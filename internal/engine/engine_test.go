@@ -372,6 +372,11 @@ func TestContextError(t *testing.T) {
 	if err := e.Add(&Request{ID: 2, Prompt: prompt(1000), OutputTokens: 24}, 0); err != nil {
 		t.Errorf("exactly the context length: %v", err)
 	}
+	// max_tokens counts even when the request would stop earlier, as in vLLM.
+	err = e.Add(&Request{ID: 4, Prompt: prompt(1000), OutputTokens: 5, MaxTokens: 100}, 0)
+	if !errors.As(err, &ce) || !strings.HasPrefix(ce.Message, want) {
+		t.Errorf("prompt + max_tokens over the context: %v", err)
+	}
 	// A KV cache smaller than the context length lowers it.
 	small := New(testPreset(), 4)
 	if small.Preset().MaxModelLen != 64 {

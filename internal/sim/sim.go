@@ -339,6 +339,7 @@ func (s *sim) admit(r *workload.Request, v *request.View, hashes []uint64, perr 
 	// from kvroute engine.
 	f.OutputTokens = engine.OutputTokens(v.MaxTokens, v.MinTokens, v.IgnoreEOS,
 		engine.Tokens(v.Prompt), n.eng.Preset().MaxModelLen, xxhash.Sum64String(v.Prompt))
+	f.MaxTokens = v.MaxTokens
 	f.Tag = f
 	if err := n.eng.Add(&f.Request, s.now); err != nil {
 		a.Done(Epoch.Add(s.now))
