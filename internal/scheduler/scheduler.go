@@ -49,7 +49,10 @@ type Config struct {
 type Scheduler struct {
 	fleet *fleet.Fleet
 	// pol is the current policy; SetPolicy swaps it while requests route.
-	pol     atomic.Pointer[active]
+	pol atomic.Pointer[active]
+	// decide makes a pick and the chosen backend's load increment one
+	// step (see route).
+	decide  sync.Mutex
 	index   *prefix.Index
 	blockCh int
 	scratch sync.Pool
@@ -199,30 +202,36 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes []uint64, exclude
 		Matched:    sc.matched,
 		Now:        now,
 	}
+	budget := v.MaxTokens
+	if budget <= 0 {
+		budget = DefaultOutputBudget
+	}
 	act := s.pol.Load()
+	// Pick and count are one step: without the lock, a burst of requests
+	// would all read the same loads before any of them is counted, and
+	// all land on the one backend that looked best (a herd). The lock
+	// covers only the pick (no I/O, a few microseconds) and the counters.
+	s.decide.Lock()
 	d := act.policy.Pick(&sc.in)
 	if d.Index < 0 || d.Index >= len(sc.cands) {
 		// A policy bug must not take the router down; the first candidate
 		// is as good as any when the policy has no answer.
 		d.Index = 0
 	}
-	if act.observer != nil {
-		act.observer.Routed(&sc.in, d)
-	}
 	b := sc.cands[d.Index]
-	s.index.Insert(b.ID, hashes)
-
 	blocks := int(sc.matched[d.Index])
 	matchedTok := min(v.PromptTokens, blocks*s.blockCh/request.BytesPerToken)
-	budget := v.MaxTokens
-	if budget <= 0 {
-		budget = DefaultOutputBudget
-	}
 	a := &Assignment{
 		Backend:       b,
 		MatchedTokens: matchedTok,
 		ticket:        b.Start(int64(v.PromptTokens), int64(v.PromptTokens-matchedTok), int64(budget), now),
 	}
+	s.decide.Unlock()
+	if act.observer != nil {
+		act.observer.Routed(&sc.in, d)
+	}
+	s.index.Insert(b.ID, hashes)
+
 	if !v.Stream {
 		// The first byte of a non-streaming response comes after the whole
 		// generation; its delay says nothing of the prefill rate.

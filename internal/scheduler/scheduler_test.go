@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -341,5 +342,62 @@ func TestRouteHashedMatchesRoute(t *testing.T) {
 		}
 		got.Done(now)
 		want.Done(now)
+	}
+}
+
+// fewestInFlight is a test policy that takes the first candidate with the
+// fewest requests in flight, and yields in the middle of its pick so that
+// concurrent picks interleave.
+type fewestInFlight struct{}
+
+func (fewestInFlight) Name() string { return "test-fewest" }
+
+func (fewestInFlight) Pick(in *policy.Input) policy.Decision {
+	best := 0
+	for i, b := range in.Candidates {
+		if b.Load().InFlight < in.Candidates[best].Load().InFlight {
+			best = i
+		}
+		runtime.Gosched()
+	}
+	return policy.Decision{Index: best}
+}
+
+// A burst of concurrent requests must not herd: each pick sees the loads
+// the picks before it added, so a load-aware policy spreads a burst over
+// idle backends evenly (before picks and counts were one step, 100
+// concurrent picks could all read the same idle loads and land together).
+func TestBurstDoesNotHerd(t *testing.T) {
+	f := newFleet(t, 4)
+	s := New(f, fewestInFlight{}, Config{})
+	const goroutines, each = 50, 8
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var held []*Assignment
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range each {
+				a, err := s.Route(view("", text(g*each+i, 200)), nil, t0)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				held = append(held, a)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	lo, hi := int64(1<<62), int64(0)
+	for _, b := range f.Snapshot().All {
+		n := b.Load().InFlight
+		lo, hi = min(lo, n), max(hi, n)
+	}
+	if hi-lo > 1 {
+		t.Errorf("in flight per backend ranges %d..%d after a burst of %d: picks did not see each other", lo, hi, goroutines*each)
+	}
+	for _, a := range held {
+		a.Done(t0)
 	}
 }
