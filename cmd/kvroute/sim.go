@@ -164,25 +164,23 @@ func simMain(stdout io.Writer, w *fleetFlags, withOracle bool, sweep string, par
 	fmt.Fprintf(stdout, "fleet: %d engines, prefill capacity %.0f prompt tokens/s\n", len(engines), capacity)
 
 	rep := &report.Report{}
-	if withOracle {
-		reqs, _, err := sim.LoadAt(w.workload, w.options(), 0, capacity)
-		if err != nil {
-			return err
-		}
-		o, err := sim.Oracle(reqs, fastestPreset(engines), request.Options{})
-		if err != nil {
-			return err
-		}
-		rep.Oracle = &o
-		fmt.Fprintf(stdout, "oracle: hit rate %.1f%% (one server, infinite cache), mean TTFT >= %.1f ms (cached prefix, no queueing, %s)\n",
-			100*o.HitRate, o.MeanTTFTms, fastestPreset(engines).Name)
-	}
-
 	var jobs []sim.Job
+	// oracles[k] bounds the k-th load's requests: a synthetic workload is
+	// regenerated at each load's rate, so each load has its own bound.
+	var oracles []*report.Oracle
 	for _, load := range loads {
 		reqs, offered, err := sim.LoadAt(w.workload, w.options(), load, capacity)
 		if err != nil {
 			return err
+		}
+		if withOracle {
+			o, err := sim.Oracle(reqs, fastestPreset(engines), request.Options{})
+			if err != nil {
+				return err
+			}
+			oracles = append(oracles, &o)
+			fmt.Fprintf(stdout, "oracle at load %.2f: hit rate %.1f%% (one server, infinite cache), mean TTFT >= %.1f ms (cached prefix, no queueing, %s)\n",
+				load, 100*o.HitRate, o.MeanTTFTms, fastestPreset(engines).Name)
 		}
 		for _, p := range policies {
 			jobs = append(jobs, sim.Job{Reqs: reqs, Config: sim.Config{
@@ -190,21 +188,29 @@ func simMain(stdout io.Writer, w *fleetFlags, withOracle bool, sweep string, par
 			}})
 		}
 	}
+	if len(oracles) == 1 {
+		rep.Oracle = oracles[0]
+	}
 	start := time.Now()
 	runs, err := sim.RunAll(jobs, parallel)
 	if err != nil {
 		return err
 	}
 	elapsed := time.Since(start)
-	if rep.Oracle != nil && rep.Oracle.HitRate > 0 {
-		for i := range runs {
-			runs[i].OfOracle = runs[i].PrefixHitRate / rep.Oracle.HitRate
+	for i := range runs {
+		if withOracle {
+			if o := oracles[i/len(policies)]; o.HitRate > 0 {
+				runs[i].OfOracle = runs[i].PrefixHitRate / o.HitRate
+			}
 		}
 	}
 	rep.Runs = runs
 
 	for i := 0; i < len(runs); i += len(policies) {
-		group := &report.Report{Runs: runs[i : i+len(policies)], Oracle: rep.Oracle}
+		group := &report.Report{Runs: runs[i : i+len(policies)]}
+		if withOracle {
+			group.Oracle = oracles[i/len(policies)]
+		}
 		fmt.Fprintf(stdout, "\noffered load %.2f of the fleet's prefill capacity (every prompt token counted uncached), %d requests\n",
 			group.Runs[0].OfferedLoad, len(jobs[i].Reqs))
 		report.WriteTable(stdout, group)
