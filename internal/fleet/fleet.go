@@ -25,9 +25,14 @@ import (
 const DefaultPrefillRate = 10000
 
 // Learning the prefill rate. Each first byte gives one sample: the prefill
-// work the backend had to finish before this request's first token (the
-// pending prefill queued ahead of it plus its own uncached tokens) divided by
-// the observed TTFT. The samples fold into an exponentially weighted moving
+// work the backend finished between this request's routing and its first
+// token (the uncached tokens of every request whose first byte came in that
+// interval, its own included) divided by the observed TTFT. Counting what
+// was finished, not what was queued ahead at routing, keeps the sample true
+// when the engine serves requests in another order than they were routed:
+// a request that overtakes the queue is not credited with the queue's work
+// (which taught rates 8x too high), and one served last is credited with
+// everything served before it. The samples fold into an exponentially weighted moving
 // average; the first sample replaces the DefaultPrefillRate prior outright,
 // since a real observation beats a guess about unknown hardware.
 const (
@@ -68,6 +73,9 @@ type Backend struct {
 	warmup time.Duration
 	// accounting, see Load
 	inflight, pendingPrefill, decoding, decodeBudget, decodeTokens atomic.Int64
+	// prefilled counts the uncached tokens of every request whose first
+	// byte has come: the clock against which rate samples are measured.
+	prefilled atomic.Int64
 	engine                                                         atomic.Pointer[EngineState]
 	// rate holds the float64 bits of the learned prefill rate; 0 until the
 	// first sample.
@@ -165,16 +173,14 @@ func (b *Backend) SetEngine(s *EngineState) { b.engine.Store(s) }
 // whatever happens to the request.
 func (b *Backend) Start(promptTokens, uncached, outputBudget int64, now time.Time) *Ticket {
 	b.inflight.Add(1)
-	// The work ahead of this request's first token: whatever prefill is
-	// already queued here plus its own.
-	work := b.pendingPrefill.Add(uncached)
+	b.pendingPrefill.Add(uncached)
 	return &Ticket{
 		b:      b,
 		prompt: promptTokens,
 		uncach: uncached,
 		budget: outputBudget,
 		start:  now,
-		work:   work,
+		mark:   b.prefilled.Load(),
 	}
 }
 
@@ -191,7 +197,8 @@ type Ticket struct {
 	b                      *Backend
 	prompt, uncach, budget int64
 	start                  time.Time
-	work                   int64
+	// mark is the backend's prefilled count when the request was routed.
+	mark int64
 	state                  atomic.Int32
 	noRate                 atomic.Bool
 }
@@ -214,8 +221,9 @@ func (t *Ticket) FirstByte(now time.Time) {
 	b.decodeBudget.Add(t.budget)
 	b.decodeTokens.Add(t.prompt)
 	b.pendingPrefill.Add(-t.uncach)
+	done := b.prefilled.Add(t.uncach)
 	if !t.noRate.Load() {
-		b.observeRate(t.work, now.Sub(t.start))
+		b.observeRate(done-t.mark, now.Sub(t.start))
 	}
 }
 

@@ -118,9 +118,32 @@ func TestPrefillRateCountsQueuedWork(t *testing.T) {
 	_, b := newBackend(t)
 	ahead := b.Start(2000, 2000, 1, t0)
 	tk := b.Start(2000, 2000, 1, t0)
+	// ahead is prefilled first (2000 tokens in 0.5 s), then tk: 4000
+	// tokens finished in the second tk waited.
+	ahead.FirstByte(t0.Add(500 * time.Millisecond))
 	tk.FirstByte(t0.Add(time.Second))
 	if got := b.PrefillRate(); got != 4000 {
 		t.Errorf("PrefillRate = %v, want 4000", got)
+	}
+	ahead.Done(t0)
+	tk.Done(t0)
+	assertZero(t, b)
+}
+
+// A request the engine serves before one routed ahead of it is credited
+// only with what was finished while it waited, not with the queue it
+// overtook.
+func TestPrefillRateOutOfOrder(t *testing.T) {
+	_, b := newBackend(t)
+	ahead := b.Start(8000, 8000, 1, t0)
+	tk := b.Start(2000, 2000, 1, t0)
+	tk.FirstByte(t0.Add(time.Second)) // overtook ahead: 2000 tokens in 1 s
+	if got := b.PrefillRate(); got != 2000 {
+		t.Errorf("PrefillRate = %v after the overtaking request, want 2000 (crediting the queue would say 10000)", got)
+	}
+	ahead.FirstByte(t0.Add(5 * time.Second)) // 10000 tokens finished in 5 s
+	if want := 0.8*2000 + 0.2*2000; b.PrefillRate() != want {
+		t.Errorf("PrefillRate = %v, want %v", b.PrefillRate(), want)
 	}
 	ahead.Done(t0)
 	tk.Done(t0)
