@@ -76,7 +76,7 @@ type Backend struct {
 	// prefilled counts the uncached tokens of every request whose first
 	// byte has come: the clock against which rate samples are measured.
 	prefilled atomic.Int64
-	engine                                                         atomic.Pointer[EngineState]
+	engine    atomic.Pointer[EngineState]
 	// rate holds the float64 bits of the learned prefill rate; 0 until the
 	// first sample.
 	rate atomic.Uint64
@@ -198,9 +198,9 @@ type Ticket struct {
 	prompt, uncach, budget int64
 	start                  time.Time
 	// mark is the backend's prefilled count when the request was routed.
-	mark int64
-	state                  atomic.Int32
-	noRate                 atomic.Bool
+	mark   int64
+	state  atomic.Int32
+	noRate atomic.Bool
 }
 
 // NoRateSample marks the ticket's first byte as no measure of prefill, so
