@@ -107,14 +107,17 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.
 		return
 	}
 	preset := s.Preset()
+	// seed picks the output tokens' words; the output length is the
+	// engine's rule (SetOutput).
 	seed := xxhash.Sum64String(v.Prompt)
 	promptTokens := engine.Tokens(v.Prompt)
-	n := engine.OutputTokens(v.MaxTokens, v.MinTokens, v.IgnoreEOS, promptTokens, preset.MaxModelLen, seed)
 	p := &pending{notify: make(chan struct{}, 1)}
-	p.r = engine.Request{ID: s.nextID.Add(1), Prompt: v.Prompt, OutputTokens: n, MaxTokens: v.MaxTokens, Tag: p,
+	p.r = engine.Request{ID: s.nextID.Add(1), Prompt: v.Prompt, Tag: p,
 		// Hashed here, outside the engine lock, so that a long prompt
 		// does not hold up the driver.
 		PromptHashes: prefix.Hash(nil, v.Prompt, engine.BlockSize*engine.BytesPerToken)}
+	p.r.SetOutput(v.MaxTokens, v.MinTokens, v.IgnoreEOS, preset.MaxModelLen)
+	n := p.r.OutputTokens
 	if err := s.add(p); err != nil {
 		var ce *engine.ContextError
 		if errors.As(err, &ce) {

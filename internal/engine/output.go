@@ -1,5 +1,7 @@
 package engine
 
+import "github.com/cespare/xxhash/v2"
+
 // DefaultMaxTokens caps the output of a request that sets no max_tokens.
 // vLLM would allow the whole rest of the context; an emulated engine that
 // generated 100,000 tokens for every such request would make benchmarks
@@ -42,4 +44,14 @@ func mix64(x uint64) uint64 {
 	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
 	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
 	return x ^ (x >> 31)
+}
+
+// SetOutput fills r's output inputs from the client's sampling parameters,
+// as every driver must: OutputTokens by the one rule above, seeded by a
+// hash of the prompt so that the same request generates the same number of
+// tokens from the emulator and in the simulator, and MaxTokens for the
+// context check. r.Prompt must be set; maxModelLen is the engine's.
+func (r *Request) SetOutput(maxTokens, minTokens int, ignoreEOS bool, maxModelLen int) {
+	r.OutputTokens = OutputTokens(maxTokens, minTokens, ignoreEOS, Tokens(r.Prompt), maxModelLen, xxhash.Sum64String(r.Prompt))
+	r.MaxTokens = maxTokens
 }

@@ -26,7 +26,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -334,12 +333,7 @@ func (s *sim) admit(r *workload.Request, v *request.View, hashes []uint64, perr 
 	f.ID = s.nextID
 	f.Prompt = v.Prompt
 	f.PromptHashes = hashes
-	// The output length follows the engine's one rule, seeded as the
-	// emulator seeds it, so that a request gets the same length here as
-	// from kvroute engine.
-	f.OutputTokens = engine.OutputTokens(v.MaxTokens, v.MinTokens, v.IgnoreEOS,
-		engine.Tokens(v.Prompt), n.eng.Preset().MaxModelLen, xxhash.Sum64String(v.Prompt))
-	f.MaxTokens = v.MaxTokens
+	f.SetOutput(v.MaxTokens, v.MinTokens, v.IgnoreEOS, n.eng.Preset().MaxModelLen)
 	f.Tag = f
 	if err := n.eng.Add(&f.Request, s.now); err != nil {
 		a.Done(Epoch.Add(s.now))
