@@ -23,7 +23,6 @@ import (
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
-	"github.com/kvroute/kvroute/internal/prefix"
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/report"
 	"github.com/kvroute/kvroute/internal/workload"
@@ -137,11 +136,11 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string) 
 		return report.Run{}, fmt.Errorf("router: %w", err)
 	}
 	// The router's prefix index holds as much as each engine's KV cache,
-	// exactly as the simulator sets it: an engine block of BlockSize
-	// tokens is BlockSize*BytesPerToken characters of prompt.
+	// exactly as the simulator sets it, from the start (the engine
+	// monitor would learn the same from the engines' metrics within its
+	// first scrape).
 	for i := range kv {
-		chars := kv[i] * engine.BlockSize * engine.BytesPerToken
-		rt.Scheduler().Index().SetCapacity(i, chars/blockChars(cc))
+		rt.Scheduler().SetKVCapacity(i, int64(kv[i])*engine.BlockSize)
 	}
 	if err := rt.Start(); err != nil {
 		return report.Run{}, fmt.Errorf("router: %w", err)
@@ -168,13 +167,6 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string) 
 		}
 	}
 	return report.Summarize(p, toEmulated(samples, cfg.TimeScale), scale(elapsed, cfg.TimeScale)), nil
-}
-
-func blockChars(c *config.Config) int {
-	if c.Prefix.BlockChars > 0 {
-		return c.Prefix.BlockChars
-	}
-	return prefix.DefaultBlockChars
 }
 
 // toEmulated converts wall-clock samples to emulated time in place.

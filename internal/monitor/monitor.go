@@ -37,8 +37,6 @@ import (
 
 	"github.com/kvroute/kvroute/internal/adapter"
 	"github.com/kvroute/kvroute/internal/fleet"
-	"github.com/kvroute/kvroute/internal/prefix"
-	"github.com/kvroute/kvroute/internal/request"
 )
 
 // Defaults of Config.
@@ -72,15 +70,10 @@ type Config struct {
 	// is asked once, when the backend's scraping starts, so backends added
 	// while serving (reload, DNS) get their configured kind too.
 	KindOf func(b *fleet.Backend) adapter.Kind
-	// BlockChars is the router's prefix block size in characters, to turn
-	// an engine's KV capacity into router blocks. Default
-	// prefix.DefaultBlockChars.
-	BlockChars int
-	// SetCapacity, when set, receives a backend's prefix index capacity in
-	// router blocks whenever the engine's reported KV capacity gives a new
-	// value: num_gpu_blocks x block_size tokens x request.BytesPerToken /
-	// BlockChars. The proxy passes scheduler.Index().SetCapacity.
-	SetCapacity func(backendID, blocks int)
+	// SetCapacity, when set, receives a backend's KV cache capacity in
+	// tokens (num_gpu_blocks x block_size) whenever the engine reports a
+	// new value. The proxy passes scheduler.SetKVCapacity.
+	SetCapacity func(backendID int, kvTokens int64)
 	// MaxBodyBytes bounds a response body; a larger one is a failed
 	// scrape. Default DefaultMaxBodyBytes.
 	MaxBodyBytes int64
@@ -95,9 +88,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StaleAfter <= 0 {
 		c.StaleAfter = DefaultStaleAfter
-	}
-	if c.BlockChars <= 0 {
-		c.BlockChars = prefix.DefaultBlockChars
 	}
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
@@ -137,7 +127,7 @@ type watcher struct {
 	failing   bool         // last scrape failed (for logging changes only)
 	failures  int          // consecutive failures
 	lastOK    time.Time
-	capBlocks int // last capacity passed to SetCapacity
+	capTokens int64 // last KV capacity passed to SetCapacity
 }
 
 // New returns a monitor of f's backends. client may be nil (a client of
@@ -297,12 +287,12 @@ func (m *Monitor) scrapeOnce(ctx context.Context, w *watcher) {
 	// The capacity goes first, so that whoever sees this report also sees
 	// the index sized by it.
 	if st.BlockSize > 0 && st.NumGPUBlocks > 0 && m.cfg.SetCapacity != nil {
-		blocks := int(int64(st.NumGPUBlocks) * int64(st.BlockSize) * request.BytesPerToken / int64(m.cfg.BlockChars))
-		if blocks > 0 && blocks != w.capBlocks {
-			w.capBlocks = blocks
-			m.cfg.SetCapacity(w.b.ID, blocks)
+		tokens := int64(st.NumGPUBlocks) * int64(st.BlockSize)
+		if tokens != w.capTokens {
+			w.capTokens = tokens
+			m.cfg.SetCapacity(w.b.ID, tokens)
 			m.log.Info("prefix index capacity from engine", "backend", w.b.Name,
-				"num_gpu_blocks", st.NumGPUBlocks, "block_size", st.BlockSize, "router_blocks", blocks)
+				"num_gpu_blocks", st.NumGPUBlocks, "block_size", st.BlockSize, "kv_tokens", tokens)
 		}
 	}
 	w.b.SetEngine(e)

@@ -354,28 +354,26 @@ func TestBodyLimit(t *testing.T) {
 func TestCapacityFromCacheConfig(t *testing.T) {
 	srv := newEngine(t, vllmMetrics(0, 0, 0, 16, 27000))
 	var mu sync.Mutex
-	var calls [][2]int
+	var calls [][2]int64
 	cfg := fastConfig()
-	cfg.BlockChars = 128
-	cfg.SetCapacity = func(id, blocks int) {
+	cfg.SetCapacity = func(id int, kvTokens int64) {
 		mu.Lock()
 		defer mu.Unlock()
-		calls = append(calls, [2]int{id, blocks})
+		calls = append(calls, [2]int64{int64(id), kvTokens})
 	}
-	got := func() [][2]int {
+	got := func() [][2]int64 {
 		mu.Lock()
 		defer mu.Unlock()
-		return append([][2]int(nil), calls...)
+		return append([][2]int64(nil), calls...)
 	}
 	f, m, _ := start(t, cfg, srv.URL)
 	b := f.Snapshot().All[0]
 	waitFor(t, "capacity", func() bool { return len(got()) > 0 })
-	// 27000 engine blocks of 16 tokens, 4 bytes a token, 128-character
-	// router blocks.
-	want := 27000 * 16 * 4 / 128
+	// 27000 engine blocks of 16 tokens.
+	want := int64(27000 * 16)
 	hits := srv.hits.Load()
 	waitFor(t, "more scrapes", func() bool { return srv.hits.Load() >= hits+5 })
-	if c := got(); len(c) != 1 || c[0] != [2]int{b.ID, want} {
+	if c := got(); len(c) != 1 || c[0] != [2]int64{int64(b.ID), want} {
 		t.Fatalf("SetCapacity calls %v, want one call (%d, %d)", c, b.ID, want)
 	}
 	if e := b.Engine(); e == nil || e.KVBlocks != 27000 {
@@ -384,7 +382,7 @@ func TestCapacityFromCacheConfig(t *testing.T) {
 	// An engine restarted with a different cache size updates it once.
 	srv.setMetrics(vllmMetrics(0, 0, 0, 32, 1000))
 	waitFor(t, "new capacity", func() bool { return len(got()) == 2 })
-	if c := got(); c[1] != [2]int{b.ID, 1000 * 32 * 4 / 128} {
+	if c := got(); c[1] != [2]int64{int64(b.ID), 1000 * 32} {
 		t.Fatalf("second SetCapacity call %v", c[1])
 	}
 	_ = m
@@ -446,7 +444,7 @@ func TestConcurrent(t *testing.T) {
 	cfg := fastConfig()
 	cfg.Interval = time.Millisecond
 	var capCalls atomic.Int64
-	cfg.SetCapacity = func(int, int) { capCalls.Add(1) }
+	cfg.SetCapacity = func(int, int64) { capCalls.Add(1) }
 	f, m, _ := start(t, cfg, urls...)
 	stop := time.Now().Add(300 * time.Millisecond)
 	var wg sync.WaitGroup
@@ -482,7 +480,7 @@ func TestConcurrent(t *testing.T) {
 func TestConfigDefaults(t *testing.T) {
 	c := Config{}.withDefaults()
 	if c.Interval != DefaultInterval || c.Timeout != DefaultTimeout || c.StaleAfter != DefaultStaleAfter ||
-		c.MaxBodyBytes != DefaultMaxBodyBytes || c.BlockChars <= 0 {
+		c.MaxBodyBytes != DefaultMaxBodyBytes {
 		t.Fatalf("defaults %+v", c)
 	}
 	if got := (Config{}).StaleAge(); got != DefaultStaleAfter*DefaultInterval {

@@ -73,8 +73,7 @@ func TestLongQueueAvoided(t *testing.T) {
 
 	cfg := fastConfig()
 	cfg.Interval = 10 * time.Millisecond
-	cfg.BlockChars = 64
-	cfg.SetCapacity = sched.Index().SetCapacity
+	cfg.SetCapacity = sched.SetKVCapacity
 	m := New(f, cfg, nil, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -31,8 +31,7 @@ func (s *Server) newMonitor() error {
 		Timeout:     ec.Timeout,
 		StaleAfter:  ec.StaleAfter,
 		KindOf:      s.kindOf,
-		BlockChars:  s.cfg.Prefix.BlockChars,
-		SetCapacity: s.sched.Index().SetCapacity,
+		SetCapacity: s.sched.SetKVCapacity,
 	}, client, s.log)
 	return s.monitor.Register(s.metrics.reg)
 }

@@ -94,6 +94,15 @@ func New(f *fleet.Fleet, p policy.Policy, cfg Config) *Scheduler {
 // backend).
 func (s *Scheduler) Index() *prefix.Index { return s.index }
 
+// SetKVCapacity sizes backend's prefix index from its engine's KV cache of
+// kvTokens tokens (vLLM: num_gpu_blocks x block_size): at
+// request.BytesPerToken characters a token, in blocks of BlockChars. The
+// one conversion the live router (from engine metrics) and the simulator
+// (from the engine preset) share.
+func (s *Scheduler) SetKVCapacity(backend int, kvTokens int64) {
+	s.index.SetCapacity(backend, int(kvTokens*request.BytesPerToken/int64(s.blockCh)))
+}
+
 // Policy returns the scheduler's policy.
 func (s *Scheduler) Policy() policy.Policy { return s.pol.Load().policy }
 

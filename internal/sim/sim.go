@@ -26,7 +26,6 @@ import (
 	"sync"
 	"time"
 
-
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/openai"
@@ -233,9 +232,7 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 		// The router learns a backend's capacity from its metrics (vLLM's
 		// cache_config_info): engine blocks of BlockSize tokens of
 		// BytesPerToken bytes, converted to the router's blocks.
-		kv := s.nodes[i].eng.Preset().KVBlocks
-		chars := kv * engine.BlockSize * engine.BytesPerToken
-		s.sched.Index().SetCapacity(s.nodes[i].b.ID, chars/blockChars)
+		s.sched.SetKVCapacity(s.nodes[i].b.ID, int64(s.nodes[i].eng.Preset().KVBlocks)*engine.BlockSize)
 	}
 	s.order = make([]int, len(reqs))
 	for i := range s.order {
