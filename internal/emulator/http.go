@@ -257,6 +257,10 @@ func (rs *response) stream(w http.ResponseWriter, hr *http.Request) {
 	}
 	pre, suf := rs.tokenChunk(chunk)
 	sent := 0
+	// The request finishes exactly at its last token, so that token's
+	// chunk carries finish_reason even when the finish itself is seen only
+	// at the next wake-up.
+	last := rs.p.r.OutputTokens - 1
 	for {
 		n, fin, ok := rs.wait(hr)
 		if !ok {
@@ -268,7 +272,7 @@ func (rs *response) stream(w http.ResponseWriter, hr *http.Request) {
 		}
 		for ; sent < n; sent++ {
 			tok := tokenText(rs.seed, sent)
-			if !fin || sent < n-1 {
+			if sent != last {
 				// The hot path: every token but the last is the same
 				// chunk around a different word.
 				bw.Write(pre)
