@@ -31,11 +31,15 @@ func readFingerprint(path string) (fingerprint, error) {
 
 // Watch checks the file at path every interval and calls onChange (on
 // Watch's goroutine) whenever its modification time, size or content
-// changed since the previous check, until ctx is done. A file that cannot
-// be read (an editor replacing it, say) counts as unchanged until it can
-// be read again. Watch blocks; run it on a goroutine of its own.
+// changed, until ctx is done. A change counts once the file has read the
+// same at two checks in a row, so that a file caught mid-write (truncated,
+// then written) gives one reload of the finished file rather than one of
+// each state. A file that cannot be read (an editor replacing it, say)
+// counts as unchanged until it can be read again. Watch blocks; run it on
+// a goroutine of its own.
 func Watch(ctx context.Context, path string, interval time.Duration, onChange func()) {
 	last, _ := readFingerprint(path)
+	seen := last // the state at the previous check
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -45,7 +49,12 @@ func Watch(ctx context.Context, path string, interval time.Duration, onChange fu
 		case <-t.C:
 		}
 		fp, err := readFingerprint(path)
-		if err != nil || fp == last {
+		if err != nil {
+			continue
+		}
+		settled := fp == seen
+		seen = fp
+		if !settled || fp == last {
 			continue
 		}
 		last = fp
