@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/engine"
@@ -14,8 +15,11 @@ import (
 // Oracle computes the workload's bounds on preset p: the prefix hit rate of
 // one server with an infinite cache that sees every request in arrival
 // order (no routing can beat it: any fleet's caches together hold at most
-// what that server holds), and the mean TTFT if every request found that
-// much of its prompt cached and never queued.
+// what that server holds), and the mean and p99 TTFT if every request found
+// that much of its prompt cached and never queued. The p99 is a bound on any
+// run's p99 too: each request's TTFT in a run is at least its TTFT here (its
+// uncached part prefilled alone, in full steps), so every order statistic
+// of a run's TTFTs is at least the oracle's.
 //
 // Both come from the engine model itself rather than a formula beside it:
 // one engine with a KV cache large enough to never evict receives the
@@ -55,8 +59,7 @@ func Oracle(reqs []workload.Request, p engine.Preset, opt request.Options) (repo
 
 	var now time.Duration
 	var prompt, cached int64
-	var ttft time.Duration
-	n := 0
+	var ttfts []float64
 	for _, i := range order {
 		v, err := parse(&reqs[i], p.Model, opt)
 		if err != nil {
@@ -78,15 +81,20 @@ func Oracle(reqs []workload.Request, p engine.Preset, opt request.Options) (repo
 		}
 		prompt += int64(r.PromptTokens)
 		cached += int64(r.CachedTokens)
-		ttft += r.FirstTokenAt - r.Arrival
-		n++
+		ttfts = append(ttfts, float64(r.FirstTokenAt-r.Arrival)/float64(time.Millisecond))
 	}
 	var o report.Oracle
 	if prompt > 0 {
 		o.HitRate = float64(cached) / float64(prompt)
 	}
-	if n > 0 {
-		o.MeanTTFTms = float64(ttft) / float64(n) / float64(time.Millisecond)
+	if len(ttfts) > 0 {
+		sum := 0.0
+		for _, t := range ttfts {
+			sum += t
+		}
+		o.MeanTTFTms = sum / float64(len(ttfts))
+		slices.Sort(ttfts)
+		o.P99TTFTms = report.Percentile(ttfts, 99)
 	}
 	return o, nil
 }

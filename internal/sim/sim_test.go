@@ -238,8 +238,8 @@ func TestOracle(t *testing.T) {
 	if want := 9.0 * 512 / (10 * 2048); math.Abs(o.HitRate-want) > 1e-9 {
 		t.Errorf("oracle hit rate %g, want %g", o.HitRate, want)
 	}
-	if o.MeanTTFTms <= 0 {
-		t.Errorf("oracle mean TTFT %g ms", o.MeanTTFTms)
+	if o.MeanTTFTms <= 0 || o.P99TTFTms < o.MeanTTFTms {
+		t.Errorf("oracle TTFT mean %g ms, p99 %g ms", o.MeanTTFTms, o.P99TTFTms)
 	}
 	// No policy beats either bound on the same workload.
 	for _, pol := range baselines {
@@ -252,6 +252,9 @@ func TestOracle(t *testing.T) {
 		}
 		if run.TTFT.Mean < o.MeanTTFTms*(1-1e-9) {
 			t.Errorf("%s mean TTFT %g ms below the oracle's %g", pol, run.TTFT.Mean, o.MeanTTFTms)
+		}
+		if run.TTFT.P99 < o.P99TTFTms*(1-1e-9) {
+			t.Errorf("%s p99 TTFT %g ms below the oracle's %g", pol, run.TTFT.P99, o.P99TTFTms)
 		}
 	}
 }
