@@ -29,9 +29,11 @@ func init() {
 // fleetFlags are the workload selection flags sim and compare share.
 type fleetFlags struct {
 	engines, preset, workload, policies string
+	window                              string
 	rate, speedup, load                 float64
 	limit                               int
 	duration                            time.Duration
+	windowStart, windowEnd              time.Duration // parsed --window
 	seed                                int64
 	kvBlocks                            int
 	jsonFile, out                       string
@@ -46,6 +48,7 @@ func (w *fleetFlags) register(fs *flag.FlagSet, engines string) {
 	fs.Float64Var(&w.speedup, "speedup", 0, "compress a trace's timestamps by this factor")
 	fs.Float64Var(&w.load, "load", 0, "offered prompt tokens/s as a fraction of the fleet's prefill capacity (every token counted uncached)")
 	fs.IntVar(&w.limit, "limit", 0, "keep the first N requests (0: all)")
+	fs.StringVar(&w.window, "window", "", "trace only: keep requests with trace timestamps in `START-END` (Go durations, e.g. 10m-20m or 30m-), re-based to start at 0")
 	fs.DurationVar(&w.duration, "duration", 0, "bound a synthetic workload's arrivals (default 60s unless --limit)")
 	fs.Int64Var(&w.seed, "seed", 1, "seed of the workload and of the policies' random choices")
 	fs.IntVar(&w.kvBlocks, "kv-blocks", 0, "override every engine's KV cache capacity in blocks")
@@ -70,11 +73,21 @@ func (w *fleetFlags) check() error {
 	if set > 1 {
 		return errors.New("give at most one of --rate, --speedup and --load")
 	}
+	if w.window != "" {
+		if isBuiltin(w.workload) {
+			return fmt.Errorf("--window applies to traces; %q is a built-in workload (use --duration or --limit)", w.workload)
+		}
+		var err error
+		if w.windowStart, w.windowEnd, err = parseWindow(w.window); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
 func (w *fleetFlags) options() workload.Options {
-	return workload.Options{Rate: w.rate, Speedup: w.speedup, Limit: w.limit, Duration: w.duration, Seed: w.seed}
+	return workload.Options{Rate: w.rate, Speedup: w.speedup, Limit: w.limit, Duration: w.duration, Seed: w.seed,
+		WindowStart: w.windowStart, WindowEnd: w.windowEnd}
 }
 
 // parsePolicies parses --policies; empty means every registered policy, with
