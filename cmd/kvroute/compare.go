@@ -27,7 +27,7 @@ func runCompare(args []string) int {
 	w.register(fs, "4")
 	timeScale := fs.Float64("time-scale", 1, "emulated seconds per real second (10 replays a 10-minute workload in one minute)")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--policies a,b,c] [--rate R | --speedup X | --load F] [--limit N] [--seed S] [--time-scale X] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--policies a,b,c] [--rate R | --speedup X | --load F] [--limit N | --window START-END] [--seed S] [--time-scale X] [--oracle] [--json FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nStarts the emulated engines and one router on loopback, in process, and replays the workload once per policy against fresh engines. Latencies are reported in emulated time.\n\nflags:")
 		fs.PrintDefaults()
 		writeBuiltins(fs.Output())
@@ -78,6 +78,12 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	}
 	fmt.Fprintf(stdout, "fleet: %d emulated engines, prefill capacity %.0f prompt tokens/s; time scale %gx\n", len(engines), capacity, timeScale)
 	fmt.Fprintf(stdout, "workload: %d requests over %.0fs emulated (%.0fs of wall clock per policy)\n", len(reqs), span, span/timeScale)
+	var oracle *report.Oracle
+	if w.oracle {
+		if oracle, err = workloadOracle(stdout, reqs, engines, offered); err != nil {
+			return nil, err
+		}
+	}
 	keeping := map[string]*driverSummary{}
 	rep, err := compare.Run(ctx, reqs, compare.Config{
 		Engines:     engines,
@@ -99,6 +105,10 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	})
 	if err != nil {
 		return nil, err
+	}
+	if oracle != nil {
+		applyOracle(rep.Runs, oracle)
+		rep.Oracle = oracle
 	}
 	fmt.Fprintf(stdout, "\noffered load %.2f of the fleet's prefill capacity (every prompt token counted uncached)\n", offered)
 	report.WriteTable(stdout, rep)

@@ -48,3 +48,38 @@ func TestFleetFlagsCheck(t *testing.T) {
 		})
 	}
 }
+
+// TestOracleBoundsCompareAndSim runs the same small workload through
+// compare (live, loopback) and sim with --oracle: both report the bounds,
+// and no run beats the p99 TTFT floor or the hit-rate bound.
+func TestOracleBoundsCompareAndSim(t *testing.T) {
+	w := fleetFlags{engines: "2", preset: "h100-llama3-8b", workload: "chat", policies: "round-robin,kvroute",
+		rate: 4, duration: 3 * time.Second, seed: 1, oracle: true}
+	var out strings.Builder
+	rep, err := compareMain(t.Context(), &out, &w, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Oracle == nil || rep.Oracle.P99TTFTms < rep.Oracle.MeanTTFTms || rep.Oracle.MeanTTFTms <= 0 {
+		t.Fatalf("compare --oracle: oracle %+v", rep.Oracle)
+	}
+	for _, r := range rep.Runs {
+		if r.OfOracle <= 0 || r.OfOracle > 1+1e-9 {
+			t.Errorf("%s: hit rate %.3f of the oracle's", r.Policy, r.OfOracle)
+		}
+		if r.TTFT.P99 < rep.Oracle.P99TTFTms {
+			t.Errorf("%s: live p99 TTFT %.1f ms below the floor %.1f ms", r.Policy, r.TTFT.P99, rep.Oracle.P99TTFTms)
+		}
+	}
+	if !strings.Contains(out.String(), "oracle: hit rate") {
+		t.Errorf("compare output has no oracle line:\n%s", out.String())
+	}
+
+	out.Reset()
+	if err := simMain(&out, &w, "", 1); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "oracle at load") || !strings.Contains(out.String(), "of oracle") {
+		t.Errorf("sim --oracle output lacks the bounds:\n%s", out.String())
+	}
+}

@@ -34,6 +34,7 @@ type fleetFlags struct {
 	limit                               int
 	duration                            time.Duration
 	windowStart, windowEnd              time.Duration // parsed --window
+	oracle                              bool
 	seed                                int64
 	kvBlocks                            int
 	jsonFile, out                       string
@@ -54,6 +55,7 @@ func (w *fleetFlags) register(fs *flag.FlagSet, engines string) {
 	fs.IntVar(&w.kvBlocks, "kv-blocks", 0, "override every engine's KV cache capacity in blocks")
 	fs.StringVar(&w.jsonFile, "json", "", "write {\"runs\":[...]} to this file")
 	fs.StringVar(&w.out, "out", "", "write SVG charts into this directory")
+	fs.BoolVar(&w.oracle, "oracle", false, "also compute the workload's bounds: infinite-cache hit rate, and mean and p99 TTFT with that cache and no queueing")
 }
 
 // check validates the flags that do not depend on the command.
@@ -133,11 +135,10 @@ func runSim(args []string) int {
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
 	var w fleetFlags
 	w.register(fs, "8")
-	oracle := fs.Bool("oracle", false, "also compute the workload's bounds: infinite-cache hit rate and no-queue mean TTFT")
 	sweep := fs.String("sweep", "", "comma-separated loads (e.g. 0.3,0.5,0.7,0.9): run each and chart p99 TTFT against load")
 	parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "runs to simulate side by side (each run is single-threaded)")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--oracle] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--oracle] [--json FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nReplays the workload on a simulated fleet in virtual time, with the same scheduler and engine model as kvroute serve and kvroute engine, once per policy.\n\nflags:")
 		fs.PrintDefaults()
 		writeBuiltins(fs.Output())
@@ -145,14 +146,14 @@ func runSim(args []string) int {
 	if code, ok := parseFlags(fs, args, false); !ok {
 		return code
 	}
-	if err := simMain(os.Stdout, &w, *oracle, *sweep, *parallel); err != nil {
+	if err := simMain(os.Stdout, &w, *sweep, *parallel); err != nil {
 		fmt.Fprintf(os.Stderr, "kvroute sim: %v\n", err)
 		return 1
 	}
 	return 0
 }
 
-func simMain(stdout io.Writer, w *fleetFlags, withOracle bool, sweep string, parallel int) error {
+func simMain(stdout io.Writer, w *fleetFlags, sweep string, parallel int) error {
 	if err := w.check(); err != nil {
 		return err
 	}
@@ -186,14 +187,12 @@ func simMain(stdout io.Writer, w *fleetFlags, withOracle bool, sweep string, par
 		if err != nil {
 			return err
 		}
-		if withOracle {
-			o, err := sim.Oracle(reqs, fastestPreset(engines), request.Options{})
+		if w.oracle {
+			o, err := workloadOracle(stdout, reqs, engines, load)
 			if err != nil {
 				return err
 			}
-			oracles = append(oracles, &o)
-			fmt.Fprintf(stdout, "oracle at load %.2f: hit rate %.1f%% (one server, infinite cache), TTFT mean >= %.1f ms, p99 >= %.1f ms (cached prefix, no queueing, %s)\n",
-				load, 100*o.HitRate, o.MeanTTFTms, o.P99TTFTms, fastestPreset(engines).Name)
+			oracles = append(oracles, o)
 		}
 		for _, p := range policies {
 			jobs = append(jobs, sim.Job{Reqs: reqs, Config: sim.Config{
@@ -210,18 +209,16 @@ func simMain(stdout io.Writer, w *fleetFlags, withOracle bool, sweep string, par
 		return err
 	}
 	elapsed := time.Since(start)
-	for i := range runs {
-		if withOracle {
-			if o := oracles[i/len(policies)]; o.HitRate > 0 {
-				runs[i].OfOracle = runs[i].PrefixHitRate / o.HitRate
-			}
+	if w.oracle {
+		for i := 0; i < len(runs); i += len(policies) {
+			applyOracle(runs[i:i+len(policies)], oracles[i/len(policies)])
 		}
 	}
 	rep.Runs = runs
 
 	for i := 0; i < len(runs); i += len(policies) {
 		group := &report.Report{Runs: runs[i : i+len(policies)]}
-		if withOracle {
+		if w.oracle {
 			group.Oracle = oracles[i/len(policies)]
 		}
 		fmt.Fprintf(stdout, "\noffered load %.2f of the fleet's prefill capacity (every prompt token counted uncached), %d requests\n",
@@ -246,6 +243,29 @@ func simMain(stdout io.Writer, w *fleetFlags, withOracle bool, sweep string, par
 
 // fastestPreset is the preset with the highest prefill capacity: the fleet-level
 // TTFT bound assumes the best engine.
+// workloadOracle computes the bounds of reqs (sim.Oracle) on the fleet's
+// fastest preset, which bounds every engine of a mixed fleet, and prints them.
+func workloadOracle(stdout io.Writer, reqs []workload.Request, engines []engine.Preset, load float64) (*report.Oracle, error) {
+	p := fastestPreset(engines)
+	o, err := sim.Oracle(reqs, p, request.Options{})
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(stdout, "oracle at load %.2f: hit rate %.1f%% (one server, infinite cache), TTFT mean >= %.1f ms, p99 >= %.1f ms (cached prefix, no queueing, %s)\n",
+		load, 100*o.HitRate, o.MeanTTFTms, o.P99TTFTms, p.Name)
+	return &o, nil
+}
+
+// applyOracle sets each run's hit rate as a share of the oracle's.
+func applyOracle(runs []report.Run, o *report.Oracle) {
+	if o.HitRate <= 0 {
+		return
+	}
+	for i := range runs {
+		runs[i].OfOracle = runs[i].PrefixHitRate / o.HitRate
+	}
+}
+
 func fastestPreset(engines []engine.Preset) engine.Preset {
 	best := engines[0]
 	for _, p := range engines[1:] {
