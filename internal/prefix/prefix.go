@@ -54,8 +54,19 @@ func Hash(dst []uint64, text string, blockChars int) []uint64 {
 // Index maps block hashes to the backends believed to hold them. It is safe
 // for concurrent use; Match takes only a read lock.
 //
+// A backend's blocks are of two kinds, as in the engine's paged KV cache.
+// Blocks of requests still in flight there (Acquire without its Release)
+// are pinned: the engine cannot evict a block a running or queued request
+// uses, so neither does the index. The others sit on a recency list and
+// are evicted least recently used first once the backend holds more than
+// its capacity, pinned blocks included. A released block becomes the most
+// recently used, as a finished request's blocks do in the engine's free
+// queue; without pinning, the blocks of a request that runs longer than the
+// index takes to turn over would be forgotten while the engine still holds
+// them.
+//
 // Every (block, backend) pair is one node in a slab, on its backend's
-// recency list (doubly linked, for O(1) refresh and eviction). Links are
+// recency list or pinned list (doubly linked, for O(1) refresh and eviction). Links are
 // int32 slab indices rather than pointers, which keeps a node at 24 bytes
 // and gives the garbage collector nothing to scan.
 //
@@ -94,16 +105,24 @@ type entry struct {
 type node struct {
 	hash uint64
 	// prev and next link the backend's recency list (prev towards the most
-	// recent end); next also links the free list.
+	// recent end) or its pinned list; next also links the free list.
 	prev, next int32
 	backend    int32
+	// pins counts the requests in flight that use the block; the node is
+	// on the pinned list while it is above 0.
+	pins int32
 }
 
-// lru is one backend's recency list: head is the most recently used block.
+// list is a doubly linked list of nodes; head is the most recent.
+type list struct{ head, tail int32 }
+
+// lru is one backend's blocks: recent holds the unpinned ones in recency
+// order (head most recently used), pinned those of requests in flight. n
+// counts both.
 type lru struct {
-	head, tail int32
-	n          int
-	capacity   int
+	recent, pinned list
+	n              int
+	capacity       int
 }
 
 // NewIndex returns an empty index in which every backend has capacity
@@ -123,7 +142,11 @@ func NewIndex(defaultCapacity int) *Index {
 // caller holds the write lock.
 func (ix *Index) backend(b int) *lru {
 	for len(ix.backends) <= b {
-		ix.backends = append(ix.backends, lru{head: nilNode, tail: nilNode, capacity: ix.defaultCap})
+		ix.backends = append(ix.backends, lru{
+			recent:   list{head: nilNode, tail: nilNode},
+			pinned:   list{head: nilNode, tail: nilNode},
+			capacity: ix.defaultCap,
+		})
 	}
 	return &ix.backends[b]
 }
@@ -194,13 +217,25 @@ func (ix *Index) Match(hashes []uint64, out []int32) {
 
 // Insert records that backend now holds all of hashes, marking them most
 // recently used, and evicts the backend's least recently used blocks beyond
-// its capacity.
+// its capacity. Blocks pinned by a request in flight stay pinned.
 //
 // Within one insert, earlier blocks are made more recent than later ones:
 // a chain's tail is worth nothing without its head, so eviction takes the
 // deepest blocks of a prompt first (as vLLM frees a sequence's blocks in
 // reverse order).
 func (ix *Index) Insert(backend int, hashes []uint64) {
+	ix.insert(backend, hashes, false)
+}
+
+// Acquire is Insert for a request routed to backend: its blocks are pinned
+// until the matching Release, so that they are not evicted while the
+// request is queued or running there. The caller must call Release with
+// the same hashes exactly once.
+func (ix *Index) Acquire(backend int, hashes []uint64) {
+	ix.insert(backend, hashes, true)
+}
+
+func (ix *Index) insert(backend int, hashes []uint64, pin bool) {
 	if backend < 0 || len(hashes) == 0 {
 		return
 	}
@@ -214,11 +249,23 @@ func (ix *Index) Insert(backend int, hashes []uint64) {
 	}
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
-		// A block the backend holds needs only its recency refreshed: the
-		// block map is not touched.
+		// A block the backend holds needs only its recency refreshed (or
+		// its pin count raised): the block map is not touched.
 		if n := ix.pairs.find(ix.nodes, h, b); n != nilNode {
-			ix.unlinkLRU(l, n)
-			ix.pushFront(l, n)
+			nd := &ix.nodes[n]
+			switch {
+			case nd.pins > 0:
+				if pin {
+					nd.pins++
+				}
+			case pin:
+				ix.unlink(&l.recent, n)
+				nd.pins = 1
+				ix.pushFront(&l.pinned, n)
+			default:
+				ix.unlink(&l.recent, n)
+				ix.pushFront(&l.recent, n)
+			}
 			continue
 		}
 		e := ix.blocks[h]
@@ -231,8 +278,50 @@ func (ix *Index) Insert(backend int, hashes []uint64) {
 			e.wide++
 		}
 		ix.blocks[h] = e
-		ix.pushFront(l, n)
+		if pin {
+			ix.nodes[n].pins = 1
+			ix.pushFront(&l.pinned, n)
+		} else {
+			ix.pushFront(&l.recent, n)
+		}
 		l.n++
+	}
+	ix.evict(l)
+}
+
+// Release ends the pin of an Acquire of the same hashes on backend: blocks
+// no longer used by any request in flight become the most recently used
+// (the first block most of all, as in Insert) and may then be evicted. A
+// block the index no longer has (the backend was removed meanwhile) is
+// skipped.
+func (ix *Index) Release(backend int, hashes []uint64) {
+	if backend < 0 || len(hashes) == 0 {
+		return
+	}
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if backend >= len(ix.backends) {
+		return
+	}
+	l := &ix.backends[backend]
+	b := int32(backend)
+	for i := len(hashes) - 1; i >= 0; i-- {
+		n := ix.pairs.find(ix.nodes, hashes[i], b)
+		if n == nilNode {
+			continue
+		}
+		nd := &ix.nodes[n]
+		if nd.pins == 0 {
+			// Re-added unpinned after the backend was removed: nothing
+			// to release, only recency to refresh.
+			ix.unlink(&l.recent, n)
+			ix.pushFront(&l.recent, n)
+			continue
+		}
+		if nd.pins--; nd.pins == 0 {
+			ix.unlink(&l.pinned, n)
+			ix.pushFront(&l.recent, n)
+		}
 	}
 	ix.evict(l)
 }
@@ -246,8 +335,11 @@ func (ix *Index) RemoveBackend(backend int) {
 		return
 	}
 	l := &ix.backends[backend]
-	for l.tail != nilNode {
-		ix.drop(l, l.tail)
+	for l.recent.tail != nilNode {
+		ix.drop(l, l.recent.tail)
+	}
+	for l.pinned.tail != nilNode {
+		ix.drop(l, l.pinned.tail)
 	}
 }
 
@@ -261,16 +353,21 @@ func (ix *Index) Len(backend int) int {
 	return ix.backends[backend].n
 }
 
-// evict drops l's least recently used blocks beyond its capacity.
+// evict drops l's least recently used unpinned blocks while it holds more
+// than its capacity; pinned blocks are never evicted.
 func (ix *Index) evict(l *lru) {
-	for l.n > l.capacity {
-		ix.drop(l, l.tail)
+	for l.n > l.capacity && l.recent.tail != nilNode {
+		ix.drop(l, l.recent.tail)
 	}
 }
 
 // drop removes node n from l and from both tables, and frees it.
 func (ix *Index) drop(l *lru, n int32) {
-	ix.unlinkLRU(l, n)
+	if ix.nodes[n].pins > 0 {
+		ix.unlink(&l.pinned, n)
+	} else {
+		ix.unlink(&l.recent, n)
+	}
 	l.n--
 	ix.pairs.remove(ix.nodes, n)
 	h, b := ix.nodes[n].hash, ix.nodes[n].backend
@@ -298,7 +395,7 @@ func (ix *Index) alloc() int32 {
 	return int32(len(ix.nodes) - 1)
 }
 
-func (ix *Index) unlinkLRU(l *lru, n int32) {
+func (ix *Index) unlink(l *list, n int32) {
 	nd := &ix.nodes[n]
 	if nd.prev != nilNode {
 		ix.nodes[nd.prev].next = nd.next
@@ -313,7 +410,7 @@ func (ix *Index) unlinkLRU(l *lru, n int32) {
 	nd.prev, nd.next = nilNode, nilNode
 }
 
-func (ix *Index) pushFront(l *lru, n int32) {
+func (ix *Index) pushFront(l *list, n int32) {
 	nd := &ix.nodes[n]
 	nd.prev = nilNode
 	nd.next = l.head

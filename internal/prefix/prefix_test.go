@@ -108,6 +108,20 @@ func TestEviction(t *testing.T) {
 		{"reinsert counts once", 8, func(ix *Index) { ix.Insert(0, a); ix.Insert(0, a); ix.Insert(0, a[:2]) }, a, 4, 4},
 		{"remove backend", 8, func(ix *Index) { ix.Insert(0, a); ix.RemoveBackend(0) }, a, 0, 0},
 		{"capacity grow keeps all", 2, func(ix *Index) { ix.SetCapacity(0, 8); ix.Insert(0, a); ix.Insert(0, b) }, a, 4, 8},
+		{"pinned blocks outlive newer inserts", 6, func(ix *Index) { ix.Acquire(0, a); ix.Insert(0, b); ix.Insert(0, hs(200, 4)) }, a, 4, 6},
+		{"pinned blocks beyond capacity stay", 2, func(ix *Index) { ix.Acquire(0, a); ix.Insert(0, b) }, a, 4, 4},
+		{"release makes the blocks most recent", 6, func(ix *Index) { ix.Acquire(0, a); ix.Insert(0, b); ix.Release(0, a); ix.Insert(0, hs(200, 2)) }, a, 4, 6},
+		{"released blocks are evicted in turn", 6, func(ix *Index) { ix.Acquire(0, a); ix.Release(0, a); ix.Insert(0, b); ix.Insert(0, hs(200, 2)) }, a, 0, 6},
+		{"two acquires need two releases", 4, func(ix *Index) {
+			ix.Acquire(0, a)
+			ix.Acquire(0, a)
+			ix.Release(0, a)
+			ix.Insert(0, b) // evicted at once: a is still pinned
+		}, a, 4, 4},
+		{"insert leaves a pin alone", 4, func(ix *Index) { ix.Acquire(0, a); ix.Insert(0, a); ix.Insert(0, b) }, a, 4, 4},
+		{"remove backend drops pinned blocks", 8, func(ix *Index) { ix.Acquire(0, a); ix.RemoveBackend(0) }, a, 0, 0},
+		{"release after removal is harmless", 8, func(ix *Index) { ix.Acquire(0, a); ix.RemoveBackend(0); ix.Release(0, a); ix.Insert(0, b) }, b, 4, 4},
+		{"release of an unknown backend is harmless", 8, func(ix *Index) { ix.Release(5, a); ix.Insert(0, a) }, a, 4, 4},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -176,9 +190,12 @@ func TestSharedBlocks(t *testing.T) {
 	}
 }
 
-// TestRandomAgainstModel replays random operations against a plain model
-// of per-backend LRU lists and compares every Match and Len, for backends
-// tracked in the entries' holder mask (IDs below 64), beyond it, and both.
+// TestRandomAgainstModel drives Insert, Acquire, Release, SetCapacity and
+// RemoveBackend at random and compares every Match and Len with a direct
+// model: per backend, a recency list of unpinned blocks and a pin count per
+// pinned block, evicting the least recent unpinned block while the backend
+// holds more than its capacity. Backends are tracked in the entries' holder
+// mask (IDs below 64), beyond it, and both.
 func TestRandomAgainstModel(t *testing.T) {
 	for _, ids := range [][]int{{0, 1, 2, 3}, {64, 65, 100, 130}, {0, 5, 63, 64, 65, 127, 128}} {
 		t.Run(fmt.Sprint(ids), func(t *testing.T) { randomAgainstModel(t, ids) })
@@ -186,64 +203,118 @@ func TestRandomAgainstModel(t *testing.T) {
 }
 
 func randomAgainstModel(t *testing.T, ids []int) {
-	const capacity = 12
+	const capacity = 10
 	backends := ids[len(ids)-1] + 1
-	rng := rand.New(rand.NewPCG(1, 2))
+	rng := rand.New(rand.NewPCG(3, 4))
 	ix := NewIndex(capacity)
-	model := make([][]uint64, backends) // most recent first
+	recent := make([][]uint64, backends) // most recent first
+	pins := make([]map[uint64]int, backends)
 	caps := make([]int, backends)
-	for i := range caps {
-		caps[i] = capacity
+	for i := range pins {
+		pins[i], caps[i] = map[uint64]int{}, capacity
 	}
-	trim := func(b int) {
-		if len(model[b]) > caps[b] {
-			model[b] = model[b][:caps[b]]
+	without := func(l []uint64, h uint64) []uint64 {
+		return slices.DeleteFunc(l, func(x uint64) bool { return x == h })
+	}
+	evict := func(b int) {
+		for len(recent[b])+len(pins[b]) > caps[b] && len(recent[b]) > 0 {
+			recent[b] = recent[b][:len(recent[b])-1]
 		}
 	}
+	insert := func(b int, p []uint64, pin bool) {
+		for i := len(p) - 1; i >= 0; i-- {
+			h := p[i]
+			if pins[b][h] > 0 {
+				if pin {
+					pins[b][h]++
+				}
+				continue
+			}
+			recent[b] = without(recent[b], h)
+			if pin {
+				pins[b][h] = 1
+			} else {
+				recent[b] = append([]uint64{h}, recent[b]...)
+			}
+		}
+		evict(b)
+	}
+	release := func(b int, p []uint64) {
+		for i := len(p) - 1; i >= 0; i-- {
+			h := p[i]
+			switch {
+			case pins[b][h] > 1:
+				pins[b][h]--
+			case pins[b][h] == 1:
+				delete(pins[b], h)
+				recent[b] = append([]uint64{h}, recent[b]...)
+			case contains(recent[b], h):
+				recent[b] = append([]uint64{h}, without(recent[b], h)...)
+			}
+		}
+		evict(b)
+	}
+	type flight struct {
+		b int
+		p []uint64
+	}
+	var inflight []flight
 	prompts := make([][]uint64, 6)
 	for i := range prompts {
 		prompts[i] = hs(uint64(i)*1000, 1+rng.IntN(8))
 	}
-	for step := range 2000 {
+	for step := range 3000 {
 		b := ids[rng.IntN(len(ids))]
 		p := prompts[rng.IntN(len(prompts))]
 		p = p[:1+rng.IntN(len(p))]
-		switch r := rng.IntN(20); {
+		switch r := rng.IntN(30); {
 		case r == 0:
 			ix.RemoveBackend(b)
-			model[b] = nil
+			recent[b], pins[b] = nil, map[uint64]int{}
 		case r == 1:
 			caps[b] = rng.IntN(2 * capacity)
 			ix.SetCapacity(b, caps[b])
-			trim(b)
+			evict(b)
+		case r < 10:
+			ix.Acquire(b, p)
+			insert(b, p, true)
+			inflight = append(inflight, flight{b, p})
+		case r < 19 && len(inflight) > 0:
+			k := rng.IntN(len(inflight))
+			f := inflight[k]
+			inflight = slices.Delete(inflight, k, k+1)
+			ix.Release(f.b, f.p)
+			release(f.b, f.p)
 		default:
 			ix.Insert(b, p)
-			kept := append([]uint64{}, p...)
-			for _, h := range model[b] {
-				if !contains(p, h) {
-					kept = append(kept, h)
-				}
-			}
-			model[b] = kept
-			trim(b)
+			insert(b, p, false)
 		}
-		q := prompts[rng.IntN(len(prompts))]
-		got := match(t, ix, q, backends)
-		for _, bb := range ids {
-			want := 0
-			for want < len(q) && contains(model[bb], q[want]) {
-				want++
-			}
-			if int(got[bb]) != want {
-				t.Fatalf("step %d backend %d: matched %d, want %d", step, bb, got[bb], want)
-			}
-			if ix.Len(bb) != len(model[bb]) {
-				t.Fatalf("step %d backend %d: Len %d, want %d", step, bb, ix.Len(bb), len(model[bb]))
-			}
+		compareModel(t, ix, step, prompts[rng.IntN(len(prompts))], ids,
+			func(b int, h uint64) bool { return pins[b][h] > 0 || contains(recent[b], h) },
+			func(b int) int { return len(recent[b]) + len(pins[b]) })
+	}
+	checkInvariants(t, ix)
+}
+
+// compareModel checks Match of q and Len against a model's holds and size
+// for every backend in ids, and the invariants every 50 steps.
+func compareModel(t *testing.T, ix *Index, step int, q []uint64, ids []int, holds func(b int, h uint64) bool, size func(b int) int) {
+	t.Helper()
+	got := match(t, ix, q, ids[len(ids)-1]+1)
+	for _, b := range ids {
+		want := 0
+		for want < len(q) && holds(b, q[want]) {
+			want++
 		}
-		if step%50 == 0 {
-			checkInvariants(t, ix)
+		if int(got[b]) != want {
+			t.Fatalf("step %d backend %d: matched %d, want %d", step, b, got[b], want)
 		}
+		if ix.Len(b) != size(b) {
+			t.Fatalf("step %d backend %d: Len %d, want %d", step, b, ix.Len(b), size(b))
+		}
+	}
+	if step%50 == 0 {
+		checkInvariants(t, ix)
 	}
 }
 
@@ -328,10 +399,10 @@ func TestHashMatchesReference(t *testing.T) {
 	}
 }
 
-// checkInvariants verifies the index's internal tables against its
-// recency lists: every held node is found through the pair table, every
-// block's holder mask and wide count agree with the nodes, and nothing
-// else is left in either table.
+// checkInvariants verifies the index's internal tables against its lists:
+// every held node is found through the pair table and is on the recency
+// list exactly when it has no pins, every block's holder mask and wide
+// count agree with the nodes, and nothing else is left in either table.
 func checkInvariants(t *testing.T, ix *Index) {
 	t.Helper()
 	ix.mu.RLock()
@@ -341,27 +412,39 @@ func checkInvariants(t *testing.T, ix *Index) {
 	for b := range ix.backends {
 		l := &ix.backends[b]
 		count := 0
-		prev := int32(nilNode)
-		for n := l.head; n != nilNode; n = ix.nodes[n].next {
-			nd := ix.nodes[n]
-			if nd.prev != prev || int(nd.backend) != b {
-				t.Fatalf("backend %d: node %d has prev %d backend %d, want %d and %d", b, n, nd.prev, nd.backend, prev, b)
+		for _, li := range []struct {
+			name   string
+			l      *list
+			pinned bool
+		}{{"recent", &l.recent, false}, {"pinned", &l.pinned, true}} {
+			prev := int32(nilNode)
+			for n := li.l.head; n != nilNode; n = ix.nodes[n].next {
+				nd := ix.nodes[n]
+				if nd.prev != prev || int(nd.backend) != b {
+					t.Fatalf("backend %d %s: node %d has prev %d backend %d, want %d and %d", b, li.name, n, nd.prev, nd.backend, prev, b)
+				}
+				if (nd.pins > 0) != li.pinned || nd.pins < 0 {
+					t.Fatalf("backend %d: node %d with %d pins on the %s list", b, n, nd.pins, li.name)
+				}
+				if got := ix.pairs.find(ix.nodes, nd.hash, nd.backend); got != n {
+					t.Fatalf("backend %d: pair table finds %d for node %d", b, got, n)
+				}
+				e := want[nd.hash]
+				if b < maskBackends {
+					e.mask |= 1 << b
+				} else {
+					e.wide++
+				}
+				want[nd.hash] = e
+				prev = n
+				count++
 			}
-			if got := ix.pairs.find(ix.nodes, nd.hash, nd.backend); got != n {
-				t.Fatalf("backend %d: pair table finds %d for node %d", b, got, n)
+			if prev != li.l.tail {
+				t.Fatalf("backend %d: %s list ends at %d, recorded %d", b, li.name, prev, li.l.tail)
 			}
-			e := want[nd.hash]
-			if b < maskBackends {
-				e.mask |= 1 << b
-			} else {
-				e.wide++
-			}
-			want[nd.hash] = e
-			prev = n
-			count++
 		}
-		if count != l.n || prev != l.tail {
-			t.Fatalf("backend %d: list has %d nodes ending at %d, recorded %d ending at %d", b, count, prev, l.n, l.tail)
+		if count != l.n {
+			t.Fatalf("backend %d: lists hold %d nodes, recorded %d", b, count, l.n)
 		}
 		total += count
 	}

@@ -11,6 +11,7 @@ package scheduler
 
 import (
 	"errors"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -135,6 +136,11 @@ type Assignment struct {
 	MatchedTokens int
 
 	ticket *fleet.Ticket
+	// index and hashes are the prompt's blocks pinned in the prefix index
+	// for the chosen backend until Done releases them.
+	index    *prefix.Index
+	hashes   []uint64
+	released atomic.Bool
 }
 
 // BlockChars is the prefix block size in characters that Route hashes
@@ -147,13 +153,16 @@ func (s *Scheduler) Route(v *request.View, exclude []int, now time.Time) (*Assig
 	sc := s.scratch.Get().(*scratch)
 	defer s.put(sc)
 	sc.hashes = prefix.Hash(sc.hashes[:0], v.Prompt, s.blockCh)
-	return s.route(sc, v, sc.hashes, exclude, now)
+	// The assignment keeps its blocks until Done, beyond the pooled
+	// scratch's lifetime.
+	return s.route(sc, v, slices.Clone(sc.hashes), exclude, now)
 }
 
 // RouteHashed is Route for a caller that has already hashed v.Prompt:
 // hashes must be prefix.Hash(nil, v.Prompt, s.BlockChars()). The simulator
 // hashes each prompt once for the router and its engine alike. hashes is
-// read during the call only and never modified.
+// never modified, and the Assignment keeps it until Done: the caller must
+// not change it before then.
 func (s *Scheduler) RouteHashed(v *request.View, hashes []uint64, exclude []int, now time.Time) (*Assignment, error) {
 	sc := s.scratch.Get().(*scratch)
 	defer s.put(sc)
@@ -239,7 +248,10 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes []uint64, exclude
 	if act.observer != nil {
 		act.observer.Routed(&sc.in, d)
 	}
-	s.index.Insert(b.ID, hashes)
+	// The blocks stay pinned while the request is in flight there, as the
+	// engine cannot evict the blocks of a queued or running request.
+	s.index.Acquire(b.ID, hashes)
+	a.index, a.hashes = s.index, hashes
 
 	if !v.Stream {
 		// The first byte of a non-streaming response comes after the whole
@@ -297,5 +309,13 @@ func excluded(ids []int, id int) bool {
 // FirstByte reports that the first response byte arrived.
 func (a *Assignment) FirstByte(now time.Time) { a.ticket.FirstByte(now) }
 
-// Done reports that the request ended (any outcome). Only the first call counts.
-func (a *Assignment) Done(now time.Time) { a.ticket.Done(now) }
+// Done reports that the request ended (any outcome): its load is released,
+// and its blocks in the prefix index become evictable, most recent first.
+// Only the first call counts.
+func (a *Assignment) Done(now time.Time) {
+	a.ticket.Done(now)
+	if a.index != nil && a.released.CompareAndSwap(false, true) {
+		a.index.Release(a.Backend.ID, a.hashes)
+		a.hashes = nil
+	}
+}

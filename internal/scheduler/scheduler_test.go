@@ -401,3 +401,49 @@ func TestBurstDoesNotHerd(t *testing.T) {
 		a.Done(t0)
 	}
 }
+
+// TestInFlightBlocksArePinned checks that a request's blocks stay in the
+// prefix index while it is in flight, however much else is routed to its
+// backend meanwhile, and become evictable (most recent first) at Done, as
+// an engine cannot evict the blocks of a queued or running request.
+func TestInFlightBlocksArePinned(t *testing.T) {
+	f := newFleet(t, 1)
+	s := New(f, longestPrefix{}, Config{BlockChars: 64})
+	// 10 blocks of 64 characters: 160 tokens at 4 bytes per token.
+	s.SetKVCapacity(0, 160)
+	prompt := func(seed int) string { return text(seed, 8*64) }
+	held := func(p string) int32 {
+		out := make([]int32, 1)
+		s.Index().Match(prefix.Hash(nil, p, 64), out)
+		return out[0]
+	}
+	route := func(p string) *Assignment {
+		a, err := s.Route(view("", p), nil, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	long := route(prompt(1))
+	for seed := 2; seed <= 3; seed++ {
+		route(prompt(seed)).Done(t0)
+	}
+	if got := held(prompt(1)); got != 8 {
+		t.Fatalf("in flight after 16 more blocks through a 10-block index: %d blocks held, want all 8", got)
+	}
+	if got := held(prompt(3)); got != 2 {
+		t.Errorf("the finished request beside it: %d blocks held, want the 2 that fit", got)
+	}
+	long.Done(t0)
+	long.Done(t0) // only the first Done counts
+	if got := held(prompt(1)); got != 8 {
+		t.Errorf("just finished: %d blocks held, want 8 (most recent)", got)
+	}
+	route(prompt(4)).Done(t0)
+	if got := held(prompt(1)); got != 2 {
+		t.Errorf("after 8 more blocks: %d blocks held, want the first 2 (deepest evicted first)", got)
+	}
+	if got := s.Index().Len(0); got != 10 {
+		t.Errorf("index holds %d blocks, want its capacity 10", got)
+	}
+}
