@@ -2,7 +2,8 @@
 // which prompt prefix in its KV cache. Prompt text is cut into fixed-size
 // character blocks hashed as a chain (each block's hash covers its parent's),
 // and the Index maps block hashes to the backends believed to hold them,
-// with a per-backend LRU capacity in blocks.
+// with a per-backend capacity in blocks: the blocks of requests in flight
+// are pinned, the others evicted least recently used first.
 //
 // The package does no I/O and knows nothing of HTTP, policies or engines'
 // metrics; backends are dense integer ids assigned by package fleet.
