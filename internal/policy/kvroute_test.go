@@ -137,6 +137,43 @@ func TestKVRoutePick(t *testing.T) {
 	}
 }
 
+func TestKVRouteCacheSticky(t *testing.T) {
+	// A 20,000-token prompt without a session key; one request waits on the
+	// holder, so the fleet is not backlogged and the score is the estimate.
+	const prompt = 20000
+	tests := []struct {
+		name  string
+		loads []fxLoad
+		want  int
+		note  string
+	}{
+		{"stays with a holder a chunk ahead within the ratio",
+			// 16,000 cached tokens; est 34,000 against the idle one's 20,000 (1.7x).
+			[]fxLoad{{matched: 1000, pending: []int64{30000}}, {}}, 0, "cache"},
+		{"leaves a holder beyond the ratio",
+			// 74,000 against 20,000: 3.7x.
+			[]fxLoad{{matched: 1000, pending: []int64{70000}}, {}}, 1, "load"},
+		{"leaves a holder less than a chunk ahead",
+			// 8,000 cached tokens: the estimate decides (27,000 against 20,000).
+			[]fxLoad{{matched: 500, pending: []int64{15000}}, {}}, 1, "load"},
+		{"measures the lead against the best candidate's own match",
+			// 16,000 against 9,600 cached: 6,400 tokens ahead, under a chunk.
+			[]fxLoad{{matched: 1000, pending: []int64{30000}}, {matched: 600}}, 1, "load"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cands := fxBackends(t, tc.loads...)
+			p := fxNew(t, "kvroute", Options{})
+			for range len(cands) {
+				d := p.Pick(fxInput(cands, tc.loads, prompt, ""))
+				if d.Index != tc.want || d.Note != tc.note {
+					t.Fatalf("picked %d (%q, est %.4fs), want %d (%q)", d.Index, d.Note, d.EstTTFT, tc.want, tc.note)
+				}
+			}
+		})
+	}
+}
+
 func TestKVRouteEstimateByHand(t *testing.T) {
 	loads := []fxLoad{{pending: []int64{2000}, decoding: 2, ctx: 1000, matched: 100, rate: 20000}}
 	cands := fxBackends(t, loads...)
