@@ -120,20 +120,25 @@ func TestKVRoutePick(t *testing.T) {
 			[]fxLoad{{pending: []int64{9000}}, {pending: []int64{2000, 2000}}, {pending: []int64{6000}}}, 1, "load"},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			cands := fxBackends(t, tc.loads...)
-			p := fxNew(t, "kvroute", Options{})
-			// Every rotation of the tie-break start must agree.
-			for range len(cands) {
-				d := p.Pick(fxInput(cands, tc.loads, prompt, ""))
-				if d.Index != tc.want || d.Note != tc.note {
-					t.Fatalf("picked %d (%q, est %.4fs), want %d (%q)", d.Index, d.Note, d.EstTTFT, tc.want, tc.note)
-				}
-				if d.EstTTFT <= 0 {
-					t.Fatalf("EstTTFT = %v, want > 0", d.EstTTFT)
-				}
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { checkKVRoutePicks(t, tc.loads, prompt, tc.want, tc.note) })
+	}
+}
+
+// checkKVRoutePicks checks that kvroute picks want with note for a prompt
+// without a session key over the given loads, from every rotation of the
+// tie-break start, with a positive estimate.
+func checkKVRoutePicks(t *testing.T, loads []fxLoad, prompt, want int, note string) {
+	t.Helper()
+	cands := fxBackends(t, loads...)
+	p := fxNew(t, "kvroute", Options{})
+	for range len(cands) {
+		d := p.Pick(fxInput(cands, loads, prompt, ""))
+		if d.Index != want || d.Note != note {
+			t.Fatalf("picked %d (%q, est %.4fs), want %d (%q)", d.Index, d.Note, d.EstTTFT, want, note)
+		}
+		if d.EstTTFT <= 0 {
+			t.Fatalf("EstTTFT = %v, want > 0", d.EstTTFT)
+		}
 	}
 }
 
@@ -161,16 +166,7 @@ func TestKVRouteCacheSticky(t *testing.T) {
 			[]fxLoad{{matched: 1000, pending: []int64{30000}}, {matched: 600}}, 1, "load"},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			cands := fxBackends(t, tc.loads...)
-			p := fxNew(t, "kvroute", Options{})
-			for range len(cands) {
-				d := p.Pick(fxInput(cands, tc.loads, prompt, ""))
-				if d.Index != tc.want || d.Note != tc.note {
-					t.Fatalf("picked %d (%q, est %.4fs), want %d (%q)", d.Index, d.Note, d.EstTTFT, tc.want, tc.note)
-				}
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { checkKVRoutePicks(t, tc.loads, prompt, tc.want, tc.note) })
 	}
 }
 
