@@ -11,7 +11,6 @@ package scheduler
 
 import (
 	"errors"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -65,7 +64,6 @@ type Scheduler struct {
 // scratch is one Route's working memory, pooled so that routing allocates
 // only what outlives it (the Assignment, its Ticket and Reason).
 type scratch struct {
-	hashes  []uint64
 	all     []int32 // Match output, indexed by backend ID
 	cands   []*fleet.Backend
 	matched []int32
@@ -152,10 +150,10 @@ func (s *Scheduler) BlockChars() int { return s.blockCh }
 func (s *Scheduler) Route(v *request.View, exclude []int, now time.Time) (*Assignment, error) {
 	sc := s.scratch.Get().(*scratch)
 	defer s.put(sc)
-	sc.hashes = prefix.Hash(sc.hashes[:0], v.Prompt, s.blockCh)
-	// The assignment keeps its blocks until Done, beyond the pooled
-	// scratch's lifetime.
-	return s.route(sc, v, slices.Clone(sc.hashes), exclude, now)
+	// The assignment keeps the hashes until Done, so they get their own
+	// slice of exactly the prompt's full blocks rather than a pooled buffer.
+	hashes := prefix.Hash(make([]uint64, 0, len(v.Prompt)/s.blockCh), v.Prompt, s.blockCh)
+	return s.route(sc, v, hashes, exclude, now)
 }
 
 // RouteHashed is Route for a caller that has already hashed v.Prompt:
@@ -282,18 +280,11 @@ func (s *Scheduler) reason(sc *scratch, head string, matched, total int, d polic
 	return string(r)
 }
 
-// maxPooledBlocks bounds the hash buffer kept for reuse: a rare huge prompt
-// (the body limit allows megabytes) must not pin its buffer in the pool.
-const maxPooledBlocks = 1 << 14
-
 // put returns sc to the pool without keeping references to the request or
 // the fleet alive.
 func (s *Scheduler) put(sc *scratch) {
 	clear(sc.cands)
 	sc.in = policy.Input{}
-	if cap(sc.hashes) > maxPooledBlocks {
-		sc.hashes = nil
-	}
 	s.scratch.Put(sc)
 }
 
