@@ -67,9 +67,9 @@ func Hash(dst []uint64, text string, blockChars int) []uint64 {
 // them.
 //
 // Every (block, backend) pair is one node in a slab, on its backend's
-// recency list or pinned list (doubly linked, for O(1) refresh and eviction). Links are
-// int32 slab indices rather than pointers, which keeps a node at 24 bytes
-// and gives the garbage collector nothing to scan.
+// recency list or pinned list (doubly linked, for O(1) refresh and
+// eviction). Links are int32 slab indices rather than pointers, which keeps
+// a node at 24 bytes and gives the garbage collector nothing to scan.
 //
 // Two tables find nodes. The block map gives, per block, a bitmask of its
 // holders among backends 0..63, so that Match, the hot path, is one map
@@ -260,12 +260,10 @@ func (ix *Index) insert(backend int, hashes []uint64, pin bool) {
 					nd.pins++
 				}
 			case pin:
-				ix.unlink(&l.recent, n)
 				nd.pins = 1
-				ix.pushFront(&l.pinned, n)
+				ix.move(&l.recent, &l.pinned, n)
 			default:
-				ix.unlink(&l.recent, n)
-				ix.pushFront(&l.recent, n)
+				ix.move(&l.recent, &l.recent, n)
 			}
 			continue
 		}
@@ -311,17 +309,16 @@ func (ix *Index) Release(backend int, hashes []uint64) {
 		if n == nilNode {
 			continue
 		}
-		nd := &ix.nodes[n]
-		if nd.pins == 0 {
+		switch nd := &ix.nodes[n]; nd.pins {
+		case 0:
 			// Re-added unpinned after the backend was removed: nothing
 			// to release, only recency to refresh.
-			ix.unlink(&l.recent, n)
-			ix.pushFront(&l.recent, n)
-			continue
-		}
-		if nd.pins--; nd.pins == 0 {
-			ix.unlink(&l.pinned, n)
-			ix.pushFront(&l.recent, n)
+			ix.move(&l.recent, &l.recent, n)
+		case 1:
+			nd.pins = 0
+			ix.move(&l.pinned, &l.recent, n)
+		default:
+			nd.pins--
 		}
 	}
 	ix.evict(l)
@@ -409,6 +406,13 @@ func (ix *Index) unlink(l *list, n int32) {
 		l.tail = nd.prev
 	}
 	nd.prev, nd.next = nilNode, nilNode
+}
+
+// move takes node n off list from and puts it at the front of list to
+// (from == to refreshes its recency).
+func (ix *Index) move(from, to *list, n int32) {
+	ix.unlink(from, n)
+	ix.pushFront(to, n)
 }
 
 func (ix *Index) pushFront(l *list, n int32) {
