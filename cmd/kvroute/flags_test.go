@@ -22,6 +22,7 @@ func TestFleetFlagsCheck(t *testing.T) {
 		{name: "no workload", f: fleetFlags{}, wantErr: "--workload is required"},
 		{name: "two paces", f: fleetFlags{workload: "chat", rate: 1, load: 0.5}, wantErr: "at most one"},
 		{name: "negative", f: fleetFlags{workload: "chat", load: -1}, wantErr: "must not be negative"},
+		{name: "negative jitter", f: fleetFlags{workload: "chat", jitter: -time.Millisecond}, wantErr: "--jitter must not be negative"},
 		{name: "window on a builtin", f: fleetFlags{workload: "chat", window: "1m-2m"}, wantErr: "applies to traces"},
 		{name: "window without dash", f: fleetFlags{workload: trace, window: "10m"}, wantErr: "want START-END"},
 		{name: "window backwards", f: fleetFlags{workload: trace, window: "20m-10m"}, wantErr: "end must be after start"},

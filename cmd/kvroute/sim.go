@@ -36,6 +36,7 @@ type fleetFlags struct {
 	windowStart, windowEnd              time.Duration // parsed --window
 	oracle                              bool
 	seed                                int64
+	jitter                              time.Duration // sim only
 	kvBlocks                            int
 	jsonFile, out                       string
 }
@@ -75,6 +76,9 @@ func (w *fleetFlags) check() error {
 	if set > 1 {
 		return errors.New("give at most one of --rate, --speedup and --load")
 	}
+	if w.jitter < 0 {
+		return errors.New("--jitter must not be negative")
+	}
 	if w.window != "" {
 		if isBuiltin(w.workload) {
 			return fmt.Errorf("--window applies to traces; %q is a built-in workload (use --duration or --limit)", w.workload)
@@ -89,7 +93,7 @@ func (w *fleetFlags) check() error {
 
 func (w *fleetFlags) options() workload.Options {
 	return workload.Options{Rate: w.rate, Speedup: w.speedup, Limit: w.limit, Duration: w.duration, Seed: w.seed,
-		WindowStart: w.windowStart, WindowEnd: w.windowEnd}
+		WindowStart: w.windowStart, WindowEnd: w.windowEnd, Jitter: w.jitter}
 }
 
 // parsePolicies parses --policies; empty means every registered policy, with
@@ -137,8 +141,9 @@ func runSim(args []string) int {
 	w.register(fs, "8")
 	sweep := fs.String("sweep", "", "comma-separated loads (e.g. 0.3,0.5,0.7,0.9): run each and chart p99 TTFT against load")
 	parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "runs to simulate side by side (each run is single-threaded)")
+	fs.DurationVar(&w.jitter, "jitter", 0, "delay each arrival by a random 0 to `D` (drawn from --seed), as a live client and network do; several seeds show the spread a live compare has")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--oracle] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--json FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nReplays the workload on a simulated fleet in virtual time, with the same scheduler and engine model as kvroute serve and kvroute engine, once per policy.\n\nflags:")
 		fs.PrintDefaults()
 		writeBuiltins(fs.Output())

@@ -104,11 +104,22 @@ type Load struct {
 // EngineState is what the engine itself last reported (its metrics), or
 // what the simulator reads off its engine model.
 type EngineState struct {
-	At       time.Time
-	Running  int
-	Waiting  int
-	KVUsage  float64 // 0..1
-	KVBlocks int     // capacity in engine blocks, 0 if unknown
+	At        time.Time
+	Running   int
+	Waiting   int
+	KVUsage   float64 // 0..1
+	KVBlocks  int     // capacity in engine blocks, 0 if unknown
+	BlockSize int     // tokens per engine block, 0 if unknown
+}
+
+// FreeKVTokens is the KV cache the engine reported free, in tokens, and
+// whether it reported enough to tell. Like vLLM's usage it counts the
+// cached blocks that no request holds as free: they are evicted on demand.
+func (e *EngineState) FreeKVTokens() (float64, bool) {
+	if e == nil || e.KVBlocks <= 0 || e.BlockSize <= 0 {
+		return 0, false
+	}
+	return (1 - min(max(e.KVUsage, 0), 1)) * float64(e.KVBlocks) * float64(e.BlockSize), true
 }
 
 // Serves reports whether b serves model ("" matches any).

@@ -284,6 +284,9 @@ func (m *Monitor) scrapeOnce(ctx context.Context, w *watcher) {
 	if st.NumGPUBlocks > 0 {
 		e.KVBlocks = st.NumGPUBlocks
 	}
+	if st.BlockSize > 0 {
+		e.BlockSize = st.BlockSize
+	}
 	// The capacity goes first, so that whoever sees this report also sees
 	// the index sized by it.
 	if st.BlockSize > 0 && st.NumGPUBlocks > 0 && m.cfg.SetCapacity != nil {

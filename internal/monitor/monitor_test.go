@@ -170,8 +170,8 @@ func TestScrapeFixtures(t *testing.T) {
 		kind    adapter.Kind
 		want    fleet.EngineState // At ignored
 	}{
-		{name: "vllm auto", metrics: "vllm.prom", want: fleet.EngineState{Running: 12, Waiting: 5, KVUsage: 0.42, KVBlocks: 27000}},
-		{name: "vllm explicit", metrics: "vllm.prom", kind: adapter.VLLM, want: fleet.EngineState{Running: 12, Waiting: 5, KVUsage: 0.42, KVBlocks: 27000}},
+		{name: "vllm auto", metrics: "vllm.prom", want: fleet.EngineState{Running: 12, Waiting: 5, KVUsage: 0.42, KVBlocks: 27000, BlockSize: 16}},
+		{name: "vllm explicit", metrics: "vllm.prom", kind: adapter.VLLM, want: fleet.EngineState{Running: 12, Waiting: 5, KVUsage: 0.42, KVBlocks: 27000, BlockSize: 16}},
 		{name: "vllm v0 names", metrics: "vllm_v0.prom", want: fleet.EngineState{Running: 3, Waiting: 0, KVUsage: 0.9}},
 		{name: "sglang auto", metrics: "sglang.prom", want: fleet.EngineState{Running: 7, Waiting: 2, KVUsage: 0.28}},
 		{name: "sglang explicit", metrics: "sglang.prom", kind: adapter.SGLang, want: fleet.EngineState{Running: 7, Waiting: 2, KVUsage: 0.28}},

@@ -21,6 +21,12 @@ type fxLoad struct {
 	ctx      int64   // prompt tokens of each decoding stream
 	rate     float64 // learned prefill rate; 0 leaves the prior
 	matched  int32   // prefix blocks of the request held
+	// kvTokens > 0 gives the backend an engine report: a KV cache of that
+	// many tokens, kvUsage of it in use, at kvAt (fxT0 when zero), with
+	// the queue the router knows of.
+	kvTokens int64
+	kvUsage  float64
+	kvAt     time.Time
 }
 
 // fxBackends builds a fleet whose backends carry the given loads, through
@@ -48,6 +54,14 @@ func fxBackends(t testing.TB, loads ...fxLoad) []*fleet.Backend {
 		}
 		for _, p := range l.pending {
 			b.Start(p, p, 100, fxT0)
+		}
+		if l.kvTokens > 0 {
+			at := l.kvAt
+			if at.IsZero() {
+				at = fxT0
+			}
+			b.SetEngine(&fleet.EngineState{At: at, Running: l.decoding, Waiting: len(l.pending),
+				KVUsage: l.kvUsage, KVBlocks: int(l.kvTokens / 16), BlockSize: 16})
 		}
 		out[i] = b
 	}
@@ -167,6 +181,42 @@ func TestKVRouteCacheSticky(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { checkKVRoutePicks(t, tc.loads, prompt, tc.want, tc.note) })
+	}
+}
+
+func TestKVRouteFit(t *testing.T) {
+	// A cold 20,000-token prompt; engines of 100,000 KV tokens.
+	const prompt, kv = 20000, 100000
+	full := fxLoad{kvTokens: kv, kvUsage: 0.99}
+	tests := []struct {
+		name  string
+		loads []fxLoad
+		want  int
+	}{
+		{"leaves a full engine for one with room within the ratio",
+			// est 23,000 against 20,000 (1.15x); 1,000 tokens free on the idle one.
+			[]fxLoad{full, {pending: []int64{3000}, kvTokens: kv, kvUsage: 0.5}}, 1},
+		{"stays when room costs beyond the ratio",
+			// 25,000 against 20,000 (1.25x).
+			[]fxLoad{full, {pending: []int64{5000}, kvTokens: kv, kvUsage: 0.5}}, 0},
+		{"counts the prompts routed and not started against the free space",
+			// b0: 25,000 free less 10,000 queued; b1 est 34,000 against 30,000 (1.13x).
+			[]fxLoad{{pending: []int64{10000}, kvTokens: kv, kvUsage: 0.75},
+				{pending: []int64{14000}, kvTokens: kv}}, 1},
+		{"takes the best-scored of the candidates with room",
+			// b1 1.15x, b2 1.1x with 30,000 free.
+			[]fxLoad{full, {pending: []int64{3000}, kvTokens: kv, kvUsage: 0.5},
+				{pending: []int64{2000}, kvTokens: kv, kvUsage: 0.7}}, 2},
+		{"trusts an engine without a report",
+			[]fxLoad{{}, {pending: []int64{5000}, kvTokens: kv}}, 0},
+		{"ignores a stale report",
+			[]fxLoad{{kvTokens: kv, kvUsage: 0.99, kvAt: fxT0.Add(-EngineStateMaxAge - time.Second)},
+				{pending: []int64{5000}, kvTokens: kv}}, 0},
+		{"stays when no candidate has room",
+			[]fxLoad{full, {pending: []int64{5000}, kvTokens: kv, kvUsage: 0.9}}, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { checkKVRoutePicks(t, tc.loads, prompt, tc.want, "load") })
 	}
 }
 

@@ -155,9 +155,8 @@ func (p *Preble) cost(in *Input, i int, now int64, explore bool) float64 {
 	// M: what the request's new tokens push out, weighted by reuse.
 	uncached := int64(in.View.PromptTokens) - prebleCached(in, i)
 	evict := uncached
-	if e := b.Engine(); e != nil && e.KVBlocks > 0 {
-		free := int64((1 - min(max(e.KVUsage, 0), 1)) * float64(e.KVBlocks) * prebleBlockTokens)
-		evict = max(uncached-free, 0)
+	if free, ok := b.Engine().FreeKVTokens(); ok {
+		evict = max(uncached-int64(free), 0)
 	}
 	c := load + float64(evict)/rate*hitRatio
 	if explore {
@@ -165,10 +164,6 @@ func (p *Preble) cost(in *Input, i int, now int64, explore bool) float64 {
 	}
 	return c
 }
-
-// prebleBlockTokens is the engine's KV block size in tokens, to turn
-// reported free blocks into tokens.
-const prebleBlockTokens = 16
 
 // Pick implements Policy.
 func (p *Preble) Pick(in *Input) Decision {

@@ -104,7 +104,7 @@ func TestPrebleEvictionCost(t *testing.T) {
 		t.Fatalf("pick = %d, want 1 (eviction of reused tokens on b0)", d.Index)
 	}
 	// With room for the request on b0, nothing is evicted: b0 costs 0.2 s.
-	bs[0].SetEngine(&fleet.EngineState{At: peerT0, KVUsage: 0.5, KVBlocks: 1000})
+	bs[0].SetEngine(&fleet.EngineState{At: peerT0, KVUsage: 0.5, KVBlocks: 1000, BlockSize: 16})
 	if d := p.Pick(in); d.Index != 0 {
 		t.Fatalf("pick with free KV on b0 = %d, want 0", d.Index)
 	}

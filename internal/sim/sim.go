@@ -398,11 +398,12 @@ func (s *sim) stepStart(i int) {
 	// A fresh metrics scrape after every step: the live router scrapes on
 	// an interval, so the simulated one sees engine state at least as fresh.
 	n.b.SetEngine(&fleet.EngineState{
-		At:       Epoch.Add(s.now),
-		Running:  st.Running,
-		Waiting:  st.Waiting,
-		KVUsage:  st.KVUsage,
-		KVBlocks: n.eng.Preset().KVBlocks,
+		At:        Epoch.Add(s.now),
+		Running:   st.Running,
+		Waiting:   st.Waiting,
+		KVUsage:   st.KVUsage,
+		KVBlocks:  n.eng.Preset().KVBlocks,
+		BlockSize: engine.BlockSize,
 	})
 	if d <= 0 {
 		// Nothing could run: the engine waits for the next arrival.

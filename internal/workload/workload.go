@@ -8,10 +8,13 @@
 package workload
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
+	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -52,9 +55,15 @@ type Options struct {
 	// Limit is set).
 	Duration time.Duration
 	Seed     int64
+	// Jitter > 0 delays each arrival by a uniform random amount in
+	// [0, Jitter), drawn from Seed, as a live client's scheduling and the
+	// loopback network do: requests a trace gives the same timestamp then
+	// reach the router in a different order and a few milliseconds apart.
+	Jitter time.Duration
 }
 
-// Load returns the named built-in workload, or the trace at path name.
+// Load returns the named built-in workload, or the trace at path name, in
+// arrival order.
 //
 // A trace is JSON Lines in the Mooncake format (see ReadTrace). Each hash id
 // becomes a deterministic 512-token block of text (2048 bytes of lowercase
@@ -69,6 +78,22 @@ type Options struct {
 // Rate, drawn from Seed: the same name, options and seed give the same
 // requests and the same bytes.
 func Load(name string, opt Options) ([]Request, error) {
+	if opt.Jitter < 0 {
+		return nil, fmt.Errorf("jitter %v must not be negative", opt.Jitter)
+	}
+	reqs, err := load(name, opt)
+	if err != nil || opt.Jitter == 0 {
+		return reqs, err
+	}
+	rng := rand.New(rand.NewPCG(uint64(opt.Seed), 0x6a17))
+	for i := range reqs {
+		reqs[i].At += time.Duration(rng.Int64N(int64(opt.Jitter)))
+	}
+	slices.SortStableFunc(reqs, func(a, b Request) int { return cmp.Compare(a.At, b.At) })
+	return reqs, nil
+}
+
+func load(name string, opt Options) ([]Request, error) {
 	for _, b := range builtins {
 		if b.name == name {
 			return loadBuiltin(b, opt)

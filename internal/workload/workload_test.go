@@ -152,6 +152,68 @@ func TestTraceUnsortedKeepsArrivalOrder(t *testing.T) {
 	}
 }
 
+func TestJitter(t *testing.T) {
+	// Ten requests at each of two instants, 3 s apart, as the Mooncake
+	// trace's timestamps come.
+	var lines []string
+	for i := range 20 {
+		lines = append(lines, fmt.Sprintf(`{"timestamp": %d, "input_length": %d, "output_length": 1, "hash_ids": [%d]}`, i/10*3000, 10+i, i))
+	}
+	p := writeTrace(t, lines...)
+	plain, err := Load(p, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const jitter = 20 * time.Millisecond
+	load := func(seed int64) []Request {
+		t.Helper()
+		reqs, err := Load(p, Options{Jitter: jitter, Seed: seed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return reqs
+	}
+	order := func(reqs []Request) string {
+		var b strings.Builder
+		for _, r := range reqs {
+			fmt.Fprint(&b, r.InputTokens, "@", r.At, " ")
+		}
+		return b.String()
+	}
+	a := load(1)
+	if len(a) != len(plain) {
+		t.Fatalf("%d requests, want %d", len(a), len(plain))
+	}
+	at := map[int]time.Duration{}
+	for _, r := range plain {
+		at[r.InputTokens] = r.At
+	}
+	moved := 0
+	for i, r := range a {
+		if d := r.At - at[r.InputTokens]; d < 0 || d >= jitter {
+			t.Errorf("request %d moved by %v, want [0, %v)", r.InputTokens, d, jitter)
+		}
+		if i > 0 && r.At < a[i-1].At {
+			t.Errorf("not in arrival order at %d: %v after %v", i, r.At, a[i-1].At)
+		}
+		if r.InputTokens != plain[i].InputTokens {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Error("jitter kept the trace order of requests given the same timestamp")
+	}
+	if order(load(1)) != order(a) {
+		t.Error("the same seed gave different arrivals")
+	}
+	if order(load(2)) == order(a) {
+		t.Error("seeds 1 and 2 gave the same arrivals")
+	}
+	if _, err := Load(p, Options{Jitter: -time.Millisecond}); err == nil || !strings.Contains(err.Error(), "jitter") {
+		t.Errorf("negative jitter: err = %v, want an error naming jitter", err)
+	}
+}
+
 func TestTraceErrors(t *testing.T) {
 	good := `{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}`
 	tests := []struct {
