@@ -230,7 +230,7 @@ func (p *KVRoute) Pick(in *Input) Decision {
 	// Room in the KV cache (see FitRatio): the rules below compare against
 	// the best candidate that has it, when that costs little.
 	if fit >= 0 && fit != best && fitScore <= FitRatio*bestScore {
-		best, bestScore, bestEst, bestLoad = fit, fitScore, fitEst, fitLoad
+		best, bestScore, bestEst = fit, fitScore, fitEst
 	}
 	if keyed && (holderMatch > 0 || cands[holder].ID == lastID) {
 		if holder == best {
