@@ -114,8 +114,8 @@ const (
 	FitRatio = 1.2
 
 	// EngineStateMaxAge is how old an engine report may be and still count.
-	// Metric scrapes arrive about once a second; an older report describes
-	// a queue that has long since moved.
+	// Metric scrapes arrive every 250 ms by default (engines.interval); an
+	// older report describes a queue that has long since moved.
 	EngineStateMaxAge = 3 * time.Second
 
 	// sessionSlotsLog2 sizes the table of the backend each session last
@@ -203,7 +203,8 @@ func (p *KVRoute) Pick(in *Input) Decision {
 		total += l.InFlight
 		cached := int64(float64(in.Matched[i]) * tokensPerBlock)
 		rate := trustedRate(learnedRate(b), fleetRate)
-		est := p.estimate(b, &l, prompt, cached, rate, in.Now)
+		e := freshEngine(b, in.Now)
+		est := p.estimate(e, &l, prompt, cached, rate)
 		// The score adds the fleet's share of the recomputation to this
 		// request's TTFT; it equals est when the fleet is not backlogged.
 		// It is priced at the fleet's rate: the capacity lost is the
@@ -214,7 +215,7 @@ func (p *KVRoute) Pick(in *Input) Decision {
 		if best < 0 || score < bestScore || (score == bestScore && l.InFlight < bestLoad) {
 			best, bestScore, bestEst, bestLoad = i, score, est, l.InFlight
 		}
-		if fitsKV(b, &l, prompt-cached, in.Now) &&
+		if fitsKV(e, &l, prompt-cached) &&
 			(fit < 0 || score < fitScore || (score == fitScore && l.InFlight < fitLoad)) {
 			fit, fitScore, fitEst, fitLoad = i, score, est, l.InFlight
 		}
@@ -280,9 +281,11 @@ func trustedRate(own, fleetRate float64) float64 {
 	return fleetRate
 }
 
-// estimate is candidate b's estimated TTFT in seconds for a request of
-// prompt tokens of which cached are in b's prefix cache, at rate tokens/s.
-func (p *KVRoute) estimate(b *fleet.Backend, l *fleet.Load, prompt, cached int64, rate float64, now time.Time) float64 {
+// estimate is a candidate's estimated TTFT in seconds for a request of
+// prompt tokens of which cached are in its prefix cache, at rate tokens/s,
+// given the router's load l there and the engine's fresh report e (nil if
+// none; see freshEngine).
+func (p *KVRoute) estimate(e *fleet.EngineState, l *fleet.Load, prompt, cached int64, rate float64) float64 {
 	// The engine computes at least the last prompt token even on a full
 	// hit (it needs its logits), so the uncached work is never zero.
 	uncached := max(prompt-cached, 1)
@@ -294,7 +297,7 @@ func (p *KVRoute) estimate(b *fleet.Backend, l *fleet.Load, prompt, cached int64
 	// router restart): requests waiting beyond our own not-yet-started ones
 	// count as pending prefill, running ones beyond all of ours as decoding
 	// streams, each at the mean prompt size of our decoding streams.
-	if e := b.Engine(); e != nil && now.Sub(e.At) <= EngineStateMaxAge {
+	if e != nil {
 		mean := prompt
 		if decoding > 0 {
 			mean = context / decoding
@@ -313,16 +316,24 @@ func (p *KVRoute) estimate(b *fleet.Backend, l *fleet.Load, prompt, cached int64
 	return (float64(work) + float64(steps)*dec) / rate
 }
 
-// fitsKV reports whether b's KV cache has room for uncached more tokens:
-// its free blocks as the engine last reported them (vLLM counts cached
-// blocks no request holds as free, as they are evicted on demand), less
-// the uncached prompt tokens routed there that have not started. Without
-// a fresh report of usage and capacity it reports true: the rule then
-// leaves the estimate alone.
-func fitsKV(b *fleet.Backend, l *fleet.Load, uncached int64, now time.Time) bool {
-	e := b.Engine()
+// freshEngine is b's engine report if it is at most EngineStateMaxAge old,
+// else nil.
+func freshEngine(b *fleet.Backend, now time.Time) *fleet.EngineState {
+	if e := b.Engine(); e != nil && now.Sub(e.At) <= EngineStateMaxAge {
+		return e
+	}
+	return nil
+}
+
+// fitsKV reports whether the engine's KV cache has room for uncached more
+// tokens: its free blocks as its fresh report e gives them (vLLM counts
+// cached blocks no request holds as free, as they are evicted on demand),
+// less the uncached prompt tokens routed there that have not started.
+// Without a fresh report of usage and capacity (e nil or incomplete) it
+// reports true: the rule then leaves the estimate alone.
+func fitsKV(e *fleet.EngineState, l *fleet.Load, uncached int64) bool {
 	free, ok := e.FreeKVTokens()
-	if !ok || now.Sub(e.At) > EngineStateMaxAge {
+	if !ok {
 		return true
 	}
 	return free-float64(l.PendingPrefill) >= float64(uncached)
