@@ -13,9 +13,12 @@ import (
 	"github.com/kvroute/kvroute/internal/openai"
 )
 
-// heldBackend answers each completion only when the test lets it: it
-// reports the arrival of each request (by its first message) on arrived,
-// then waits for a value on proceed.
+// heldBackend answers each chat completion only when the test lets it: it
+// reports the arrival of each one (by its first message) on arrived, then
+// waits for a value on proceed. Health checks pass and any other path
+// (engine-metric scrapes, model probes) is a 404, so that only completions
+// count as arrivals and take a proceed; a handler never blocks past its
+// request's end.
 type heldBackend struct {
 	srv     *httptest.Server
 	arrived chan string
@@ -26,7 +29,14 @@ func newHeldBackend(t *testing.T) *heldBackend {
 	t.Helper()
 	h := &heldBackend{arrived: make(chan string, 16), proceed: make(chan struct{}, 16)}
 	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/health" {
+		switch r.URL.Path {
+		case "/health":
+			return
+		case "/v1/chat/completions":
+		default:
+			// Engine-metric scrapes and model probes are not held:
+			// only completions count as arrivals.
+			http.NotFound(w, r)
 			return
 		}
 		var body struct {
@@ -38,7 +48,11 @@ func newHeldBackend(t *testing.T) *heldBackend {
 		if len(body.Messages) > 0 {
 			name = body.Messages[0].Content
 		}
-		h.arrived <- name
+		select {
+		case h.arrived <- name:
+		case <-r.Context().Done():
+			return
+		}
 		select {
 		case <-h.proceed:
 		case <-r.Context().Done():

@@ -235,6 +235,12 @@ func hangAfterHeaders(cancelled chan struct{}) http.HandlerFunc {
 		case "/v1/models":
 			_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"shared","object":"model"}]}`)
 			return
+		case "/v1/chat/completions", "/v1/completions":
+		default:
+			// An engine-metric scrape that hung here would count as a
+			// cancelled completion.
+			http.NotFound(w, r)
+			return
 		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(http.StatusOK)

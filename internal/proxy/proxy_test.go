@@ -102,7 +102,8 @@ type result struct {
 	readErr error
 }
 
-// post sends body to path with extra headers and reads the whole answer.
+// post sends body to path with extra headers and reads the whole answer;
+// a request that gets no answer fails the test and returns status 0.
 func (r *rig) post(path, body string, hdr ...string) result {
 	r.t.Helper()
 	req, err := http.NewRequest(http.MethodPost, r.base+path, strings.NewReader(body))
@@ -115,7 +116,11 @@ func (r *rig) post(path, body string, hdr ...string) result {
 	}
 	resp, err := r.client.Do(req)
 	if err != nil {
-		r.t.Fatalf("POST %s: %v", path, err)
+		// Errorf, not Fatalf: post runs on clients' goroutines too, where
+		// Fatalf would end the goroutine before its result is sent and
+		// leave the test waiting for it.
+		r.t.Errorf("POST %s: %v", path, err)
+		return result{readErr: err}
 	}
 	defer resp.Body.Close()
 	b, rerr := io.ReadAll(resp.Body)
