@@ -108,7 +108,8 @@ func (r *rig) post(path, body string, hdr ...string) result {
 	r.t.Helper()
 	req, err := http.NewRequest(http.MethodPost, r.base+path, strings.NewReader(body))
 	if err != nil {
-		r.t.Fatal(err)
+		r.t.Error(err)
+		return result{readErr: err}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	for i := 0; i+1 < len(hdr); i += 2 {
