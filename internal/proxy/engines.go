@@ -21,11 +21,12 @@ func (s *Server) newMonitor() error {
 	}
 	// Scrapes get a transport of their own: a few idle connections per
 	// engine, so that they neither wait behind nor hold proxied traffic's.
-	client := &http.Client{Transport: &http.Transport{
+	s.scrapes = &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: s.cfg.Upstream.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConnsPerHost: 2,
 		IdleConnTimeout:     time.Minute,
-	}}
+	}
+	client := &http.Client{Transport: s.scrapes}
 	s.monitor = monitor.New(s.fleet, monitor.Config{
 		Interval:    ec.Interval,
 		Timeout:     ec.Timeout,

@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,17 +17,28 @@ import (
 
 // TestEngineMonitorWired: kvroute serve scrapes its backends' vLLM metrics
 // into the fleet, exports them on its own /metrics, and stops scraping at
-// Shutdown; with engines.enabled off it scrapes nothing.
+// Shutdown, closing its connections; with engines.enabled off it scrapes
+// nothing.
 func TestEngineMonitorWired(t *testing.T) {
 	for _, enabled := range []bool{true, false} {
 		t.Run(fmt.Sprintf("enabled=%v", enabled), func(t *testing.T) {
-			engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			engine := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if r.URL.Path == "/metrics" {
 					fmt.Fprint(w, "vllm:num_requests_running{model_name=\"m\"} 2\nvllm:num_requests_waiting{model_name=\"m\"} 50\n")
 					return
 				}
 				w.WriteHeader(http.StatusOK)
 			}))
+			var open atomic.Int64 // the router's connections to the engine
+			engine.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+				switch st {
+				case http.StateNew:
+					open.Add(1)
+				case http.StateClosed, http.StateHijacked:
+					open.Add(-1)
+				}
+			}
+			engine.Start()
 			defer engine.Close()
 			cfg := config.Default()
 			cfg.Listen = "127.0.0.1:0"
@@ -77,6 +90,15 @@ func TestEngineMonitorWired(t *testing.T) {
 			}
 			if e := b.Engine(); e != nil {
 				t.Fatalf("engine state %+v kept after Shutdown", e)
+			}
+			// Shutdown leaves no connection open to the engine: neither
+			// the health checks' nor the scrapes' idle ones.
+			deadline := time.Now().Add(2 * time.Second)
+			for open.Load() != 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d connections to the engine still open 2s after Shutdown", open.Load())
+				}
+				time.Sleep(5 * time.Millisecond)
 			}
 		})
 	}

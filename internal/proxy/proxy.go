@@ -45,6 +45,7 @@ type Server struct {
 	proxy    *httputil.ReverseProxy
 	metrics  *metrics
 	monitor  *monitor.Monitor // nil with engines.enabled off
+	scrapes  *http.Transport  // the monitor's connections (nil with the monitor)
 	// kinds is each backend's configured engine kind (backends[].kind),
 	// by backend name, for the monitor: adapter.Kind values, absent for
 	// auto. It is set before the backend joins the fleet.
@@ -212,6 +213,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 	}
 	s.upstream.CloseIdleConnections()
+	if s.scrapes != nil {
+		s.scrapes.CloseIdleConnections()
+	}
 	return err
 }
 
