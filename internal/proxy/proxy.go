@@ -45,7 +45,7 @@ type Server struct {
 	proxy    *httputil.ReverseProxy
 	metrics  *metrics
 	monitor  *monitor.Monitor // nil with engines.enabled off
-	scrapes  *http.Transport  // the monitor's connections (nil with the monitor)
+	scrapes  *http.Transport  // the monitor's connections; nil when monitor is
 	// kinds is each backend's configured engine kind (backends[].kind),
 	// by backend name, for the monitor: adapter.Kind values, absent for
 	// auto. It is set before the backend joins the fleet.
