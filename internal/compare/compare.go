@@ -111,6 +111,7 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string) 
 	cc.PolicyOptions.Seed = cfg.Seed
 	cc.Upstream.DiscoverModels = false
 	kv := make([]int, len(cfg.Engines))
+	engineOf := map[string]int{} // backend name -> engine index
 	ems := make([]*emulator.Server, len(cfg.Engines))
 	for i, pr := range cfg.Engines {
 		em, err := emulator.New(emulator.Config{
@@ -126,7 +127,9 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string) 
 			return report.Run{}, fmt.Errorf("engine %d: %w", i, err)
 		}
 		kv[i] = em.Preset().KVBlocks
-		cc.Backends = append(cc.Backends, config.Backend{URL: url, Name: fmt.Sprintf("engine-%d", i)})
+		name := fmt.Sprintf("engine-%d", i)
+		engineOf[name] = i
+		cc.Backends = append(cc.Backends, config.Backend{URL: url, Name: name})
 	}
 	if err := cc.Validate(); err != nil {
 		return report.Run{}, fmt.Errorf("router config: %w", err)
@@ -139,8 +142,14 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string) 
 	// exactly as the simulator sets it, from the start (the engine
 	// monitor would learn the same from the engines' metrics within its
 	// first scrape).
-	for i := range kv {
-		rt.Scheduler().SetKVCapacity(i, int64(kv[i])*engine.BlockSize)
+	for _, b := range rt.Fleet().Snapshot().All {
+		// By name: a backend's ID is the fleet's, not its place in the
+		// config's list.
+		i, ok := engineOf[b.Name]
+		if !ok {
+			return report.Run{}, fmt.Errorf("router: backend %q is none of the engines", b.Name)
+		}
+		rt.Scheduler().SetKVCapacity(b.ID, int64(kv[i])*engine.BlockSize)
 	}
 	if err := rt.Start(); err != nil {
 		return report.Run{}, fmt.Errorf("router: %w", err)

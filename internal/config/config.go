@@ -24,7 +24,6 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/kvroute/kvroute/internal/adapter"
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/prefix"
 )
@@ -368,8 +367,9 @@ func (c *Config) Apply(o Overrides) {
 	}
 }
 
-// Validate checks c and fills in derived values (backend names). Its error
-// says which key is wrong and why.
+// Validate checks c without changing it. Its error says which key is wrong
+// and why. What an entry leaves out (a backend's name, an SRV entry's URL)
+// is derived by Entries, which Validate checks.
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
@@ -385,37 +385,7 @@ func (c *Config) Validate() error {
 	if len(c.Backends) == 0 {
 		bad("backends: none configured (add backends to the file or pass --backend URL)")
 	}
-	names := map[string]int{}
-	urls := map[string]int{}
-	for i := range c.Backends {
-		b := &c.Backends[i]
-		b.prepareDiscovery()
-		b.validateDiscovery(i, bad)
-		u, err := ParseBackendURL(b.URL)
-		if err != nil {
-			bad("backends[%d].url: %v", i, err)
-			continue
-		}
-		if j, dup := urls[u.String()]; dup {
-			bad("backends[%d].url: %s is also backends[%d]", i, u, j)
-		}
-		urls[u.String()] = i
-		if b.Name == "" {
-			b.Name = u.Host
-		}
-		if j, dup := names[b.Name]; dup {
-			bad("backends[%d].name: %q is also the name of backends[%d]", i, b.Name, j)
-		}
-		names[b.Name] = i
-		if _, err := adapter.ParseKind(b.Kind); err != nil {
-			bad("backends[%d].kind: %v", i, err)
-		}
-		for k, m := range b.Models {
-			if m == "" {
-				bad("backends[%d].models[%d]: empty model name", i, k)
-			}
-		}
-	}
+	c.entries(bad)
 	if c.Limits.MaxBodyBytes <= 0 {
 		bad("limits.max_body_bytes: %d must be positive", c.Limits.MaxBodyBytes)
 	}

@@ -45,7 +45,7 @@ func TestDefaults(t *testing.T) {
 		{"log.level", c.Log.Level, "info"},
 		{"log.format", c.Log.Format, "text"},
 		{"shutdown_grace", c.ShutdownGrace, 30 * time.Second},
-		{"backends[0].name", c.Backends[0].Name, "127.0.0.1:9000"},
+		{"backends[0].name", firstEntry(t, c).Name, "127.0.0.1:9000"},
 		{"backends[0].kind", c.Backends[0].Kind, ""},
 		{"engines.enabled", c.Engines.Enabled, true},
 		{"engines.interval", c.Engines.Interval, 250 * time.Millisecond},
@@ -81,7 +81,7 @@ shutdown_grace: 3s
 	if err := c.Validate(); err != nil {
 		t.Fatalf("Validate: %v", err)
 	}
-	if c.Listen != "0.0.0.0:9999" || c.Policy != "round-robin" || c.Backends[0].Name != "gpu-a" ||
+	if c.Listen != "0.0.0.0:9999" || c.Policy != "round-robin" || firstEntry(t, c).Name != "gpu-a" ||
 		c.Backends[0].Models[0] != "llama" || c.Session.Header != "X-Conv" || c.Session.BodyField != "user" ||
 		c.Limits.MaxBodyBytes != 1<<20 || c.Prefix.BlockChars != 32 || c.Prefix.CapacityBlocks != 500 ||
 		c.Health.Interval != time.Second || c.Health.Timeout != 500*time.Millisecond || c.Health.Path != "/ping" ||

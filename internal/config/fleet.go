@@ -1,8 +1,13 @@
 package config
 
 import (
+	"errors"
+	"fmt"
+	"net/url"
 	"strings"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/adapter"
 )
 
 // Fleet tunes how the set of backends changes while the router serves:
@@ -49,15 +54,94 @@ func defaultFleet() Fleet {
 	return Fleet{Warmup: DefaultWarmup, DNSInterval: DefaultDNSInterval, ConfigPoll: DefaultConfigPoll}
 }
 
-// IsDNS reports whether the entry is a DNS-discovered pool.
-func (b *Backend) IsDNS() bool { return b.Discovery == DiscoveryDNS || b.SRV != "" }
+// Entry is one backends[] entry as the router uses it: the entry as
+// written, with its URL parsed once and what it leaves out derived (its
+// name, an SRV entry's URL, its discovery mode).
+type Entry struct {
+	Backend
+	// Index is the entry's position in backends[], for messages.
+	Index int
+	// Base is the parsed URL: the backend itself for a static entry; for a
+	// DNS entry, the scheme, port and path its resolved addresses take.
+	Base *url.URL
+	// EngineKind is the parsed kind (adapter.Unknown: detect it).
+	EngineKind adapter.Kind
+}
 
-// prepareDiscovery fills in what an SRV entry leaves out (its URL, from the
-// SRV name without its _service._proto labels, so that logs and names read
-// well; only its scheme and path are used) before the URL is checked.
-func (b *Backend) prepareDiscovery() {
-	if b.SRV != "" && b.URL == "" {
-		host := b.SRV
+// DNS reports whether the entry is a pool of DNS-discovered backends.
+func (e Entry) DNS() bool { return e.Discovery == DiscoveryDNS }
+
+// Key identifies an entry across reloads: an entry whose key changed is a
+// different backend (removed, and the new one added), since its URL,
+// models, name and kind are fixed for a backend's life. Context lengths
+// and DNS intervals are part of the key too, so that a reload that changes
+// them takes effect.
+func (e *Entry) Key() string {
+	return strings.Join([]string{e.Base.String(), e.Name, strings.Join(e.Models, ","), e.Kind, e.Discovery, e.SRV,
+		fmt.Sprint(e.MaxModelLen), e.DNSInterval.String()}, "\x00")
+}
+
+// Entries returns the backends of c with their derived values; the error
+// is Validate's for the backends list. It does not change c.
+func (c *Config) Entries() ([]Entry, error) {
+	var errs []error
+	out := c.entries(func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) })
+	return out, errors.Join(errs...)
+}
+
+// entries derives and checks every entry, reporting problems to bad; it
+// returns the entries that passed.
+func (c *Config) entries(bad func(string, ...any)) []Entry {
+	out := make([]Entry, 0, len(c.Backends))
+	names := map[string]int{}
+	urls := map[string]int{}
+	for i := range c.Backends {
+		e := Entry{Backend: c.Backends[i], Index: i}
+		e.Models = append([]string(nil), e.Models...)
+		e.derive()
+		e.validateDiscovery(i, bad)
+		u, err := ParseBackendURL(e.URL)
+		if err != nil {
+			bad("backends[%d].url: %v", i, err)
+			continue
+		}
+		e.Base = u
+		if j, dup := urls[u.String()]; dup {
+			bad("backends[%d].url: %s is also backends[%d]", i, u, j)
+		}
+		urls[u.String()] = i
+		if e.Name == "" {
+			e.Name = u.Host
+		}
+		if j, dup := names[e.Name]; dup {
+			bad("backends[%d].name: %q is also the name of backends[%d]", i, e.Name, j)
+		}
+		names[e.Name] = i
+		k, err := adapter.ParseKind(e.Kind)
+		if err != nil {
+			bad("backends[%d].kind: %v", i, err)
+		}
+		e.EngineKind = k
+		for k, m := range e.Models {
+			if m == "" {
+				bad("backends[%d].models[%d]: empty model name", i, k)
+			}
+		}
+		if e.MaxModelLen < 0 {
+			bad("backends[%d].max_model_len: %d must not be negative", i, e.MaxModelLen)
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// derive fills in what an SRV entry leaves out (its URL, from the SRV
+// name without its _service._proto labels, so that logs and names read
+// well; only its scheme and path are used) and the discovery mode an SRV
+// name implies.
+func (e *Entry) derive() {
+	if e.SRV != "" && e.URL == "" {
+		host := e.SRV
 		for range 2 {
 			if strings.HasPrefix(host, "_") {
 				if i := strings.IndexByte(host, '.'); i >= 0 {
@@ -65,10 +149,13 @@ func (b *Backend) prepareDiscovery() {
 				}
 			}
 		}
-		b.URL = "http://" + host
+		e.URL = "http://" + host
 	}
-	if b.SRV != "" && b.Discovery == "" {
-		b.Discovery = DiscoveryDNS
+	if e.SRV != "" && e.Discovery == "" {
+		e.Discovery = DiscoveryDNS
+	}
+	if e.Discovery == "" {
+		e.Discovery = DiscoveryStatic
 	}
 }
 
@@ -86,7 +173,7 @@ func (f *Fleet) validate(bad func(string, ...any)) {
 }
 
 // validateDiscovery checks backends[i]'s discovery keys.
-func (b *Backend) validateDiscovery(i int, bad func(string, ...any)) {
+func (b *Entry) validateDiscovery(i int, bad func(string, ...any)) {
 	switch b.Discovery {
 	case "", DiscoveryStatic:
 		if b.SRV != "" {

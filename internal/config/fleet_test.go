@@ -2,6 +2,7 @@ package config
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,17 +19,17 @@ func TestDiscoveryConfig(t *testing.T) {
 		check   func(t *testing.T, c *Config)
 	}{
 		{"defaults", "backends: [{url: http://a:1}]", "", func(t *testing.T, c *Config) {
-			if c.Fleet != (Fleet{Warmup: DefaultWarmup, DNSInterval: DefaultDNSInterval, ConfigPoll: DefaultConfigPoll}) || c.Backends[0].IsDNS() {
-				t.Errorf("fleet %+v, dns %v", c.Fleet, c.Backends[0].IsDNS())
+			if c.Fleet != (Fleet{Warmup: DefaultWarmup, DNSInterval: DefaultDNSInterval, ConfigPoll: DefaultConfigPoll}) || firstEntry(t, c).DNS() {
+				t.Errorf("fleet %+v, dns %v", c.Fleet, firstEntry(t, c).DNS())
 			}
 		}},
 		{"dns with interval", "backends: [{url: http://vllm.ns.svc:8000, discovery: dns, dns_interval: 2s}]", "", func(t *testing.T, c *Config) {
-			if !c.Backends[0].IsDNS() || c.Backends[0].DNSInterval != 2*time.Second {
+			if !firstEntry(t, c).DNS() || c.Backends[0].DNSInterval != 2*time.Second {
 				t.Errorf("backend %+v", c.Backends[0])
 			}
 		}},
 		{"srv implies dns and a url", "backends: [{srv: _http._tcp.vllm.ns.svc.cluster.local}]", "", func(t *testing.T, c *Config) {
-			b := c.Backends[0]
+			b := firstEntry(t, c)
 			if b.Discovery != DiscoveryDNS || b.URL != "http://vllm.ns.svc.cluster.local" || b.Name != "vllm.ns.svc.cluster.local" {
 				t.Errorf("backend %+v", b)
 			}
@@ -101,4 +102,39 @@ func TestWatch(t *testing.T) {
 	wait(1) // a missing file is no change
 	write("listen: bb\n")
 	wait(2)
+}
+
+// firstEntry is c's first backend entry with its derived values.
+func firstEntry(t *testing.T, c *Config) Entry {
+	t.Helper()
+	es, err := c.Entries()
+	if err != nil || len(es) == 0 {
+		t.Fatalf("entries: %v (%d)", err, len(es))
+	}
+	return es[0]
+}
+
+// TestValidateDoesNotChange: what an entry leaves out is derived by
+// Entries, never written back into the configuration, so that a config
+// reads the same before and after Validate (a reload compares entries as
+// written).
+func TestValidateDoesNotChange(t *testing.T) {
+	c, err := Parse([]byte("backends: [{url: 'http://a:1/'}, {srv: _http._tcp.vllm.ns.svc.cluster.local}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := fmt.Sprintf("%+v", *c)
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if after := fmt.Sprintf("%+v", *c); after != before {
+		t.Errorf("Validate changed the config:\n%s\n%s", before, after)
+	}
+	es, err := c.Entries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if es[0].Name != "a:1" || es[0].Base.String() != "http://a:1" || es[1].URL != "http://vllm.ns.svc.cluster.local" || !es[1].DNS() {
+		t.Errorf("entries %+v", es)
+	}
 }

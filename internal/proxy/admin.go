@@ -6,8 +6,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/admin"
 	"github.com/kvroute/kvroute/internal/fleet"
-	"github.com/kvroute/kvroute/internal/openai"
-	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/members"
 )
 
 // newAdmin builds the admin API and the decision log the proxy feeds. The
@@ -25,28 +24,21 @@ func (s *Server) newAdmin() (http.Handler, error) {
 }
 
 // record logs the settled routing decision of a scheduled request: its
-// final backend and reason, how many retries it took, and the status the
-// router saw. It reads the flight's view, never its body.
-func (s *Server) record(fl *flight, status int) {
-	if fl == nil || fl.view == nil || s.decisions == nil {
+// final backend and reason (or the error code of a request the router
+// answered itself), how many retries it took, and its status. It reads the
+// exchange's view, never its body.
+func (ex *exchange) record() {
+	if ex.view == nil || ex.s.decisions == nil {
 		return
 	}
-	d := admin.Decision{Time: fl.start, Model: fl.view.Model, Session: fl.view.SessionKey, Retries: fl.retries, Status: status}
-	if fl.target != nil {
-		d.Backend = fl.target.Name
+	d := admin.Decision{Time: ex.start, Model: ex.view.Model, Session: ex.view.SessionKey, Retries: ex.retries, Status: ex.status, Reason: ex.rejected}
+	if ex.target != nil {
+		d.Backend = ex.target.B.Name
 	}
-	if fl.a != nil {
-		d.Reason = fl.a.Reason
+	if ex.a != nil {
+		d.Reason = ex.a.Reason
 	}
-	s.decisions.Record(d)
-}
-
-// recordRejected logs a request the scheduler could not route.
-func (s *Server) recordRejected(v *request.View, start time.Time, e *openai.Error) {
-	if s.decisions == nil {
-		return
-	}
-	s.decisions.Record(admin.Decision{Time: start, Model: v.Model, Session: v.SessionKey, Reason: e.Code, Status: e.Status})
+	ex.s.decisions.Record(d)
 }
 
 // adminSource is the router state the admin API reads and changes.
@@ -59,13 +51,16 @@ func (a adminSource) Backends() []admin.Backend {
 	out := make([]admin.Backend, 0, len(snap.All))
 	for _, b := range snap.All {
 		l := b.Load()
-		st := s.breakerStatus(b)
+		var st members.BreakerStatus
+		if m := s.set.Of(b); m != nil {
+			st = m.Breaker()
+		}
 		ab := admin.Backend{
 			Name:     b.Name,
 			Models:   b.Models,
 			Healthy:  b.Healthy(),
 			Draining: b.Draining(),
-			Breaker:  admin.Breaker{State: st.state.String(), ConsecutiveFailures: st.fails},
+			Breaker:  admin.Breaker{State: st.State, ConsecutiveFailures: st.Fails},
 			Load: admin.Load{InFlight: l.InFlight, PendingPrefillTokens: l.PendingPrefill, Decoding: l.Decoding,
 				DecodeBudgetTokens: l.DecodeBudget, DecodeTokens: l.DecodeTokens},
 			PrefillRate:  b.PrefillRate(),
@@ -74,8 +69,8 @@ func (a adminSource) Backends() []admin.Backend {
 		if b.URL != nil {
 			ab.URL = b.URL.String()
 		}
-		if st.state == breakerOpen {
-			u := st.until
+		if st.Open {
+			u := st.OpenUntil
 			ab.Breaker.OpenUntil = &u
 		}
 		if e := b.Engine(); e != nil {
@@ -110,10 +105,8 @@ func (a adminSource) Undrain(name string) error {
 }
 
 func (a adminSource) find(name string) *fleet.Backend {
-	for _, b := range a.s.fleet.Snapshot().All {
-		if b.Name == name {
-			return b
-		}
+	if m := a.s.set.ByName(name); m != nil {
+		return m.B
 	}
 	return nil
 }

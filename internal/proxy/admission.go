@@ -3,7 +3,6 @@ package proxy
 import (
 	"errors"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,28 +32,24 @@ func newAdmission(cfg *config.Config, f *fleet.Fleet, reg prometheus.Registerer)
 	return admission.New(admission.Config{MaxQueue: a.MaxQueue, MaxWait: a.MaxWait}, lim.Saturated(f), reg)
 }
 
-// admit reads the request's priority and waits for admission. When it
-// returns false the answer is written (400 for a bad priority, 429 from
-// the queue) or the client is gone. Otherwise release must be called once
-// the request is routed.
-func (s *Server) admit(w http.ResponseWriter, r *http.Request, model string) (release func(), ok bool) {
+// admit reads the request's priority and waits for admission. On success
+// release must be called once the request is routed. Otherwise the error
+// is the answer: 400 for a bad priority, 429 from the queue, or status 499
+// when the client left while queued.
+func (s *Server) admit(r *http.Request, model string) (release func(), e *openai.Error) {
 	prio, perr := admission.ParsePriority(r.Header)
 	if perr != nil {
-		s.reject(w, perr)
-		return nil, false
+		return nil, perr
 	}
 	if s.adm == nil {
-		return func() {}, true
+		return func() {}, nil
 	}
 	release, err := s.adm.Admit(r.Context(), model, prio, admission.Tenant(r.Header, s.cfg.Admission.TenantHeader))
 	if err != nil {
 		if oe, isOE := errors.AsType[*openai.Error](err); isOE {
-			s.reject(w, oe)
-		} else {
-			// The client left while queued: nobody to answer.
-			s.metrics.requests.WithLabelValues(noBackend, s.policyName(), strconv.Itoa(statusClientGone)).Inc()
+			return nil, oe
 		}
-		return nil, false
+		return nil, &openai.Error{Status: statusClientGone, Code: "client_gone", Message: err.Error()}
 	}
-	return release, true
+	return release, nil
 }

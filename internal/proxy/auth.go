@@ -74,7 +74,7 @@ func bearer(h string) (string, bool) {
 // The Authorization header is left as it is: the backend sees it
 // unchanged.
 func (s *Server) requireKey(next http.Handler) http.Handler {
-	k := s.guard.auth
+	k := s.auth
 	if k == nil {
 		return next
 	}
@@ -87,16 +87,4 @@ func (s *Server) requireKey(next http.Handler) http.Handler {
 		s.reject(w, &openai.Error{Status: http.StatusUnauthorized, Type: openai.TypeAuthentication, Code: "invalid_api_key",
 			Message: "a valid API key is required: send it as \"Authorization: Bearer <key>\""})
 	})
-}
-
-// guarded wraps the router's handler with its checks (API key, body read
-// deadline) after reading the keys.
-func (s *Server) guarded(h http.Handler) (http.Handler, error) {
-	k, err := newAPIKeys(s.cfg.Auth)
-	if err != nil {
-		return nil, err
-	}
-	s.guard.auth = k
-	s.buildContexts()
-	return s.limitBody(s.requireKey(h)), nil
 }

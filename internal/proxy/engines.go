@@ -6,8 +6,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/adapter"
-	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/monitor"
 )
 
@@ -31,29 +29,10 @@ func (s *Server) newMonitor() error {
 		Interval:    ec.Interval,
 		Timeout:     ec.Timeout,
 		StaleAfter:  ec.StaleAfter,
-		KindOf:      s.kindOf,
+		KindOf:      s.set.KindOf,
 		SetCapacity: s.sched.SetKVCapacity,
 	}, client, s.log)
 	return s.monitor.Register(s.metrics.reg)
-}
-
-// setKind records the configured engine kind ("" or "auto": detect) of
-// the backend named name, before it joins the fleet; Validate has already
-// refused unknown kinds.
-func (s *Server) setKind(name, kind string) {
-	if k, err := adapter.ParseKind(kind); err == nil && k != adapter.Unknown {
-		s.kinds.Store(name, k)
-	} else {
-		s.kinds.Delete(name)
-	}
-}
-
-// kindOf is the monitor's lookup of a backend's configured kind.
-func (s *Server) kindOf(b *fleet.Backend) adapter.Kind {
-	if k, ok := s.kinds.Load(b.Name); ok {
-		return k.(adapter.Kind)
-	}
-	return adapter.Unknown
 }
 
 // startMonitor runs the scraper until ctx is done; Shutdown waits for it

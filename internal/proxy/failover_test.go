@@ -111,8 +111,8 @@ func TestCrashMovesOnlyDeadSessions(t *testing.T) {
 			if moved != per[dead] {
 				t.Errorf("%d of the crashed backend's %d sessions moved", moved, per[dead])
 			}
-			if deadB.Healthy() || r.srv.breakerStatus(deadB).state != breakerOpen {
-				t.Errorf("crashed backend: healthy %v, breaker %v; want out with the breaker open", deadB.Healthy(), r.srv.breakerStatus(deadB).state)
+			if deadB.Healthy() || r.srv.set.Of(deadB).Breaker().State != "open" {
+				t.Errorf("crashed backend: healthy %v, breaker %v; want out with the breaker open", deadB.Healthy(), r.srv.set.Of(deadB).Breaker().State)
 			}
 			if n := r.srv.Scheduler().Index().Len(deadB.ID); n != 0 {
 				t.Errorf("prefix index still holds %d blocks of the crashed backend", n)
@@ -242,7 +242,7 @@ func TestKillMidRun(t *testing.T) {
 	if retries < 1 {
 		t.Error("no request was retried, yet the victim had requests waiting for their first byte")
 	}
-	if st := r.srv.breakerStatus(vb).state; st != breakerOpen || vb.Healthy() {
+	if st := r.srv.set.Of(vb).Breaker().State; st != "open" || vb.Healthy() {
 		t.Errorf("victim breaker %v, healthy %v; want open and out", st, vb.Healthy())
 	}
 	// The router stays up and routes around the crashed backend.
@@ -276,7 +276,7 @@ func TestBreakerRecovers(t *testing.T) {
 			t.Fatalf("status %d: a failing backend's request was not retried: %s", res.status, res.body)
 		}
 	}
-	if st := r.srv.breakerStatus(bb).state; st != breakerOpen {
+	if st := r.srv.set.Of(bb).Breaker().State; st != "open" {
 		t.Fatalf("breaker %v after repeated 5xx, want open", st)
 	}
 	hits := bad.hits.Load()
@@ -288,9 +288,9 @@ func TestBreakerRecovers(t *testing.T) {
 	}
 	bad.setMode(modeOK)
 	deadline := time.Now().Add(3 * time.Second)
-	for r.srv.breakerStatus(bb).state != breakerClosed {
+	for r.srv.set.Of(bb).Breaker().State != "closed" {
 		if time.Now().After(deadline) {
-			t.Fatalf("breaker never closed: %v", r.srv.breakerStatus(bb).state)
+			t.Fatalf("breaker never closed: %v", r.srv.set.Of(bb).Breaker().State)
 		}
 		r.post("/v1/chat/completions", chat("shared", false, "x"))
 		time.Sleep(10 * time.Millisecond)

@@ -311,8 +311,8 @@ func TestFaultEngineHangs(t *testing.T) {
 			if slow == 0 {
 				t.Error("no request met the hung backend: the test proves nothing")
 			}
-			if hb.Healthy() || r.srv.breakerStatus(hb).state != breakerOpen {
-				t.Errorf("hung backend: healthy %v, breaker %v; want ejected", hb.Healthy(), r.srv.breakerStatus(hb).state)
+			if hb.Healthy() || r.srv.set.Of(hb).Breaker().State != "open" {
+				t.Errorf("hung backend: healthy %v, breaker %v; want ejected", hb.Healthy(), r.srv.set.Of(hb).Breaker().State)
 			}
 			for range slow {
 				select {
@@ -475,8 +475,8 @@ func TestFaultEngineGarbage(t *testing.T) {
 			if tt.afterFirstByte && cut == 0 {
 				t.Error("no request met the broken backend: the test proves nothing")
 			}
-			if bad.Healthy() || r.srv.breakerStatus(bad).state != breakerOpen {
-				t.Errorf("broken backend: healthy %v, breaker %v; want ejected", bad.Healthy(), r.srv.breakerStatus(bad).state)
+			if bad.Healthy() || r.srv.set.Of(bad).Breaker().State != "open" {
+				t.Errorf("broken backend: healthy %v, breaker %v; want ejected", bad.Healthy(), r.srv.set.Of(bad).Breaker().State)
 			}
 			t.Logf("%d requests, %d cut after their first byte, %v retries", requests, cut, counterValue(r.srv.metrics.retries))
 		})

@@ -40,3 +40,14 @@ func (s *Server) firstByte(body io.ReadCloser) ([]byte, error) {
 	}
 	return head, err
 }
+
+// peek reads until the first byte of body arrives or the body ends.
+func peek(body io.Reader) ([]byte, error) {
+	buf := make([]byte, 4096)
+	for {
+		n, err := body.Read(buf)
+		if n > 0 || err != nil {
+			return buf[:n], err
+		}
+	}
+}

@@ -1,82 +1,16 @@
 package proxy
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"slices"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
 )
-
-// guard holds what the router checks before it routes anything: the API
-// keys, and each backend's context length per model. It is built in New
-// and read-only afterwards.
-type guard struct {
-	auth *apiKeys // nil: no API key check
-	// discovered[i] maps backend i's models to the max_model_len its
-	// /v1/models reported; written once per backend during discovery.
-	discovered []map[string]int
-	// ctx maps a backend name to its context length per model ("" for the
-	// configured backends[].max_model_len, which covers all its models).
-	ctx map[string]map[string]int
-}
-
-// noteModelLens records the max_model_len of the models in a backend's
-// /v1/models answer (vLLM and SGLang report it; others leave it out).
-func (s *Server) noteModelLens(i int, ids []string, raw []json.RawMessage) {
-	if i >= len(s.guard.discovered) {
-		return
-	}
-	lens := map[string]int{}
-	for j, m := range raw {
-		var e struct {
-			MaxModelLen int `json:"max_model_len"`
-		}
-		if json.Unmarshal(m, &e) == nil && e.MaxModelLen > 0 && j < len(ids) {
-			lens[ids[j]] = e.MaxModelLen
-		}
-	}
-	s.guard.discovered[i] = lens
-}
-
-// buildContexts fills the context table from the configuration and
-// discovery, by backend name (the fleet may gain backends later; those
-// count as of unknown context).
-func (s *Server) buildContexts() {
-	s.guard.ctx = map[string]map[string]int{}
-	for i, b := range s.fleet.Snapshot().All {
-		if i >= len(s.cfg.Backends) {
-			break
-		}
-		m := map[string]int{}
-		if i < len(s.guard.discovered) {
-			for k, v := range s.guard.discovered[i] {
-				m[k] = v
-			}
-		}
-		if n := s.cfg.Backends[i].MaxModelLen; n > 0 {
-			m[""] = n
-		}
-		s.guard.ctx[b.Name] = m
-	}
-}
-
-// contextOf returns b's context length for model, 0 when unknown. The
-// configured backends[].max_model_len wins over what /v1/models says.
-func (s *Server) contextOf(b *fleet.Backend, model string) int {
-	m := s.guard.ctx[b.Name]
-	if n := m[""]; n > 0 {
-		return n
-	}
-	return m[model]
-}
 
 // checkContext rejects a request whose estimated prompt tokens exceed the
 // largest context among the backends that serve its model, with vLLM's
@@ -87,18 +21,8 @@ func (s *Server) checkContext(v *request.View) *openai.Error {
 	if !s.cfg.Limits.RejectOverContext {
 		return nil
 	}
-	largest := 0
-	for _, b := range s.fleet.Snapshot().All {
-		if len(b.Models) > 0 && !slices.Contains(b.Models, v.Model) {
-			continue
-		}
-		n := s.contextOf(b, v.Model)
-		if n == 0 {
-			return nil
-		}
-		largest = max(largest, n)
-	}
-	if largest == 0 || v.PromptTokens <= largest {
+	largest, known := s.set.MaxContext(v.Model)
+	if !known || v.PromptTokens <= largest {
 		return nil
 	}
 	what := "messages"

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/discovery"
+	"github.com/kvroute/kvroute/internal/members"
 )
 
 // load runs clients streaming requests until stop is closed (or each has
@@ -174,13 +175,13 @@ func TestReloadFromFile(t *testing.T) {
 }
 
 // TestDNSPool: a discovery: dns entry follows its SRV record as it gains
-// and loses targets, with a stubbed resolver.
+// and loses targets, with a stubbed members.Resolver.
 func TestDNSPool(t *testing.T) {
 	fakes := []*fake{newFake(t, "d0"), newFake(t, "d1")}
 	var live atomic.Int64
 	live.Store(1)
-	old := resolver
-	resolver = discovery.Funcs{SRV: func(_ context.Context, _, _, name string) (string, []*net.SRV, error) {
+	old := members.Resolver
+	members.Resolver = discovery.Funcs{SRV: func(_ context.Context, _, _, name string) (string, []*net.SRV, error) {
 		var out []*net.SRV
 		for _, f := range fakes[:live.Load()] {
 			u, _ := url.Parse(f.srv.URL)
@@ -189,7 +190,7 @@ func TestDNSPool(t *testing.T) {
 		}
 		return name, out, nil
 	}}
-	t.Cleanup(func() { resolver = old })
+	t.Cleanup(func() { members.Resolver = old })
 	r := newRig(t, "least-request", 0, func(c *config.Config) {
 		c.Backends = []config.Backend{{SRV: "_http._tcp.pool.test", Models: []string{"m"}, DNSInterval: 100 * time.Millisecond}}
 		c.Fleet.Warmup = 0

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/members"
 	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/scheduler"
 )
@@ -74,6 +75,12 @@ func newMetrics(f *fleet.Fleet) *metrics {
 	m.reg.MustRegister(m.requests, m.ttft, m.e2e, m.prefixHit, m.promptTokens, m.retries, m.ejections, m.upstreamErrors,
 		&fleetCollector{f: f}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// series are the per-backend families whose children each backend's
+// record resolves once.
+func (m *metrics) series() members.Series {
+	return members.Series{Requests: m.requests, TTFT: m.ttft, E2E: m.e2e, Ejections: m.ejections, UpstreamErrors: m.upstreamErrors}
 }
 
 // routed counts a routing decision's prompt and predicted cache hit.

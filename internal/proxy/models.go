@@ -1,91 +1,13 @@
 package proxy
 
 import (
-	"context"
 	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
-	"net/url"
 	"sync"
 
-	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/openai"
 )
-
-// maxModelsBody bounds a backend's /v1/models answer.
-const maxModelsBody = 4 << 20
-
-// fetchModels asks one backend for its /v1/models and returns its entries
-// as raw JSON (so that extensions such as vLLM's max_model_len pass
-// through) with their ids.
-func (s *Server) fetchModels(ctx context.Context, base *url.URL) (ids []string, raw []json.RawMessage, err error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.Health.Timeout)
-	defer cancel()
-	u := *base
-	u.Path += "/v1/models"
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
-	if err != nil {
-		return nil, nil, err
-	}
-	resp, err := s.upstream.RoundTrip(req)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, nil, fmt.Errorf("GET %s: status %d", u.String(), resp.StatusCode)
-	}
-	var list struct {
-		Data []json.RawMessage `json:"data"`
-	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, maxModelsBody)).Decode(&list); err != nil {
-		return nil, nil, fmt.Errorf("GET %s: %w", u.String(), err)
-	}
-	for _, m := range list.Data {
-		var id struct {
-			ID string `json:"id"`
-		}
-		if json.Unmarshal(m, &id) == nil && id.ID != "" {
-			ids = append(ids, id.ID)
-			raw = append(raw, m)
-		}
-	}
-	return ids, raw, nil
-}
-
-// discoverModels returns, per configured backend, its models: the
-// configured list, else (when discovery is on) what its /v1/models says,
-// else nil (any model).
-func (s *Server) discoverModels() [][]string {
-	out := make([][]string, len(s.cfg.Backends))
-	var wg sync.WaitGroup
-	for i, bc := range s.cfg.Backends {
-		if len(bc.Models) > 0 {
-			out[i] = bc.Models
-			continue
-		}
-		if !s.cfg.Upstream.DiscoverModels {
-			continue
-		}
-		u, err := config.ParseBackendURL(bc.URL)
-		if err != nil {
-			continue
-		}
-		wg.Go(func() {
-			ids, raw, err := s.fetchModels(context.Background(), u)
-			if err != nil || len(ids) == 0 {
-				s.log.Warn("model discovery failed; the backend is taken to serve any model", "backend", bc.URL, "err", err)
-				return
-			}
-			s.noteModelLens(i, ids, raw)
-			out[i] = ids
-		})
-	}
-	wg.Wait()
-	return out
-}
 
 // models answers GET /v1/models with the union of the healthy backends'
 // models, deduplicated by id, in backend order. A backend that does not
@@ -109,12 +31,14 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 	var wg sync.WaitGroup
 	for i, b := range healthy {
 		wg.Go(func() {
-			ids, raw, err := s.fetchModels(r.Context(), b.URL)
+			l, err := s.set.FetchModels(r.Context(), b.URL)
 			if err != nil {
 				s.log.Debug("models", "backend", b.Name, "err", err)
-				ids, raw = knownModels(b)
+				ids, raw := knownModels(b)
+				answers[i] = answer{ids, raw}
+				return
 			}
-			answers[i] = answer{ids, raw}
+			answers[i] = answer{l.IDs, l.Raw}
 		})
 	}
 	wg.Wait()

@@ -15,10 +15,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"sync"
 	"time"
 
@@ -26,6 +26,7 @@ import (
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/members"
 	"github.com/kvroute/kvroute/internal/monitor"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/policy"
@@ -33,28 +34,25 @@ import (
 	"github.com/kvroute/kvroute/internal/scheduler"
 )
 
-// Server is one router: a fleet of backends, a scheduler with one policy,
-// and the HTTP handler in front of them.
+// Server is one router: the control plane's set of backends (package
+// members), a scheduler with one policy, and the data plane in front of
+// them: one exchange per request (exchange.go).
 type Server struct {
 	cfg      *config.Config
 	log      *slog.Logger
 	fleet    *fleet.Fleet
 	sched    *scheduler.Scheduler
-	health   []*backendHealth // indexed by backend ID
+	set      *members.Set
 	upstream *http.Transport
-	proxy    *httputil.ReverseProxy
 	metrics  *metrics
 	monitor  *monitor.Monitor // nil with engines.enabled off
 	scrapes  *http.Transport  // the monitor's connections; nil when monitor is
-	// kinds is each backend's configured engine kind (backends[].kind),
-	// by backend name, for the monitor: adapter.Kind values, absent for
-	// auto. It is set before the backend joins the fleet.
-	kinds   sync.Map
-	parse   request.Options
-	handler http.Handler
-
-	// guard holds the checks made before routing (limits.go, auth.go).
-	guard guard
+	parse    request.Options
+	handler  http.Handler
+	// proxyLog is the reverse proxy's error log, at debug level.
+	proxyLog *log.Logger
+	// auth is the API key check; nil when no key is configured.
+	auth *apiKeys
 
 	// decisions is the admin API's log of the last routing decisions,
 	// and adminAPI the handler mounted at /admin/.
@@ -64,8 +62,10 @@ type Server struct {
 	// adm is the admission queue; nil when no admission limit is set.
 	adm *admission.Controller
 
-	// members tracks backends added and removed while serving (members.go).
-	members membership
+	// reload serialises Reload; last is the configuration last applied
+	// (the startup one until the first reload).
+	reload sync.Mutex
+	last   *config.Config
 
 	mu      sync.Mutex // guards the fields below
 	httpSrv *http.Server
@@ -86,6 +86,10 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	entries, err := cfg.Entries()
+	if err != nil {
+		return nil, err
+	}
 	p, err := policy.New(cfg.Policy, policy.Options{Seed: cfg.PolicyOptions.Seed, LoadFactor: cfg.PolicyOptions.LoadFactor})
 	if err != nil {
 		return nil, err
@@ -96,40 +100,23 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		fleet:    fleet.New(),
 		upstream: newTransport(cfg.Upstream),
 		parse:    request.Options{SessionField: cfg.Session.BodyField, MaxMessages: cfg.Limits.MaxMessages},
+		last:     cfg,
+		proxyLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 	}
-	s.guard.discovered = make([]map[string]int, len(cfg.Backends))
-	models := s.discoverModels()
-	for i, bc := range cfg.Backends {
-		if bc.IsDNS() {
-			continue // resolved in Start, see members.go
-		}
-		u, err := config.ParseBackendURL(bc.URL)
-		if err != nil {
-			return nil, fmt.Errorf("backend %d: %w", i, err)
-		}
-		name := bc.Name
-		if name == "" {
-			name = u.Host
-		}
-		s.setKind(name, bc.Kind)
-		b := s.fleet.Add(name, u, models[i])
-		s.health = append(s.health, &backendHealth{b: b})
-		logger.Info("backend", "name", name, "url", u.String(), "models", models[i])
-	}
-	s.initMembers(models)
 	s.sched = scheduler.New(s.fleet, p, scheduler.Config{BlockChars: cfg.Prefix.BlockChars, Capacity: cfg.Prefix.CapacityBlocks})
 	s.metrics = newMetrics(s.fleet)
+	s.set = members.New(members.Config{
+		Fleet:          s.fleet,
+		Forget:         s.sched.Index().RemoveBackend,
+		Transport:      s.upstream,
+		Log:            logger,
+		Series:         s.metrics.series(),
+		Health:         cfg.Health,
+		DiscoverModels: cfg.Upstream.DiscoverModels,
+		FleetSection:   cfg.Fleet,
+	}, entries)
 	if s.adm, err = newAdmission(cfg, s.fleet, s.metrics.reg); err != nil {
 		return nil, err
-	}
-	s.proxy = &httputil.ReverseProxy{
-		Rewrite:        rewrite,
-		Transport:      &retrier{s: s},
-		FlushInterval:  -1,
-		ModifyResponse: s.modifyResponse,
-		ErrorHandler:   s.proxyError,
-		ErrorLog:       slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
-		BufferPool:     bufferPool{},
 	}
 	if err := s.newMonitor(); err != nil {
 		return nil, err
@@ -137,9 +124,10 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	if s.adminAPI, err = s.newAdmin(); err != nil {
 		return nil, err
 	}
-	if s.handler, err = s.guarded(s.routes()); err != nil {
+	if s.auth, err = newAPIKeys(cfg.Auth); err != nil {
 		return nil, err
 	}
+	s.handler = s.limitBody(s.requireKey(s.routes()))
 	return s, nil
 }
 
@@ -172,15 +160,14 @@ func (s *Server) Start() error {
 	s.mu.Lock()
 	s.httpSrv, s.ln, s.stop = srv, ln, stop
 	s.mu.Unlock()
-	s.startHealthChecks(ctx)
-	s.startMembers(ctx)
+	s.set.Start(ctx)
 	s.startMonitor(ctx)
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error("serve", "err", err)
 		}
 	}()
-	s.log.Info("listening", "addr", ln.Addr().String(), "policy", s.sched.Policy().Name(), "backends", len(s.health))
+	s.log.Info("listening", "addr", ln.Addr().String(), "policy", s.sched.Policy().Name(), "backends", len(s.fleet.Snapshot().All))
 	return nil
 }
 
@@ -205,7 +192,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		stop()
 	}
 	s.checks.Wait()
-	s.stopBreakers()
+	s.set.Wait()
 	var err error
 	if srv != nil {
 		if err = srv.Shutdown(ctx); err != nil {
@@ -238,8 +225,8 @@ func newTransport(c config.Upstream) *http.Transport {
 // routes builds the handler's mux.
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/v1/chat/completions", s.completions(request.Chat))
-	mux.HandleFunc("/v1/completions", s.completions(request.Completion))
+	mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveCompletion(request.Chat, w, r) })
+	mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveCompletion(request.Completion, w, r) })
 	mux.HandleFunc("/v1/models", s.models)
 	mux.HandleFunc("/v1/", s.passthrough)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {

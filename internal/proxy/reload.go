@@ -20,10 +20,13 @@ import (
 // Every other setting is read once at startup; a change to it is logged as
 // needing a restart and otherwise ignored.
 func (s *Server) Reload(cfg *config.Config) error {
-	m := &s.members
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	old := m.cfgSeen(s)
+	entries, err := cfg.Entries()
+	if err != nil {
+		return err
+	}
+	s.reload.Lock()
+	defer s.reload.Unlock()
+	old := s.last
 	if cfg.Policy != old.Policy || cfg.PolicyOptions != old.PolicyOptions {
 		p, err := policy.New(cfg.Policy, policy.Options{Seed: cfg.PolicyOptions.Seed, LoadFactor: cfg.PolicyOptions.LoadFactor})
 		if err != nil {
@@ -35,8 +38,8 @@ func (s *Server) Reload(cfg *config.Config) error {
 	for _, k := range restartKeys(old, cfg) {
 		s.log.Warn("reload: setting changed; it takes effect after a restart", "key", k)
 	}
-	s.applyBackends(cfg)
-	m.last = cfg
+	s.set.Apply(entries, cfg.Fleet)
+	s.last = cfg
 	s.log.Info("reload: applied", "backends", len(s.fleet.Snapshot().All), "policy", cfg.Policy)
 	return nil
 }
@@ -55,15 +58,6 @@ func (s *Server) ReloadWith(load func() (*config.Config, error)) error {
 		return err
 	}
 	return s.Reload(cfg)
-}
-
-// cfgSeen is the configuration last applied: the startup one until the
-// first reload.
-func (m *membership) cfgSeen(s *Server) *config.Config {
-	if m.last != nil {
-		return m.last
-	}
-	return s.cfg
 }
 
 // restartKeys names the top-level keys that differ between old and next

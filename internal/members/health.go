@@ -1,0 +1,183 @@
+package members
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// A backend's circuit breaker (see breaker) is fed by failures of proxied
+// requests (connection errors, timeouts, 5xx, responses broken by the
+// backend) and of active checks; while open the backend is out of the
+// fleet's healthy set and the prefix index forgets it, so its sessions and
+// prefixes move to other backends and nothing else moves; after the
+// cool-down it goes half-open, where the next active check (or, without
+// active checks, a few probe requests let back in) decides whether it
+// closes or opens again with a longer cool-down.
+
+// breakerConfig returns the breaker's settings from the health section.
+func (s *Set) breakerConfig() breakerConfig {
+	h := s.c.Health
+	return breakerConfig{threshold: h.EjectAfter, cooldown: h.Cooldown, maxCooldown: h.MaxCooldown, probes: h.HalfOpenProbes}
+}
+
+// Succeeded records a successful proxied request (check false) or active
+// check (check true).
+func (s *Set) Succeeded(m *Member, check bool) {
+	if m == nil || m.quiet.Load() {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s.apply(m, m.br.success(time.Now(), s.breakerConfig(), check), nil)
+}
+
+// Failed records a failure of m's backend: a connection error, a timeout,
+// a 5xx, or a response broken by the backend. Client cancellations are not
+// failures.
+func (s *Set) Failed(m *Member, err error) {
+	if m == nil || errors.Is(err, context.Canceled) {
+		return
+	}
+	if m.upstreamErrors != nil {
+		m.upstreamErrors.Inc()
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s.apply(m, m.br.failure(time.Now(), s.breakerConfig()), err)
+}
+
+// Allow reports whether a request may be sent to m now: always while its
+// breaker is closed, a few probes while half-open.
+func (s *Set) Allow(m *Member) bool {
+	if m == nil || !m.notClosed.Load() {
+		return true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.br.allow(time.Now(), s.breakerConfig())
+}
+
+// expire ends an open breaker's cool-down; its timer calls it.
+func (s *Set) expire(m *Member) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s.apply(m, m.br.expire(time.Now()), nil)
+}
+
+// apply carries a breaker transition over to the fleet, the prefix index,
+// metrics and logs. The caller holds m.mu, so that transitions reach the
+// fleet in the order they happened.
+func (s *Set) apply(m *Member, t transition, err error) {
+	b := m.B
+	m.quiet.Store(m.br.state == breakerClosed && m.br.fails == 0)
+	m.notClosed.Store(m.br.state != breakerClosed)
+	switch t {
+	case toOpen:
+		s.c.Fleet.SetHealthy(b, false)
+		// An engine that fails this way has usually restarted or crashed,
+		// and its prefix cache with it: forget what it held, so that its
+		// conversations go where their prefix now is, and when it comes
+		// back it is routed to by load until its cache is rebuilt.
+		s.c.Forget(b.ID)
+		if m.ejections != nil {
+			m.ejections.Inc()
+		}
+		wait := max(time.Until(m.br.until), 0)
+		if m.timer != nil {
+			m.timer.Stop()
+		}
+		m.timer = time.AfterFunc(wait, func() { s.expire(m) })
+		s.c.Log.Warn("backend breaker open", "backend", b.Name, "cooldown", m.br.cooldown, "err", err)
+	case toHalfOpen:
+		if s.c.Health.Path != "" {
+			// The active check is the probe: a backend whose health
+			// endpoint still fails gets no request, and the next check
+			// closes the breaker or opens it again.
+			s.c.Log.Info("backend breaker half-open, probing with the active check", "backend", b.Name)
+			break
+		}
+		s.c.Fleet.SetHealthy(b, true)
+		s.c.Log.Info("backend breaker half-open, probing with requests", "backend", b.Name)
+	case toClosed:
+		s.c.Fleet.SetHealthy(b, true)
+		s.c.Log.Info("backend breaker closed", "backend", b.Name)
+	}
+}
+
+// BreakerStatus is a breaker's state, for the admin API.
+type BreakerStatus struct {
+	// State is closed, open or half-open.
+	State string
+	// Open is true while the breaker is open, until OpenUntil.
+	Open      bool
+	Fails     int
+	OpenUntil time.Time
+}
+
+// Breaker returns m's breaker state.
+func (m *Member) Breaker() BreakerStatus {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return BreakerStatus{State: m.br.state.String(), Open: m.br.state == breakerOpen, Fails: m.br.fails, OpenUntil: m.br.until}
+}
+
+// startCheck starts m's active checker, if health.path is set; it stops
+// when the set's context is done or its backend is retired. A backend is
+// checked at once, then every health.interval. The caller holds mu.
+func (s *Set) startCheck(m *Member) {
+	if s.c.Health.Path == "" {
+		return
+	}
+	ctx := s.ctx
+	s.checks.Go(func() {
+		t := time.NewTicker(s.c.Health.Interval)
+		defer t.Stop()
+		for !m.B.Retired() {
+			if err := s.check(ctx, m); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				s.c.Log.Debug("health check failed", "backend", m.B.Name, "err", err)
+				s.Failed(m, err)
+			} else {
+				s.Succeeded(m, true)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	})
+}
+
+// check does one active check of m.
+func (s *Set) check(ctx context.Context, m *Member) error {
+	ctx, cancel := context.WithTimeout(ctx, s.c.Health.Timeout)
+	defer cancel()
+	u := *m.B.URL
+	u.Path += s.c.Health.Path
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := s.c.Transport.RoundTrip(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return StatusError(resp.StatusCode)
+	}
+	return nil
+}
+
+// StatusError is a backend's failing HTTP status.
+type StatusError int
+
+func (e StatusError) Error() string { return "status " + strconv.Itoa(int(e)) }

@@ -1,0 +1,115 @@
+package members
+
+import (
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/fleet"
+)
+
+// Member is everything the router knows about one backend beyond its load
+// (which package fleet accounts): one record per fleet.Backend, created
+// when the backend joins and kept after it is retired, so that a request
+// still in flight there finds it.
+type Member struct {
+	// B is the backend in the fleet.
+	B *fleet.Backend
+	// Entry is the config entry it came from: its own, or its DNS pool's.
+	Entry config.Entry
+	// Pool names the DNS entry it came from; "" for a static entry.
+	Pool string
+
+	// configured is the entry's max_model_len (a reload updates it);
+	// discovered the context lengths its /v1/models reported, by model.
+	configured atomic.Int64
+	discovered map[string]int
+
+	// The circuit breaker (see breaker): quiet is set while it is closed
+	// with no failure counted, and notClosed while it is not closed, so
+	// that the hot path's Succeeded and Allow cost one atomic load.
+	quiet, notClosed atomic.Bool
+	mu               sync.Mutex // guards br and timer; held while a transition is applied
+	br               breaker
+	timer            *time.Timer
+
+	// Metric series, resolved once.
+	ttft, e2e                 prometheus.Observer
+	ejections, upstreamErrors prometheus.Counter
+	requestsVec               *prometheus.CounterVec
+	requests                  atomic.Pointer[statusCounters]
+}
+
+func newMember(b *fleet.Backend, e config.Entry, pool string, found *ModelList, se Series) *Member {
+	m := &Member{B: b, Entry: e, Pool: pool, requestsVec: se.Requests}
+	m.configured.Store(int64(e.MaxModelLen))
+	if found != nil {
+		m.discovered = found.Lens
+	}
+	m.quiet.Store(true)
+	if se.TTFT != nil {
+		m.ttft = se.TTFT.WithLabelValues(b.Name)
+		m.e2e = se.E2E.WithLabelValues(b.Name)
+		m.ejections = se.Ejections.WithLabelValues(b.Name)
+		m.upstreamErrors = se.UpstreamErrors.WithLabelValues(b.Name)
+	}
+	return m
+}
+
+// ContextOf returns the backend's context length for model, 0 when
+// unknown. The configured max_model_len wins over what /v1/models said.
+func (m *Member) ContextOf(model string) int {
+	if n := m.configured.Load(); n > 0 {
+		return int(n)
+	}
+	return m.discovered[model]
+}
+
+// ObserveTTFT records a time to first byte.
+func (m *Member) ObserveTTFT(d time.Duration) {
+	if m.ttft != nil {
+		m.ttft.Observe(d.Seconds())
+	}
+}
+
+// ObserveE2E records a request's whole duration.
+func (m *Member) ObserveE2E(d time.Duration) {
+	if m.e2e != nil {
+		m.e2e.Observe(d.Seconds())
+	}
+}
+
+// Count counts one request that this backend answered, with the policy
+// that routed it and its status.
+func (m *Member) Count(policy string, status int) {
+	if m.requestsVec == nil {
+		return
+	}
+	c := m.requests.Load()
+	if c == nil || c.policy != policy {
+		// The policy changed (a reload): a new set of children.
+		c = &statusCounters{policy: policy}
+		m.requests.Store(c)
+	}
+	c.get(m.requestsVec, m.B.Name, status).Inc()
+}
+
+// statusCounters caches one backend's kvroute_requests_total children for
+// one policy, by status.
+type statusCounters struct {
+	policy string
+	m      sync.Map // int -> prometheus.Counter
+}
+
+func (c *statusCounters) get(vec *prometheus.CounterVec, backend string, status int) prometheus.Counter {
+	if v, ok := c.m.Load(status); ok {
+		return v.(prometheus.Counter)
+	}
+	ctr := vec.WithLabelValues(backend, c.policy, strconv.Itoa(status))
+	c.m.Store(status, ctr)
+	return ctr
+}

@@ -1,0 +1,321 @@
+// Package members is the router's control plane: it owns the set of
+// backends and everything known about each one, in one record per backend
+// (Member), keyed one way, by the fleet's backend ID. A record carries the
+// backend's config entry, the DNS pool it came from, its engine kind, its
+// context lengths, its circuit breaker and active health checks, and its
+// metric series, resolved once when it joins. The package also adds and
+// removes backends: at startup, on a reload (Apply) and as DNS names
+// resolve, with warm-up for newcomers and draining for leavers.
+//
+// The data plane (package proxy) asks it: Of to find a backend's record,
+// Allow, Succeeded and Failed around each attempt, MaxContext before
+// routing. It must not forward client requests nor make routing decisions;
+// the load accounting it leaves to package fleet.
+package members
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/internal/adapter"
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/discovery"
+	"github.com/kvroute/kvroute/internal/fleet"
+)
+
+// Resolver answers the DNS queries of discovery: dns backends. Stubbed in
+// tests.
+var Resolver discovery.Resolver = net.DefaultResolver
+
+// Series are the per-backend metric families whose children each Member
+// resolves once, when it joins.
+type Series struct {
+	// Requests is labelled backend, policy, status.
+	Requests *prometheus.CounterVec
+	// TTFT and E2E are labelled backend.
+	TTFT, E2E *prometheus.HistogramVec
+	// Ejections and UpstreamErrors are labelled backend.
+	Ejections, UpstreamErrors *prometheus.CounterVec
+}
+
+// Config wires a Set.
+type Config struct {
+	Fleet *fleet.Fleet
+	// Forget makes the prefix index forget a backend's blocks: it is
+	// called when a backend's breaker opens and when it leaves.
+	Forget func(id int)
+	// Transport carries health checks and /v1/models requests.
+	Transport http.RoundTripper
+	Log       *slog.Logger
+	Series    Series
+	// Health is the health section (fixed for the Set's life).
+	Health config.Health
+	// DiscoverModels asks backends without configured models for their
+	// /v1/models (and context lengths).
+	DiscoverModels bool
+	// Fleet is the fleet section in force at startup.
+	FleetSection config.Fleet
+}
+
+// Set is every backend the router knows and its record.
+type Set struct {
+	c Config
+	// table is every record, indexed by backend ID; replaced whole (copy
+	// on write) when a backend joins, so that Of is one atomic load.
+	table atomic.Pointer[[]*Member]
+
+	// mu serialises membership changes (startup, reloads, DNS updates).
+	mu sync.Mutex
+	// ctx is the context of health checks and DNS loops; nil before Start.
+	ctx context.Context
+	// static are the records of plain config entries, by entry key.
+	static map[string]*Member
+	// pools are the DNS entries, by entry key.
+	pools map[string]*pool
+	// warmup and dnsInterval are the fleet section in force.
+	warmup, dnsInterval time.Duration
+	// checks counts the goroutines Start and later additions run.
+	checks sync.WaitGroup
+}
+
+// New builds the set from the config's entries: static backends join the
+// fleet at once (asked for their /v1/models first when discovery is on,
+// bounded by health.timeout: the only network I/O New does); DNS pools are
+// resolved by Start.
+func New(c Config, entries []config.Entry) *Set {
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	s := &Set{c: c, static: map[string]*Member{}, pools: map[string]*pool{},
+		warmup: c.FleetSection.Warmup, dnsInterval: c.FleetSection.DNSInterval}
+	t := []*Member{}
+	s.table.Store(&t)
+	found := s.discover(context.Background(), entries)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range entries {
+		e := &entries[i]
+		if e.DNS() {
+			s.pools[e.Key()] = &pool{entry: *e, members: map[string]*Member{}}
+			continue
+		}
+		s.static[e.Key()] = s.add(*e, e.Name, e.Base, "", found[i], false)
+	}
+	return s
+}
+
+// discover asks every static entry without configured models for its
+// /v1/models, in parallel.
+func (s *Set) discover(ctx context.Context, entries []config.Entry) []*ModelList {
+	out := make([]*ModelList, len(entries))
+	var wg sync.WaitGroup
+	for i := range entries {
+		e := &entries[i]
+		if e.DNS() || len(e.Models) > 0 || !s.c.DiscoverModels {
+			continue
+		}
+		wg.Go(func() { out[i] = s.fetchForEntry(ctx, e.Base) })
+	}
+	wg.Wait()
+	return out
+}
+
+// fetchForEntry asks u for its models, logging a failure.
+func (s *Set) fetchForEntry(ctx context.Context, u *url.URL) *ModelList {
+	l, err := s.FetchModels(ctx, u)
+	if err != nil || len(l.IDs) == 0 {
+		s.c.Log.Warn("model discovery failed; the backend is taken to serve any model", "backend", u.String(), "err", err)
+		return nil
+	}
+	return l
+}
+
+// Of returns b's record, or nil for a backend this set does not own.
+func (s *Set) Of(b *fleet.Backend) *Member {
+	t := *s.table.Load()
+	if b == nil || b.ID < 0 || b.ID >= len(t) {
+		return nil
+	}
+	return t[b.ID]
+}
+
+// All returns every record, retired ones included, in ID order.
+func (s *Set) All() []*Member {
+	t := *s.table.Load()
+	out := make([]*Member, 0, len(t))
+	for _, m := range t {
+		if m != nil {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// ByName returns the record of the backend named name, nil if none.
+func (s *Set) ByName(name string) *Member {
+	for _, m := range *s.table.Load() {
+		if m != nil && m.B.Name == name && !m.B.Retired() {
+			return m
+		}
+	}
+	return nil
+}
+
+// KindOf is the engine monitor's lookup of a backend's configured kind.
+func (s *Set) KindOf(b *fleet.Backend) adapter.Kind {
+	if m := s.Of(b); m != nil {
+		return m.Entry.EngineKind
+	}
+	return adapter.Unknown
+}
+
+// MaxContext returns the largest context length, in tokens, among the
+// backends that serve model, and false when any of them has an unknown
+// context (the router does not guess) or none serves it.
+func (s *Set) MaxContext(model string) (int, bool) {
+	largest := 0
+	for _, b := range s.c.Fleet.Snapshot().All {
+		if !b.Serves(model) {
+			continue
+		}
+		m := s.Of(b)
+		if m == nil {
+			return 0, false
+		}
+		n := m.ContextOf(model)
+		if n == 0 {
+			return 0, false
+		}
+		largest = max(largest, n)
+	}
+	return largest, largest > 0
+}
+
+// Start resolves the DNS pools once (their backends join without warm-up,
+// like the static ones), starts their re-resolving loops and every
+// backend's active health check. All of them stop when ctx is done; Wait
+// waits for them.
+func (s *Set) Start(ctx context.Context) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ctx = ctx
+	for _, m := range s.All() {
+		s.startCheck(m)
+	}
+	for _, p := range s.pools {
+		s.resolvePool(p, false)
+		s.runPool(p)
+	}
+}
+
+// Wait waits for the goroutines Start began (after their context is done)
+// and stops the breakers' cool-down timers.
+func (s *Set) Wait() {
+	s.checks.Wait()
+	for _, m := range s.All() {
+		m.mu.Lock()
+		if m.timer != nil {
+			m.timer.Stop()
+		}
+		m.mu.Unlock()
+	}
+}
+
+// add makes a backend join the fleet (with warm-up when warm) and gives it
+// its record and, once started, its health check; the caller holds mu.
+// name and base are the backend's own (a pool member's are derived from
+// its address); pool names the DNS entry it came from.
+func (s *Set) add(e config.Entry, name string, base *url.URL, pool string, found *ModelList, warm bool) *Member {
+	var w time.Duration
+	if warm {
+		w = s.warmup
+	}
+	models := e.Models
+	if len(models) == 0 && found == nil && s.c.DiscoverModels && s.ctx != nil {
+		found = s.fetchForEntry(s.ctx, base)
+	}
+	if len(models) == 0 && found != nil {
+		models = found.IDs
+	}
+	b := s.c.Fleet.AddWarm(name, base, models, time.Now(), w)
+	m := newMember(b, e, pool, found, s.c.Series)
+	t := slices.Clone(*s.table.Load())
+	for len(t) < b.ID {
+		t = append(t, nil) // IDs taken by an Add outside this set
+	}
+	t = append(t, m)
+	s.table.Store(&t)
+	if s.ctx != nil {
+		s.startCheck(m)
+	}
+	s.c.Log.Info("backend added", "backend", name, "url", base.String(), "models", models, "warmup", w)
+	return m
+}
+
+// remove drains m's backend, retires it once its last request ends, and
+// forgets its prefixes; the caller holds mu.
+func (s *Set) remove(m *Member, why string) {
+	retired := s.c.Fleet.Remove(m.B)
+	s.c.Forget(m.B.ID)
+	s.c.Log.Info("backend removed: draining", "backend", m.B.Name, "why", why, "in_flight", m.B.Load().InFlight, "retired", retired)
+}
+
+// Apply makes the fleet match entries (a reloaded config's): entries that
+// are gone are removed, new ones added with warm-up, DNS pools started and
+// stopped; unchanged entries keep their backends, state and streams, and
+// take the entry's new context length. fs is the reloaded fleet section.
+func (s *Set) Apply(entries []config.Entry, fs config.Fleet) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.warmup, s.dnsInterval = fs.Warmup, fs.DNSInterval
+	want := map[string]*config.Entry{}
+	for i := range entries {
+		want[entries[i].Key()] = &entries[i]
+	}
+	for k, e := range want {
+		if m, ok := s.static[k]; ok {
+			m.configured.Store(int64(e.MaxModelLen))
+			continue
+		}
+		if p, ok := s.pools[k]; ok {
+			p.entry.MaxModelLen = e.MaxModelLen
+			for _, m := range p.members {
+				m.configured.Store(int64(e.MaxModelLen))
+			}
+			continue
+		}
+		if e.DNS() {
+			p := &pool{entry: *e, members: map[string]*Member{}}
+			s.pools[k] = p
+			if s.ctx != nil {
+				s.resolvePool(p, true)
+				s.runPool(p)
+			}
+			continue
+		}
+		s.static[k] = s.add(*e, e.Name, e.Base, "", nil, true)
+	}
+	// Removals come after additions, so that replacing the whole list
+	// never leaves a moment without a backend to route to.
+	for k, m := range s.static {
+		if _, ok := want[k]; !ok {
+			s.remove(m, "removed from the config")
+			delete(s.static, k)
+		}
+	}
+	for k, p := range s.pools {
+		if _, ok := want[k]; !ok {
+			s.stopPool(p, "removed from the config")
+			delete(s.pools, k)
+		}
+	}
+}

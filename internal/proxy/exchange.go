@@ -1,0 +1,463 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/members"
+	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/scheduler"
+)
+
+// Response headers the router adds; client-sent headers with this prefix
+// are stripped before forwarding so that a client cannot forge them
+// towards a backend.
+const (
+	headerPrefix  = "X-Kvroute-"
+	headerBackend = "X-Kvroute-Backend"
+	headerReason  = "X-Kvroute-Reason"
+)
+
+// statusClientGone labels requests whose client went away before the
+// response started (nginx's convention).
+const statusClientGone = 499
+
+// exchange is one client request, owned by the handler's goroutine from
+// its parse to its one settle, which counts it in the metrics, logs its
+// decision, releases its load and wakes the admission queue, exactly once,
+// whatever happened (a panic of the reverse proxy's copy included). The
+// standard library's reverse proxy does the forwarding, with the exchange
+// as its transport (RoundTrip: the attempt loop) and its error handler;
+// the response body it relays is the exchange's relay (relay.go).
+//
+// Its life, top to bottom:
+//
+//	read body, parse, check context, admit   (serveCompletion)
+//	route ─▶ attempt ─▶ first byte?           (RoundTrip: retry on another backend
+//	           ▲            │ no                until the first byte, at most
+//	           └── reroute ◀┘                   retry.attempts times)
+//	relay the body                            (relay)
+//	settle(status)                            (settle)
+type exchange struct {
+	s     *Server
+	start time.Time
+	// view is nil for a request passed through without scheduling.
+	view   *request.View
+	body   []byte
+	hashes []uint64 // the prompt's block hashes, for every attempt
+	// a is the current attempt's assignment (completions); target the
+	// backend of the current attempt.
+	a      *scheduler.Assignment
+	target *members.Member
+	// tried are the IDs of backends that failed this request.
+	tried   []int
+	retries int
+
+	// status is the request's outcome: the status the client got, or 499
+	// when it left first; 0 until known.
+	status int
+	// relay is the response body being relayed, nil before one was chosen.
+	relay *relay
+	// rejected is the error code of a request the router answered itself.
+	rejected string
+	settled  bool
+}
+
+// serveCompletion serves POST /v1/chat/completions and /v1/completions.
+func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *http.Request) {
+	ex := &exchange{s: s, start: time.Now()}
+	defer ex.settleDeferred()
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		ex.reject(w, &openai.Error{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest, Code: "method_not_allowed", Message: r.Method + " is not allowed on " + r.URL.Path + "; use POST"})
+		return
+	}
+	body, e := s.readBody(w, r)
+	if e != nil {
+		ex.reject(w, e)
+		return
+	}
+	v, e := request.Parse(kind, body, s.parse)
+	if e != nil {
+		ex.reject(w, e)
+		return
+	}
+	// The session header wins over the body's session field.
+	if h := s.cfg.Session.Header; h != "" {
+		if k := r.Header.Get(h); k != "" {
+			v.SessionKey = k
+		}
+	}
+	ex.view, ex.body = v, body
+	if e := s.checkContext(v); e != nil {
+		ex.reject(w, e)
+		return
+	}
+	release, e := s.admit(r, v.Model)
+	if e != nil {
+		ex.reject(w, e)
+		return
+	}
+	ex.hashes = prefix.Hash(make([]uint64, 0, len(v.Prompt)/s.sched.BlockChars()), v.Prompt, s.sched.BlockChars())
+	a, err := s.sched.RouteHashed(v, ex.hashes, nil, ex.start)
+	release() // the request's load is accounted (or it failed to route)
+	if err != nil {
+		ex.reject(w, routeError(err, v.Model))
+		return
+	}
+	ex.assign(a)
+	ex.forward(w, r)
+}
+
+// passthrough forwards other /v1/* requests to the healthy backend with the
+// fewest requests in flight, without scheduling or retries.
+func (s *Server) passthrough(w http.ResponseWriter, r *http.Request) {
+	ex := &exchange{s: s, start: time.Now()}
+	defer ex.settleDeferred()
+	var best *members.Member
+	var bestLoad int64
+	for _, b := range s.fleet.Snapshot().Healthy {
+		if l := b.Load().InFlight; best == nil || l < bestLoad {
+			if m := s.set.Of(b); m != nil {
+				best, bestLoad = m, l
+			}
+		}
+	}
+	if best == nil {
+		ex.reject(w, &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Code: "no_healthy_backend", Message: "no healthy backend", RetryAfter: 1})
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, int64(s.cfg.Limits.MaxBodyBytes))
+	ex.target = best
+	ex.forward(w, r)
+}
+
+// assign makes a the current attempt's assignment.
+func (ex *exchange) assign(a *scheduler.Assignment) {
+	ex.a, ex.target = a, ex.s.set.Of(a.Backend)
+	ex.s.metrics.routed(ex.view, a)
+}
+
+// forward hands the request to the reverse proxy, with the exchange as its
+// transport and error handler.
+func (ex *exchange) forward(w http.ResponseWriter, r *http.Request) {
+	rp := httputil.ReverseProxy{
+		Rewrite:      rewrite,
+		Transport:    ex,
+		ErrorHandler: ex.proxyError,
+		ErrorLog:     ex.s.proxyLog,
+		BufferPool:   bufferPool{},
+		// Every write is flushed: events as they come, and a JSON body
+		// in its copy buffer's chunks, so that a body the backend breaks
+		// reaches the client as a started, truncated response.
+		FlushInterval: -1,
+	}
+	rp.ServeHTTP(w, r)
+}
+
+// reject answers with a router-made error.
+func (ex *exchange) reject(w http.ResponseWriter, e *openai.Error) {
+	ex.status, ex.rejected = e.Status, e.Code
+	if e.Status == statusClientGone {
+		return // nobody to answer
+	}
+	e.Write(w)
+}
+
+// RoundTrip is the attempt loop. It sends the request to the current
+// backend and, when that backend fails before the first response byte
+// (connection error, 5xx, or a body that breaks before its first byte),
+// re-routes it to another one, at most retry.attempts times. It waits for
+// the first body byte before handing the response to the reverse proxy, so
+// that nothing has reached the client while a retry is still possible.
+// Its error, when no backend produced a response, is classified by
+// failureStatus.
+func (ex *exchange) RoundTrip(req *http.Request) (*http.Response, error) {
+	s := ex.s
+	if ex.view == nil {
+		setTarget(req, ex.target.B.URL)
+		resp, err := s.upstream.RoundTrip(req)
+		if err != nil {
+			return nil, err
+		}
+		ex.relayResponse(resp, nil, nil)
+		return resp, nil
+	}
+	ctx := req.Context()
+	out := req
+	for {
+		m := ex.target
+		if !s.set.Allow(m) {
+			// A half-open breaker's probes are out: go elsewhere if any
+			// other backend can take the request, else probe anyway.
+			ex.tried = append(ex.tried, m.B.ID)
+			if next, err := s.sched.RouteHashed(ex.view, ex.hashes, ex.tried, time.Now()); err == nil {
+				ex.a.Done(time.Now())
+				ex.assign(next)
+				continue
+			}
+		}
+		if ex.retries > 0 {
+			out = req.Clone(ctx)
+		}
+		setTarget(out, m.B.URL)
+		out.Body = io.NopCloser(bytes.NewReader(ex.body))
+		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(ex.body)), nil }
+		out.ContentLength = int64(len(ex.body))
+		out.TransferEncoding = nil
+
+		resp, err := s.upstream.RoundTrip(out)
+		if err == nil {
+			switch {
+			case resp.StatusCode >= 500:
+				err = members.StatusError(resp.StatusCode)
+			case resp.StatusCode/100 != 2:
+				// The backend's own answer (a 4xx such as a too long
+				// prompt): not a failure of the backend, and its timing
+				// says nothing of prefill.
+				s.set.Succeeded(m, false)
+				ex.relayResponse(resp, nil, nil)
+				return resp, nil
+			default:
+				head, perr := s.firstByte(resp.Body)
+				if len(head) > 0 || perr == io.EOF {
+					if len(head) > 0 {
+						now := time.Now()
+						ex.a.FirstByte(now)
+						s.adm.Wake() // its prefill left the backend's pending tokens
+						m.ObserveTTFT(now.Sub(ex.start))
+					}
+					// Success is recorded when the body ends (settle): a
+					// backend that starts responses and then breaks them
+					// must collect consecutive failures.
+					ex.relayResponse(resp, head, perr)
+					return resp, nil
+				}
+				_ = resp.Body.Close()
+				resp, err = nil, perr
+			}
+		}
+
+		// The attempt failed before its first byte.
+		if ctx.Err() != nil {
+			if resp != nil {
+				_ = resp.Body.Close()
+			}
+			return nil, ctx.Err()
+		}
+		s.set.Failed(m, err)
+		var next *scheduler.Assignment
+		if ex.retries < s.cfg.Retry.Attempts {
+			ex.tried = append(ex.tried, m.B.ID)
+			next, _ = s.sched.RouteHashed(ex.view, ex.hashes, ex.tried, time.Now())
+		}
+		if next == nil {
+			// Out of attempts or of backends: pass a backend's 5xx through
+			// as it is (it says what went wrong), else report the error.
+			if resp != nil {
+				ex.relayResponse(resp, nil, nil)
+				return resp, nil
+			}
+			return nil, err
+		}
+		if resp != nil {
+			_ = resp.Body.Close()
+		}
+		ex.a.Done(time.Now())
+		s.log.Debug("retry", "from", m.B.Name, "to", next.Backend.Name, "err", err)
+		s.metrics.retries.Inc()
+		ex.assign(next)
+		ex.retries++
+	}
+}
+
+// relayResponse makes resp the response the client gets: its status is the
+// request's outcome (unless the client leaves first), the router's headers
+// name the backend, and its body is relayed through the exchange. head and
+// headErr are what firstByte read.
+func (ex *exchange) relayResponse(resp *http.Response, head []byte, headErr error) {
+	resp.Header.Set(headerBackend, ex.target.B.Name)
+	if ex.a != nil && ex.a.Reason != "" {
+		resp.Header.Set(headerReason, ex.a.Reason)
+	}
+	ex.status = resp.StatusCode
+	ex.relay = newRelay(ex, resp, head, headErr)
+	resp.Body = ex.relay
+}
+
+// proxyError answers when no backend produced a response: the reverse
+// proxy's ErrorHandler.
+func (ex *exchange) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		ex.status = statusClientGone // nobody to answer
+		return
+	}
+	status, code := failureStatus(err)
+	ex.status = status
+	name := ex.target.B.Name
+	msg := "backend " + name + " failed: " + err.Error()
+	if ex.retries > 0 {
+		msg += " (after " + strconv.Itoa(ex.retries) + " retries)"
+	}
+	ex.s.log.Warn("proxy error", "backend", name, "status", status, "err", err)
+	openai.WriteError(w, status, openai.TypeServer, code, msg, 0)
+}
+
+// failureStatus is the status and error code of a request that no backend
+// answered: 504 for a timeout, else 502.
+func failureStatus(err error) (int, string) {
+	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+		return http.StatusGatewayTimeout, "backend_timeout"
+	}
+	return http.StatusBadGateway, "backend_error"
+}
+
+// settleDeferred settles the exchange when its handler returns, and also
+// when the reverse proxy aborts the response (it panics with
+// http.ErrAbortHandler when the body breaks after the headers were sent),
+// re-raising the panic once the request is counted.
+func (ex *exchange) settleDeferred() {
+	if p := recover(); p != nil {
+		if ex.status == 0 {
+			ex.status = http.StatusBadGateway
+		}
+		ex.settle()
+		panic(p)
+	}
+	ex.settle()
+}
+
+// settle ends the exchange, once: it feeds the body's end to the breaker,
+// releases the assignment and wakes the admission queue, counts the
+// request and records its decision.
+func (ex *exchange) settle() {
+	if ex.settled {
+		return
+	}
+	ex.settled = true
+	s := ex.s
+	now := time.Now()
+	if ex.status == 0 {
+		// The handler returned without an outcome: the client left
+		// before one was known.
+		ex.status = statusClientGone
+	}
+	if rl := ex.relay; rl != nil {
+		switch {
+		case rl.broken != nil:
+			// The backend broke the response after it started; the client
+			// saw a truncated body. Never retried.
+			s.set.Failed(ex.target, rl.broken)
+			s.log.Warn("response broken after first byte", "backend", ex.target.B.Name, "err", rl.broken)
+		case rl.complete && ex.status/100 == 2 && ex.view != nil:
+			s.set.Succeeded(ex.target, false)
+		}
+	}
+	if ex.a != nil {
+		ex.a.Done(now)
+		s.adm.Wake()
+	}
+	policy := s.policyName()
+	if ex.target != nil && ex.rejected == "" {
+		ex.target.Count(policy, ex.status)
+		if ex.view != nil {
+			ex.target.ObserveE2E(now.Sub(ex.start))
+		}
+	} else {
+		s.metrics.requests.WithLabelValues(noBackend, policy, strconv.Itoa(ex.status)).Inc()
+	}
+	ex.record()
+	if ex.view != nil && ex.target != nil && s.log.Enabled(context.Background(), slog.LevelDebug) {
+		s.log.Debug("request", "backend", ex.target.B.Name, "status", ex.status, "model", ex.view.Model,
+			"prompt_tokens", ex.view.PromptTokens, "reason", ex.a.Reason, "retries", ex.retries,
+			"duration", now.Sub(ex.start))
+	}
+}
+
+// readBody reads the whole body, bounded by limits.max_body_bytes.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *openai.Error) {
+	limit := int64(s.cfg.Limits.MaxBodyBytes)
+	if r.ContentLength > limit {
+		return nil, tooLarge(limit)
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, max(min(r.ContentLength, limit), 512)))
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return nil, tooLarge(limit)
+		}
+		if errors.Is(err, errBodyTimeout) {
+			return nil, s.bodyTimeout(w)
+		}
+		return nil, openai.BadRequest("body_read_error", "could not read the request body: "+err.Error())
+	}
+	return buf.Bytes(), nil
+}
+
+func tooLarge(limit int64) *openai.Error {
+	return &openai.Error{Status: http.StatusRequestEntityTooLarge, Type: openai.TypeInvalidRequest, Code: "request_too_large",
+		Message: "request body is larger than the router's limit of " + strconv.FormatInt(limit, 10) + " bytes"}
+}
+
+// routeError maps the scheduler's errors to client errors.
+func routeError(err error, model string) *openai.Error {
+	switch {
+	case errors.Is(err, scheduler.ErrUnknownModel):
+		return &openai.Error{Status: http.StatusNotFound, Type: openai.TypeNotFound, Code: "model_not_found",
+			Message: "the model '" + model + "' does not exist on any backend"}
+	case errors.Is(err, scheduler.ErrNoBackend):
+		return &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Code: "no_healthy_backend",
+			Message: "no healthy backend serves the model '" + model + "'", RetryAfter: 1}
+	}
+	return &openai.Error{Status: http.StatusInternalServerError, Type: openai.TypeServer, Code: "routing_error", Message: err.Error()}
+}
+
+// reject writes a router-made error outside any exchange (the API key
+// check, /v1/models) and counts it.
+func (s *Server) reject(w http.ResponseWriter, e *openai.Error) {
+	s.metrics.requests.WithLabelValues(noBackend, s.policyName(), strconv.Itoa(e.Status)).Inc()
+	e.Write(w)
+}
+
+// rewrite prepares the outbound request. The target URL is set per attempt
+// by RoundTrip, since a retry goes elsewhere.
+func rewrite(pr *httputil.ProxyRequest) {
+	for k := range pr.Out.Header {
+		if strings.HasPrefix(k, headerPrefix) {
+			delete(pr.Out.Header, k)
+		}
+	}
+	prior := pr.In.Header.Values("X-Forwarded-For")
+	pr.SetXForwarded()
+	if len(prior) > 0 {
+		pr.Out.Header.Set("X-Forwarded-For", strings.Join(prior, ", ")+", "+pr.Out.Header.Get("X-Forwarded-For"))
+	}
+}
+
+// setTarget points out at the backend with base URL base, keeping the
+// inbound path (appended to base's path) and query.
+func setTarget(out *http.Request, base *url.URL) {
+	u := out.URL
+	u.Scheme, u.Host = base.Scheme, base.Host
+	if base.Path != "" {
+		if u.RawPath != "" {
+			u.RawPath = base.EscapedPath() + u.RawPath
+		}
+		u.Path = base.Path + u.Path
+	}
+	out.Host = ""
+}
+
+var _ http.RoundTripper = (*exchange)(nil)
