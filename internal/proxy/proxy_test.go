@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -661,7 +662,9 @@ func TestClientDisconnect(t *testing.T) {
 	}
 }
 
-// Shutdown lets a running stream finish while refusing new connections.
+// Shutdown lets a running stream finish while refusing new connections,
+// and returns only once it has: the stream is held open well past any
+// short grace, and Shutdown must not return before it ends.
 func TestGracefulShutdown(t *testing.T) {
 	r := newRig(t, "kvroute", 1, nil)
 	f := r.backends[0]
@@ -671,22 +674,37 @@ func TestGracefulShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	returned := make(chan time.Time, 1)
 	stopped := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		stopped <- r.srv.Shutdown(ctx)
+		err := r.srv.Shutdown(ctx)
+		returned <- time.Now()
+		stopped <- err
 	}()
-	time.Sleep(50 * time.Millisecond)
-	select {
-	case err := <-stopped:
-		t.Fatalf("Shutdown returned (%v) while a stream was running", err)
-	default:
+	// New connections are refused while the stream runs.
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", r.srv.Addr(), 100*time.Millisecond)
+		if err != nil {
+			break
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("the router still accepts connections while shutting down")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
+	time.Sleep(400 * time.Millisecond)
+	opened := time.Now()
 	close(f.gate)
 	b, err := io.ReadAll(resp.Body)
 	if err != nil || !bytes.HasSuffix(b, []byte("data: [DONE]\n\n")) {
 		t.Errorf("stream cut by shutdown: %v %q", err, b)
+	}
+	if at := <-returned; at.Before(opened) {
+		t.Errorf("Shutdown returned %v before the running stream could end", opened.Sub(at))
 	}
 	if err := <-stopped; err != nil {
 		t.Errorf("Shutdown: %v", err)
