@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/request"
 )
 
 // BlockSize is the KV cache block size in tokens.
@@ -24,8 +25,9 @@ const BlockSize = 16
 
 // BytesPerToken is the deterministic tokenizer's token size: a prompt of n
 // bytes is ceil(n/4) tokens, each the next 4 bytes, so two prompts that share
-// a text prefix share a token prefix.
-const BytesPerToken = 4
+// a text prefix share a token prefix. It is the router's estimate
+// (request.BytesPerToken), which is therefore exact for this engine.
+const BytesPerToken = request.BytesPerToken
 
 // Preset is a named hardware and model setup with its timing model.
 type Preset struct {
@@ -168,7 +170,7 @@ type ContextError struct{ Message string }
 func (e *ContextError) Error() string { return e.Message }
 
 // Tokens returns the prompt token count the engine's tokenizer gives text.
-func Tokens(text string) int { return (len(text) + BytesPerToken - 1) / BytesPerToken }
+func Tokens(text string) int { return request.EstimateTokens(text) }
 
 // blocksFor is the number of blocks that hold n tokens.
 func blocksFor(n int) int { return (n + BlockSize - 1) / BlockSize }

@@ -1,6 +1,10 @@
 package engine
 
-import "github.com/cespare/xxhash/v2"
+import (
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvroute/kvroute/internal/prefix"
+)
 
 // DefaultMaxTokens caps the output of a request that sets no max_tokens.
 // vLLM would allow the whole rest of the context; an emulated engine that
@@ -35,15 +39,7 @@ func OutputTokens(maxTokens, minTokens int, ignoreEOS bool, promptTokens, maxMod
 	if lo >= hi {
 		return hi
 	}
-	return lo + int(mix64(seed)%uint64(hi-lo+1))
-}
-
-// mix64 is splitmix64's finaliser: consecutive seeds give unrelated values.
-func mix64(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
-	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
-	return x ^ (x >> 31)
+	return lo + int(prefix.Mix64(seed)%uint64(hi-lo+1))
 }
 
 // SetOutput fills r's output inputs from the client's sampling parameters,

@@ -81,4 +81,3 @@ func (s *Set) stopPool(p *pool, why string) {
 		delete(p.members, k)
 	}
 }
-

@@ -5,8 +5,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
-
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/request"
 )
@@ -168,7 +166,7 @@ func (p *KVRoute) Pick(in *Input) Decision {
 	if in.View != nil {
 		prompt = int64(in.View.PromptTokens)
 		if keyed = in.View.SessionKey != ""; keyed {
-			lastID = p.lookupSession(xxhash.Sum64String(in.View.SessionKey))
+			lastID = p.lookupSession(in.SessionHash)
 		}
 	}
 	tokensPerBlock := float64(in.BlockChars) / request.BytesPerToken
@@ -354,7 +352,7 @@ func (p *KVRoute) Routed(in *Input, d Decision) {
 	if in.View == nil || in.View.SessionKey == "" {
 		return
 	}
-	h := xxhash.Sum64String(in.View.SessionKey)
+	h := in.SessionHash
 	p.last[h&(1<<sessionSlotsLog2-1)].Store(packSession(h, in.Candidates[d.Index].ID))
 }
 

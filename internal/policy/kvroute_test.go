@@ -75,11 +75,12 @@ func fxInput(cands []*fleet.Backend, loads []fxLoad, promptTokens int, session s
 		m[i] = loads[i].matched
 	}
 	return &Input{
-		View:       &request.View{PromptTokens: promptTokens, SessionKey: session},
-		BlockChars: 64,
-		Candidates: cands,
-		Matched:    m,
-		Now:        fxT0,
+		View:        &request.View{PromptTokens: promptTokens, SessionKey: session},
+		BlockChars:  64,
+		Candidates:  cands,
+		Matched:     m,
+		Now:         fxT0,
+		SessionHash: HashSession(session),
 	}
 }
 

@@ -16,6 +16,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/request"
 )
@@ -33,6 +35,18 @@ type Input struct {
 	// Candidates[i] holds according to the router's prefix index.
 	Matched []int32
 	Now     time.Time
+	// SessionHash is HashSession(View.SessionKey), hashed once per
+	// request by the scheduler; 0 when the request has no session key.
+	SessionHash uint64
+}
+
+// HashSession is the one hash of a session key that the scheduler and the
+// policies share; 0 for no key.
+func HashSession(key string) uint64 {
+	if key == "" {
+		return 0
+	}
+	return xxhash.Sum64String(key)
 }
 
 // Decision is a policy's answer.

@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"github.com/kvroute/kvroute/internal/prefix"
+
 	"math/bits"
 	"sync/atomic"
 )
@@ -32,10 +34,6 @@ type seqRand struct {
 	state atomic.Uint64
 }
 
-// splitmixGamma is SplitMix64's increment, the odd integer closest to
-// 2^64 / golden ratio.
-const splitmixGamma = 0x9e3779b97f4a7c15
-
 func newSeqRand(seed int64) *seqRand {
 	r := &seqRand{}
 	r.state.Store(uint64(seed))
@@ -44,10 +42,7 @@ func newSeqRand(seed int64) *seqRand {
 
 // next returns the next 64 random bits.
 func (r *seqRand) next() uint64 {
-	z := r.state.Add(splitmixGamma)
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	return z ^ (z >> 31)
+	return prefix.Mix64(r.state.Add(prefix.Gamma) - prefix.Gamma)
 }
 
 // intn returns a random int in [0, n), n > 0, by Lemire's multiply-shift:

@@ -77,7 +77,7 @@ func (p *SessionHash) Pick(in *Input) Decision {
 		total += b.Load().InFlight
 	}
 	bound := boundedLoadCap(p.loadFactor, total, n)
-	key := xxhash.Sum64String(in.View.SessionKey)
+	key := in.SessionHash
 	pos, _ := slices.BinarySearch(r.points, key)
 	// One lap always finds a backend within the bound (see boundedLoadCap);
 	// the lap limit only guards against a bug turning into a hang.

@@ -42,6 +42,7 @@ func TestSessionHashSticky(t *testing.T) {
 	sub.Matched = make([]int32, 3)
 	for key, was := range home {
 		sub.View.SessionKey = key
+		sub.SessionHash = HashSession(key)
 		now := rest[p.Pick(sub).Index]
 		if was != 2 && now != was {
 			t.Fatalf("%s moved from %d to %d when backend 2 left", key, was, now)

@@ -525,3 +525,19 @@ func (t *pairTable) remove(nodes []node, n int32) {
 	t.slots[i].node = nilNode
 	t.n--
 }
+
+// Gamma is SplitMix64's increment, the odd integer closest to 2^64 divided
+// by the golden ratio.
+const Gamma = 0x9e3779b97f4a7c15
+
+// Mix64 is SplitMix64's output for state x: x+Gamma through its finaliser,
+// a bijection, so that consecutive inputs give unrelated outputs. It is the
+// module's one mixing function: the policies' seeded random numbers, the
+// engine's output lengths, the warm-up filter and the synthetic workloads'
+// text all draw from it.
+func Mix64(x uint64) uint64 {
+	z := x + Gamma
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}

@@ -171,7 +171,8 @@ func (s *Scheduler) RouteHashed(v *request.View, hashes []uint64, exclude []int,
 func (s *Scheduler) route(sc *scratch, v *request.View, hashes []uint64, exclude []int, now time.Time) (*Assignment, error) {
 	snap := s.fleet.Snapshot()
 	sc.cands = sc.cands[:0]
-	warm := s.warmKey(v, hashes)
+	session := policy.HashSession(v.SessionKey)
+	warm := s.warmKey(v, session, hashes)
 	held := 0
 	for _, b := range snap.Healthy {
 		if b.Serves(v.Model) && !excluded(exclude, b.ID) {
@@ -211,12 +212,13 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes []uint64, exclude
 	}
 
 	sc.in = policy.Input{
-		View:       v,
-		Hashes:     hashes,
-		BlockChars: s.blockCh,
-		Candidates: sc.cands,
-		Matched:    sc.matched,
-		Now:        now,
+		View:        v,
+		Hashes:      hashes,
+		BlockChars:  s.blockCh,
+		Candidates:  sc.cands,
+		Matched:     sc.matched,
+		Now:         now,
+		SessionHash: session,
 	}
 	budget := v.MaxTokens
 	if budget <= 0 {

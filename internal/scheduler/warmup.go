@@ -1,9 +1,9 @@
 package scheduler
 
 import (
-	"time"
+	"github.com/kvroute/kvroute/internal/prefix"
 
-	"github.com/cespare/xxhash/v2"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/request"
@@ -23,10 +23,10 @@ import (
 // block hash (which covers the whole prompt), else a pick counter.
 
 // warmKey returns the key that decides which warming backends see v.
-func (s *Scheduler) warmKey(v *request.View, hashes []uint64) uint64 {
+func (s *Scheduler) warmKey(v *request.View, session uint64, hashes []uint64) uint64 {
 	switch {
 	case v.SessionKey != "":
-		return xxhash.Sum64String(v.SessionKey)
+		return session
 	case len(hashes) > 0:
 		return hashes[len(hashes)-1]
 	}
@@ -43,11 +43,8 @@ func warmAdmits(b *fleet.Backend, key uint64, now time.Time) bool {
 	return unit(key, b.ID) < w
 }
 
-// unit maps (key, id) to [0, 1) uniformly (splitmix64's finaliser).
+// unit maps (key, id) to [0, 1) uniformly.
 func unit(key uint64, id int) float64 {
-	z := key ^ (uint64(id)+1)*0x9e3779b97f4a7c15
-	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
-	z = (z ^ z>>27) * 0x94d049bb133111eb
-	z ^= z >> 31
+	z := prefix.Mix64(key ^ (uint64(id)+1)*prefix.Gamma - prefix.Gamma)
 	return float64(z>>11) / (1 << 53)
 }

@@ -1,6 +1,10 @@
 package workload
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/kvroute/kvroute/internal/prefix"
+)
 
 // Text generation. Every piece of prompt text is a pure function of a 64-bit
 // key and a length, made of lowercase words and single spaces only, so that
@@ -11,11 +15,9 @@ import "sync"
 // splitmix64 steps a SplitMix64 generator; its output function is a
 // bijection, so distinct states give distinct outputs.
 func splitmix64(s *uint64) uint64 {
-	*s += 0x9e3779b97f4a7c15
-	z := *s
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	return z ^ (z >> 31)
+	x := *s
+	*s += prefix.Gamma
+	return prefix.Mix64(x)
 }
 
 // mix combines values into one key.
