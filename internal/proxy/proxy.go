@@ -1,14 +1,17 @@
-// Package proxy is the HTTP server of `kvroute serve`: it reads and parses
-// each completion request once, asks the scheduler for a backend, forwards
-// the original bytes with the standard library's reverse proxy (streams
-// flushed event by event), retries on another backend when one fails before
-// the first response byte, reports first byte and completion back to the
-// scheduler, checks backends' health, and exports Prometheus metrics.
+// Package proxy is the data plane of `kvroute serve`: one exchange per
+// request (exchange.go) reads and parses the body once, asks the scheduler
+// for a backend, forwards the original bytes with the standard library's
+// reverse proxy (streams flushed event by event), retries on another
+// backend when one fails before the first response byte, and settles the
+// request once: metrics, decision log, load release, admission wake. It
+// also serves /v1/models, the probes, /metrics and the admin API, and wires
+// the control plane (package members, which owns everything known about
+// each backend) and the engine monitor.
 //
-// It owns all network I/O of the router. It must not make routing
-// decisions of its own for completions (package scheduler does), and it
-// never alters a request or response body: it only ever appends an error
-// event to an event stream its backend broke (streamerr.go).
+// It must not make routing decisions of its own for completions (package
+// scheduler does) nor keep per-backend state (package members does), and
+// it never alters a request or response body: it only ever appends an
+// error event to an event stream its backend broke (streamerr.go).
 package proxy
 
 import (
