@@ -33,6 +33,7 @@ func configFlags(fs *flag.FlagSet) func() (*config.Config, error) {
 	path := fs.String("config", "", "YAML config file (see docs/configuration.md); flags override it")
 	listen := fs.String("listen", "", "address to listen on (default "+config.DefaultListen+")")
 	pol := fs.String("policy", "", "routing policy (default "+policy.Default+"): "+strings.Join(policy.Names(), ", "))
+	tracing := fs.Bool("tracing", false, "export OpenTelemetry traces over OTLP (sets tracing.enabled; the OTEL_EXPORTER_OTLP_* variables say where)")
 	var backends backendFlags
 	fs.Var(&backends, "backend", "backend base URL, e.g. http://127.0.0.1:8000; repeat for each backend (replaces the file's list)")
 	return func() (*config.Config, error) {
@@ -43,7 +44,7 @@ func configFlags(fs *flag.FlagSet) func() (*config.Config, error) {
 				return nil, err
 			}
 		}
-		c.Apply(config.Overrides{Listen: *listen, Policy: *pol, Backends: backends})
+		c.Apply(config.Overrides{Listen: *listen, Policy: *pol, Backends: backends, Tracing: *tracing})
 		if err := c.Validate(); err != nil {
 			return nil, err
 		}
@@ -55,7 +56,7 @@ func runServe(args []string) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	load := configFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: kvroute serve [--config FILE] [--listen ADDR] [--backend URL]... [--policy NAME]
+		fmt.Fprint(fs.Output(), `usage: kvroute serve [--config FILE] [--listen ADDR] [--backend URL]... [--policy NAME] [--tracing]
 
 Routes POST /v1/chat/completions and /v1/completions (streaming or not) to
 the backend with the best expected time to first token, keeping

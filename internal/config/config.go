@@ -64,6 +64,8 @@ type Config struct {
 	Fleet Fleet `yaml:"fleet"`
 	// Log tunes the router's own log.
 	Log Log `yaml:"log"`
+	// Tracing is OpenTelemetry tracing (tracing.go).
+	Tracing Tracing `yaml:"tracing"`
 	// ShutdownGrace is how long, on SIGTERM or SIGINT, the router lets
 	// in-flight requests (streams included) finish after it stops accepting
 	// new connections, before it closes them. Default 30s.
@@ -289,6 +291,7 @@ func Default() *Config {
 		Engines:       Engines{Enabled: true, Interval: DefaultEngineInterval, Timeout: DefaultEngineTimeout, StaleAfter: DefaultEngineStale},
 		Fleet:         defaultFleet(),
 		Log:           Log{Level: "info", Format: "text"},
+		Tracing:       defaultTracing(),
 		ShutdownGrace: DefaultShutdownGrace,
 	}
 }
@@ -349,10 +352,15 @@ type Overrides struct {
 	Policy string
 	// Backends, when non-empty, replace the file's backends list.
 	Backends []string
+	// Tracing, when true, sets tracing.enabled.
+	Tracing bool
 }
 
 // Apply applies o to c.
 func (c *Config) Apply(o Overrides) {
+	if o.Tracing {
+		c.Tracing.Enabled = true
+	}
 	if o.Listen != "" {
 		c.Listen = o.Listen
 	}
@@ -421,6 +429,7 @@ func (c *Config) Validate() error {
 	c.Admin.validate(bad)
 	c.Limits.validate(bad)
 	c.Auth.validate(bad)
+	c.Tracing.validate(bad)
 	if c.Retry.Attempts < 0 {
 		bad("retry.attempts: %d must not be negative", c.Retry.Attempts)
 	}

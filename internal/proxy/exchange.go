@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/kvroute/kvroute/internal/members"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/prefix"
@@ -73,12 +75,18 @@ type exchange struct {
 	// rejected is the error code of a request the router answered itself.
 	rejected string
 	settled  bool
+
+	// The exchange's trace (tracing.go): its context and span, the
+	// current attempt's span and its first byte's; nil with tracing off.
+	ctx                          context.Context
+	span, attempt, firstByteSpan trace.Span
 }
 
 // serveCompletion serves POST /v1/chat/completions and /v1/completions.
 func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *http.Request) {
 	ex := &exchange{s: s, start: time.Now()}
 	defer ex.settleDeferred()
+	r = ex.begin(r, "kvroute.request")
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		ex.reject(w, &openai.Error{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest, Code: "method_not_allowed", Message: r.Method + " is not allowed on " + r.URL.Path + "; use POST"})
@@ -105,13 +113,17 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 		ex.reject(w, e)
 		return
 	}
+	_, span := ex.child("admission", trace.SpanKindInternal)
 	release, e := s.admit(r, v.Model)
+	endSpan(span, errorOf(e))
 	if e != nil {
 		ex.reject(w, e)
 		return
 	}
 	ex.hashes = prefix.Hash(make([]uint64, 0, len(v.Prompt)/s.sched.BlockChars()), v.Prompt, s.sched.BlockChars())
+	_, span = ex.child("route", trace.SpanKindInternal)
 	a, err := s.sched.RouteHashed(v, ex.hashes, nil, ex.start)
+	routeSpan(span, s.policyName(), a, err)
 	release() // the request's load is accounted (or it failed to route)
 	if err != nil {
 		ex.reject(w, routeError(err, v.Model))
@@ -126,6 +138,7 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 func (s *Server) passthrough(w http.ResponseWriter, r *http.Request) {
 	ex := &exchange{s: s, start: time.Now()}
 	defer ex.settleDeferred()
+	r = ex.begin(r, "kvroute.passthrough")
 	var best *members.Member
 	var bestLoad int64
 	for _, b := range s.fleet.Snapshot().Healthy {
@@ -188,10 +201,13 @@ func (ex *exchange) RoundTrip(req *http.Request) (*http.Response, error) {
 	s := ex.s
 	if ex.view == nil {
 		setTarget(req, ex.target.B.URL)
+		ex.startAttempt(req)
 		resp, err := s.upstream.RoundTrip(req)
 		if err != nil {
+			ex.attemptFailed(err)
 			return nil, err
 		}
+		ex.firstByteSeen()
 		ex.relayResponse(resp, nil, nil)
 		return resp, nil
 	}
@@ -218,6 +234,7 @@ func (ex *exchange) RoundTrip(req *http.Request) (*http.Response, error) {
 		out.ContentLength = int64(len(ex.body))
 		out.TransferEncoding = nil
 
+		ex.startAttempt(out)
 		resp, err := s.upstream.RoundTrip(out)
 		if err == nil {
 			switch {
@@ -228,11 +245,13 @@ func (ex *exchange) RoundTrip(req *http.Request) (*http.Response, error) {
 				// prompt): not a failure of the backend, and its timing
 				// says nothing of prefill.
 				s.set.Succeeded(m, false)
+				ex.firstByteSeen()
 				ex.relayResponse(resp, nil, nil)
 				return resp, nil
 			default:
 				head, perr := s.firstByte(resp.Body)
 				if len(head) > 0 || perr == io.EOF {
+					ex.firstByteSeen()
 					if len(head) > 0 {
 						now := time.Now()
 						ex.a.FirstByte(now)
@@ -251,6 +270,7 @@ func (ex *exchange) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 
 		// The attempt failed before its first byte.
+		ex.attemptFailed(err)
 		if ctx.Err() != nil {
 			if resp != nil {
 				_ = resp.Body.Close()
@@ -384,6 +404,15 @@ func (ex *exchange) settle() {
 			"prompt_tokens", ex.view.PromptTokens, "reason", ex.a.Reason, "retries", ex.retries,
 			"duration", now.Sub(ex.start))
 	}
+	ex.endTrace()
+}
+
+// errorOf is e as an error, nil for none.
+func errorOf(e *openai.Error) error {
+	if e == nil {
+		return nil
+	}
+	return e
 }
 
 // readBody reads the whole body, bounded by limits.max_body_bytes.

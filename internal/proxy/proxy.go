@@ -54,6 +54,8 @@ type Server struct {
 	handler  http.Handler
 	// proxyLog is the reverse proxy's error log, at debug level.
 	proxyLog *log.Logger
+	// tracing is the OpenTelemetry tracer; nil with tracing off.
+	tracing *tracing
 	// auth is the API key check; nil when no key is configured.
 	auth *apiKeys
 
@@ -126,6 +128,9 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	}
 	if s.adminAPI, err = s.newAdmin(); err != nil {
 		return nil, err
+	}
+	if s.tracing, err = newTracing(cfg.Tracing); err != nil {
+		return nil, fmt.Errorf("tracing: %w", err)
 	}
 	if s.auth, err = newAPIKeys(cfg.Auth); err != nil {
 		return nil, err
@@ -205,6 +210,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.upstream.CloseIdleConnections()
 	if s.scrapes != nil {
 		s.scrapes.CloseIdleConnections()
+	}
+	if terr := s.tracing.shutdown(ctx); err == nil {
+		err = terr
 	}
 	return err
 }

@@ -132,6 +132,9 @@ type Assignment struct {
 	Reason string
 	// MatchedTokens is the predicted prefix-cache hit in tokens.
 	MatchedTokens int
+	// EstTTFT is the policy's estimate of the time to first token in
+	// seconds, 0 when it makes none.
+	EstTTFT float64
 
 	ticket *fleet.Ticket
 	// index and hashes are the prompt's blocks pinned in the prefix index
@@ -242,6 +245,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes []uint64, exclude
 	a := &Assignment{
 		Backend:       b,
 		MatchedTokens: matchedTok,
+		EstTTFT:       d.EstTTFT,
 		ticket:        b.Start(int64(v.PromptTokens), int64(v.PromptTokens-matchedTok), int64(budget), now),
 	}
 	s.decide.Unlock()
