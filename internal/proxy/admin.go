@@ -78,6 +78,7 @@ func (a adminSource) Backends() []admin.Backend {
 			u := st.until
 			ab.Breaker.OpenUntil = &u
 		}
+		ab.RoutedPromptTokens, ab.PredictedCachedTokens = b.Routed()
 		if e := b.Engine(); e != nil {
 			ab.Engine = &admin.Engine{ReportedAt: e.At, AgeSeconds: now.Sub(e.At).Seconds(), Running: e.Running,
 				Waiting: e.Waiting, KVUsage: e.KVUsage, KVBlocks: e.KVBlocks}
