@@ -167,6 +167,7 @@
       const t0 = performance.now();
       renderBackends(b.backends || []);
       renderDecisions(d.decisions || []);
+      void document.body.offsetHeight; // style and layout, so that they count too
       stats.lastRenderMs = performance.now() - t0;
       stats.renders++;
       stats.backends = (b.backends || []).length;
