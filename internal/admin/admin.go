@@ -156,8 +156,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.decisions(w, r)
 		}
 	case strings.HasPrefix(path, "/backends/"):
-		name, action, ok := strings.Cut(strings.TrimPrefix(path, "/backends/"), "/")
-		if !ok || name == "" || (action != "drain" && action != "undrain") {
+		// The action is the last segment: names of backends from DNS
+		// pools hold a slash (pool/host:port).
+		rest := strings.TrimPrefix(path, "/backends/")
+		i := strings.LastIndexByte(rest, '/')
+		name, action := rest[:max(i, 0)], rest[i+1:]
+		if i < 0 || name == "" || (action != "drain" && action != "undrain") {
 			notFound(w, r)
 			return
 		}
