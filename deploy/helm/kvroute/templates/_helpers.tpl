@@ -43,6 +43,11 @@ its headless Service's A/AAAA records, or its SRV record.
 */}}
 {{- define "kvroute.config" -}}
 {{- $cfg := deepCopy (default (dict) .Values.config) }}
+{{- range $k := list "listen" "backends" }}
+{{- if hasKey $cfg $k }}
+{{- fail (printf "config.%s is set by the chart (from containerPort and engines); remove it from config" $k) }}
+{{- end }}
+{{- end }}
 {{- $_ := set $cfg "listen" (printf "0.0.0.0:%d" (int .Values.containerPort)) }}
 {{- $backends := list }}
 {{- range $i, $e := .Values.engines }}
