@@ -8,6 +8,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/promql/parser"
 )
 
 // engineMetrics are the engines' own metrics the dashboard may query,
@@ -152,8 +156,8 @@ func TestDashboardMetrics(t *testing.T) {
 	}
 }
 
-// TestMetricNames checks the expression tokenizer itself, so that a
-// misspelled name cannot slip through it.
+// TestMetricNames checks the extraction itself, so that a misspelled
+// name cannot slip through it.
 func TestMetricNames(t *testing.T) {
 	tests := []struct {
 		expr string
@@ -164,7 +168,7 @@ func TestMetricNames(t *testing.T) {
 		{`sum(rate(a_total[1m])) / sum(rate(b_total[1m]))`, []string{"a_total", "b_total"}},
 		{`max by (instance) (vllm:kv_cache_usage_perc) or max by (instance) (vllm:gpu_cache_usage_perc)`, []string{"vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc"}},
 		{`x{a="{)"} offset 5m + on (job) group_left (pod) y`, []string{"x", "y"}},
-		{`sum(kvroute_backend_healthy) without (backend) > bool 0`, []string{"kvroute_backend_healthy"}},
+		{`{__name__="z"}`, []string{"z"}},
 	}
 	for _, tt := range tests {
 		got, err := metricNames(tt.expr)
@@ -172,140 +176,47 @@ func TestMetricNames(t *testing.T) {
 			t.Errorf("metricNames(%q) = %v, %v; want %v", tt.expr, got, err, tt.want)
 		}
 	}
-	for _, bad := range []string{`rat(x[5m])`, `sum(x`, `x{a="b"`} {
+	for _, bad := range []string{`rat(x[5m])`, `sum(x`, `x{a="b"`, `{__name__=~"kvroute_.*"}`} {
 		if _, err := metricNames(bad); err == nil {
 			t.Errorf("metricNames(%q): no error", bad)
 		}
 	}
 }
 
-// promqlFuncs are PromQL's functions and aggregation operators: an
-// identifier followed by "(" must be one of them.
-var promqlFuncs = map[string]bool{}
+// grafanaVars stand in for the dashboard variables a query may hold
+// outside a string, so that it parses as PromQL.
+var grafanaVars = strings.NewReplacer("$__rate_interval", "5m", "$__interval", "1m", "$__range", "1h")
 
-func init() {
-	for _, f := range strings.Fields(`sum min max avg group stddev stdvar count count_values bottomk topk quantile limitk limit_ratio
-		abs absent absent_over_time ceil changes clamp clamp_max clamp_min day_of_month day_of_week day_of_year days_in_month
-		delta deriv exp floor histogram_avg histogram_count histogram_fraction histogram_quantile histogram_stddev histogram_stdvar
-		histogram_sum holt_winters double_exponential_smoothing hour idelta increase irate label_join label_replace ln log2 log10
-		minute month predict_linear rate resets round scalar sgn sort sort_desc sort_by_label sort_by_label_desc sqrt time timestamp
-		vector year avg_over_time min_over_time max_over_time sum_over_time count_over_time quantile_over_time stddev_over_time
-		stdvar_over_time last_over_time present_over_time mad_over_time acos acosh asin asinh atan atanh cos cosh sin sinh tan tanh
-		deg pi rad`) {
-		promqlFuncs[f] = true
-	}
-}
-
-// metricNames returns the sorted metric names a PromQL expression
-// selects. It is a small tokenizer, not a parser: it skips strings, label
-// matchers ({...}), ranges ([...]), numbers, Grafana variables and the
-// label lists of by/without/on/ignoring/group_left/group_right, and takes
-// every other identifier as a function or aggregation (one of
-// promqlFuncs; any other identifier before "(" is an error), a keyword, or
-// a metric name.
+// metricNames parses a PromQL expression (with Prometheus's own parser,
+// which also refuses an unknown function) and returns the sorted names of
+// the metrics it selects. A selector must name its metric exactly: a
+// regular expression over __name__ could not be checked.
 func metricNames(expr string) ([]string, error) {
-	isStart := func(c byte) bool { return c == '_' || c == ':' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
-	isPart := func(c byte) bool { return isStart(c) || c >= '0' && c <= '9' }
-	skipSpace := func(i int) int {
-		for i < len(expr) && strings.IndexByte(" \t\r\n", expr[i]) >= 0 {
-			i++
-		}
-		return i
-	}
-	// closeAt returns the index after the bracket closing the one at i,
-	// skipping strings inside.
-	closeAt := func(i int, open, close byte) (int, error) {
-		depth := 0
-		for j := i; j < len(expr); j++ {
-			switch c := expr[j]; {
-			case c == '"' || c == '\'' || c == '`':
-				k := strings.IndexByte(expr[j+1:], c)
-				if k < 0 {
-					return 0, fmt.Errorf("unterminated string in %q", expr)
-				}
-				j += k + 1
-			case c == open:
-				depth++
-			case c == close:
-				depth--
-				if depth == 0 {
-					return j + 1, nil
-				}
-			}
-		}
-		return 0, fmt.Errorf("unclosed %c in %q", open, expr)
+	e, err := parser.NewParser(parser.Options{}).ParseExpr(grafanaVars.Replace(expr))
+	if err != nil {
+		return nil, fmt.Errorf("query %q: %w", expr, err)
 	}
 	names := map[string]bool{}
-	parens := 0
-	for i := 0; i < len(expr); {
-		c := expr[i]
-		switch {
-		case c == '{' || c == '[':
-			close := byte('}')
-			if c == '[' {
-				close = ']'
-			}
-			j, err := closeAt(i, c, close)
-			if err != nil {
-				return nil, err
-			}
-			i = j
-		case c == '"' || c == '\'' || c == '`':
-			k := strings.IndexByte(expr[i+1:], c)
-			if k < 0 {
-				return nil, fmt.Errorf("unterminated string in %q", expr)
-			}
-			i += k + 2
-		case c == '$':
-			i++
-			for i < len(expr) && (isPart(expr[i]) || expr[i] == '{' || expr[i] == '}') {
-				i++
-			}
-		case c >= '0' && c <= '9' || c == '.':
-			for i < len(expr) && (isPart(expr[i]) || expr[i] == '.') {
-				i++ // numbers and durations (5m, 1e3)
-			}
-		case isStart(c):
-			j := i
-			for j < len(expr) && isPart(expr[j]) {
-				j++
-			}
-			word := expr[i:j]
-			next := skipSpace(j)
-			switch word {
-			case "by", "without", "on", "ignoring", "group_left", "group_right":
-				if next < len(expr) && expr[next] == '(' {
-					k, err := closeAt(next, '(', ')')
-					if err != nil {
-						return nil, err
-					}
-					j = k
-				}
-			case "and", "or", "unless", "bool", "offset", "atan2", "inf", "nan", "Inf", "NaN":
-			default:
-				switch {
-				case promqlFuncs[word]:
-					// a function, or an aggregation whose by/without
-					// clause comes before its "("
-				case next < len(expr) && expr[next] == '(':
-					return nil, fmt.Errorf("unknown PromQL function %q in %q", word, expr)
-				default:
-					names[word] = true
-				}
-			}
-			i = j
-		case c == '(':
-			parens++
-			i++
-		case c == ')':
-			parens--
-			i++
-		default:
-			i++
+	var bad error
+	parser.Inspect(e, func(n parser.Node, _ []parser.Node) error {
+		vs, ok := n.(*parser.VectorSelector)
+		if !ok {
+			return nil
 		}
-	}
-	if parens != 0 {
-		return nil, fmt.Errorf("unbalanced parentheses in %q", expr)
+		name := vs.Name
+		for _, m := range vs.LabelMatchers {
+			if m.Name == model.MetricNameLabel {
+				if m.Type != labels.MatchEqual {
+					bad = fmt.Errorf("query %q: selector %s does not name its metric exactly", expr, vs)
+				}
+				name = m.Value
+			}
+		}
+		names[name] = true
+		return nil
+	})
+	if bad != nil {
+		return nil, bad
 	}
 	out := make([]string, 0, len(names))
 	for n := range names {
