@@ -170,13 +170,15 @@ try {
   const stats = await big.evaluate(() => window.kvrouteFleet);
   const rows = await big.$$eval("#backends tbody tr", (trs) => trs.length);
   if (rows !== 64) fail(`${rows} rows for 64 backends`);
-  // The page's own work (building the tables from the two answers) must
-  // stay under maxRenderMs; the time from navigation also holds the
-  // router's answers, which the race detector slows several times, so its
-  // bound is looser.
+  // The page's own work (building the tables from the two answers, style
+  // and layout included) must stay under maxRenderMs. The time from
+  // navigation also holds the router's answers, which the race detector
+  // and a loaded machine slow many times (over a second was seen with
+  // eight runnable threads per core), so its bound only catches a page
+  // that hangs.
   step(`64 backends: table drawn ${stats.firstFullRenderAt.toFixed(0)} ms after navigation start; the render took ${stats.lastRenderMs.toFixed(1)} ms`);
   if (stats.lastRenderMs > maxRenderMs) fail(`rendering 64 backends took ${stats.lastRenderMs.toFixed(0)} ms, over ${maxRenderMs} ms`);
-  if (stats.firstFullRenderAt > 5 * maxRenderMs) fail(`64 backends took ${stats.firstFullRenderAt.toFixed(0)} ms to show after navigation, over ${5 * maxRenderMs} ms`);
+  if (stats.firstFullRenderAt > 5000) fail(`64 backends took ${stats.firstFullRenderAt.toFixed(0)} ms to show after navigation, over 5 s`);
   await big.screenshot({ path: path.join(args.shots, "fleet-64.png"), fullPage: false });
 
   if (external.length) fail("the page requested outside its origin: " + external.join(", "));
