@@ -69,7 +69,7 @@ policy: round-robin
 backends:
   - {name: good, url: %s, models: [m], kind: vllm}
   - {name: bad, url: %s, models: [m], kind: vllm}
-health: {eject_after: 1}
+health: {eject_after: 1, cooldown: 1m, max_cooldown: 1m}
 engines: {interval: 50ms}
 admission: {max_inflight_per_backend: 1}
 upstream: {discover_models: false}
@@ -108,7 +108,8 @@ upstream: {discover_models: false}
 		return nil
 	}
 	// Round robin sends one of the first two to the failing backend: a
-	// 500, an ejection and a retry on the good one.
+	// 500, an ejection (for a minute: the test's whole life) and a retry
+	// on the good one.
 	for range 2 {
 		if err := post(); err != nil {
 			t.Fatalf("completion: %v", err)
