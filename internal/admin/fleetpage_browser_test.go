@@ -104,7 +104,7 @@ func TestFleetPageInBrowser(t *testing.T) {
 	var wg sync.WaitGroup
 	for c := range 3 {
 		wg.Go(func() {
-			system := strings.Repeat("You are a careful assistant for conversation "+strconv.Itoa(c)+". ", 40)
+			system := strings.Repeat("You answer questions about conversation "+strconv.Itoa(c)+". ", 40)
 			for turn := range 2 {
 				body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}],"max_tokens":8}`,
 					preset.Model, system, turn)
