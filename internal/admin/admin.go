@@ -1,6 +1,7 @@
 // Package admin is the router's admin API under /admin/: it lists the
 // backends with their live state as the router sees them, drains and
-// undrains them, and shows the last routing decisions with their reasons.
+// undrains them, and shows the last routing decisions with their reasons;
+// GET /admin/fleet (and /admin/) is a live page over the same calls.
 //
 // It owns the API's authentication (a bearer token compared in constant
 // time; no token configured means the API does not exist and every path
@@ -65,6 +66,12 @@ type Backend struct {
 	// PrefixBlocks is how many prefix blocks the router's index believes
 	// the backend holds.
 	PrefixBlocks int `json:"prefix_blocks"`
+	// RoutedPromptTokens is the estimated prompt tokens routed to the
+	// backend since it joined, and PredictedCachedTokens how many of them
+	// the router predicted to be in its cache: their ratio is the
+	// backend's predicted hit rate.
+	RoutedPromptTokens    int64 `json:"routed_prompt_tokens"`
+	PredictedCachedTokens int64 `json:"predicted_cached_tokens"`
 }
 
 // Breaker is a backend's circuit breaker.
@@ -124,13 +131,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		notFound(w, r)
 		return
 	}
+	path := strings.TrimPrefix(r.URL.Path, strings.TrimSuffix(Prefix, "/"))
+	if path == "/" || path == "/fleet" {
+		// The page holds no state and asks for the token itself
+		// (fleetpage.go); what it shows comes from the calls below.
+		if method(w, r, http.MethodGet) {
+			h.fleet(w)
+		}
+		return
+	}
 	if !h.authorized(r) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="kvroute admin"`)
 		openai.WriteError(w, http.StatusUnauthorized, openai.TypeAuthentication, "invalid_admin_token",
 			"the admin API needs the header Authorization: Bearer <admin token>", 0)
 		return
 	}
-	path := strings.TrimPrefix(r.URL.Path, strings.TrimSuffix(Prefix, "/"))
 	switch {
 	case path == "/backends":
 		if method(w, r, http.MethodGet) {
@@ -141,8 +156,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.decisions(w, r)
 		}
 	case strings.HasPrefix(path, "/backends/"):
-		name, action, ok := strings.Cut(strings.TrimPrefix(path, "/backends/"), "/")
-		if !ok || name == "" || (action != "drain" && action != "undrain") {
+		// The action is the last segment: names of backends from DNS
+		// pools hold a slash (pool/host:port).
+		rest := strings.TrimPrefix(path, "/backends/")
+		i := strings.LastIndexByte(rest, '/')
+		name, action := rest[:max(i, 0)], rest[i+1:]
+		if i < 0 || name == "" || (action != "drain" && action != "undrain") {
 			notFound(w, r)
 			return
 		}

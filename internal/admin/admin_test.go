@@ -130,7 +130,7 @@ func TestAuth(t *testing.T) {
 }
 
 func TestBackendsDrainUndrain(t *testing.T) {
-	src := newFakeSource("b0", "b1")
+	src := newFakeSource("b0", "b1", "pool/10.0.0.5:8000")
 	src.removing["b1"] = true
 	h := New("tok", src, NewLog(4))
 	const auth = "Bearer tok"
@@ -150,7 +150,7 @@ func TestBackendsDrainUndrain(t *testing.T) {
 		}
 		return m
 	}
-	if d := draining(); len(d) != 2 || d["b0"] || d["b1"] {
+	if d := draining(); len(d) != 3 || d["b0"] || d["b1"] {
 		t.Fatalf("initial state %v", d)
 	}
 	tests := []struct {
@@ -158,16 +158,21 @@ func TestBackendsDrainUndrain(t *testing.T) {
 		wantStatus   int
 		wantDrain    map[string]bool
 	}{
-		{http.MethodPost, "/admin/backends/b0/drain", 200, map[string]bool{"b0": true, "b1": false}},
-		{http.MethodPost, "/admin/backends/b0/drain", 200, map[string]bool{"b0": true, "b1": false}}, // idempotent
-		{http.MethodPost, "/admin/backends/b1/drain", 200, map[string]bool{"b0": true, "b1": true}},
-		{http.MethodPost, "/admin/backends/b0/undrain", 200, map[string]bool{"b0": false, "b1": true}},
-		{http.MethodPost, "/admin/backends/b1/undrain", 409, map[string]bool{"b0": false, "b1": true}},
-		{http.MethodPost, "/admin/backends/nope/drain", 404, map[string]bool{"b0": false, "b1": true}},
-		{http.MethodPost, "/admin/backends/b0/explode", 404, map[string]bool{"b0": false, "b1": true}},
-		{http.MethodGet, "/admin/backends/b0/drain", 405, map[string]bool{"b0": false, "b1": true}},
-		{http.MethodPost, "/admin/backends", 405, map[string]bool{"b0": false, "b1": true}},
-		{http.MethodGet, "/admin/nothing", 404, map[string]bool{"b0": false, "b1": true}},
+		{http.MethodPost, "/admin/backends/b0/drain", 200, map[string]bool{"b0": true, "b1": false, "pool/10.0.0.5:8000": false}},
+		{http.MethodPost, "/admin/backends/b0/drain", 200, map[string]bool{"b0": true, "b1": false, "pool/10.0.0.5:8000": false}}, // idempotent
+		{http.MethodPost, "/admin/backends/b1/drain", 200, map[string]bool{"b0": true, "b1": true, "pool/10.0.0.5:8000": false}},
+		{http.MethodPost, "/admin/backends/b0/undrain", 200, map[string]bool{"b0": false, "b1": true, "pool/10.0.0.5:8000": false}},
+		{http.MethodPost, "/admin/backends/b1/undrain", 409, map[string]bool{"b0": false, "b1": true, "pool/10.0.0.5:8000": false}},
+		{http.MethodPost, "/admin/backends/nope/drain", 404, map[string]bool{"b0": false, "b1": true, "pool/10.0.0.5:8000": false}},
+		{http.MethodPost, "/admin/backends/b0/explode", 404, map[string]bool{"b0": false, "b1": true, "pool/10.0.0.5:8000": false}},
+		{http.MethodGet, "/admin/backends/b0/drain", 405, map[string]bool{"b0": false, "b1": true, "pool/10.0.0.5:8000": false}},
+		{http.MethodPost, "/admin/backends", 405, map[string]bool{"b0": false, "b1": true, "pool/10.0.0.5:8000": false}},
+		{http.MethodGet, "/admin/nothing", 404, map[string]bool{"b0": false, "b1": true, "pool/10.0.0.5:8000": false}},
+		// A DNS pool's backend is named pool/host:port.
+		{http.MethodPost, "/admin/backends/pool/10.0.0.5:8000/drain", 200, map[string]bool{"b0": false, "b1": true, "pool/10.0.0.5:8000": true}},
+		{http.MethodPost, "/admin/backends/pool/10.0.0.5:8000/undrain", 200, map[string]bool{"b0": false, "b1": true, "pool/10.0.0.5:8000": false}},
+		{http.MethodPost, "/admin/backends//drain", 404, map[string]bool{"b0": false, "b1": true, "pool/10.0.0.5:8000": false}},
+		{http.MethodPost, "/admin/backends/drain", 404, map[string]bool{"b0": false, "b1": true, "pool/10.0.0.5:8000": false}},
 	}
 	for _, tt := range tests {
 		status, body, _ := call(t, h, tt.method, tt.path, auth)

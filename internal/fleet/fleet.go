@@ -76,7 +76,11 @@ type Backend struct {
 	// prefilled counts the uncached tokens of every request whose first
 	// byte has come: the clock against which rate samples are measured.
 	prefilled atomic.Int64
-	engine    atomic.Pointer[EngineState]
+	// routedPrompt and routedCached count the prompt tokens of every
+	// request routed to the backend and how many of them the router
+	// predicted to be in its cache, for the per-backend hit rate.
+	routedPrompt, routedCached atomic.Int64
+	engine                     atomic.Pointer[EngineState]
 	// rate holds the float64 bits of the learned prefill rate; 0 until the
 	// first sample.
 	rate atomic.Uint64
@@ -172,6 +176,17 @@ func (b *Backend) observeRate(work int64, ttft time.Duration) {
 	}
 }
 
+// Routed is the prompt tokens of every request routed to b since it
+// joined the fleet (each attempt of a retried request counts), and how
+// many of them the router predicted to be in b's cache: cached/prompt is
+// b's predicted hit rate.
+func (b *Backend) Routed() (prompt, cached int64) {
+	// cached first: a Start between the two loads then only makes the
+	// ratio lower, never above 1.
+	cached = b.routedCached.Load()
+	return b.routedPrompt.Load(), cached
+}
+
 // Engine returns the engine's last reported state, or nil.
 func (b *Backend) Engine() *EngineState { return b.engine.Load() }
 
@@ -185,6 +200,8 @@ func (b *Backend) SetEngine(s *EngineState) { b.engine.Store(s) }
 func (b *Backend) Start(promptTokens, uncached, outputBudget int64, now time.Time) *Ticket {
 	b.inflight.Add(1)
 	b.pendingPrefill.Add(uncached)
+	b.routedPrompt.Add(promptTokens)
+	b.routedCached.Add(promptTokens - uncached)
 	return &Ticket{
 		b:      b,
 		prompt: promptTokens,

@@ -289,3 +289,20 @@ func BenchmarkTicket(b *testing.B) {
 		tk.Done(t0.Add(time.Second))
 	}
 }
+
+func TestRouted(t *testing.T) {
+	_, b := newBackend(t)
+	if p, c := b.Routed(); p != 0 || c != 0 {
+		t.Fatalf("new backend Routed() = %d, %d; want 0, 0", p, c)
+	}
+	b.Start(100, 30, 50, t0).Done(t0)
+	tk := b.Start(40, 40, 10, t0)
+	p, c := b.Routed()
+	if p != 140 || c != 70 {
+		t.Errorf("Routed() = %d, %d; want 140, 70", p, c)
+	}
+	tk.Done(t0)
+	if p2, c2 := b.Routed(); p2 != p || c2 != c {
+		t.Errorf("Done changed Routed() to %d, %d; it counts routing, not load", p2, c2)
+	}
+}

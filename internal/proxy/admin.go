@@ -73,6 +73,7 @@ func (a adminSource) Backends() []admin.Backend {
 			u := st.OpenUntil
 			ab.Breaker.OpenUntil = &u
 		}
+		ab.RoutedPromptTokens, ab.PredictedCachedTokens = b.Routed()
 		if e := b.Engine(); e != nil {
 			ab.Engine = &admin.Engine{ReportedAt: e.At, AgeSeconds: now.Sub(e.At).Seconds(), Running: e.Running,
 				Waiting: e.Waiting, KVUsage: e.KVUsage, KVBlocks: e.KVBlocks}

@@ -1,0 +1,310 @@
+package deploy
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kvroute/kvroute/internal/config"
+)
+
+// serviceMonitor is the part of the Prometheus Operator's ServiceMonitor
+// (monitoring.coreos.com/v1) the chart writes; decoding into it strictly
+// fails on any field the chart writes that is not in the CRD's schema.
+type serviceMonitor struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name   string            `json:"name"`
+		Labels map[string]string `json:"labels"`
+	} `json:"metadata"`
+	Spec struct {
+		Selector struct {
+			MatchLabels map[string]string `json:"matchLabels"`
+		} `json:"selector"`
+		Endpoints []struct {
+			Port          string `json:"port"`
+			Path          string `json:"path"`
+			Interval      string `json:"interval"`
+			ScrapeTimeout string `json:"scrapeTimeout"`
+		} `json:"endpoints"`
+	} `json:"spec"`
+}
+
+// rendered is one helm template run, decoded.
+type rendered struct {
+	deployment *appsv1.Deployment
+	service    *corev1.Service
+	configMap  *corev1.ConfigMap
+	pdb        *policyv1.PodDisruptionBudget
+	secret     *corev1.Secret
+	monitor    *serviceMonitor
+}
+
+// helmTemplate renders the chart with the given values file content and
+// decodes every object strictly into its Kubernetes API type.
+func helmTemplate(t *testing.T, values string) (*rendered, error) {
+	t.Helper()
+	vf := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(vf, []byte(values), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("helm", "template", "r", "helm/kvroute", "--namespace", "inference", "-f", vf)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, &helmError{err: err, stderr: stderr.String()}
+	}
+	r := &rendered{}
+	for doc := range strings.SplitSeq(string(out), "\n---") {
+		if strings.TrimSpace(strings.ReplaceAll(doc, "---", "")) == "" {
+			continue
+		}
+		var head struct {
+			Kind string `json:"kind"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
+			t.Fatalf("rendered document is not YAML: %v\n%s", err, doc)
+		}
+		var obj any
+		switch head.Kind {
+		case "Deployment":
+			r.deployment = &appsv1.Deployment{}
+			obj = r.deployment
+		case "Service":
+			r.service = &corev1.Service{}
+			obj = r.service
+		case "ConfigMap":
+			r.configMap = &corev1.ConfigMap{}
+			obj = r.configMap
+		case "PodDisruptionBudget":
+			r.pdb = &policyv1.PodDisruptionBudget{}
+			obj = r.pdb
+		case "Secret":
+			r.secret = &corev1.Secret{}
+			obj = r.secret
+		case "ServiceMonitor":
+			r.monitor = &serviceMonitor{}
+			obj = r.monitor
+		default:
+			t.Fatalf("the chart renders a %q the test does not know:\n%s", head.Kind, doc)
+		}
+		if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
+			t.Fatalf("%s does not decode strictly: %v\n%s", head.Kind, err, doc)
+		}
+	}
+	return r, nil
+}
+
+type helmError struct {
+	err    error
+	stderr string
+}
+
+func (e *helmError) Error() string { return "helm template: " + e.err.Error() + ": " + e.stderr }
+
+// TestHelmChart renders the chart with its defaults and with everything
+// on, decodes every object strictly, checks that they fit together, and
+// loads the rendered kvroute config with the router's own loader.
+func TestHelmChart(t *testing.T) {
+	if _, err := exec.LookPath("helm"); err != nil {
+		t.Skip("helm is not on PATH (CI installs it: go install helm.sh/helm/v4/cmd/helm@v4.3.2); the chart is not checked")
+	}
+	tests := []struct {
+		name, values string
+		replicas     int32
+		backends     []config.Backend
+		secret       bool
+		monitor      bool
+	}{
+		{name: "defaults", replicas: 2, backends: []config.Backend{
+			{URL: "http://vllm.inference.svc.cluster.local:8000", Discovery: "dns", Kind: "vllm"},
+		}},
+		{name: "everything on", replicas: 3, secret: true, monitor: true, values: `
+replicaCount: 3
+engines:
+  - {service: vllm-llama, port: 8000, models: [meta-llama/Llama-3.1-8B-Instruct], name: llama, dnsInterval: 2s}
+  - {service: sglang-qwen, namespace: models, srv: true, portName: api, kind: sglang, models: [Qwen/Qwen2.5-7B-Instruct]}
+config:
+  policy: kvroute
+  admission: {max_inflight_per_backend: 64, max_queue: 512}
+  health: {eject_after: 5}
+  fleet: {warmup: 1m}
+admin: {enabled: true, token: not-a-real-token}
+extraEnv:
+  - {name: KVROUTE_API_KEYS, valueFrom: {secretKeyRef: {name: keys, key: keys}}}
+podDisruptionBudget: {maxUnavailable: 1}
+serviceMonitor: {enabled: true, labels: {release: prometheus}}
+preStopSleepSeconds: 0
+`, backends: []config.Backend{
+			// No kind: a list in the values replaces the default one whole, so auto.
+			{Name: "llama", URL: "http://vllm-llama.inference.svc.cluster.local:8000", Discovery: "dns",
+				Models: []string{"meta-llama/Llama-3.1-8B-Instruct"}},
+			{URL: "http://sglang-qwen.models.svc.cluster.local", SRV: "_api._tcp.sglang-qwen.models.svc.cluster.local",
+				Discovery: "dns", Kind: "sglang", Models: []string{"Qwen/Qwen2.5-7B-Instruct"}},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := helmTemplate(t, tt.values)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.deployment == nil || r.service == nil || r.configMap == nil || r.pdb == nil {
+				t.Fatalf("missing objects: %+v", r)
+			}
+			if (r.secret != nil) != tt.secret || (r.monitor != nil) != tt.monitor {
+				t.Errorf("secret %v, service monitor %v; want %v, %v", r.secret != nil, r.monitor != nil, tt.secret, tt.monitor)
+			}
+			checkDeployment(t, r, tt.replicas)
+			cfg := checkConfig(t, r)
+			for i := range cfg.Backends {
+				cfg.Backends[i].DNSInterval = 0 // compared apart
+			}
+			if len(cfg.Backends) != len(tt.backends) {
+				t.Fatalf("backends %+v, want %+v", cfg.Backends, tt.backends)
+			}
+			for i, want := range tt.backends {
+				got := cfg.Backends[i]
+				if want.Name == "" {
+					got.Name = "" // the loader names unnamed backends after their host
+				}
+				if got.URL != want.URL || got.SRV != want.SRV || got.Discovery != want.Discovery || got.Kind != want.Kind ||
+					got.Name != want.Name || !slices.Equal(got.Models, want.Models) {
+					t.Errorf("backends[%d] = %+v, want %+v", i, got, want)
+				}
+			}
+			if r.monitor != nil {
+				ep := r.monitor.Spec.Endpoints
+				if len(ep) != 1 || ep[0].Port != r.service.Spec.Ports[0].Name || ep[0].Path != "/metrics" {
+					t.Errorf("service monitor endpoints %+v do not scrape the service's port %q at /metrics", ep, r.service.Spec.Ports[0].Name)
+				}
+				if !subset(r.monitor.Spec.Selector.MatchLabels, r.service.Labels) || r.monitor.Metadata.Labels["release"] != "prometheus" {
+					t.Errorf("service monitor %+v does not select the service %v or lacks its labels", r.monitor.Spec.Selector, r.service.Labels)
+				}
+			}
+		})
+	}
+}
+
+// checkDeployment checks the router pods against the other objects.
+func checkDeployment(t *testing.T, r *rendered, replicas int32) {
+	t.Helper()
+	d := r.deployment
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != replicas {
+		t.Errorf("replicas %v, want %d", d.Spec.Replicas, replicas)
+	}
+	pod := d.Spec.Template
+	if !subset(d.Spec.Selector.MatchLabels, pod.Labels) || !subset(r.service.Spec.Selector, pod.Labels) ||
+		!subset(r.pdb.Spec.Selector.MatchLabels, pod.Labels) {
+		t.Errorf("the deployment's, service's or budget's selector does not match the pods' labels %v", pod.Labels)
+	}
+	if len(pod.Spec.Containers) != 1 {
+		t.Fatalf("%d containers, want 1", len(pod.Spec.Containers))
+	}
+	c := pod.Spec.Containers[0]
+	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" {
+		t.Errorf("liveness probe %+v, want GET /healthz", c.LivenessProbe)
+	}
+	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
+		t.Errorf("readiness probe %+v, want GET /readyz", c.ReadinessProbe)
+	}
+	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
+		t.Errorf("resource requests %v, want cpu and memory", c.Resources.Requests)
+	}
+	if len(c.Ports) != 1 || c.Ports[0].Name != "http" || r.service.Spec.Ports[0].TargetPort.StrVal != "http" {
+		t.Errorf("container ports %+v and service target %+v do not meet", c.Ports, r.service.Spec.Ports[0].TargetPort)
+	}
+	if !slices.Equal(c.Args, []string{"serve", "--config", "/etc/kvroute/kvroute.yaml"}) {
+		t.Errorf("args %v", c.Args)
+	}
+	if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].MountPath != "/etc/kvroute" || c.VolumeMounts[0].SubPath != "" ||
+		len(pod.Spec.Volumes) != 1 || pod.Spec.Volumes[0].ConfigMap == nil || pod.Spec.Volumes[0].ConfigMap.Name != r.configMap.Name {
+		t.Errorf("the config map %q is not mounted as the directory /etc/kvroute: %+v %+v", r.configMap.Name, c.VolumeMounts, pod.Spec.Volumes)
+	}
+	// The checksum annotation is the config's, so that a changed config
+	// rolls the pods.
+	sum := sha256.Sum256([]byte(strings.TrimSuffix(r.configMap.Data["kvroute.yaml"], "\n")))
+	if got := pod.Annotations["checksum/config"]; got != hex.EncodeToString(sum[:]) {
+		t.Errorf("checksum/config %q is not the sha256 of the rendered config (%x)", got, sum)
+	}
+	if r.secret != nil {
+		var ref *corev1.SecretKeySelector
+		for _, e := range c.Env {
+			if e.Name == "KVROUTE_ADMIN_TOKEN" && e.ValueFrom != nil {
+				ref = e.ValueFrom.SecretKeyRef
+			}
+		}
+		if ref == nil || ref.Name != r.secret.Name || r.secret.StringData[ref.Key] == "" {
+			t.Errorf("KVROUTE_ADMIN_TOKEN %+v does not come from the chart's secret %q", ref, r.secret.Name)
+		}
+	}
+}
+
+// checkConfig loads the rendered config file as kvroute serve does.
+func checkConfig(t *testing.T, r *rendered) *config.Config {
+	t.Helper()
+	data, ok := r.configMap.Data["kvroute.yaml"]
+	if !ok {
+		t.Fatalf("config map keys %v, want kvroute.yaml", r.configMap.Data)
+	}
+	path := filepath.Join(t.TempDir(), "kvroute.yaml")
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err != nil {
+		t.Fatalf("the rendered config does not load: %v\n%s", err, data)
+	}
+	if want := fmt.Sprintf("0.0.0.0:%d", r.deployment.Spec.Template.Spec.Containers[0].Ports[0].ContainerPort); cfg.Listen != want {
+		t.Errorf("listen %q, want %q", cfg.Listen, want)
+	}
+	return cfg
+}
+
+// TestHelmChartRefuses checks that the chart fails to render, with a
+// message naming the value, rather than render a router that cannot start.
+func TestHelmChartRefuses(t *testing.T) {
+	if _, err := exec.LookPath("helm"); err != nil {
+		t.Skip("helm is not on PATH (CI installs it: go install helm.sh/helm/v4/cmd/helm@v4.3.2); the chart is not checked")
+	}
+	for values, want := range map[string]string{
+		"engines: []":             "engines: at least one engine pool is required",
+		"engines: [{port: 8000}]": "engines[0].service",
+		"admin: {enabled: true}":  "admin.enabled needs admin.existingSecret or admin.token",
+	} {
+		_, err := helmTemplate(t, values)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("values %q: error %v, want one saying %q", values, err, want)
+		}
+	}
+}
+
+// subset reports whether every label of sel is in labels.
+func subset(sel, labels map[string]string) bool {
+	if len(sel) == 0 {
+		return false
+	}
+	for k, v := range sel {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}

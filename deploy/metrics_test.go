@@ -1,0 +1,174 @@
+package deploy
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/proxy"
+)
+
+// vllmExposition is what the test backends serve at /metrics: enough of
+// vLLM's exposition for kvroute's monitor to report an engine state.
+const vllmExposition = `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 1.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+`
+
+// testEngine is a loopback backend: healthy, with vLLM metrics; its
+// completions take delay, or fail with 500 when fail is set.
+func testEngine(t *testing.T, fail bool, delay time.Duration) *httptest.Server {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(http.ResponseWriter, *http.Request) {})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		_, _ = io.WriteString(w, vllmExposition)
+	})
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if fail {
+			http.Error(w, `{"error":{"message":"down","type":"server_error"}}`, http.StatusInternalServerError)
+			return
+		}
+		select {
+		case <-time.After(delay):
+		case <-r.Context().Done():
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":8,"completion_tokens":1,"total_tokens":9}}`)
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// kvrouteMetrics runs a router over two loopback backends, one failing,
+// drives it until every metric it registers has a sample (a retry, an
+// ejection, a wait in the admission queue, an engine report), scrapes its
+// /metrics and returns every sample name it serves: a histogram x as
+// x_bucket, x_sum and x_count.
+func kvrouteMetrics(t *testing.T) map[string]bool {
+	t.Helper()
+	good, bad := testEngine(t, false, 100*time.Millisecond), testEngine(t, true, 0)
+	cfg, err := config.Parse(fmt.Appendf(nil, `
+listen: 127.0.0.1:0
+policy: round-robin
+backends:
+  - {name: good, url: %s, models: [m], kind: vllm}
+  - {name: bad, url: %s, models: [m], kind: vllm}
+health: {eject_after: 1, cooldown: 1m, max_cooldown: 1m}
+engines: {interval: 50ms}
+admission: {max_inflight_per_backend: 1}
+upstream: {discover_models: false}
+`, good.URL, bad.URL))
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := proxy.New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+	})
+	base := "http://" + s.Addr()
+	client := &http.Client{Timeout: 10 * time.Second}
+	post := func() error {
+		resp, err := client.Post(base+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":4}`))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return nil
+	}
+	// Round robin sends one of the first two to the failing backend: a
+	// 500, an ejection (for a minute: the test's whole life) and a retry
+	// on the good one.
+	for range 2 {
+		if err := post(); err != nil {
+			t.Fatalf("completion: %v", err)
+		}
+	}
+	// One backend left, one request in flight at a time: the others
+	// wait in the admission queue.
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	for range 3 {
+		wg.Go(func() { errs <- post() })
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("queued completion: %v", err)
+		}
+	}
+
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		names, err := scrape(client, base+"/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if names["kvroute_engine_kv_usage"] && names["kvroute_ejections_total"] && names["kvroute_queue_wait_seconds_count"] {
+			return names
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the router's /metrics never showed every metric; it has %v", names)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// scrape reads a text exposition's metric families off its TYPE lines.
+func scrape(client *http.Client, url string) (map[string]bool, error) {
+	resp, err := client.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	names := map[string]bool{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 4 || f[0] != "#" || f[1] != "TYPE" {
+			continue
+		}
+		switch name, typ := f[2], f[3]; typ {
+		case "histogram":
+			names[name+"_bucket"], names[name+"_sum"], names[name+"_count"] = true, true, true
+		case "summary":
+			names[name], names[name+"_sum"], names[name+"_count"] = true, true, true
+		default:
+			names[name] = true
+		}
+	}
+	return names, sc.Err()
+}
