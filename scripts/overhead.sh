@@ -16,7 +16,8 @@
 # while all streams are open, in rounds that take the hops in turn.
 #
 # Runs on Debian as root or with sudo; installs nginx, haproxy, wrk and curl
-# with apt-get when they are missing. Everything listens on 127.0.0.1 on free
+# with apt-get when they are missing (Debian's nginx package also enables
+# its own service on port 80; the script does not use it). Everything listens on 127.0.0.1 on free
 # ports, lives in a temporary directory and is stopped on exit. Nothing is
 # pinned to a core: wrk, the proxies and the backends share the machine, as
 # they would share a router host, and the comparison is between hops of one
@@ -115,9 +116,10 @@ echo "building kvroute" >&2
 go build -o "$tmp/kvroute" ./cmd/kvroute
 go build -o "$tmp/hopbench" ./scripts/hopbench
 
-mapfile -t port < <("$tmp/hopbench" ports 8)
+read -ra pols <<<"$policies"
+mapfile -t port < <("$tmp/hopbench" ports $((5 + ${#pols[@]})))
 nginx_port=${port[0]} sse_port=${port[1]} ha_port=${port[2]} ha_sse_port=${port[3]} kv_sse_port=${port[4]}
-kv_ports=("${port[@]:5:3}")
+kv_ports=("${port[@]:5}")
 
 # start NAME CMD...: runs CMD in the background, its output in $tmp/NAME.log.
 start() {
