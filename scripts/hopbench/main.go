@@ -392,6 +392,9 @@ func chatBody(agent bool, size int, model string) ([]byte, error) {
 	}
 	req.Messages = append(req.Messages, message{Role: "user"})
 	fill := size - len(encode(req))
+	if fill < 0 {
+		return nil, fmt.Errorf("--bytes %d: this kind of body needs at least %d", size, size-fill)
+	}
 	text := prose(&r, 4)
 	for len(text) < fill {
 		text += " " + prose(&r, 4)
