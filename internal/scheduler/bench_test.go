@@ -62,3 +62,20 @@ func BenchmarkRouteParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkRouteLong is BenchmarkRoute for a 200 KB prompt (3,125
+// blocks, an agent's context of about 50,000 tokens) that no backend holds
+// beyond the shared system prompt.
+func BenchmarkRouteLong(b *testing.B) {
+	s, _ := benchScheduler(b)
+	v := view("", text(0, 2048)+text(7, 200_000-2048))
+	b.ReportAllocs()
+	for b.Loop() {
+		a, err := s.Route(v, nil, t0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		a.FirstByte(t0)
+		a.Done(t0)
+	}
+}
