@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/kvroute/kvroute/internal/config"
 )
@@ -26,8 +29,12 @@ import (
 // mostly the router's CPU time per request, queued. allocs/op count
 // everything in the process for one direct and one routed request (client,
 // router and backend).
+//
+// "kvroute+tracing" is the kvroute policy with tracing on, every request
+// sampled, its spans batched to an exporter that drops them: the cost of
+// the spans themselves.
 func BenchmarkProxyHop(b *testing.B) {
-	for _, pol := range []string{"round-robin", "kvroute"} {
+	for _, pol := range []string{"round-robin", "kvroute", "kvroute+tracing"} {
 		for _, size := range []int{4 << 10, 200 << 10} {
 			for _, clients := range []int{1, 16} {
 				b.Run(fmt.Sprintf("%s/%dKB/clients=%d", pol, size>>10, clients), func(b *testing.B) {
@@ -38,10 +45,23 @@ func BenchmarkProxyHop(b *testing.B) {
 	}
 }
 
+// dropExporter is a span exporter that drops every span.
+type dropExporter struct{}
+
+func (dropExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (dropExporter) Shutdown(context.Context) error                             { return nil }
+
 func benchHop(b *testing.B, pol string, size, clients int) {
 	backend := newStaticB(b)
 	body := hopBody("bench-model", size)
 	cfg := config.Default()
+	if p, ok := strings.CutSuffix(pol, "+tracing"); ok {
+		pol = p
+		cfg.Tracing.Enabled = true
+		old := newTraceExporter
+		newTraceExporter = func(context.Context, config.Tracing) (sdktrace.SpanExporter, error) { return dropExporter{}, nil }
+		defer func() { newTraceExporter = old }()
+	}
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Policy = pol
 	cfg.Backends = []config.Backend{{URL: backend.URL, Name: "bench", Models: []string{"bench-model"}}}
@@ -143,4 +163,67 @@ func newStaticB(b *testing.B) *httptest.Server {
 	}))
 	b.Cleanup(srv.Close)
 	return srv
+}
+
+// BenchmarkRelaySSE measures what relaying an event stream costs per
+// event: a backend streams 500 chat chunks as fast as it can, once
+// directly to the client and once through the router, and the benchmark
+// reports the time per event of each and their difference. The router's
+// work per event is one read from the backend, one write and one flush to
+// the client.
+func BenchmarkRelaySSE(b *testing.B) {
+	const events = 500
+	chunk := `data: {"id":"c-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" token"},"finish_reason":null}]}` + "\n\n"
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		f := w.(http.Flusher)
+		for range events {
+			_, _ = io.WriteString(w, chunk)
+			f.Flush()
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	defer backend.Close()
+	cfg := config.Default()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Backends = []config.Backend{{URL: backend.URL, Name: "sse", Models: []string{"m"}}}
+	cfg.Health.Interval = time.Hour
+	cfg.Engines.Enabled = false
+	if err := cfg.Validate(); err != nil {
+		b.Fatal(err)
+	}
+	srv, err := New(cfg, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer srv.Shutdown(b.Context())
+	client := &http.Client{}
+	body := chat("m", true, "stream")
+	stream := func(url string) time.Duration {
+		start := time.Now()
+		resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, _ := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if want := int64(events*len(chunk) + len("data: [DONE]\n\n")); n != want {
+			b.Fatalf("%s: %d bytes, want %d", url, n, want)
+		}
+		return time.Since(start)
+	}
+	var direct, routed time.Duration
+	b.ReportAllocs()
+	for b.Loop() {
+		direct += stream(backend.URL)
+		routed += stream("http://" + srv.Addr())
+	}
+	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(b.N*events) }
+	b.ReportMetric(per(direct), "direct-ns/event")
+	b.ReportMetric(per(routed), "routed-ns/event")
+	b.ReportMetric(per(routed)-per(direct), "added-ns/event")
 }
