@@ -38,12 +38,12 @@ type decoder struct {
 
 	// msgs are the messages decoded since "messages" was last null or
 	// empty, as many as the longest array since; the last array had nmsg.
-	msgs  []message
+	msgs  blocks[message]
 	nmsg  int
-	calls []toolCall
+	calls blocks[toolCall]
 	// segs is the decoded text of contents and of the tools, in groups:
 	// a group is a run of segs; group is the first of the one being read.
-	segs  []span
+	segs  blocks[span]
 	group int
 	tools textGroup
 
@@ -57,6 +57,33 @@ type optInt struct {
 	set bool
 	v   int
 }
+
+// blocks is a list of n values kept in blocks of a fixed size, so that
+// growing it copies nothing and allocates at most a block more than it
+// holds (a slice grown by append allocates five times its final size in
+// all, as it grows by a quarter at a time).
+type blocks[T any] struct {
+	b []*[blockLen]T
+	n int
+}
+
+const blockLen = 64
+
+func (l *blocks[T]) at(i int) *T { return &l.b[i/blockLen][i%blockLen] }
+
+func (l *blocks[T]) push(v T) {
+	if l.n == len(l.b)*blockLen {
+		l.b = append(l.b, new([blockLen]T))
+	}
+	*l.at(l.n) = v
+	l.n++
+}
+
+// reuse empties l, keeping its blocks.
+func (l *blocks[T]) reuse() blocks[T] { return blocks[T]{b: l.b} }
+
+// size is the bytes l's blocks take, at size bytes a value.
+func (l *blocks[T]) size(size int) int { return len(l.b) * blockLen * size }
 
 type message struct {
 	role    span
@@ -111,17 +138,17 @@ type marks struct {
 }
 
 func (d *decoder) mark() marks {
-	m := marks{arena: len(d.arena), segs: len(d.segs), calls: len(d.calls)}
+	m := marks{arena: len(d.arena), segs: d.segs.n, calls: d.calls.n}
 	if m.segs > 0 {
-		m.last = d.segs[m.segs-1]
+		m.last = *d.segs.at(m.segs - 1)
 	}
 	return m
 }
 
 func (d *decoder) rollback(m marks) {
-	d.arena, d.segs, d.calls = d.arena[:m.arena], d.segs[:m.segs], d.calls[:m.calls]
+	d.arena, d.segs.n, d.calls.n = d.arena[:m.arena], m.segs, m.calls
 	if m.segs > 0 {
-		d.segs[m.segs-1] = m.last
+		*d.segs.at(m.segs - 1) = m.last
 	}
 }
 
@@ -315,7 +342,7 @@ func (d *decoder) streamOpts() bool {
 func (d *decoder) messages() bool {
 	if null, ok := d.open('[', "messages"); null || !ok {
 		if null {
-			d.msgs, d.nmsg = d.msgs[:0], 0
+			d.msgs.n, d.nmsg = 0, 0
 		}
 		return ok
 	}
@@ -327,13 +354,13 @@ func (d *decoder) messages() bool {
 			d.rollback(k)
 			return ok
 		}
-		if i == len(d.msgs) {
-			d.msgs = append(d.msgs, message{})
+		if i == d.msgs.n {
+			d.msgs.push(message{})
 		}
-		return d.message(&d.msgs[i])
+		return d.message(d.msgs.at(i))
 	})
 	if n == 0 {
-		d.msgs = d.msgs[:0]
+		d.msgs.n = 0
 	}
 	d.nmsg = n
 	return ok
@@ -371,16 +398,16 @@ func (d *decoder) message(m *message) bool {
 // content reads a message's content: a string, an array of parts or null.
 // Any other value, or a part of the wrong type, is the message's fault.
 func (d *decoder) content(c *content) bool {
-	lo := int32(len(d.segs))
+	lo := int32(d.segs.n)
 	*c = content{lo: lo, hi: lo}
-	d.group = len(d.segs)
+	d.group = d.segs.n
 	switch d.peek() {
 	case 'n':
 		return d.literal()
 	case '"':
 		s, ok := d.str()
 		d.emit(s)
-		c.hi = int32(len(d.segs))
+		c.hi = int32(d.segs.n)
 		return ok
 	case '[':
 	default:
@@ -399,7 +426,7 @@ func (d *decoder) content(c *content) bool {
 		}
 		return d.part(c)
 	})
-	c.hi, c.parts = int32(len(d.segs)), int32(n)
+	c.hi, c.parts = int32(d.segs.n), int32(n)
 	return ok
 }
 
@@ -454,16 +481,18 @@ func (d *decoder) toolCalls(r *callRange) bool {
 	}
 	n, ok := d.elements(func(i int) bool {
 		if int32(i) == r.max {
-			if int(r.lo+r.max) != len(d.calls) {
+			if int(r.lo+r.max) != d.calls.n {
 				// Move the calls to the end, where they can grow.
-				lo := int32(len(d.calls))
-				d.calls = append(d.calls, d.calls[r.lo:r.lo+r.max]...)
+				lo := int32(d.calls.n)
+				for j := r.lo; j < r.lo+r.max; j++ {
+					d.calls.push(*d.calls.at(int(j)))
+				}
 				r.lo = lo
 			}
-			d.calls = append(d.calls, toolCall{})
+			d.calls.push(toolCall{})
 			r.max++
 		}
-		return d.toolCall(&d.calls[r.lo+int32(i)])
+		return d.toolCall(d.calls.at(int(r.lo) + i))
 	})
 	r.n = int32(n)
 	if n == 0 {
@@ -499,8 +528,8 @@ func (d *decoder) toolList() bool {
 		}
 		return ok
 	}
-	d.group = len(d.segs)
-	lo := int32(len(d.segs))
+	d.group = d.segs.n
+	lo := int32(d.segs.n)
 	n, ok := d.elements(func(int) bool {
 		start := d.pos
 		d.spaced, d.sawHigh = false, false
@@ -509,6 +538,7 @@ func (d *decoder) toolList() bool {
 		}
 		v := d.buf[start:d.pos]
 		if d.spaced || d.sawHigh && !utf8.Valid(v) {
+			d.room()
 			a := len(d.arena)
 			d.arena = appendCompact(d.arena, v)
 			if !utf8.Valid(d.arena[a:]) {
@@ -521,7 +551,7 @@ func (d *decoder) toolList() bool {
 		d.emitText("\n")
 		return true
 	})
-	d.tools = textGroup{lo, int32(len(d.segs)), int32(n)}
+	d.tools = textGroup{lo, int32(d.segs.n), int32(n)}
 	return ok
 }
 
@@ -565,10 +595,7 @@ func (d *decoder) promptValue() bool {
 		p.kind, p.bad = promptText, true
 		return d.skip()
 	}
-	// Rendered text is no longer than the array, bar invalid UTF-8.
-	if rest := len(d.buf) - d.pos; cap(d.arena)-len(d.arena) < rest {
-		d.arena = append(make([]byte, 0, len(d.arena)+rest), d.arena...)
-	}
+	d.room()
 	a := len(d.arena)
 	kind, nulls := promptNone, 0
 	_, ok := d.elements(func(int) bool {
@@ -677,21 +704,23 @@ func (d *decoder) emit(s span) {
 	if s.n == 0 {
 		return
 	}
-	if s.off >= 0 && s.n < 64 {
+	if s.off >= 0 && s.n < 64 && d.segs.n > d.group {
+		d.room()
 		a := len(d.arena)
 		d.arena = append(d.arena, d.bytes(s)...)
 		s = span{^int32(a), s.n}
 	}
-	if k := len(d.segs) - 1; k >= d.group && s.off < 0 {
-		if last := &d.segs[k]; last.off < 0 && ^last.off+last.n == ^s.off {
+	if k := d.segs.n - 1; k >= d.group && s.off < 0 {
+		if last := d.segs.at(k); last.off < 0 && ^last.off+last.n == ^s.off {
 			last.n += s.n
 			return
 		}
 	}
-	d.segs = append(d.segs, s)
+	d.segs.push(s)
 }
 
 func (d *decoder) emitText(t string) {
+	d.room()
 	a := len(d.arena)
 	d.arena = append(d.arena, t...)
 	d.emit(span{^int32(a), int32(len(t))})
@@ -699,6 +728,7 @@ func (d *decoder) emitText(t string) {
 
 // emitPlaceholder emits <|typ|>, the text of a non-text part.
 func (d *decoder) emitPlaceholder(typ []byte) {
+	d.room()
 	a := len(d.arena)
 	d.arena = append(d.arena, "<|"...)
 	d.arena = append(d.arena, typ...)

@@ -195,15 +195,16 @@ func (d *decoder) reset(k Kind, body []byte, opt Options) {
 		kind:        k,
 		lim:         opt.limits(),
 		sessionName: opt.SessionField,
-		msgs:        d.msgs[:0],
-		calls:       d.calls[:0],
-		segs:        d.segs[:0],
+		msgs:        d.msgs.reuse(),
+		calls:       d.calls.reuse(),
+		segs:        d.segs.reuse(),
 	}
+
 }
 
 func (d *decoder) release() {
 	d.buf = nil
-	if cap(d.arena)+cap(d.segs)*8+cap(d.msgs)*40+cap(d.calls)*16 <= maxPooled {
+	if cap(d.arena)+d.segs.size(8)+d.msgs.size(36)+d.calls.size(16) <= maxPooled {
 		decoders.Put(d)
 	}
 }
@@ -298,13 +299,12 @@ func (d *decoder) chatView(v *View) *openai.Error {
 	if d.nmsg > d.lim.messages {
 		return errTooManyMessages(d.nmsg, d.lim.messages)
 	}
-	msgs := d.msgs[:d.nmsg]
 	size := len(generationStart)
 	if d.tools.n > 0 {
 		size += len(toolsHeader) + d.segsLen(d.tools.lo, d.tools.hi)
 	}
-	for i := range msgs {
-		m := &msgs[i]
+	for i := range d.nmsg {
+		m := d.msgs.at(i)
 		switch c := &m.content; {
 		case m.role.n == 0:
 			return errNoRole(i)
@@ -314,7 +314,8 @@ func (d *decoder) chatView(v *View) *openai.Error {
 			return errTooManyParts(i, int(c.parts), d.lim.parts)
 		}
 		size += len("<||>\n\n") + int(m.role.n) + d.segsLen(m.content.lo, m.content.hi)
-		for _, tc := range d.calls[m.calls.lo : m.calls.lo+m.calls.n] {
+		for j := m.calls.lo; j < m.calls.lo+m.calls.n; j++ {
+			tc := d.calls.at(int(j))
 			size += len(toolCallTag) + int(tc.name.n) + 1 + int(tc.args.n)
 		}
 	}
@@ -325,8 +326,8 @@ func (d *decoder) chatView(v *View) *openai.Error {
 		d.writeSegs(&sb, d.tools.lo, d.tools.hi)
 	}
 	firstUser := -1
-	for i := range msgs {
-		m := &msgs[i]
+	for i := range d.nmsg {
+		m := d.msgs.at(i)
 		role := d.bytes(m.role)
 		sb.WriteString("<|")
 		sb.Write(role)
@@ -337,7 +338,8 @@ func (d *decoder) chatView(v *View) *openai.Error {
 			firstUser = i
 			v.FirstUser = sb.String()[start:]
 		}
-		for _, tc := range d.calls[m.calls.lo : m.calls.lo+m.calls.n] {
+		for j := m.calls.lo; j < m.calls.lo+m.calls.n; j++ {
+			tc := d.calls.at(int(j))
 			sb.WriteString(toolCallTag)
 			sb.Write(d.bytes(tc.name))
 			sb.WriteByte(' ')
@@ -353,15 +355,15 @@ func (d *decoder) chatView(v *View) *openai.Error {
 
 func (d *decoder) segsLen(lo, hi int32) int {
 	n := 0
-	for _, s := range d.segs[lo:hi] {
-		n += int(s.n)
+	for i := lo; i < hi; i++ {
+		n += int(d.segs.at(int(i)).n)
 	}
 	return n
 }
 
 func (d *decoder) writeSegs(sb *strings.Builder, lo, hi int32) {
-	for _, s := range d.segs[lo:hi] {
-		sb.Write(d.bytes(s))
+	for i := lo; i < hi; i++ {
+		sb.Write(d.bytes(*d.segs.at(int(i))))
 	}
 }
 

@@ -56,6 +56,17 @@ type scanner struct {
 	object [maxDepth/64 + 1]uint64
 }
 
+// room makes the arena ready for text: the first time, it allocates it
+// large enough for all the body's decoded text, which is no longer than
+// the body but for placeholders of empty parts (4 bytes for a 3-byte {},)
+// and invalid UTF-8 (3 bytes for 1), so that it seldom grows; a body that
+// decodes no string that needs it allocates none.
+func (d *scanner) room() {
+	if n := len(d.buf) + len(d.buf)/3; cap(d.arena) < n {
+		d.arena = append(make([]byte, 0, n), d.arena...)
+	}
+}
+
 // bytes returns the text of s.
 func (d *scanner) bytes(s span) []byte {
 	if s.off >= 0 {
@@ -365,6 +376,7 @@ func (d *scanner) str() (span, bool) {
 // replaces invalid UTF-8.
 func (d *scanner) decode(start, i int) (span, bool) {
 	b := d.buf
+	d.room()
 	a := len(d.arena)
 	out := append(d.arena, b[start:i]...)
 	run := i // start of the plain bytes not yet copied
