@@ -1,6 +1,7 @@
 package request
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"runtime"
@@ -44,21 +45,26 @@ func benchText(n int, seed int) string {
 	return sb.String()
 }
 
-// benchCode is a tool result: source text, dense with escapes.
+// benchCode is a tool result: source text, indented with spaces, with a
+// newline every 30 bytes and a quote every 60.
 func benchCode(n int) string {
 	var sb strings.Builder
 	for i := 0; sb.Len() < n; i++ {
-		fmt.Fprintf(&sb, "func f%d(x int) string {\n\tif x > %d {\n\t\treturn \"big\\n\"\n\t}\n\treturn fmt.Sprintf(\"%%d\", x)\n}\n\n", i, i)
+		fmt.Fprintf(&sb, "def handler_%d(request, limit=%d):\n    items = request.get(\"items\", [])\n    if len(items) > limit:\n        raise ValueError(\"too many items\")\n    return [item.strip() for item in items]\n\n", i, i)
 	}
 	return sb.String()
 }
 
+// benchMarshal encodes v as the SDKs in Python and JavaScript do: no
+// escaping of <, > and &, which encoding/json alone adds.
 func benchMarshal(v any) []byte {
-	b, err := json.Marshal(v)
-	if err != nil {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
 		panic(err)
 	}
-	return b
+	return bytes.TrimSpace(buf.Bytes())
 }
 
 // chatBody4K is a chat turn: a system prompt and a few turns, about 4 KB.

@@ -373,54 +373,80 @@ func (d *scanner) str() (span, bool) {
 
 // decode goes on with the string that began at start, whose bytes up to i
 // are plain, copying it into the arena while it resolves escapes and
-// replaces invalid UTF-8.
+// replaces invalid UTF-8. Decoded text is never longer than its JSON but
+// for invalid UTF-8 (3 bytes for 1), so with room for the rest of the body
+// it writes without checks, 8 bytes at a time: a word that holds the end
+// of a run of plain bytes is stored whole, and what follows the run is
+// overwritten next.
 func (d *scanner) decode(start, i int) (span, bool) {
 	b := d.buf
 	d.room()
+	if need := len(b) - start + 8; cap(d.arena)-len(d.arena) < need {
+		d.arena = append(make([]byte, 0, 2*cap(d.arena)+need), d.arena...)
+	}
 	a := len(d.arena)
-	out := append(d.arena, b[start:i]...)
-	run := i // start of the plain bytes not yet copied
+	out := d.arena[:cap(d.arena)]
+	w := a + copy(out[a:], b[start:i])
 	for {
-		i = plain(b, i)
+		for i+8 <= len(b) {
+			x := binary.LittleEndian.Uint64(b[i:])
+			binary.LittleEndian.PutUint64(out[w:], x)
+			if m := specials(x) | x&highs; m != 0 {
+				n := bits.TrailingZeros64(m) >> 3
+				i, w = i+n, w+n
+				break
+			}
+			i, w = i+8, w+8
+		}
 		if i >= len(b) {
-			d.arena, d.pos = out, i
+			d.arena, d.pos = out[:w], i
 			return span{}, d.fail("")
 		}
 		switch c := b[i]; {
 		case c == '"':
-			out = append(out, b[run:i]...)
-			d.arena, d.pos = out, i+1
-			return span{^int32(a), int32(len(out) - a)}, true
+			d.arena, d.pos = out[:w], i+1
+			return span{^int32(a), int32(w - a)}, true
 		case c == '\\':
-			out = append(out, b[run:i]...)
+			if i+1 < len(b) && simpleEscape[b[i+1]] != 0 {
+				// Escapes come in runs (\n\t\t): take them in a tight loop.
+				out[w] = simpleEscape[b[i+1]]
+				i, w = i+2, w+1
+				for i+1 < len(b) && b[i] == '\\' && simpleEscape[b[i+1]] != 0 {
+					out[w] = simpleEscape[b[i+1]]
+					i, w = i+2, w+1
+				}
+				continue
+			}
 			r, n := escape(b[i:])
 			if n == 0 {
-				d.arena, d.pos = out, i
+				d.arena, d.pos = out[:w], i
 				return span{}, d.fail("invalid escape in a string")
 			}
-			if r < utf8.RuneSelf {
-				out = append(out, byte(r))
-			} else {
-				out = utf8.AppendRune(out, r)
-			}
+			w += utf8.EncodeRune(out[w:], r)
 			i += n
-			run = i
 		case c < 0x20:
-			d.arena, d.pos = out, i
+			d.arena, d.pos = out[:w], i
 			return span{}, d.fail("control character in a string")
 		case c >= utf8.RuneSelf:
 			r, size := utf8.DecodeRune(b[i:])
-			if r == utf8.RuneError && size == 1 {
-				out = append(out, b[run:i]...)
-				out = append(out, "\uFFFD"...)
-				run = i + 1
+			if r != utf8.RuneError || size != 1 {
+				i, w = i+size, w+copy(out[w:], b[i:i+size])
+				continue
 			}
-			i += size
+			if need := w + 3 + len(b) - i + 8; len(out) < need {
+				out = append(make([]byte, 0, 2*need), out[:w]...)[:2*need]
+			}
+			i, w = i+1, w+copy(out[w:], "\uFFFD")
 		default:
-			i++
+			out[w] = c
+			i, w = i+1, w+1
 		}
 	}
 }
+
+// simpleEscape maps the byte after a backslash to the byte it stands for,
+// 0 for u and the invalid ones.
+var simpleEscape = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
 
 // escape decodes the escape sequence at the start of b (b[0] is '\\') as
 // encoding/json does, returning the rune and the bytes it took, 0 if it
