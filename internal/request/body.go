@@ -691,10 +691,35 @@ func (d *decoder) token() bool {
 	if !fits {
 		p.bad = true
 	} else if p.items <= d.lim.items {
-		d.arena = strconv.AppendInt(d.arena, t, 36)
-		d.arena = append(d.arena, ' ')
+		d.arena = appendToken(d.arena, t)
 	}
 	return ok
+}
+
+// appendToken appends t in base 36 and a space, as strconv.AppendInt(dst,
+// t, 36) and ' ' would, several times faster: dividing by the constant 36
+// compiles to a multiplication.
+func appendToken(dst []byte, t int64) []byte {
+	const digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+	var buf [15]byte // a sign, 13 digits of -2^63 and the space
+	i := len(buf) - 1
+	buf[i] = ' '
+	u := uint64(t)
+	if t < 0 {
+		u = -u
+	}
+	for u >= 36 {
+		i--
+		buf[i] = digits[u%36]
+		u /= 36
+	}
+	i--
+	buf[i] = digits[u]
+	if t < 0 {
+		i--
+		buf[i] = '-'
+	}
+	return append(dst, buf[i:]...)
 }
 
 // emit appends s to the current group of segs. Short text from the body

@@ -321,13 +321,20 @@ func specials(w uint64) uint64 {
 	return (((q - ones) &^ q) | ((s - ones) &^ s) | ((w - ones*0x20) &^ w)) & highs
 }
 
+// specialsOrHigh is specials with bytes >= 0x80 flagged too, which
+// makes the tests for the others simpler: x-c has its high bit set for a
+// byte below c, and a byte above 0x80 is flagged anyway.
+func specialsOrHigh(x uint64) uint64 {
+	return ((x - ones*0x20) | (x ^ (ones * '"') - ones) | (x ^ (ones * '\\') - ones) | x) & highs
+}
+
 // plain returns the index of the first byte from i on that is not plain
 // ASCII string text (see specials, and bytes >= 0x80), or the index of the
 // last 8 bytes to look at one by one: it goes 8 bytes at a time.
 func plain(b []byte, i int) int {
 	for i+8 <= len(b) {
 		w := binary.LittleEndian.Uint64(b[i:])
-		if m := specials(w) | w&highs; m != 0 {
+		if m := specialsOrHigh(w); m != 0 {
 			return i + bits.TrailingZeros64(m)>>3
 		}
 		i += 8
@@ -391,7 +398,7 @@ func (d *scanner) decode(start, i int) (span, bool) {
 		for i+8 <= len(b) {
 			x := binary.LittleEndian.Uint64(b[i:])
 			binary.LittleEndian.PutUint64(out[w:], x)
-			if m := specials(x) | x&highs; m != 0 {
+			if m := specialsOrHigh(x); m != 0 {
 				n := bits.TrailingZeros64(m) >> 3
 				i, w = i+n, w+n
 				break

@@ -1,6 +1,7 @@
 package request
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -150,6 +151,14 @@ func TestParseEdges(t *testing.T) {
 				t.Fatalf("first user message %q, want %q", v.FirstUser, tt.prompt)
 			}
 		})
+	}
+}
+
+func TestAppendToken(t *testing.T) {
+	for _, n := range []int64{0, 1, 35, 36, -1, -36, 127999, 1 << 62, -1 << 63, 1<<63 - 1} {
+		if got, want := string(appendToken(nil, n)), strconv.FormatInt(n, 36)+" "; got != want {
+			t.Errorf("appendToken(%d) = %q, want %q", n, got, want)
+		}
 	}
 }
 
