@@ -367,8 +367,8 @@ func (d *scanner) str() (span, bool) {
 			d.pos = i
 			return span{}, d.fail("control character in a string")
 		case c >= utf8.RuneSelf:
-			r, size := utf8.DecodeRune(b[i:])
-			if r == utf8.RuneError && size == 1 {
+			size := runeLen(b, i)
+			if size == 0 {
 				return d.decode(start, i)
 			}
 			i += size
@@ -376,6 +376,36 @@ func (d *scanner) str() (span, bool) {
 			i++
 		}
 	}
+}
+
+// runeLen returns the length of the valid UTF-8 sequence at b[i], a byte
+// >= 0x80, or 0 where utf8.DecodeRune would return RuneError for one byte.
+// Two- and three-byte sequences, most of non-ASCII text, are checked here.
+func runeLen(b []byte, i int) int {
+	c := b[i]
+	switch {
+	case 0xC2 <= c && c < 0xE0:
+		if i+1 < len(b) && b[i+1]&0xC0 == 0x80 {
+			return 2
+		}
+		return 0
+	case 0xE0 <= c && c < 0xF0 && i+2 < len(b):
+		b1 := b[i+1]
+		lo, hi := byte(0x80), byte(0xBF)
+		if c == 0xE0 {
+			lo = 0xA0
+		} else if c == 0xED {
+			hi = 0x9F // surrogates are invalid
+		}
+		if lo <= b1 && b1 <= hi && b[i+2]&0xC0 == 0x80 {
+			return 3
+		}
+		return 0
+	}
+	if r, size := utf8.DecodeRune(b[i:]); r != utf8.RuneError || size != 1 {
+		return size
+	}
+	return 0
 }
 
 // decode goes on with the string that began at start, whose bytes up to i
@@ -435,8 +465,7 @@ func (d *scanner) decode(start, i int) (span, bool) {
 			d.arena, d.pos = out[:w], i
 			return span{}, d.fail("control character in a string")
 		case c >= utf8.RuneSelf:
-			r, size := utf8.DecodeRune(b[i:])
-			if r != utf8.RuneError || size != 1 {
+			if size := runeLen(b, i); size != 0 {
 				i, w = i+size, w+copy(out[w:], b[i:i+size])
 				continue
 			}

@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // chatWith is a chat body whose one user message has the JSON text content
@@ -151,6 +152,30 @@ func TestParseEdges(t *testing.T) {
 				t.Fatalf("first user message %q, want %q", v.FirstUser, tt.prompt)
 			}
 		})
+	}
+}
+
+func TestRuneLen(t *testing.T) {
+	// Every 1- to 3-byte sequence of bytes >= 0x80, and some of 4 bytes,
+	// alone and before more text.
+	check := func(b []byte) {
+		r, size := utf8.DecodeRune(b)
+		want := size
+		if r == utf8.RuneError && size == 1 {
+			want = 0
+		}
+		if got := runeLen(b, 0); got != want {
+			t.Fatalf("runeLen(% x) = %d, want %d", b, got, want)
+		}
+	}
+	for c := 0x80; c < 0x100; c++ {
+		for c1 := 0; c1 < 0x100; c1 += 3 {
+			check([]byte{byte(c), byte(c1)})
+			for _, c2 := range []byte{0x00, 0x80, 0xBF, 0xC0} {
+				check([]byte{byte(c), byte(c1), c2})
+				check([]byte{byte(c), byte(c1), c2, 0x80})
+			}
+		}
 	}
 }
 
