@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/request"
 )
 
 // BlockSize is the KV cache block size in tokens.
@@ -24,8 +25,9 @@ const BlockSize = 16
 
 // BytesPerToken is the deterministic tokenizer's token size: a prompt of n
 // bytes is ceil(n/4) tokens, each the next 4 bytes, so two prompts that share
-// a text prefix share a token prefix.
-const BytesPerToken = 4
+// a text prefix share a token prefix. It is the router's estimate,
+// request.BytesPerToken, so that the two count alike.
+const BytesPerToken = request.BytesPerToken
 
 // Preset is a named hardware and model setup with its timing model.
 type Preset struct {

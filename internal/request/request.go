@@ -7,8 +7,8 @@
 //
 // The rendering of chat messages into prompt text is the single definition
 // of "what the engine sees" in kvroute: the router's prefix index and the
-// emulated engine both use Render, so that the router's picture of a
-// backend's cache and the engine's cache agree.
+// emulated engine both take the prompt from Parse, so that the router's
+// picture of a backend's cache and the engine's cache agree.
 //
 // This package does no I/O and knows nothing of backends or policies.
 package request
@@ -57,7 +57,8 @@ const BytesPerToken = 4
 type View struct {
 	Kind  Kind
 	Model string
-	// Prompt is the rendered prompt text (see Render).
+	// Prompt is the rendered prompt text (see chatView and
+	// completionView for the template).
 	Prompt string
 	// FirstUser is the text of the first user message (chat only); KubeAI's
 	// prefix hash keys on it.
