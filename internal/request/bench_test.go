@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/kvroute/kvroute/internal/openai"
 )
@@ -122,7 +123,33 @@ var benchBodies = []struct {
 }{
 	{"chat-4KB", Chat, chatBody4K},
 	{"agent-200KB", Chat, agentBody200K},
+	{"agent-200KB-plain", Chat, agentPlain},
 	{"tokens-100k", Completion, func() []byte { return tokenBody(100000) }},
+}
+
+// agentPlain is agentBody200K with no escape and no non-ASCII byte left, to
+// tell what decoding costs from the rest.
+func agentPlain() []byte {
+	b := bytes.ReplaceAll(agentBody200K(), []byte(`\n`), []byte(`  `))
+	b = bytes.ReplaceAll(b, []byte(`\"`), []byte(`''`))
+	return bytes.Map(func(r rune) rune {
+		if r >= utf8.RuneSelf {
+			return 'x'
+		}
+		return r
+	}, b)
+}
+
+// BenchmarkScanString is the scanner alone over one plain 200 KB string.
+func BenchmarkScanString(b *testing.B) {
+	body := []byte(`"` + strings.Repeat("the router keeps a prefix index ", 6400) + `"`)
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		d := scanner{buf: body}
+		if _, ok := d.str(); !ok {
+			b.Fatal(d.err)
+		}
+	}
 }
 
 func benchParse(b *testing.B, parse func(Kind, []byte, Options) (*View, *openai.Error)) {
