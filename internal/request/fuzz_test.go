@@ -12,9 +12,12 @@ import (
 // FuzzParse checks that no body makes Parse panic, that every rejection is
 // a client error (4xx) with a type and a message, that a parsed view is
 // well formed (valid UTF-8 prompt, no negative counts) and that parsing is
-// deterministic. Seeds are the bodies in testdata/seeds, for both
-// endpoints: odd content parts, invalid UTF-8, deeply nested and long
-// bodies among them.
+// deterministic; and that Parse agrees with refParse, the reference on
+// encoding/json: it accepts a body iff refParse does, with the same view,
+// and else rejects it with the same error code. Both run with the default
+// limits and with tiny ones. Seeds are the bodies in testdata/seeds, for
+// both endpoints: odd content parts, invalid UTF-8, deeply nested and long
+// bodies, escapes and repeated keys among them.
 func FuzzParse(f *testing.F) {
 	seeds, err := filepath.Glob("testdata/seeds/*.json")
 	if err != nil || len(seeds) == 0 {
@@ -32,6 +35,9 @@ func FuzzParse(f *testing.F) {
 		k := Chat
 		if completion {
 			k = Completion
+		}
+		for _, opt := range []Options{{SessionField: field}, {SessionField: field, MaxMessages: 2, MaxContentParts: 2, MaxPromptItems: 3}} {
+			sameAsReference(t, k, body, opt)
 		}
 		v, e := Parse(k, body, Options{SessionField: field})
 		if e != nil {
@@ -62,4 +68,19 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("Parse is not deterministic: %+v then %+v (%v)", v, again, e)
 		}
 	})
+}
+
+// sameAsReference fails unless Parse and refParse agree on body.
+func sameAsReference(t *testing.T, k Kind, body []byte, opt Options) {
+	t.Helper()
+	v, e := Parse(k, body, opt)
+	rv, re := refParse(k, body, opt)
+	switch {
+	case (e == nil) != (re == nil):
+		t.Fatalf("%s body %q with %+v: Parse gives %+v, %v; encoding/json gives %+v, %v", k, body, opt, v, e, rv, re)
+	case e != nil && e.Code != re.Code:
+		t.Fatalf("%s body %q with %+v: Parse fails with %s (%s), encoding/json with %s (%s)", k, body, opt, e.Code, e.Message, re.Code, re.Message)
+	case e == nil && *v != *rv:
+		t.Fatalf("%s body %q with %+v: Parse gives\n%+v\nencoding/json gives\n%+v", k, body, opt, *v, *rv)
+	}
 }

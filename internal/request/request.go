@@ -1,23 +1,23 @@
 // Package request turns the body of an OpenAI-compatible request into the
 // routing view: the model, the prompt text as the engine will see it, the
 // session key, the token estimate and the output budget. The body is parsed
-// once, here; the original bytes are forwarded untouched by the proxy.
+// once, here, in a single pass that validates all of it as encoding/json
+// would and decodes only what the view needs (scan.go, body.go); the
+// original bytes are forwarded untouched by the proxy.
 //
 // The rendering of chat messages into prompt text is the single definition
 // of "what the engine sees" in kvroute: the router's prefix index and the
-// emulated engine both use Render, so that the router's picture of a
-// backend's cache and the engine's cache agree.
+// emulated engine both take the prompt from Parse, so that the router's
+// picture of a backend's cache and the engine's cache agree.
 //
 // This package does no I/O and knows nothing of backends or policies.
 package request
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
-	"unicode/utf8"
+	"sync"
 
 	"github.com/kvroute/kvroute/internal/openai"
 )
@@ -57,7 +57,8 @@ const BytesPerToken = 4
 type View struct {
 	Kind  Kind
 	Model string
-	// Prompt is the rendered prompt text (see Render).
+	// Prompt is the rendered prompt text (see chatView and
+	// completionView for the template).
 	Prompt string
 	// FirstUser is the text of the first user message (chat only); KubeAI's
 	// prefix hash keys on it.
@@ -81,79 +82,55 @@ type View struct {
 // Options configure Parse.
 type Options struct {
 	// SessionField names a top-level body field (e.g. "user") whose string
-	// value is the session key when no header gave one. Empty disables it.
+	// value is the session key when no header gave one; a number or other
+	// value gives its JSON text. Empty disables it.
 	SessionField string
 	// MaxMessages bounds the number of chat messages; 0 means
 	// MaxMessages, the package default.
 	MaxMessages int
+	// MaxContentParts bounds the parts of one message's content array; 0
+	// means MaxContentParts.
+	MaxContentParts int
+	// MaxPromptItems bounds a completion prompt array: its strings, token
+	// ids and nulls, those of nested token arrays included; 0 means
+	// MaxPromptItems.
+	MaxPromptItems int
 }
 
-// Limits that keep a hostile body from costing more than its size.
+// Limits that keep a hostile body from costing more than its size. Parse's
+// memory is a small multiple of the body whatever its shape (see
+// TestParseMemory); these bound the counts of things a real client sends.
 const (
 	MaxMessages = 100000
+	// MaxContentParts is far above what an API accepts in one message
+	// (OpenAI's limit is 500 images a request), so only a body that is
+	// not a real conversation meets it.
+	MaxContentParts = 10000
+	// MaxPromptItems is a million tokens: the longest context windows of
+	// current models.
+	MaxPromptItems = 1000000
 )
 
-type chatBody struct {
-	Model               string         `json:"model"`
-	Messages            []message      `json:"messages"`
-	Tools               []rawValue     `json:"tools"`
-	MaxTokens           *int           `json:"max_tokens"`
-	MaxCompletionTokens *int           `json:"max_completion_tokens"`
-	MinTokens           *int           `json:"min_tokens"`
-	IgnoreEOS           bool           `json:"ignore_eos"`
-	Stream              bool           `json:"stream"`
-	StreamOptions       *streamOptions `json:"stream_options"`
+func (o Options) limits() limits {
+	l := limits{MaxMessages, MaxContentParts, MaxPromptItems}
+	if o.MaxMessages > 0 {
+		l.messages = o.MaxMessages
+	}
+	if o.MaxContentParts > 0 {
+		l.parts = o.MaxContentParts
+	}
+	if o.MaxPromptItems > 0 {
+		l.items = o.MaxPromptItems
+	}
+	return l
 }
 
-type completionBody struct {
-	Model         string         `json:"model"`
-	Prompt        rawValue       `json:"prompt"`
-	MaxTokens     *int           `json:"max_tokens"`
-	MinTokens     *int           `json:"min_tokens"`
-	IgnoreEOS     bool           `json:"ignore_eos"`
-	Stream        bool           `json:"stream"`
-	StreamOptions *streamOptions `json:"stream_options"`
-}
+// decoders keeps decoders between requests, so that a Parse allocates
+// little more than the view and its prompt.
+var decoders = sync.Pool{New: func() any { return new(decoder) }}
 
-type streamOptions struct {
-	IncludeUsage bool `json:"include_usage"`
-}
-
-// Message is one chat message as Render consumes it.
-type message struct {
-	Role      string   `json:"role"`
-	Content   rawValue `json:"content"`
-	Name      string   `json:"name"`
-	ToolCalls []struct {
-		Function struct {
-			Name      string `json:"name"`
-			Arguments string `json:"arguments"`
-		} `json:"function"`
-	} `json:"tool_calls"`
-}
-
-// rawValue is a JSON value of the body left undecoded, like
-// json.RawMessage, but aliasing the body instead of copying it: message
-// contents and prompts make up nearly all of a body, and copying them out
-// only to decode them again (validating them a second time) cost as much as
-// the rest of Parse.
-type rawValue []byte
-
-// UnmarshalJSON keeps data, a slice of the body that json.Unmarshal has
-// already validated as one JSON value. Keeping it without a copy is safe
-// because it aliases the body given to Parse, which outlives the decode, and
-// Parse copies whatever the view keeps before it returns. It never fails, so
-// that a content of the wrong type is still reported by writeContent with the
-// message's index.
-func (r *rawValue) UnmarshalJSON(data []byte) error {
-	*r = data
-	return nil
-}
-
-type contentPart struct {
-	Type string `json:"type"`
-	Text string `json:"text"`
-}
+// maxPooled bounds the scratch memory a pooled decoder keeps.
+const maxPooled = 1 << 20
 
 // Parse parses body, sent to the endpoint of kind k, into a View. Errors are
 // client errors (400) in the OpenAI shape.
@@ -162,72 +139,90 @@ func Parse(k Kind, body []byte, opt Options) (*View, *openai.Error) {
 	if len(body) == 0 || body[0] != '{' {
 		return nil, openai.BadRequest("invalid_json", "request body must be a JSON object")
 	}
-	v := &View{Kind: k}
-	var maxTok, minTok *int
-	switch k {
-	case Chat:
-		var b chatBody
-		if err := json.Unmarshal(body, &b); err != nil {
-			return nil, jsonError(err)
-		}
-		if len(b.Messages) == 0 {
-			return nil, openai.BadRequest("missing_messages", "'messages' must be a non-empty array")
-		}
-		limit := MaxMessages
-		if opt.MaxMessages > 0 {
-			limit = opt.MaxMessages
-		}
-		if len(b.Messages) > limit {
-			return nil, openai.BadRequest("too_many_messages", fmt.Sprintf("'messages' has %d entries, more than the limit of %d", len(b.Messages), limit))
-		}
-		prompt, first, err := renderChat(b.Messages, b.Tools, len(body))
-		if err != nil {
-			return nil, err
-		}
-		v.Model, v.Prompt, v.FirstUser = b.Model, prompt, first
-		v.IgnoreEOS, v.Stream = b.IgnoreEOS, b.Stream
-		v.IncludeUsage = b.StreamOptions != nil && b.StreamOptions.IncludeUsage
-		maxTok, minTok = b.MaxTokens, b.MinTokens
-		if b.MaxCompletionTokens != nil {
-			maxTok = b.MaxCompletionTokens
-		}
-		v.PromptTokens = EstimateTokens(v.Prompt)
-	case Completion:
-		var b completionBody
-		if err := json.Unmarshal(body, &b); err != nil {
-			return nil, jsonError(err)
-		}
-		prompt, ntok, err := renderPrompt(b.Prompt)
-		if err != nil {
-			return nil, err
-		}
-		v.Model, v.Prompt = b.Model, prompt
-		v.IgnoreEOS, v.Stream = b.IgnoreEOS, b.Stream
-		v.IncludeUsage = b.StreamOptions != nil && b.StreamOptions.IncludeUsage
-		maxTok, minTok = b.MaxTokens, b.MinTokens
-		v.PromptTokens = ntok
-		if ntok < 0 {
-			v.PromptTokens = EstimateTokens(v.Prompt)
-		}
-	default:
+	if k != Chat && k != Completion {
 		return nil, openai.BadRequest("invalid_endpoint", "unknown endpoint")
 	}
-	if maxTok != nil {
-		if *maxTok < 0 {
-			return nil, openai.BadRequest("invalid_max_tokens", "'max_tokens' must be at least 0")
-		}
-		v.MaxTokens = *maxTok
+	if len(body) > maxBody {
+		return nil, openai.BadRequest("invalid_json", fmt.Sprintf("request body is larger than %d bytes", maxBody))
 	}
-	if minTok != nil {
-		if *minTok < 0 {
-			return nil, openai.BadRequest("invalid_min_tokens", "'min_tokens' must be at least 0")
+	d := decoders.Get().(*decoder)
+	defer d.release()
+	d.reset(k, body, opt)
+	ok := d.body()
+	if ok {
+		if d.space(); d.pos < len(body) {
+			ok = d.unexpected("the end of the body after the object")
 		}
-		v.MinTokens = *minTok
 	}
-	if opt.SessionField != "" {
-		v.SessionKey = sessionField(body, opt.SessionField)
+	if !ok {
+		return nil, openai.BadRequest("invalid_json", "malformed request body: "+d.err.Error())
+	}
+	v := &View{Kind: k, IgnoreEOS: d.ignoreEOS, Stream: d.stream, IncludeUsage: d.streamOptions && d.includeUsage}
+	v.Model = string(d.bytes(d.model))
+	var e *openai.Error
+	if k == Chat {
+		e = d.chatView(v)
+	} else {
+		e = d.completionView(v)
+	}
+	if e != nil {
+		return nil, e
+	}
+	maxTok := d.maxTokens
+	if d.maxCompTok.set {
+		maxTok = d.maxCompTok
+	}
+	if maxTok.set {
+		if maxTok.v < 0 {
+			return nil, errMaxTokens()
+		}
+		v.MaxTokens = maxTok.v
+	}
+	if d.minTok.set {
+		if d.minTok.v < 0 {
+			return nil, errMinTokens()
+		}
+		v.MinTokens = d.minTok.v
+	}
+	if d.hasSession {
+		v.SessionKey = d.sessionKey()
 	}
 	return v, nil
+}
+
+func (d *decoder) reset(k Kind, body []byte, opt Options) {
+	*d = decoder{
+		scanner:     scanner{buf: body, arena: d.arena[:0]},
+		kind:        k,
+		lim:         opt.limits(),
+		sessionName: opt.SessionField,
+		msgs:        d.msgs.reuse(),
+		calls:       d.calls.reuse(),
+		segs:        d.segs.reuse(),
+	}
+
+}
+
+func (d *decoder) release() {
+	d.buf = nil
+	if cap(d.arena)+d.segs.size(8)+d.msgs.size(36)+d.calls.size(16) <= maxPooled {
+		decoders.Put(d)
+	}
+}
+
+// sessionKey is the session field's string, or the JSON text of another
+// value (null gives "").
+func (d *decoder) sessionKey() string {
+	raw := d.bytes(d.session)
+	switch raw[0] {
+	case '"':
+		d.pos = int(d.session.off)
+		s, _ := d.str()
+		return string(d.bytes(s))
+	case 'n':
+		return ""
+	}
+	return string(raw)
 }
 
 // EstimateTokens estimates the token count of text.
@@ -235,216 +230,163 @@ func EstimateTokens(text string) int {
 	return (len(text) + BytesPerToken - 1) / BytesPerToken
 }
 
-func jsonError(err error) *openai.Error {
-	msg := err.Error()
-	if te, ok := err.(*json.UnmarshalTypeError); ok {
-		msg = fmt.Sprintf("field %q has the wrong type: got JSON %s, want %s", te.Field, te.Value, te.Type)
-	}
-	return openai.BadRequest("invalid_json", "malformed request body: "+msg)
+// The view's errors beyond malformed JSON, one function each so that every
+// path that finds one words it the same.
+
+func errMissingMessages() *openai.Error {
+	return openai.BadRequest("missing_messages", "'messages' must be a non-empty array")
 }
 
-func sessionField(body []byte, field string) string {
-	var m map[string]json.RawMessage
-	if json.Unmarshal(body, &m) != nil {
-		return ""
-	}
-	raw, ok := m[field]
-	if !ok {
-		return ""
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return s
-	}
-	// A number or other scalar still identifies a session.
-	return string(bytes.TrimSpace(raw))
+func errTooManyMessages(n, limit int) *openai.Error {
+	return openai.BadRequest("too_many_messages", fmt.Sprintf("'messages' has %d entries, more than the limit of %d", n, limit))
 }
 
-// Render renders chat messages (and tool definitions, as raw JSON objects)
+func errNoRole(i int) *openai.Error {
+	return openai.BadRequest("invalid_message", fmt.Sprintf("messages[%d] has no 'role'", i))
+}
+
+func errContent(i int, fault uint8) *openai.Error {
+	msg := "must be a string, an array of parts, or null"
+	if fault == contentParts {
+		msg = "content parts must be objects with a 'type'"
+	}
+	return openai.BadRequest("invalid_message", fmt.Sprintf("messages[%d].content: %s", i, msg))
+}
+
+func errTooManyParts(i, n, limit int) *openai.Error {
+	return openai.BadRequest("too_many_content_parts", fmt.Sprintf("messages[%d].content has %d parts, more than the limit of %d", i, n, limit))
+}
+
+func errMissingPrompt() *openai.Error {
+	return openai.BadRequest("missing_prompt", "'prompt' is required")
+}
+
+func errInvalidPrompt() *openai.Error {
+	return openai.BadRequest("invalid_prompt", "'prompt' must be a string, an array of strings, or an array of token ids")
+}
+
+func errTooManyItems(n, limit int) *openai.Error {
+	return openai.BadRequest("too_many_prompt_items", fmt.Sprintf("'prompt' has %d items, more than the limit of %d", n, limit))
+}
+
+func errMaxTokens() *openai.Error {
+	return openai.BadRequest("invalid_max_tokens", "'max_tokens' must be at least 0")
+}
+
+func errMinTokens() *openai.Error {
+	return openai.BadRequest("invalid_min_tokens", "'min_tokens' must be at least 0")
+}
+
+// Template text of Render (see chatView).
+const (
+	toolsHeader     = "<|tools|>\n"
+	toolCallTag     = "<|tool_call|>"
+	generationStart = "<|assistant|>\n"
+)
+
+// chatView renders the messages (and tool definitions, as compact JSON)
 // into the prompt text the engine sees, in the style of a chat template:
 //
 //	<|tools|>\n{tool json}\n...<|system|>\ntext\n<|user|>\ntext\n<|assistant|>\n
 //
 // Text content parts are concatenated; non-text parts (images, audio) render
 // as a placeholder so that they still occupy a position in the prefix.
+// A tool call renders as <|tool_call|>name arguments after the content.
 // The trailing "<|assistant|>\n" is the generation prompt.
-func renderChat(msgs []message, tools []rawValue, bodyLen int) (prompt, firstUser string, e *openai.Error) {
-	var sb strings.Builder
-	// The prompt is about as long as the body its parts were decoded from
-	// (every delimiter the template adds replaces longer JSON syntax), so
-	// one allocation usually holds it.
-	sb.Grow(bodyLen + len("<|assistant|>\n"))
-	if len(tools) > 0 {
-		sb.WriteString("<|tools|>\n")
-		var buf bytes.Buffer
-		for _, t := range tools {
-			b := []byte(t)
-			if !compact(t) {
-				// Compacting a compact value would return it unchanged.
-				buf.Reset()
-				if err := json.Compact(&buf, t); err != nil {
-					return "", "", openai.BadRequest("invalid_tools", "'tools' entries must be JSON objects")
-				}
-				b = buf.Bytes()
-			}
-			// Compact keeps invalid UTF-8 bytes that the engine's JSON
-			// decoder turns into U+FFFD; render them as it sees them.
-			if !utf8.Valid(b) {
-				b = bytes.ToValidUTF8(b, []byte("\uFFFD"))
-			}
-			sb.Write(b)
-			sb.WriteByte('\n')
+func (d *decoder) chatView(v *View) *openai.Error {
+	if d.nmsg == 0 {
+		return errMissingMessages()
+	}
+	if d.nmsg > d.lim.messages {
+		return errTooManyMessages(d.nmsg, d.lim.messages)
+	}
+	size := len(generationStart)
+	if d.tools.n > 0 {
+		size += len(toolsHeader) + d.segsLen(d.tools.lo, d.tools.hi)
+	}
+	for i := range d.nmsg {
+		m := d.msgs.at(i)
+		switch c := &m.content; {
+		case m.role.n == 0:
+			return errNoRole(i)
+		case c.fault != contentOK:
+			return errContent(i, c.fault)
+		case int(c.parts) > d.lim.parts:
+			return errTooManyParts(i, int(c.parts), d.lim.parts)
+		}
+		size += len("<||>\n\n") + int(m.role.n) + d.segsLen(m.content.lo, m.content.hi)
+		for j := m.calls.lo; j < m.calls.lo+m.calls.n; j++ {
+			tc := d.calls.at(int(j))
+			size += len(toolCallTag) + int(tc.name.n) + 1 + int(tc.args.n)
 		}
 	}
-	seenUser := false
-	for i, m := range msgs {
-		if m.Role == "" {
-			return "", "", openai.BadRequest("invalid_message", fmt.Sprintf("messages[%d] has no 'role'", i))
-		}
+	var sb strings.Builder
+	sb.Grow(size)
+	if d.tools.n > 0 {
+		sb.WriteString(toolsHeader)
+		d.writeSegs(&sb, d.tools.lo, d.tools.hi)
+	}
+	firstUser := -1
+	for i := range d.nmsg {
+		m := d.msgs.at(i)
+		role := d.bytes(m.role)
 		sb.WriteString("<|")
-		sb.WriteString(m.Role)
+		sb.Write(role)
 		sb.WriteString("|>\n")
 		start := sb.Len()
-		if err := writeContent(&sb, m.Content); err != nil {
-			return "", "", openai.BadRequest("invalid_message", fmt.Sprintf("messages[%d].content: %s", i, err.Error()))
+		d.writeSegs(&sb, m.content.lo, m.content.hi)
+		if firstUser < 0 && string(role) == "user" {
+			firstUser = i
+			v.FirstUser = sb.String()[start:]
 		}
-		if m.Role == "user" && !seenUser {
-			seenUser = true
-			firstUser = sb.String()[start:]
-		}
-		for _, tc := range m.ToolCalls {
-			sb.WriteString("<|tool_call|>")
-			sb.WriteString(tc.Function.Name)
+		for j := m.calls.lo; j < m.calls.lo+m.calls.n; j++ {
+			tc := d.calls.at(int(j))
+			sb.WriteString(toolCallTag)
+			sb.Write(d.bytes(tc.name))
 			sb.WriteByte(' ')
-			sb.WriteString(tc.Function.Arguments)
+			sb.Write(d.bytes(tc.args))
 		}
 		sb.WriteByte('\n')
 	}
-	sb.WriteString("<|assistant|>\n")
-	return sb.String(), firstUser, nil
+	sb.WriteString(generationStart)
+	v.Prompt = sb.String()
+	v.PromptTokens = EstimateTokens(v.Prompt)
+	return nil
 }
 
-func writeContent(sb *strings.Builder, raw rawValue) error {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || string(raw) == "null" {
-		return nil
+func (d *decoder) segsLen(lo, hi int32) int {
+	n := 0
+	for i := lo; i < hi; i++ {
+		n += int(d.segs.at(int(i)).n)
 	}
-	switch raw[0] {
-	case '"':
-		if text, ok := plainString(raw); ok {
-			sb.Write(text)
-			return nil
-		}
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return fmt.Errorf("invalid string")
-		}
-		sb.WriteString(s)
-		return nil
-	case '[':
-		var parts []contentPart
-		if err := json.Unmarshal(raw, &parts); err != nil {
-			return fmt.Errorf("content parts must be objects with a 'type'")
-		}
-		for _, p := range parts {
-			switch p.Type {
-			case "text", "input_text":
-				sb.WriteString(p.Text)
-			default:
-				sb.WriteString("<|")
-				sb.WriteString(p.Type)
-				sb.WriteString("|>")
-			}
-		}
-		return nil
-	}
-	return fmt.Errorf("must be a string, an array of parts, or null")
+	return n
 }
 
-// renderPrompt renders a completions prompt: a string, an array of strings
-// (a batch, concatenated), an array of token ids, or an array of arrays of
-// token ids. ntok is the exact token count for token-id prompts, else -1.
-func renderPrompt(raw rawValue) (text string, ntok int, e *openai.Error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || string(raw) == "null" {
-		return "", 0, openai.BadRequest("missing_prompt", "'prompt' is required")
+func (d *decoder) writeSegs(sb *strings.Builder, lo, hi int32) {
+	for i := lo; i < hi; i++ {
+		sb.Write(d.bytes(*d.segs.at(int(i))))
 	}
-	switch raw[0] {
-	case '"':
-		if text, ok := plainString(raw); ok {
-			return string(text), -1, nil
-		}
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return "", 0, openai.BadRequest("invalid_prompt", "'prompt' is not a valid string")
-		}
-		return s, -1, nil
-	case '[':
-		var strs []string
-		if json.Unmarshal(raw, &strs) == nil {
-			return strings.Join(strs, ""), -1, nil
-		}
-		var toks []int64
-		if json.Unmarshal(raw, &toks) == nil {
-			return tokensText(toks), len(toks), nil
-		}
-		var batches [][]int64
-		if json.Unmarshal(raw, &batches) == nil {
-			var sb strings.Builder
-			n := 0
-			for _, b := range batches {
-				sb.WriteString(tokensText(b))
-				n += len(b)
-			}
-			return sb.String(), n, nil
-		}
-	}
-	return "", 0, openai.BadRequest("invalid_prompt", "'prompt' must be a string, an array of strings, or an array of token ids")
 }
 
-// tokensText renders token ids as text so that equal token prefixes give
-// equal text prefixes.
-func tokensText(toks []int64) string {
-	b := make([]byte, 0, len(toks)*6)
-	for _, t := range toks {
-		b = strconv.AppendInt(b, t, 36)
-		b = append(b, ' ')
+// completionView renders a completions prompt: a string, an array of
+// strings (a batch, concatenated), an array of token ids, or an array of
+// arrays of token ids. Token ids render in base 36, each followed by a
+// space, so that equal token prefixes give equal text prefixes, and count
+// exactly; text is estimated.
+func (d *decoder) completionView(v *View) *openai.Error {
+	p := &d.prompt
+	switch {
+	case p.kind == promptNone:
+		return errMissingPrompt()
+	case p.bad:
+		return errInvalidPrompt()
+	case p.items > d.lim.items:
+		return errTooManyItems(p.items, d.lim.items)
 	}
-	return string(b)
-}
-
-// plainString returns the text of raw, a JSON string already validated by
-// encoding/json, when decoding it would return its bytes between the quotes
-// unchanged: no escape sequence and valid UTF-8 (encoding/json replaces
-// invalid bytes with U+FFFD). A valid JSON string holds no unescaped quote
-// or control character, so nothing else can change. Otherwise ok is false
-// and the caller decodes it with encoding/json.
-func plainString(raw []byte) (text []byte, ok bool) {
-	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
-		return nil, false
+	v.Prompt = string(d.bytes(p.text))
+	v.PromptTokens = p.ntok
+	if p.kind == promptText || p.kind == promptStrings {
+		v.PromptTokens = EstimateTokens(v.Prompt)
 	}
-	text = raw[1 : len(raw)-1]
-	if bytes.IndexByte(text, '\\') >= 0 || !utf8.Valid(text) {
-		return nil, false
-	}
-	return text, true
-}
-
-// compact reports whether json.Compact would return v, a JSON value already
-// validated by encoding/json, unchanged: no whitespace outside strings.
-// Inside a string a backslash escapes the next byte, so an escaped quote
-// does not end it.
-func compact(v []byte) bool {
-	in := false
-	for i := 0; i < len(v); i++ {
-		switch c := v[i]; {
-		case in && c == '\\':
-			i++
-		case c == '"':
-			in = !in
-		case !in && (c == ' ' || c == '\t' || c == '\n' || c == '\r'):
-			return false
-		}
-	}
-	return true
+	return nil
 }

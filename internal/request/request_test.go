@@ -105,14 +105,3 @@ func TestNextTurnExtendsPrompt(t *testing.T) {
 		t.Fatalf("turn 2 %q does not extend turn 1 %q", t2.Prompt, t1.Prompt)
 	}
 }
-
-func BenchmarkParseChat(b *testing.B) {
-	body := []byte(`{"model":"m","messages":[{"role":"system","content":"` + strings.Repeat("lorem ipsum ", 2500) + `"},{"role":"user","content":"hi"}],"stream":true}`)
-	b.ReportAllocs()
-	b.SetBytes(int64(len(body)))
-	for b.Loop() {
-		if _, err := Parse(Chat, body, Options{}); err != nil {
-			b.Fatal(err)
-		}
-	}
-}

@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/request"
 )
 
 // Text generation. Every piece of prompt text is a pure function of a 64-bit
@@ -55,7 +56,7 @@ func appendText(dst []byte, key uint64, n int) []byte {
 const BlockTokens = 512
 
 // blockBytes is the size of one block's text.
-const blockBytes = BlockTokens * 4 // request.BytesPerToken
+const blockBytes = BlockTokens * request.BytesPerToken
 
 // idTagLen is the width of the id tag that opens each block: 14 base-26
 // letters encode any uint64, so two distinct ids differ within the first 14

@@ -1,0 +1,762 @@
+package request
+
+import (
+	"bytes"
+	"strconv"
+	"unicode/utf8"
+)
+
+// This file walks a chat or completion body with the scanner, keeping the
+// fields of the routing view and passing over (but validating) the rest.
+//
+// It keeps what encoding/json keeps when it decodes the body into the Go
+// types a chat or completion request would have (a struct per object,
+// []message, *int for the token budgets, the content and each tool left
+// raw): a member key names the field it equals, else the one it equals
+// under Unicode case folding; null leaves a string, a bool or a struct
+// untouched and clears a pointer or a slice; when a key repeats, the last
+// value wins, and a repeated array of objects is decoded into the elements
+// the earlier one left, as encoding/json reuses a slice's backing array
+// (see messages). A value of the wrong type fails like a syntax error.
+// Content and prompts are checked afterwards, as encoding/json checked
+// them once decoded from their raw value: their faults are the view's own
+// errors, not invalid_json.
+
+// decoder is the state of one Parse.
+type decoder struct {
+	scanner
+	kind        Kind
+	lim         limits
+	sessionName string
+
+	model                         span
+	maxTokens, maxCompTok, minTok optInt
+	ignoreEOS, stream             bool
+	streamOptions, includeUsage   bool
+	session                       span
+	hasSession                    bool
+
+	// msgs are the messages decoded since "messages" was last null or
+	// empty, as many as the longest array since; the last array had nmsg.
+	msgs  blocks[message]
+	nmsg  int
+	calls blocks[toolCall]
+	// segs is the decoded text of contents and of the tools, in groups:
+	// a group is a run of segs; group is the first of the one being read.
+	segs  blocks[span]
+	group int
+	tools textGroup
+
+	prompt prompt
+}
+
+type limits struct{ messages, parts, items int }
+
+// optInt is a *int field: set is false while it is nil.
+type optInt struct {
+	set bool
+	v   int
+}
+
+// blocks is a list of n values kept in blocks of a fixed size, so that
+// growing it copies nothing and allocates at most a block more than it
+// holds (a slice grown by append allocates five times its final size in
+// all, as it grows by a quarter at a time).
+type blocks[T any] struct {
+	b []*[blockLen]T
+	n int
+}
+
+const blockLen = 64
+
+func (l *blocks[T]) at(i int) *T { return &l.b[i/blockLen][i%blockLen] }
+
+func (l *blocks[T]) push(v T) {
+	if l.n == len(l.b)*blockLen {
+		l.b = append(l.b, new([blockLen]T))
+	}
+	*l.at(l.n) = v
+	l.n++
+}
+
+// reuse empties l, keeping its blocks.
+func (l *blocks[T]) reuse() blocks[T] { return blocks[T]{b: l.b} }
+
+// size is the bytes l's blocks take, at size bytes a value.
+func (l *blocks[T]) size(size int) int { return len(l.b) * blockLen * size }
+
+type message struct {
+	role    span
+	content content
+	calls   callRange
+}
+
+// content is a message's content: segs[lo:hi], and how it is wrong.
+type content struct {
+	lo, hi int32
+	parts  int32 // the number of parts of an array content
+	fault  uint8
+}
+
+const (
+	contentOK uint8 = iota
+	contentType
+	contentParts
+)
+
+// callRange is a message's tool calls: calls[lo:lo+n], with room up to
+// lo+max kept from earlier arrays.
+type callRange struct{ lo, n, max int32 }
+
+type toolCall struct{ name, args span }
+
+type textGroup struct{ lo, hi, n int32 }
+
+// prompt is a completion's prompt.
+type prompt struct {
+	kind  uint8
+	bad   bool
+	text  span
+	ntok  int // exact count for token ids, else -1
+	items int // strings, token ids and nulls in the array and its arrays
+}
+
+const (
+	promptNone uint8 = iota
+	promptText
+	promptStrings
+	promptTokens
+	promptBatches
+)
+
+// marks are lengths to roll the decoder back to when a decoded value is
+// past a limit: it is checked, not kept.
+// The last seg is kept too: emit may have extended it.
+type marks struct {
+	arena, segs, calls int
+	last               span
+}
+
+func (d *decoder) mark() marks {
+	m := marks{arena: len(d.arena), segs: d.segs.n, calls: d.calls.n}
+	if m.segs > 0 {
+		m.last = *d.segs.at(m.segs - 1)
+	}
+	return m
+}
+
+func (d *decoder) rollback(m marks) {
+	d.arena, d.segs.n, d.calls.n = d.arena[:m.arena], m.segs, m.calls
+	if m.segs > 0 {
+		*d.segs.at(m.segs - 1) = m.last
+	}
+}
+
+// Body fields, as indexes into bodyFields.
+const (
+	fModel = iota
+	fMessages
+	fTools
+	fPrompt
+	fMaxTokens
+	fMaxCompletionTokens
+	fMinTokens
+	fIgnoreEOS
+	fStream
+	fStreamOptions
+)
+
+var bodyFields = []string{"model", "messages", "tools", "prompt", "max_tokens", "max_completion_tokens", "min_tokens", "ignore_eos", "stream", "stream_options"}
+
+// chatOnly and completionOnly are the fields only one kind reads; the other
+// passes over them as unknown.
+var (
+	chatOnly       = 1<<fMessages | 1<<fTools | 1<<fMaxCompletionTokens
+	completionOnly = 1 << fPrompt
+)
+
+var (
+	messageFields  = []string{"role", "content", "name", "tool_calls"}
+	partFields     = []string{"type", "text"}
+	callFields     = []string{"function"}
+	functionFields = []string{"name", "arguments"}
+	optionFields   = []string{"include_usage"}
+)
+
+// field returns the index of the field of names that encoding/json
+// decodes the member key into: the one equal to key, else one equal under
+// Unicode case folding (which bytes.EqualFold is: encoding/json's foldName
+// is defined by it), else -1.
+func field(key []byte, names []string) int {
+	for i, n := range names {
+		if string(key) == n {
+			return i
+		}
+	}
+	ascii := true
+	for _, c := range key {
+		if c >= utf8.RuneSelf {
+			ascii = false
+			break
+		}
+	}
+	for i, n := range names {
+		// An ASCII key folds to an ASCII name only of its own length.
+		if (!ascii || len(key) == len(n)) && bytes.EqualFold(key, []byte(n)) {
+			return i
+		}
+	}
+	return -1
+}
+
+// body reads the top-level object at the position.
+func (d *decoder) body() bool {
+	return d.members(func(key []byte) bool {
+		start := d.pos
+		session := d.sessionName != "" && string(key) == d.sessionName
+		f := field(key, bodyFields)
+		if f >= 0 && (d.kind == Chat && completionOnly&(1<<f) != 0 || d.kind == Completion && chatOnly&(1<<f) != 0) {
+			f = -1
+		}
+		if !d.member(f) {
+			return false
+		}
+		if session {
+			d.session, d.hasSession = span{int32(start), int32(d.pos - start)}, true
+		}
+		return true
+	})
+}
+
+func (d *decoder) member(f int) bool {
+	switch f {
+	case fModel:
+		return d.optStr(&d.model, "model")
+	case fMessages:
+		return d.messages()
+	case fTools:
+		return d.toolList()
+	case fPrompt:
+		return d.promptValue()
+	case fMaxTokens:
+		return d.optInt(&d.maxTokens, "max_tokens")
+	case fMaxCompletionTokens:
+		return d.optInt(&d.maxCompTok, "max_completion_tokens")
+	case fMinTokens:
+		return d.optInt(&d.minTok, "min_tokens")
+	case fIgnoreEOS:
+		return d.optBool(&d.ignoreEOS, "ignore_eos")
+	case fStream:
+		return d.optBool(&d.stream, "stream")
+	case fStreamOptions:
+		return d.streamOpts()
+	}
+	return d.skip()
+}
+
+// optStr reads a string field; null leaves it as it was.
+func (d *decoder) optStr(dst *span, name string) bool {
+	switch d.peek() {
+	case '"':
+		s, ok := d.str()
+		*dst = s
+		return ok
+	case 'n':
+		return d.literal()
+	}
+	return d.wrongType(name, "string")
+}
+
+// optBool reads a bool field; null leaves it as it was.
+func (d *decoder) optBool(dst *bool, name string) bool {
+	switch d.peek() {
+	case 't', 'f':
+		*dst = d.peek() == 't'
+		return d.literal()
+	case 'n':
+		return d.literal()
+	}
+	return d.wrongType(name, "bool")
+}
+
+// optInt reads a *int field: null clears it; a number must be an integer
+// that fits an int.
+func (d *decoder) optInt(dst *optInt, name string) bool {
+	switch c := d.peek(); {
+	case c == 'n':
+		dst.set = false
+		return d.literal()
+	case c == '-' || '0' <= c && c <= '9':
+		start := d.pos
+		n, fits, ok := d.int()
+		if ok && (!fits || int64(int(n)) != n) {
+			num := string(d.buf[start:d.pos])
+			d.pos = start
+			return d.fail("field " + strconv.Quote(name) + " has the wrong type: " + num + " is not an integer")
+		}
+		*dst = optInt{true, int(n)}
+		return ok
+	}
+	return d.wrongType(name, "integer")
+}
+
+// open checks that the value at the position opens with c (an array or
+// an object) or is null, which it reads; any other value is of the wrong
+// type for field. The caller reads the value unless null or !ok.
+func (d *decoder) open(c byte, field string) (null, ok bool) {
+	switch d.peek() {
+	case c:
+		return false, true
+	case 'n':
+		return true, d.literal()
+	}
+	if c == '[' {
+		return false, d.wrongType(field, "array")
+	}
+	return false, d.wrongType(field, "object")
+}
+
+func (d *decoder) streamOpts() bool {
+	if null, ok := d.open('{', "stream_options"); null || !ok {
+		if null {
+			d.streamOptions, d.includeUsage = false, false
+		}
+		return ok
+	}
+	if !d.streamOptions {
+		d.streamOptions, d.includeUsage = true, false
+	}
+	return d.members(func(key []byte) bool {
+		if field(key, optionFields) == 0 {
+			return d.optBool(&d.includeUsage, "stream_options.include_usage")
+		}
+		return d.skip()
+	})
+}
+
+// messages reads the messages array. Like encoding/json decoding into a
+// slice it reuses, element i is decoded into the message i of the earlier
+// arrays, if one had it: a repeated "messages" key updates the earlier
+// messages' fields rather than replacing them. Elements past the limit
+// are checked and dropped; the view is an error then anyway.
+func (d *decoder) messages() bool {
+	if null, ok := d.open('[', "messages"); null || !ok {
+		if null {
+			d.msgs.n, d.nmsg = 0, 0
+		}
+		return ok
+	}
+	n, ok := d.elements(func(i int) bool {
+		if i >= d.lim.messages {
+			var m message
+			k := d.mark()
+			ok := d.message(&m)
+			d.rollback(k)
+			return ok
+		}
+		if i == d.msgs.n {
+			d.msgs.push(message{})
+		}
+		return d.message(d.msgs.at(i))
+	})
+	if n == 0 {
+		d.msgs.n = 0
+	}
+	d.nmsg = n
+	return ok
+}
+
+// object reads an object field (null leaves it as it was), calling
+// member with the index in names of each member's field, -1 if none.
+func (d *decoder) object(name string, names []string, member func(f int) bool) bool {
+	if null, ok := d.open('{', name); null || !ok {
+		return ok
+	}
+	return d.members(func(key []byte) bool { return member(field(key, names)) })
+}
+
+func (d *decoder) message(m *message) bool {
+	return d.object("messages", messageFields, func(f int) bool {
+		switch f {
+		case 0:
+			return d.optStr(&m.role, "messages.role")
+		case 1:
+			return d.content(&m.content)
+		case 2:
+			if d.peek() == '"' {
+				return d.skipStr()
+			}
+			var s span
+			return d.optStr(&s, "messages.name")
+		case 3:
+			return d.toolCalls(&m.calls)
+		}
+		return d.skip()
+	})
+}
+
+// content reads a message's content: a string, an array of parts or null.
+// Any other value, or a part of the wrong type, is the message's fault.
+func (d *decoder) content(c *content) bool {
+	lo := int32(d.segs.n)
+	*c = content{lo: lo, hi: lo}
+	d.group = d.segs.n
+	switch d.peek() {
+	case 'n':
+		return d.literal()
+	case '"':
+		s, ok := d.str()
+		d.emit(s)
+		c.hi = int32(d.segs.n)
+		return ok
+	case '[':
+	default:
+		c.fault = contentType
+		return d.skip()
+	}
+	n, ok := d.elements(func(i int) bool {
+		if c.fault != contentOK {
+			return d.skip()
+		}
+		if i >= d.lim.parts {
+			k := d.mark()
+			ok := d.part(c)
+			d.rollback(k)
+			return ok
+		}
+		return d.part(c)
+	})
+	c.hi, c.parts = int32(d.segs.n), int32(n)
+	return ok
+}
+
+// part reads one content part: text and input_text parts give their text,
+// any other the placeholder <|type|>.
+func (d *decoder) part(c *content) bool {
+	switch d.peek() {
+	case 'n':
+		d.emitPlaceholder(nil)
+		return d.literal()
+	case '{':
+	default:
+		c.fault = contentParts
+		return d.skip()
+	}
+	var typ, text span
+	ok := d.members(func(key []byte) bool {
+		var dst *span
+		switch field(key, partFields) {
+		case 0:
+			dst = &typ
+		case 1:
+			dst = &text
+		default:
+			return d.skip()
+		}
+		if b := d.peek(); b == '"' || b == 'n' {
+			return d.optStr(dst, "type")
+		}
+		c.fault = contentParts
+		return d.skip()
+	})
+	if !ok || c.fault != contentOK {
+		return ok
+	}
+	if t := d.bytes(typ); string(t) == "text" || string(t) == "input_text" {
+		d.emit(text)
+	} else {
+		d.emitPlaceholder(t)
+	}
+	return true
+}
+
+// toolCalls reads a message's tool_calls into the calls it had, as
+// messages does for messages.
+func (d *decoder) toolCalls(r *callRange) bool {
+	if null, ok := d.open('[', "messages.tool_calls"); null || !ok {
+		if null {
+			*r = callRange{}
+		}
+		return ok
+	}
+	n, ok := d.elements(func(i int) bool {
+		if int32(i) == r.max {
+			if int(r.lo+r.max) != d.calls.n {
+				// Move the calls to the end, where they can grow.
+				lo := int32(d.calls.n)
+				for j := r.lo; j < r.lo+r.max; j++ {
+					d.calls.push(*d.calls.at(int(j)))
+				}
+				r.lo = lo
+			}
+			d.calls.push(toolCall{})
+			r.max++
+		}
+		return d.toolCall(d.calls.at(int(r.lo) + i))
+	})
+	r.n = int32(n)
+	if n == 0 {
+		*r = callRange{}
+	}
+	return ok
+}
+
+func (d *decoder) toolCall(tc *toolCall) bool {
+	return d.object("messages.tool_calls", callFields, func(f int) bool {
+		if f != 0 {
+			return d.skip()
+		}
+		return d.object("messages.tool_calls.function", functionFields, func(f int) bool {
+			switch f {
+			case 0:
+				return d.optStr(&tc.name, "messages.tool_calls.function.name")
+			case 1:
+				return d.optStr(&tc.args, "messages.tool_calls.function.arguments")
+			}
+			return d.skip()
+		})
+	})
+}
+
+// toolList reads the tools: any JSON values, each rendered compact (as
+// json.Compact gives it) and with each run of invalid UTF-8 as one U+FFFD
+// (as bytes.ToValidUTF8 gives it), one a line.
+func (d *decoder) toolList() bool {
+	if null, ok := d.open('[', "tools"); null || !ok {
+		if null {
+			d.tools = textGroup{}
+		}
+		return ok
+	}
+	d.group = d.segs.n
+	lo := int32(d.segs.n)
+	n, ok := d.elements(func(int) bool {
+		start := d.pos
+		d.spaced, d.sawHigh = false, false
+		if !d.skip() {
+			return false
+		}
+		v := d.buf[start:d.pos]
+		if d.spaced || d.sawHigh && !utf8.Valid(v) {
+			d.room()
+			a := len(d.arena)
+			d.arena = appendCompact(d.arena, v)
+			if !utf8.Valid(d.arena[a:]) {
+				d.arena = append(d.arena[:a], bytes.ToValidUTF8(d.arena[a:], []byte("\uFFFD"))...)
+			}
+			d.emit(span{^int32(a), int32(len(d.arena) - a)})
+		} else {
+			d.emit(span{int32(start), int32(len(v))})
+		}
+		d.emitText("\n")
+		return true
+	})
+	d.tools = textGroup{lo, int32(d.segs.n), int32(n)}
+	return ok
+}
+
+// appendCompact appends v, a valid JSON value, without the whitespace
+// between its tokens.
+func appendCompact(dst, v []byte) []byte {
+	in := false
+	start := 0
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case in && c == '\\':
+			i++
+		case c == '"':
+			in = !in
+		case !in && (c == ' ' || c == '\t' || c == '\n' || c == '\r'):
+			dst = append(dst, v[start:i]...)
+			start = i + 1
+		}
+	}
+	return append(dst, v[start:]...)
+}
+
+// promptValue reads a completion's prompt: a string, or an array of
+// strings (a batch, concatenated), of token ids, or of arrays of token
+// ids, which its first element other than null decides, as encoding/json
+// would find when it tried []string, then []int64, then [][]int64. A null
+// element is an empty string, or token 0. Items past the limit are
+// counted and checked, not rendered.
+func (d *decoder) promptValue() bool {
+	d.prompt = prompt{}
+	p := &d.prompt
+	switch d.peek() {
+	case 'n':
+		return d.literal()
+	case '"':
+		s, ok := d.str()
+		p.kind, p.text = promptText, s
+		return ok
+	case '[':
+	default:
+		p.kind, p.bad = promptText, true
+		return d.skip()
+	}
+	d.room()
+	a := len(d.arena)
+	kind, nulls := promptNone, 0
+	_, ok := d.elements(func(int) bool {
+		c := d.peek()
+		if p.bad {
+			return d.skip()
+		}
+		var k uint8
+		switch {
+		case c == 'n':
+			p.items++
+			switch kind {
+			case promptNone:
+				nulls++
+			case promptTokens:
+				p.ntok++
+				if p.items <= d.lim.items {
+					d.arena = append(d.arena, "0 "...)
+				}
+			}
+			return d.literal()
+		case c == '"':
+			k = promptStrings
+		case c == '-' || '0' <= c && c <= '9':
+			k = promptTokens
+		case c == '[':
+			k = promptBatches
+		}
+		if kind == promptNone && k != promptNone {
+			kind = k
+			if k == promptTokens {
+				p.ntok = nulls
+				for range min(nulls, d.lim.items) {
+					d.arena = append(d.arena, "0 "...)
+				}
+			}
+		}
+		if k == promptNone || k != kind {
+			p.bad = true
+			return d.skip()
+		}
+		switch k {
+		case promptStrings:
+			p.items++
+			m := len(d.arena)
+			s, ok := d.str()
+			switch {
+			case p.items > d.lim.items:
+				d.arena = d.arena[:m]
+			case s.off >= 0:
+				d.arena = append(d.arena, d.bytes(s)...)
+			}
+			return ok
+		case promptTokens:
+			return d.token()
+		}
+		_, ok := d.elements(func(int) bool {
+			switch c := d.peek(); {
+			case p.bad:
+				return d.skip()
+			case c == 'n':
+				p.items++
+				p.ntok++
+				if p.items <= d.lim.items {
+					d.arena = append(d.arena, "0 "...)
+				}
+				return d.literal()
+			case c == '-' || '0' <= c && c <= '9':
+				return d.token()
+			}
+			p.bad = true
+			return d.skip()
+		})
+		return ok
+	})
+	if kind == promptNone {
+		kind = promptStrings
+	}
+	p.kind, p.text = kind, span{^int32(a), int32(len(d.arena) - a)}
+	if kind == promptStrings {
+		p.ntok = -1
+	}
+	return ok
+}
+
+// token reads one token id of a prompt, rendering it in base 36 (see
+// tokensText).
+func (d *decoder) token() bool {
+	p := &d.prompt
+	p.items++
+	p.ntok++
+	t, fits, ok := d.int()
+	if !fits {
+		p.bad = true
+	} else if p.items <= d.lim.items {
+		d.arena = appendToken(d.arena, t)
+	}
+	return ok
+}
+
+// appendToken appends t in base 36 and a space, as strconv.AppendInt(dst,
+// t, 36) and ' ' would, several times faster: dividing by the constant 36
+// compiles to a multiplication.
+func appendToken(dst []byte, t int64) []byte {
+	const digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+	var buf [15]byte // a sign, 13 digits of -2^63 and the space
+	i := len(buf) - 1
+	buf[i] = ' '
+	u := uint64(t)
+	if t < 0 {
+		u = -u
+	}
+	for u >= 36 {
+		i--
+		buf[i] = digits[u%36]
+		u /= 36
+	}
+	i--
+	buf[i] = digits[u]
+	if t < 0 {
+		i--
+		buf[i] = '-'
+	}
+	return append(dst, buf[i:]...)
+}
+
+// emit appends s to the current group of segs. Short text from the body
+// is copied into the arena, so that runs of small parts merge into one
+// seg and segs stay few against the body's size.
+func (d *decoder) emit(s span) {
+	if s.n == 0 {
+		return
+	}
+	if s.off >= 0 && s.n < 64 && d.segs.n > d.group {
+		d.room()
+		a := len(d.arena)
+		d.arena = append(d.arena, d.bytes(s)...)
+		s = span{^int32(a), s.n}
+	}
+	if k := d.segs.n - 1; k >= d.group && s.off < 0 {
+		if last := d.segs.at(k); last.off < 0 && ^last.off+last.n == ^s.off {
+			last.n += s.n
+			return
+		}
+	}
+	d.segs.push(s)
+}
+
+func (d *decoder) emitText(t string) {
+	d.room()
+	a := len(d.arena)
+	d.arena = append(d.arena, t...)
+	d.emit(span{^int32(a), int32(len(t))})
+}
+
+// emitPlaceholder emits <|typ|>, the text of a non-text part.
+func (d *decoder) emitPlaceholder(typ []byte) {
+	d.room()
+	a := len(d.arena)
+	d.arena = append(d.arena, "<|"...)
+	d.arena = append(d.arena, typ...)
+	d.arena = append(d.arena, "|>"...)
+	d.emit(span{^int32(a), int32(len(d.arena) - a)})
+}
