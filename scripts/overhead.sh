@@ -31,6 +31,7 @@
 #   OVERHEAD_SSE_TOKENS=100    tokens per stream
 #   OVERHEAD_SSE_SPREAD=1s     the streams start evenly over this time
 #   OVERHEAD_SSE_ROUNDS=3      rounds of direct, haproxy, kvroute
+  OVERHEAD_KVROUTE=PATH      a kvroute binary to measure instead of building this checkout
 set -euo pipefail
 
 quick=0
@@ -113,7 +114,11 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 echo "building kvroute" >&2
-go build -o "$tmp/kvroute" ./cmd/kvroute
+if [ -n "${OVERHEAD_KVROUTE:-}" ]; then
+	cp "$OVERHEAD_KVROUTE" "$tmp/kvroute" # a given build, e.g. an older commit's, to compare with
+else
+	go build -o "$tmp/kvroute" ./cmd/kvroute
+fi
 go build -o "$tmp/hopbench" ./scripts/hopbench
 
 read -ra pols <<<"$policies"

@@ -172,10 +172,14 @@ func (ex *exchange) forward(w http.ResponseWriter, r *http.Request) {
 		ErrorHandler: ex.proxyError,
 		ErrorLog:     ex.s.proxyLog,
 		BufferPool:   bufferPool{},
-		// Every write is flushed: events as they come, and a JSON body
-		// in its copy buffer's chunks, so that a body the backend breaks
-		// reaches the client as a started, truncated response.
-		FlushInterval: -1,
+		// Event streams (and any response without a length) are
+		// flushed write by write by the reverse proxy itself; a JSON
+		// answer with a length goes out in as few writes as it takes
+		// (flushing it write by write cost 10-15% of the hop at 4 KB). A
+		// JSON body the backend breaks before the router sent anything
+		// ends in a closed connection without a response, which clients
+		// see as a connection error (and the OpenAI SDKs retry).
+		FlushInterval: 0,
 	}
 	rp.ServeHTTP(w, r)
 }

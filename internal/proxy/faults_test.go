@@ -410,13 +410,16 @@ func TestFaultEngineGarbage(t *testing.T) {
 		// so requests that met it cannot be retried.
 		afterFirstByte bool
 		stream         bool
+		// mayDrop: a JSON body broken before the router sent anything
+		// may end in a closed connection with no response at all.
+		mayDrop bool
 	}{
 		{name: "500", mode: mode500},
 		{name: "connection closed", mode: modeClose},
 		{name: "headers then close", mode: modeHeadersThenClose, stream: true},
 		{name: "non-HTTP bytes", raw: "SSH-2.0-OpenSSH_9.6\r\n\x00\xff\xfe garbage\r\n\r\n"},
 		{name: "malformed status line", raw: "HTTP/1.1 2OO OK\r\nContent-Length: 2\r\n\r\n{}"},
-		{name: "truncated JSON", raw: "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 400\r\n\r\n{\"id\":\"c-x\",\"object\":\"chat.compl", afterFirstByte: true},
+		{name: "truncated JSON", raw: "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 400\r\n\r\n{\"id\":\"c-x\",\"object\":\"chat.compl", afterFirstByte: true, mayDrop: true},
 		{name: "SSE cut inside an event", raw: "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
 			"2a\r\ndata: {\"id\":\"c-x\",\"choices\":[{\"delta\":{\"c\r\n", afterFirstByte: true, stream: true},
 		{name: "SSE cut between events", mode: modeBreak, afterFirstByte: true, stream: true},
@@ -441,7 +444,20 @@ func TestFaultEngineGarbage(t *testing.T) {
 			const requests = 15
 			var cut int
 			for i := range requests {
-				res := r.post("/v1/chat/completions", chat("shared", tt.stream, fmt.Sprintf("garbage %d", i)))
+				body := chat("shared", tt.stream, fmt.Sprintf("garbage %d", i))
+				var res result
+				if tt.mayDrop {
+					resp, err := r.client.Post(r.base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+					if err != nil {
+						cut++ // dropped: the client sees a failure, never a complete answer
+						continue
+					}
+					b, rerr := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					res = result{status: resp.StatusCode, header: resp.Header, body: b, readErr: rerr}
+				} else {
+					res = r.post("/v1/chat/completions", body)
+				}
 				from := res.header.Get("X-Kvroute-Backend")
 				switch {
 				case from == badName && tt.afterFirstByte && res.status == http.StatusOK:
