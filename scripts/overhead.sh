@@ -122,9 +122,9 @@ fi
 go build -o "$tmp/hopbench" ./scripts/hopbench
 
 read -ra pols <<<"$policies"
-mapfile -t port < <("$tmp/hopbench" ports $((5 + ${#pols[@]})))
-nginx_port=${port[0]} sse_port=${port[1]} ha_port=${port[2]} ha_sse_port=${port[3]} kv_sse_port=${port[4]}
-kv_ports=("${port[@]:5}")
+mapfile -t port < <("$tmp/hopbench" ports $((6 + ${#pols[@]})))
+nginx_port=${port[0]} sse_port=${port[1]} ha_port=${port[2]} ha_sse_port=${port[3]} kv_sse_port=${port[4]} go_port=${port[5]}
+kv_ports=("${port[@]:6}")
 
 # start NAME CMD...: runs CMD in the background, its output in $tmp/NAME.log.
 start() {
@@ -214,6 +214,8 @@ backend sse
     server sse 127.0.0.1:$sse_port
 EOF
 start haproxy haproxy -db -f "$tmp/haproxy.cfg"
+# The floor of a hop built on Go's net/http: its reverse proxy alone.
+start go-proxy "$tmp/hopbench" go-proxy --listen "127.0.0.1:$go_port" --target "http://127.0.0.1:$nginx_port"
 
 # kvroute_config PORT POLICY BACKEND MODEL: a minimal serve config with
 # one backend, no engine-metric scraping (nginx has no /metrics).
@@ -248,6 +250,7 @@ start kvroute-sse "$tmp/kvroute" serve --config "$tmp/kvroute-sse.yaml"
 ready "http://127.0.0.1:$nginx_port/health" nginx
 ready "http://127.0.0.1:$sse_port/health" sse
 ready "http://127.0.0.1:$ha_port/health" haproxy
+ready "http://127.0.0.1:$go_port/health" go-proxy
 i=0
 for pol in $policies; do
 	ready "http://127.0.0.1:${kv_ports[$i]}/readyz" "kvroute-$pol"
@@ -277,7 +280,7 @@ end
 EOF
 
 # Each hop answers the real request before anything is measured.
-targets=("direct=http://127.0.0.1:$nginx_port" "haproxy=http://127.0.0.1:$ha_port")
+targets=("direct=http://127.0.0.1:$nginx_port" "haproxy=http://127.0.0.1:$ha_port" "go-reverseproxy=http://127.0.0.1:$go_port")
 i=0
 for pol in $policies; do
 	targets+=("kvroute/$pol=http://127.0.0.1:${kv_ports[$i]}")
@@ -309,6 +312,7 @@ for size in 4KB 200KB; do
 		case $hop in
 		direct) pid="" ;;
 		haproxy) pid=$pid_haproxy ;;
+		go-reverseproxy) pid=$pid_go_proxy ;;
 		kvroute/*)
 			v=pid_kvroute_${hop#kvroute/}
 			v=${v//-/_}
@@ -378,7 +382,7 @@ awk '
 	  if ($1 == "haproxy") hrps[$2] = $4 }
 	END { for (i = 1; i <= NR; i++) {
 		added = hop[i] == "direct" ? "-" : sprintf("+%.0f µs", (p50[i] - dp50[size[i]]) * 1000)
-		ratio = hop[i] ~ /^kvroute/ ? sprintf("%.2fx", rps[i] / hrps[size[i]]) : "-"
+		ratio = hop[i] ~ /^(kvroute|go-)/ ? sprintf("%.2fx", rps[i] / hrps[size[i]]) : "-"
 		printf "| %s | %s | %.0f | %.3f | %.3f | %s | %s | %s | %d | %d |\n", hop[i], size[i], rps[i], p50[i], p99[i], added, ratio, cpu[i], nc[i], err[i] }
 	}' "$results"
 echo

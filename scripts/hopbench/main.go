@@ -7,6 +7,9 @@
 //	hopbench body --kind chat --bytes 4096 print a chat-completion body of exactly that size
 //	hopbench sse-backend --listen ADDR     stream a token every --interval, --tokens of them
 //	hopbench sse-client --target URL       open --streams streams at once; print ITL percentiles
+//	hopbench go-proxy --listen ADDR --target URL
+//	                                       the standard library's reverse proxy and nothing else:
+//	                                       the floor of any hop built on net/http
 //
 // It is a benchmark fixture, not part of the router: it only wires kvroute's
 // own load generator (internal/bench) and workloads to a fixed-pace backend.
@@ -21,6 +24,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/signal"
 	"slices"
@@ -48,6 +53,8 @@ func main() {
 		err = sseBackend(args)
 	case "sse-client":
 		err = sseClient(args)
+	case "go-proxy":
+		err = goProxy(args)
 	default:
 		err = fmt.Errorf("unknown command %q", cmd)
 	}
@@ -407,4 +414,34 @@ func chatBody(agent bool, size int, model string) ([]byte, error) {
 		b = encode(req)
 	}
 	return b, nil
+}
+
+// goProxy serves a bare httputil.ReverseProxy to --target: no parsing, no
+// routing, no metrics, with a transport that keeps as many idle
+// connections as kvroute's does. Whatever a hop built on net/http costs
+// beyond it is that hop's own work.
+func goProxy(args []string) error {
+	fs := flag.NewFlagSet("go-proxy", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:8080", "address to listen on")
+	target := fs.String("target", "", "backend base URL")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	u, err := url.Parse(*target)
+	if err != nil || u.Host == "" {
+		return fmt.Errorf("--target %q: want a URL", *target)
+	}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.Transport = &http.Transport{MaxIdleConns: 1024, MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second, DisableCompression: true}
+	srv := &http.Server{Addr: *listen, Handler: rp, ReadHeaderTimeout: 10 * time.Second}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
 }
