@@ -227,3 +227,81 @@ func BenchmarkRelaySSE(b *testing.B) {
 	b.ReportMetric(per(routed), "routed-ns/event")
 	b.ReportMetric(per(routed)-per(direct), "added-ns/event")
 }
+
+// BenchmarkTracingCost puts two routers over one backend, one with tracing
+// on (every request sampled, spans batched to an exporter that drops them)
+// and one with it off, and has 16 clients alternate requests between them,
+// so that both see the same machine at the same moment. It reports each
+// router's mean request time and the ratio: with 16 clients saturating the
+// router, the ratio of mean times is the inverse ratio of throughputs.
+func BenchmarkTracingCost(b *testing.B) {
+	for _, size := range []int{4 << 10, 200 << 10} {
+		b.Run(fmt.Sprintf("%dKB", size>>10), func(b *testing.B) {
+			backend := newStaticB(b)
+			body := hopBody("bench-model", size)
+			start := func(tracing bool) string {
+				cfg := config.Default()
+				cfg.Listen = "127.0.0.1:0"
+				cfg.Backends = []config.Backend{{URL: backend.URL, Name: "bench", Models: []string{"bench-model"}}}
+				cfg.Health.Interval = time.Hour
+				cfg.Engines.Enabled = false
+				cfg.Tracing.Enabled = tracing
+				if err := cfg.Validate(); err != nil {
+					b.Fatal(err)
+				}
+				old := newTraceExporter
+				newTraceExporter = func(context.Context, config.Tracing) (sdktrace.SpanExporter, error) { return dropExporter{}, nil }
+				defer func() { newTraceExporter = old }()
+				srv, err := New(cfg, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := srv.Start(); err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
+				return "http://" + srv.Addr() + "/v1/chat/completions"
+			}
+			off, on := start(false), start(true)
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 32}}
+			defer client.CloseIdleConnections()
+			do := func(url string) time.Duration {
+				t0 := time.Now()
+				resp, err := client.Post(url, "application/json", strings.NewReader(body))
+				if err != nil {
+					b.Error(err)
+					return 0
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				return time.Since(t0)
+			}
+			do(off)
+			do(on)
+			var offSum, onSum atomic.Int64
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			b.ResetTimer()
+			for c := range 16 {
+				wg.Go(func() {
+					for i := next.Add(1); i <= int64(b.N); i = next.Add(1) {
+						// Alternate which goes first, so neither always
+						// meets a warmer connection.
+						if (i+int64(c))%2 == 0 {
+							offSum.Add(int64(do(off)))
+							onSum.Add(int64(do(on)))
+						} else {
+							onSum.Add(int64(do(on)))
+							offSum.Add(int64(do(off)))
+						}
+					}
+				})
+			}
+			wg.Wait()
+			b.StopTimer()
+			b.ReportMetric(float64(offSum.Load())/float64(b.N)/1e3, "off-µs")
+			b.ReportMetric(float64(onSum.Load())/float64(b.N)/1e3, "on-µs")
+			b.ReportMetric(float64(onSum.Load())/float64(offSum.Load()), "on/off")
+		})
+	}
+}
