@@ -66,10 +66,19 @@ func Hash(dst []uint64, text string, blockChars int) []uint64 {
 // index takes to turn over would be forgotten while the engine still holds
 // them.
 //
-// Every (block, backend) pair is one node in a slab, on its backend's
-// recency list or pinned list (doubly linked, for O(1) refresh and
-// eviction). Links are int32 slab indices rather than pointers, which keeps
-// a node at 24 bytes and gives the garbage collector nothing to scan.
+// Every (block, backend) pair is one node in a slab, addressed by int32
+// indices rather than pointers, which keeps a node at 24 bytes and gives the
+// garbage collector nothing to scan. Recency is a per-backend log of
+// touches, oldest first: refreshing a block stamps its node and appends
+// (node, stamp) to the log, and eviction takes the oldest entry whose stamp
+// is still its node's and whose node is unpinned. That is exactly least
+// recently used order, and a refresh writes one node and the log's end
+// instead of unlinking the node from between two others and relinking it
+// at the head of a list: every one of those reads is a cache miss in a slab
+// of millions of nodes, and they were most of the simulator's routing time.
+// The log is compacted (its stale entries dropped, in order) when it would
+// grow while at most half of it is live, so its capacity stays under four
+// entries (64 bytes) per block the backend held unpinned at its fullest.
 //
 // Two tables find nodes. The block map gives, per block, a bitmask of its
 // holders among backends 0..63, so that Match, the hot path, is one map
@@ -83,12 +92,13 @@ type Index struct {
 	defaultCap int
 	blocks     map[uint64]entry
 	nodes      []node
-	free       int32 // head of the free-node list (linked through next), or nilNode
+	free       int32 // head of the free-node list (see node.stamp), or nilNode
 	backends   []lru
 	pairs      pairTable
+	clock      uint64 // the last touch's stamp
 }
 
-// nilNode ends every list and marks an empty pair slot.
+// nilNode ends the free-node list, marks a free node and an empty pair slot.
 const nilNode = -1
 
 // maskBackends is the number of backends whose holding a block is recorded
@@ -105,25 +115,33 @@ type entry struct {
 
 type node struct {
 	hash uint64
-	// prev and next link the backend's recency list (prev towards the most
-	// recent end) or its pinned list; next also links the free list.
-	prev, next int32
-	backend    int32
+	// stamp is the node's last touch (see lru.log); in a free node, the
+	// next free node.
+	stamp uint64
+	// backend is nilNode in a free node.
+	backend int32
 	// pins counts the requests in flight that use the block; the node is
-	// on the pinned list while it is above 0.
+	// never evicted while it is above 0.
 	pins int32
 }
 
-// list is a doubly linked list of nodes; head is the most recent.
-type list struct{ head, tail int32 }
+// touch is one entry of a recency log: node was refreshed at stamp. It is
+// live while the node still has that stamp (and so was not refreshed since,
+// nor freed: a free node's backend never matches) and is unpinned.
+type touch struct {
+	stamp uint64
+	node  int32
+}
 
-// lru is one backend's blocks: recent holds the unpinned ones in recency
-// order (head most recently used), pinned those of requests in flight. n
-// counts both.
+// lru is one backend's blocks: log[head:] holds their touches oldest
+// first, exactly one live entry per unpinned block. n counts every block,
+// unpinned the unpinned ones.
 type lru struct {
-	recent, pinned list
-	n              int
-	capacity       int
+	log         []touch
+	head        int
+	n, unpinned int
+	capacity    int
+	id          int32
 }
 
 // NewIndex returns an empty index in which every backend has capacity
@@ -143,11 +161,7 @@ func NewIndex(defaultCapacity int) *Index {
 // caller holds the write lock.
 func (ix *Index) backend(b int) *lru {
 	for len(ix.backends) <= b {
-		ix.backends = append(ix.backends, lru{
-			recent:   list{head: nilNode, tail: nilNode},
-			pinned:   list{head: nilNode, tail: nilNode},
-			capacity: ix.defaultCap,
-		})
+		ix.backends = append(ix.backends, lru{capacity: ix.defaultCap, id: int32(len(ix.backends))})
 	}
 	return &ix.backends[b]
 }
@@ -261,15 +275,15 @@ func (ix *Index) insert(backend int, hashes []uint64, pin bool) {
 				}
 			case pin:
 				nd.pins = 1
-				ix.move(&l.recent, &l.pinned, n)
+				l.unpinned--
 			default:
-				ix.move(&l.recent, &l.recent, n)
+				ix.refresh(l, n)
 			}
 			continue
 		}
 		e := ix.blocks[h]
 		n := ix.alloc()
-		ix.nodes[n] = node{hash: h, prev: nilNode, next: nilNode, backend: b}
+		ix.nodes[n] = node{hash: h, backend: b}
 		ix.pairs.add(ix.nodes, n)
 		if bit != 0 {
 			e.mask |= bit
@@ -279,9 +293,9 @@ func (ix *Index) insert(backend int, hashes []uint64, pin bool) {
 		ix.blocks[h] = e
 		if pin {
 			ix.nodes[n].pins = 1
-			ix.pushFront(&l.pinned, n)
 		} else {
-			ix.pushFront(&l.recent, n)
+			l.unpinned++
+			ix.refresh(l, n)
 		}
 		l.n++
 	}
@@ -313,10 +327,11 @@ func (ix *Index) Release(backend int, hashes []uint64) {
 		case 0:
 			// Re-added unpinned after the backend was removed: nothing
 			// to release, only recency to refresh.
-			ix.move(&l.recent, &l.recent, n)
+			ix.refresh(l, n)
 		case 1:
 			nd.pins = 0
-			ix.move(&l.pinned, &l.recent, n)
+			l.unpinned++
+			ix.refresh(l, n)
 		default:
 			nd.pins--
 		}
@@ -325,7 +340,8 @@ func (ix *Index) Release(backend int, hashes []uint64) {
 }
 
 // RemoveBackend forgets everything backend holds (it crashed, was removed,
-// or restarted with an empty cache).
+// or restarted with an empty cache). It walks the whole slab, as pinned
+// blocks are on no list: a rare event pays for the hot path's saving.
 func (ix *Index) RemoveBackend(backend int) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -333,12 +349,16 @@ func (ix *Index) RemoveBackend(backend int) {
 		return
 	}
 	l := &ix.backends[backend]
-	for l.recent.tail != nilNode {
-		ix.drop(l, l.recent.tail)
+	for n := range ix.nodes {
+		if l.n == 0 {
+			break
+		}
+		if ix.nodes[n].backend == l.id {
+			ix.drop(l, int32(n))
+		}
 	}
-	for l.pinned.tail != nilNode {
-		ix.drop(l, l.pinned.tail)
-	}
+	clear(l.log)
+	l.log, l.head = l.log[:0], 0
 }
 
 // Len returns the number of blocks backend holds.
@@ -354,17 +374,47 @@ func (ix *Index) Len(backend int) int {
 // evict drops l's least recently used unpinned blocks while it holds more
 // than its capacity; pinned blocks are never evicted.
 func (ix *Index) evict(l *lru) {
-	for l.n > l.capacity && l.recent.tail != nilNode {
-		ix.drop(l, l.recent.tail)
+	for l.n > l.capacity && l.unpinned > 0 {
+		// unpinned > 0: a live entry is left in the log.
+		t := l.log[l.head]
+		l.head++
+		if ix.live(l, t) {
+			ix.drop(l, t.node)
+		}
 	}
+	if l.head == len(l.log) {
+		l.log, l.head = l.log[:0], 0
+	}
+}
+
+// live reports whether t is the last touch of an unpinned node of l.
+func (ix *Index) live(l *lru, t touch) bool {
+	nd := &ix.nodes[t.node]
+	return nd.backend == l.id && nd.stamp == t.stamp && nd.pins == 0
+}
+
+// refresh makes node n, unpinned, l's most recently used block.
+func (ix *Index) refresh(l *lru, n int32) {
+	ix.clock++
+	ix.nodes[n].stamp = ix.clock
+	if len(l.log) == cap(l.log) && 2*l.unpinned <= len(l.log) {
+		// Full and at least half stale (the entries before head are
+		// stale too): drop the stale ones in place rather than grow.
+		kept := l.log[:0]
+		for _, t := range l.log[l.head:] {
+			if ix.live(l, t) {
+				kept = append(kept, t)
+			}
+		}
+		l.log, l.head = kept, 0
+	}
+	l.log = append(l.log, touch{stamp: ix.clock, node: n})
 }
 
 // drop removes node n from l and from both tables, and frees it.
 func (ix *Index) drop(l *lru, n int32) {
-	if ix.nodes[n].pins > 0 {
-		ix.unlink(&l.pinned, n)
-	} else {
-		ix.unlink(&l.recent, n)
+	if ix.nodes[n].pins == 0 {
+		l.unpinned--
 	}
 	l.n--
 	ix.pairs.remove(ix.nodes, n)
@@ -380,51 +430,17 @@ func (ix *Index) drop(l *lru, n int32) {
 	} else {
 		ix.blocks[h] = e
 	}
-	ix.nodes[n] = node{next: ix.free, prev: nilNode}
+	ix.nodes[n] = node{stamp: uint64(uint32(ix.free)), backend: nilNode}
 	ix.free = n
 }
 
 func (ix *Index) alloc() int32 {
 	if n := ix.free; n != nilNode {
-		ix.free = ix.nodes[n].next
+		ix.free = int32(uint32(ix.nodes[n].stamp))
 		return n
 	}
 	ix.nodes = append(ix.nodes, node{})
 	return int32(len(ix.nodes) - 1)
-}
-
-func (ix *Index) unlink(l *list, n int32) {
-	nd := &ix.nodes[n]
-	if nd.prev != nilNode {
-		ix.nodes[nd.prev].next = nd.next
-	} else {
-		l.head = nd.next
-	}
-	if nd.next != nilNode {
-		ix.nodes[nd.next].prev = nd.prev
-	} else {
-		l.tail = nd.prev
-	}
-	nd.prev, nd.next = nilNode, nilNode
-}
-
-// move takes node n off list from and puts it at the front of list to
-// (from == to refreshes its recency).
-func (ix *Index) move(from, to *list, n int32) {
-	ix.unlink(from, n)
-	ix.pushFront(to, n)
-}
-
-func (ix *Index) pushFront(l *list, n int32) {
-	nd := &ix.nodes[n]
-	nd.prev = nilNode
-	nd.next = l.head
-	if l.head != nilNode {
-		ix.nodes[l.head].prev = n
-	} else {
-		l.tail = n
-	}
-	l.head = n
 }
 
 // pairTable finds the node of a (block, backend) pair: open addressing with

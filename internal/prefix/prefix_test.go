@@ -411,40 +411,50 @@ func checkInvariants(t *testing.T, ix *Index) {
 	total := 0
 	for b := range ix.backends {
 		l := &ix.backends[b]
-		count := 0
-		for _, li := range []struct {
-			name   string
-			l      *list
-			pinned bool
-		}{{"recent", &l.recent, false}, {"pinned", &l.pinned, true}} {
-			prev := int32(nilNode)
-			for n := li.l.head; n != nilNode; n = ix.nodes[n].next {
-				nd := ix.nodes[n]
-				if nd.prev != prev || int(nd.backend) != b {
-					t.Fatalf("backend %d %s: node %d has prev %d backend %d, want %d and %d", b, li.name, n, nd.prev, nd.backend, prev, b)
-				}
-				if (nd.pins > 0) != li.pinned || nd.pins < 0 {
-					t.Fatalf("backend %d: node %d with %d pins on the %s list", b, n, nd.pins, li.name)
-				}
-				if got := ix.pairs.find(ix.nodes, nd.hash, nd.backend); got != n {
-					t.Fatalf("backend %d: pair table finds %d for node %d", b, got, n)
-				}
-				e := want[nd.hash]
-				if b < maskBackends {
-					e.mask |= 1 << b
-				} else {
-					e.wide++
-				}
-				want[nd.hash] = e
-				prev = n
-				count++
-			}
-			if prev != li.l.tail {
-				t.Fatalf("backend %d: %s list ends at %d, recorded %d", b, li.name, prev, li.l.tail)
-			}
+		if int(l.id) != b {
+			t.Fatalf("backend %d: list says it is %d", b, l.id)
 		}
-		if count != l.n {
-			t.Fatalf("backend %d: lists hold %d nodes, recorded %d", b, count, l.n)
+		// Every unpinned node has exactly one live entry in the log, and
+		// live entries are in stamp order.
+		liveSeen := map[int32]bool{}
+		var last uint64
+		for _, tc := range l.log[l.head:] {
+			if !ix.live(l, tc) {
+				continue
+			}
+			if liveSeen[tc.node] || tc.stamp <= last {
+				t.Fatalf("backend %d: live log entry %+v repeated or out of order", b, tc)
+			}
+			liveSeen[tc.node], last = true, tc.stamp
+		}
+		count, unpinned := 0, 0
+		for n, nd := range ix.nodes {
+			if int(nd.backend) != b {
+				continue
+			}
+			if nd.pins < 0 {
+				t.Fatalf("backend %d: node %d with %d pins", b, n, nd.pins)
+			}
+			if nd.pins == 0 {
+				unpinned++
+				if !liveSeen[int32(n)] {
+					t.Fatalf("backend %d: unpinned node %d has no live log entry", b, n)
+				}
+			}
+			if got := ix.pairs.find(ix.nodes, nd.hash, nd.backend); got != int32(n) {
+				t.Fatalf("backend %d: pair table finds %d for node %d", b, got, n)
+			}
+			e := want[nd.hash]
+			if b < maskBackends {
+				e.mask |= 1 << b
+			} else {
+				e.wide++
+			}
+			want[nd.hash] = e
+			count++
+		}
+		if count != l.n || unpinned != l.unpinned || len(liveSeen) != unpinned {
+			t.Fatalf("backend %d: slab holds %d nodes (%d unpinned, %d live log entries), recorded %d (%d)", b, count, unpinned, len(liveSeen), l.n, l.unpinned)
 		}
 		total += count
 	}
