@@ -12,6 +12,7 @@ package prefix
 import (
 	"encoding/binary"
 	"math/bits"
+	"slices"
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
@@ -239,7 +240,7 @@ func (ix *Index) Match(hashes []uint64, out []int32) {
 // deepest blocks of a prompt first (as vLLM frees a sequence's blocks in
 // reverse order).
 func (ix *Index) Insert(backend int, hashes []uint64) {
-	ix.insert(backend, hashes, false)
+	ix.insert(backend, hashes, false, nil)
 }
 
 // Acquire is Insert for a request routed to backend: its blocks are pinned
@@ -247,11 +248,27 @@ func (ix *Index) Insert(backend int, hashes []uint64) {
 // request is queued or running there. The caller must call Release with
 // the same hashes exactly once.
 func (ix *Index) Acquire(backend int, hashes []uint64) {
-	ix.insert(backend, hashes, true)
+	ix.insert(backend, hashes, true, nil)
 }
 
-func (ix *Index) insert(backend int, hashes []uint64, pin bool) {
+// AcquireNodes is Acquire that also returns where each block is held:
+// nodes[:0] extended to len(hashes) handles, to hand to ReleaseNodes with
+// the same hashes so that it need not look the blocks up again. A handle is
+// only a hint: ReleaseNodes checks it and falls back to the lookup, so that
+// removing the backend in between is harmless.
+func (ix *Index) AcquireNodes(backend int, hashes []uint64, nodes []int32) []int32 {
+	nodes = slices.Grow(nodes[:0], len(hashes))[:len(hashes)]
+	ix.insert(backend, hashes, true, nodes)
+	return nodes
+}
+
+// insert records hashes for backend, pinned if pin, and sets nodes[i] (when
+// nodes is not nil) to the node of hashes[i].
+func (ix *Index) insert(backend int, hashes []uint64, pin bool, nodes []int32) {
 	if backend < 0 || len(hashes) == 0 {
+		for i := range nodes {
+			nodes[i] = nilNode
+		}
 		return
 	}
 	ix.mu.Lock()
@@ -279,10 +296,16 @@ func (ix *Index) insert(backend int, hashes []uint64, pin bool) {
 			default:
 				ix.refresh(l, n)
 			}
+			if nodes != nil {
+				nodes[i] = n
+			}
 			continue
 		}
 		e := ix.blocks[h]
 		n := ix.alloc()
+		if nodes != nil {
+			nodes[i] = n
+		}
 		ix.nodes[n] = node{hash: h, backend: b}
 		ix.pairs.add(ix.nodes, n)
 		if bit != 0 {
@@ -308,8 +331,19 @@ func (ix *Index) insert(backend int, hashes []uint64, pin bool) {
 // block the index no longer has (the backend was removed meanwhile) is
 // skipped.
 func (ix *Index) Release(backend int, hashes []uint64) {
+	ix.ReleaseNodes(backend, hashes, nil)
+}
+
+// ReleaseNodes is Release with the handles AcquireNodes returned for the
+// same hashes (nil: none), which spare it a lookup per block in the pair
+// table. A handle whose node no longer holds its block for backend (the
+// backend was removed, the node reused) is looked up again.
+func (ix *Index) ReleaseNodes(backend int, hashes []uint64, nodes []int32) {
 	if backend < 0 || len(hashes) == 0 {
 		return
+	}
+	if len(nodes) != len(hashes) {
+		nodes = nil
 	}
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -319,7 +353,17 @@ func (ix *Index) Release(backend int, hashes []uint64) {
 	l := &ix.backends[backend]
 	b := int32(backend)
 	for i := len(hashes) - 1; i >= 0; i-- {
-		n := ix.pairs.find(ix.nodes, hashes[i], b)
+		n := int32(nilNode)
+		if nodes != nil {
+			// The pair (block, backend) has at most one node, so a node
+			// that holds it is the one the lookup would find.
+			if c := nodes[i]; c >= 0 && int(c) < len(ix.nodes) && ix.nodes[c].backend == b && ix.nodes[c].hash == hashes[i] {
+				n = c
+			}
+		}
+		if n == nilNode {
+			n = ix.pairs.find(ix.nodes, hashes[i], b)
+		}
 		if n == nilNode {
 			continue
 		}

@@ -254,9 +254,12 @@ func randomAgainstModel(t *testing.T, ids []int) {
 		}
 		evict(b)
 	}
+	// Half the flights keep AcquireNodes' handles for ReleaseNodes; those
+	// that outlive a RemoveBackend hold handles to freed or reused nodes.
 	type flight struct {
-		b int
-		p []uint64
+		b     int
+		p     []uint64
+		nodes []int32
 	}
 	var inflight []flight
 	prompts := make([][]uint64, 6)
@@ -276,14 +279,23 @@ func randomAgainstModel(t *testing.T, ids []int) {
 			ix.SetCapacity(b, caps[b])
 			evict(b)
 		case r < 10:
-			ix.Acquire(b, p)
+			var nodes []int32
+			if step%2 == 0 {
+				nodes = ix.AcquireNodes(b, p, nil)
+			} else {
+				ix.Acquire(b, p)
+			}
 			insert(b, p, true)
-			inflight = append(inflight, flight{b, p})
+			inflight = append(inflight, flight{b, p, nodes})
 		case r < 19 && len(inflight) > 0:
 			k := rng.IntN(len(inflight))
 			f := inflight[k]
 			inflight = slices.Delete(inflight, k, k+1)
-			ix.Release(f.b, f.p)
+			if f.nodes != nil {
+				ix.ReleaseNodes(f.b, f.p, f.nodes)
+			} else {
+				ix.Release(f.b, f.p)
+			}
 			release(f.b, f.p)
 		default:
 			ix.Insert(b, p)
