@@ -91,7 +91,7 @@ func Hash(dst []uint64, text string, blockChars int) []uint64 {
 type Index struct {
 	mu         sync.RWMutex
 	defaultCap int
-	blocks     map[uint64]entry
+	blocks     blockTable
 	nodes      []node
 	free       int32 // head of the free-node list (see node.stamp), or nilNode
 	backends   []lru
@@ -153,7 +153,6 @@ func NewIndex(defaultCapacity int) *Index {
 	}
 	return &Index{
 		defaultCap: defaultCapacity,
-		blocks:     make(map[uint64]entry),
 		free:       nilNode,
 	}
 }
@@ -202,7 +201,7 @@ func (ix *Index) Match(hashes []uint64, out []int32) {
 	i := 0
 	for ; i < len(hashes); i++ {
 		h := hashes[i]
-		e, ok := ix.blocks[h]
+		e, ok := ix.blocks.get(h)
 		if !ok {
 			break
 		}
@@ -301,19 +300,17 @@ func (ix *Index) insert(backend int, hashes []uint64, pin bool, nodes []int32) {
 			}
 			continue
 		}
-		e := ix.blocks[h]
 		n := ix.alloc()
 		if nodes != nil {
 			nodes[i] = n
 		}
 		ix.nodes[n] = node{hash: h, backend: b}
 		ix.pairs.add(ix.nodes, n)
-		if bit != 0 {
+		if e := ix.blocks.upsert(h); bit != 0 {
 			e.mask |= bit
 		} else {
 			e.wide++
 		}
-		ix.blocks[h] = e
 		if pin {
 			ix.nodes[n].pins = 1
 		} else {
@@ -463,16 +460,15 @@ func (ix *Index) drop(l *lru, n int32) {
 	l.n--
 	ix.pairs.remove(ix.nodes, n)
 	h, b := ix.nodes[n].hash, ix.nodes[n].backend
-	e := ix.blocks[h]
+	i := ix.blocks.slot(h)
+	e := &ix.blocks.slots[i].entry
 	if b < maskBackends {
 		e.mask &^= 1 << b
 	} else {
 		e.wide--
 	}
 	if e.mask == 0 && e.wide == 0 {
-		delete(ix.blocks, h)
-	} else {
-		ix.blocks[h] = e
+		ix.blocks.remove(i)
 	}
 	ix.nodes[n] = node{stamp: uint64(uint32(ix.free)), backend: nilNode}
 	ix.free = n
@@ -583,6 +579,106 @@ func (t *pairTable) remove(nodes []node, n int32) {
 		}
 	}
 	t.slots[i].node = nilNode
+	t.n--
+}
+
+// blockTable is the block map: each held block's hash and its holders, in
+// open addressing with linear probing, at most half full, deleting by
+// shifting the following run back (no tombstones). An entry with no holder
+// is never kept, so a zero entry marks an empty slot. It replaces a
+// map[uint64]entry: inserting a new block took a lookup and an assignment
+// there, and Match's lookups were a tenth of the simulator's routing.
+type blockTable struct {
+	slots []blockSlot // len is a power of two
+	shift uint        // 64 - log2(len(slots)): home = mixed hash >> shift
+	n     int
+}
+
+type blockSlot struct {
+	hash uint64
+	entry
+}
+
+// home is h's first slot. Block hashes are uniform already, but tests and
+// callers may pass plain numbers; the multiply spreads any key.
+func (t *blockTable) home(h uint64) int { return int((h * Gamma) >> t.shift) }
+
+// get returns h's entry, if h is held.
+func (t *blockTable) get(h uint64) (entry, bool) {
+	if t.n == 0 {
+		return entry{}, false
+	}
+	mask := len(t.slots) - 1
+	for i := t.home(h); ; i = (i + 1) & mask {
+		sl := &t.slots[i]
+		if sl.mask == 0 && sl.wide == 0 {
+			return entry{}, false
+		}
+		if sl.hash == h {
+			return sl.entry, true
+		}
+	}
+}
+
+// slot returns the slot of h, which the table holds.
+func (t *blockTable) slot(h uint64) int {
+	mask := len(t.slots) - 1
+	i := t.home(h)
+	for t.slots[i].hash != h || (t.slots[i].mask == 0 && t.slots[i].wide == 0) {
+		i = (i + 1) & mask
+	}
+	return i
+}
+
+// upsert returns h's entry to update, adding an empty one if h is not held;
+// the caller must give it a holder before the table is used again.
+func (t *blockTable) upsert(h uint64) *entry {
+	if 2*(t.n+1) > len(t.slots) {
+		t.grow()
+	}
+	mask := len(t.slots) - 1
+	i := t.home(h)
+	for ; t.slots[i].mask != 0 || t.slots[i].wide != 0; i = (i + 1) & mask {
+		if t.slots[i].hash == h {
+			return &t.slots[i].entry
+		}
+	}
+	t.n++
+	t.slots[i] = blockSlot{hash: h}
+	return &t.slots[i].entry
+}
+
+func (t *blockTable) grow() {
+	old := t.slots
+	size := max(minPairSlots, 2*len(old))
+	t.slots = make([]blockSlot, size)
+	t.shift = uint(64 - bits.TrailingZeros(uint(size)))
+	mask := size - 1
+	for _, sl := range old {
+		if sl.mask == 0 && sl.wide == 0 {
+			continue
+		}
+		i := t.home(sl.hash)
+		for t.slots[i].mask != 0 || t.slots[i].wide != 0 {
+			i = (i + 1) & mask
+		}
+		t.slots[i] = sl
+	}
+}
+
+// remove empties slot i, whose entry has no holder left.
+func (t *blockTable) remove(i int) {
+	mask := len(t.slots) - 1
+	for j := (i + 1) & mask; t.slots[j].mask != 0 || t.slots[j].wide != 0; j = (j + 1) & mask {
+		// The entry at j may move to the hole at i if its home is not in
+		// the cyclic range (i, j].
+		k := t.home(t.slots[j].hash)
+		if (j-k)&mask >= (j-i)&mask {
+			t.slots[i] = t.slots[j]
+			i = j
+		}
+	}
+	t.slots[i] = blockSlot{}
 	t.n--
 }
 

@@ -177,8 +177,8 @@ func TestSharedBlocks(t *testing.T) {
 	ix.RemoveBackend(0)
 	ix.RemoveBackend(2)
 	ix.RemoveBackend(3)
-	if len(ix.blocks) != 0 {
-		t.Errorf("%d map entries left after removing every backend", len(ix.blocks))
+	if ix.blocks.n != 0 {
+		t.Errorf("%d map entries left after removing every backend", ix.blocks.n)
 	}
 	n := len(ix.nodes)
 	ix.Insert(7, p)
@@ -473,12 +473,21 @@ func checkInvariants(t *testing.T, ix *Index) {
 	if ix.pairs.n != total {
 		t.Fatalf("pair table holds %d, lists hold %d", ix.pairs.n, total)
 	}
-	if len(ix.blocks) != len(want) {
-		t.Fatalf("block map has %d entries, want %d", len(ix.blocks), len(want))
+	if ix.blocks.n != len(want) {
+		t.Fatalf("block map has %d entries, want %d", ix.blocks.n, len(want))
+	}
+	held := 0
+	for _, sl := range ix.blocks.slots {
+		if sl.mask != 0 || sl.wide != 0 {
+			held++
+		}
+	}
+	if held != ix.blocks.n {
+		t.Fatalf("block map has %d full slots, counts %d", held, ix.blocks.n)
 	}
 	for h, e := range want {
-		if ix.blocks[h] != e {
-			t.Fatalf("block %x: entry %+v, want %+v", h, ix.blocks[h], e)
+		if got, ok := ix.blocks.get(h); !ok || got != e {
+			t.Fatalf("block %x: entry %+v (%v), want %+v", h, got, ok, e)
 		}
 	}
 }
