@@ -79,7 +79,7 @@ func Hash(dst []uint64, text string, blockChars int) []uint64 {
 // of millions of nodes, and they were most of the simulator's routing time.
 // The log is compacted (its stale entries dropped, in order) when it would
 // grow while at most half of it is live, so its capacity stays under four
-// entries (64 bytes) per block the backend held unpinned at its fullest.
+// entries (32 bytes) per block the backend held unpinned at its fullest.
 //
 // Two tables find nodes. The block map gives, per block, a bitmask of its
 // holders among backends 0..63, so that Match, the hot path, is one map
@@ -96,7 +96,6 @@ type Index struct {
 	free       int32 // head of the free-node list (see node.stamp), or nilNode
 	backends   []lru
 	pairs      pairTable
-	clock      uint64 // the last touch's stamp
 }
 
 // nilNode ends the free-node list, marks a free node and an empty pair slot.
@@ -118,7 +117,7 @@ type node struct {
 	hash uint64
 	// stamp is the node's last touch (see lru.log); in a free node, the
 	// next free node.
-	stamp uint64
+	stamp uint32
 	// backend is nilNode in a free node.
 	backend int32
 	// pins counts the requests in flight that use the block; the node is
@@ -129,20 +128,29 @@ type node struct {
 // touch is one entry of a recency log: node was refreshed at stamp. It is
 // live while the node still has that stamp (and so was not refreshed since,
 // nor freed: a free node's backend never matches) and is unpinned.
+//
+// Stamps are 32 bits, counted per backend, to keep an entry at 8 bytes: the
+// log is most of the index's memory. They may wrap, and a stale entry could
+// then look live again, but only if it outlived 2^32 touches of its backend;
+// every one of those is appended to the same log, which is compacted (every
+// stale entry dropped) whenever it fills at most half live and only grows
+// while more than half of it is live, so it is compacted at least once every
+// few times its backend's capacity in touches, far fewer.
 type touch struct {
-	stamp uint64
+	stamp uint32
 	node  int32
 }
 
 // lru is one backend's blocks: log[head:] holds their touches oldest
 // first, exactly one live entry per unpinned block. n counts every block,
-// unpinned the unpinned ones.
+// unpinned the unpinned ones; clock is the last touch's stamp.
 type lru struct {
 	log         []touch
 	head        int
 	n, unpinned int
 	capacity    int
 	id          int32
+	clock       uint32
 }
 
 // NewIndex returns an empty index in which every backend has capacity
@@ -436,8 +444,8 @@ func (ix *Index) live(l *lru, t touch) bool {
 
 // refresh makes node n, unpinned, l's most recently used block.
 func (ix *Index) refresh(l *lru, n int32) {
-	ix.clock++
-	ix.nodes[n].stamp = ix.clock
+	l.clock++
+	ix.nodes[n].stamp = l.clock
 	if len(l.log) == cap(l.log) && 2*l.unpinned <= len(l.log) {
 		// Full and at least half stale (the entries before head are
 		// stale too): drop the stale ones in place rather than grow.
@@ -449,7 +457,7 @@ func (ix *Index) refresh(l *lru, n int32) {
 		}
 		l.log, l.head = kept, 0
 	}
-	l.log = append(l.log, touch{stamp: ix.clock, node: n})
+	l.log = append(l.log, touch{stamp: l.clock, node: n})
 }
 
 // drop removes node n from l and from both tables, and frees it.
@@ -470,13 +478,13 @@ func (ix *Index) drop(l *lru, n int32) {
 	if e.mask == 0 && e.wide == 0 {
 		ix.blocks.remove(i)
 	}
-	ix.nodes[n] = node{stamp: uint64(uint32(ix.free)), backend: nilNode}
+	ix.nodes[n] = node{stamp: uint32(ix.free), backend: nilNode}
 	ix.free = n
 }
 
 func (ix *Index) alloc() int32 {
 	if n := ix.free; n != nilNode {
-		ix.free = int32(uint32(ix.nodes[n].stamp))
+		ix.free = int32(ix.nodes[n].stamp)
 		return n
 	}
 	ix.nodes = append(ix.nodes, node{})
@@ -601,7 +609,9 @@ type blockSlot struct {
 
 // home is h's first slot. Block hashes are uniform already, but tests and
 // callers may pass plain numbers; the multiply spreads any key.
-func (t *blockTable) home(h uint64) int { return int((h * Gamma) >> t.shift) }
+func (t *blockTable) home(h uint64) int {
+	return int(((h ^ h>>31) * 0xbf58476d1ce4e5b9) >> t.shift)
+}
 
 // get returns h's entry, if h is held.
 func (t *blockTable) get(h uint64) (entry, bool) {

@@ -429,7 +429,7 @@ func checkInvariants(t *testing.T, ix *Index) {
 		// Every unpinned node has exactly one live entry in the log, and
 		// live entries are in stamp order.
 		liveSeen := map[int32]bool{}
-		var last uint64
+		var last uint32
 		for _, tc := range l.log[l.head:] {
 			if !ix.live(l, tc) {
 				continue
