@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // testPreset has round coefficients so that step times can be worked out by
@@ -519,6 +521,23 @@ func TestOutputTokens(t *testing.T) {
 				t.Errorf("only %d distinct lengths over 200 seeds", len(seen))
 			}
 		})
+	}
+}
+
+// TestSetOutputSeed checks that SetOutput, which hashes the prompt only
+// when the length depends on it, gives what the rule gives with the
+// prompt's hash as the seed.
+func TestSetOutputSeed(t *testing.T) {
+	prompt := strings.Repeat("abcd ", 300)
+	for _, ignoreEOS := range []bool{false, true} {
+		for _, maxTokens := range []int{0, 1, 7, 200} {
+			r := Request{Prompt: prompt}
+			r.SetOutput(maxTokens, 3, ignoreEOS, 4096)
+			want := OutputTokens(maxTokens, 3, ignoreEOS, Tokens(prompt), 4096, xxhash.Sum64String(prompt))
+			if r.OutputTokens != want || r.MaxTokens != maxTokens {
+				t.Errorf("ignoreEOS=%v max_tokens=%d: SetOutput gave %d tokens (max %d), want %d", ignoreEOS, maxTokens, r.OutputTokens, r.MaxTokens, want)
+			}
+		}
 	}
 }
 

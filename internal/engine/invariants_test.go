@@ -33,7 +33,17 @@ func checkInvariants(t *testing.T, e *Engine) {
 	}
 	inList := make([]bool, len(c.ref))
 	n := 0
+	for b := c.fresh; int(b) < len(c.ref); b++ {
+		if c.hashed[b] {
+			t.Fatalf("never allocated block %d has a hash", b)
+		}
+		inList[b] = true
+		n++
+	}
 	for b := c.next[c.sentinel()]; b != c.sentinel(); b = c.next[b] {
+		if b >= c.fresh {
+			t.Fatalf("never allocated block %d is linked in the free list", b)
+		}
 		inList[b] = true
 		n++
 	}
@@ -55,10 +65,10 @@ func checkInvariants(t *testing.T, e *Engine) {
 	}
 	hashedCount := 0
 	for _, v := range c.index {
-		if v >= 0 {
+		if v != 0 {
 			hashedCount++
-			if !c.hashed[v] {
-				t.Fatalf("index holds unhashed block %d", v)
+			if !c.hashed[v-1] {
+				t.Fatalf("index holds unhashed block %d", v-1)
 			}
 		}
 	}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 )
@@ -60,5 +61,61 @@ func TestKVCacheFreeList(t *testing.T) {
 	}
 	if bl, ok := c.lookup(100); !ok || bl != 0 || c.ref[0] != 1 {
 		t.Errorf("acquired block lost its hash: %d %v ref %d", bl, ok, c.ref[0])
+	}
+}
+
+// The free list as New makes it lazily (blocks never used counted, not
+// linked) against the list built eagerly, block by block: every sequence
+// of allocations, releases and hits takes the same blocks in the same order.
+func TestKVCacheFreshBlocksMatchEagerList(t *testing.T) {
+	const n = 16
+	c := newKVCache(n)
+	// The reference: blocks 0..n-1 linked in order, as New once did.
+	ref := &kvCache{ref: make([]int32, n), hash: make([]uint64, n), hashed: make([]bool, n),
+		prev: make([]int32, n+1), next: make([]int32, n+1), fresh: n}
+	ref.index, ref.mask = make([]int32, 2*n), 2*n-1
+	ref.prev[n], ref.next[n] = n, n
+	for b := range int32(n) {
+		ref.pushBack(b)
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	var held, refHeld [][]int32
+	for step := range 5000 {
+		switch op := rng.IntN(3); {
+		case op == 0 && c.free > 0:
+			k := 1 + rng.IntN(c.free)
+			var got, want []int32
+			for range k {
+				b, rb := c.alloc(), ref.alloc()
+				h := uint64(rng.IntN(64))
+				c.register(b, h)
+				ref.register(rb, h)
+				got, want = append(got, b), append(want, rb)
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("step %d: alloc %v, eager list %v", step, got, want)
+			}
+			held, refHeld = append(held, got), append(refHeld, want)
+		case op == 1 && len(held) > 0:
+			i := rng.IntN(len(held))
+			c.release(held[i])
+			ref.release(refHeld[i])
+			held, refHeld = append(held[:i], held[i+1:]...), append(refHeld[:i], refHeld[i+1:]...)
+		default:
+			h := uint64(rng.IntN(64))
+			b, ok := c.lookup(h)
+			rb, rok := ref.lookup(h)
+			if b != rb || ok != rok {
+				t.Fatalf("step %d: lookup(%d) = %d %v, eager list %d %v", step, h, b, ok, rb, rok)
+			}
+			if ok {
+				c.acquire(b)
+				ref.acquire(rb)
+				held, refHeld = append(held, []int32{b}), append(refHeld, []int32{rb})
+			}
+		}
+		if c.free != ref.free {
+			t.Fatalf("step %d: %d free, eager list %d", step, c.free, ref.free)
+		}
 	}
 }

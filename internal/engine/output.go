@@ -48,6 +48,12 @@ func OutputTokens(maxTokens, minTokens int, ignoreEOS bool, promptTokens, maxMod
 // tokens from the emulator and in the simulator, and MaxTokens for the
 // context check. r.Prompt must be set; maxModelLen is the engine's.
 func (r *Request) SetOutput(maxTokens, minTokens int, ignoreEOS bool, maxModelLen int) {
-	r.OutputTokens = OutputTokens(maxTokens, minTokens, ignoreEOS, Tokens(r.Prompt), maxModelLen, xxhash.Sum64String(r.Prompt))
+	// With ignoreEOS the length does not depend on the seed, so the prompt
+	// (tens of kilobytes for a long one) is not hashed for nothing.
+	var seed uint64
+	if !ignoreEOS {
+		seed = xxhash.Sum64String(r.Prompt)
+	}
+	r.OutputTokens = OutputTokens(maxTokens, minTokens, ignoreEOS, Tokens(r.Prompt), maxModelLen, seed)
 	r.MaxTokens = maxTokens
 }

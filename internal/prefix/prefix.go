@@ -12,6 +12,7 @@ package prefix
 import (
 	"encoding/binary"
 	"math/bits"
+	"slices"
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
@@ -66,10 +67,19 @@ func Hash(dst []uint64, text string, blockChars int) []uint64 {
 // index takes to turn over would be forgotten while the engine still holds
 // them.
 //
-// Every (block, backend) pair is one node in a slab, on its backend's
-// recency list or pinned list (doubly linked, for O(1) refresh and
-// eviction). Links are int32 slab indices rather than pointers, which keeps
-// a node at 24 bytes and gives the garbage collector nothing to scan.
+// Every (block, backend) pair is one node in a slab, addressed by int32
+// indices rather than pointers, which keeps a node at 24 bytes and gives the
+// garbage collector nothing to scan. Recency is a per-backend log of
+// touches, oldest first: refreshing a block stamps its node and appends
+// (node, stamp) to the log, and eviction takes the oldest entry whose stamp
+// is still its node's and whose node is unpinned. That is exactly least
+// recently used order, and a refresh writes one node and the log's end
+// instead of unlinking the node from between two others and relinking it
+// at the head of a list: every one of those reads is a cache miss in a slab
+// of millions of nodes, and they were most of the simulator's routing time.
+// The log is compacted (its stale entries dropped, in order) when it would
+// grow while at most half of it is live, so its capacity stays under four
+// entries (32 bytes) per block the backend held unpinned at its fullest.
 //
 // Two tables find nodes. The block map gives, per block, a bitmask of its
 // holders among backends 0..63, so that Match, the hot path, is one map
@@ -81,14 +91,14 @@ func Hash(dst []uint64, text string, blockChars int) []uint64 {
 type Index struct {
 	mu         sync.RWMutex
 	defaultCap int
-	blocks     map[uint64]entry
+	blocks     blockTable
 	nodes      []node
-	free       int32 // head of the free-node list (linked through next), or nilNode
+	free       int32 // head of the free-node list (see node.stamp), or nilNode
 	backends   []lru
 	pairs      pairTable
 }
 
-// nilNode ends every list and marks an empty pair slot.
+// nilNode ends the free-node list, marks a free node and an empty pair slot.
 const nilNode = -1
 
 // maskBackends is the number of backends whose holding a block is recorded
@@ -105,25 +115,42 @@ type entry struct {
 
 type node struct {
 	hash uint64
-	// prev and next link the backend's recency list (prev towards the most
-	// recent end) or its pinned list; next also links the free list.
-	prev, next int32
-	backend    int32
+	// stamp is the node's last touch (see lru.log); in a free node, the
+	// next free node.
+	stamp uint32
+	// backend is nilNode in a free node.
+	backend int32
 	// pins counts the requests in flight that use the block; the node is
-	// on the pinned list while it is above 0.
+	// never evicted while it is above 0.
 	pins int32
 }
 
-// list is a doubly linked list of nodes; head is the most recent.
-type list struct{ head, tail int32 }
+// touch is one entry of a recency log: node was refreshed at stamp. It is
+// live while the node still has that stamp (and so was not refreshed since,
+// nor freed: a free node's backend never matches) and is unpinned.
+//
+// Stamps are 32 bits, counted per backend, to keep an entry at 8 bytes: the
+// log is most of the index's memory. They may wrap, and a stale entry could
+// then look live again, but only if it outlived 2^32 touches of its backend;
+// every one of those is appended to the same log, which is compacted (every
+// stale entry dropped) whenever it fills at most half live and only grows
+// while more than half of it is live, so it is compacted at least once every
+// few times its backend's capacity in touches, far fewer.
+type touch struct {
+	stamp uint32
+	node  int32
+}
 
-// lru is one backend's blocks: recent holds the unpinned ones in recency
-// order (head most recently used), pinned those of requests in flight. n
-// counts both.
+// lru is one backend's blocks: log[head:] holds their touches oldest
+// first, exactly one live entry per unpinned block. n counts every block,
+// unpinned the unpinned ones; clock is the last touch's stamp.
 type lru struct {
-	recent, pinned list
-	n              int
-	capacity       int
+	log         []touch
+	head        int
+	n, unpinned int
+	capacity    int
+	id          int32
+	clock       uint32
 }
 
 // NewIndex returns an empty index in which every backend has capacity
@@ -134,7 +161,6 @@ func NewIndex(defaultCapacity int) *Index {
 	}
 	return &Index{
 		defaultCap: defaultCapacity,
-		blocks:     make(map[uint64]entry),
 		free:       nilNode,
 	}
 }
@@ -143,11 +169,7 @@ func NewIndex(defaultCapacity int) *Index {
 // caller holds the write lock.
 func (ix *Index) backend(b int) *lru {
 	for len(ix.backends) <= b {
-		ix.backends = append(ix.backends, lru{
-			recent:   list{head: nilNode, tail: nilNode},
-			pinned:   list{head: nilNode, tail: nilNode},
-			capacity: ix.defaultCap,
-		})
+		ix.backends = append(ix.backends, lru{capacity: ix.defaultCap, id: int32(len(ix.backends))})
 	}
 	return &ix.backends[b]
 }
@@ -187,7 +209,7 @@ func (ix *Index) Match(hashes []uint64, out []int32) {
 	i := 0
 	for ; i < len(hashes); i++ {
 		h := hashes[i]
-		e, ok := ix.blocks[h]
+		e, ok := ix.blocks.get(h)
 		if !ok {
 			break
 		}
@@ -225,7 +247,7 @@ func (ix *Index) Match(hashes []uint64, out []int32) {
 // deepest blocks of a prompt first (as vLLM frees a sequence's blocks in
 // reverse order).
 func (ix *Index) Insert(backend int, hashes []uint64) {
-	ix.insert(backend, hashes, false)
+	ix.insert(backend, hashes, false, nil)
 }
 
 // Acquire is Insert for a request routed to backend: its blocks are pinned
@@ -233,11 +255,27 @@ func (ix *Index) Insert(backend int, hashes []uint64) {
 // request is queued or running there. The caller must call Release with
 // the same hashes exactly once.
 func (ix *Index) Acquire(backend int, hashes []uint64) {
-	ix.insert(backend, hashes, true)
+	ix.insert(backend, hashes, true, nil)
 }
 
-func (ix *Index) insert(backend int, hashes []uint64, pin bool) {
+// AcquireNodes is Acquire that also returns where each block is held:
+// nodes[:0] extended to len(hashes) handles, to hand to ReleaseNodes with
+// the same hashes so that it need not look the blocks up again. A handle is
+// only a hint: ReleaseNodes checks it and falls back to the lookup, so that
+// removing the backend in between is harmless.
+func (ix *Index) AcquireNodes(backend int, hashes []uint64, nodes []int32) []int32 {
+	nodes = slices.Grow(nodes[:0], len(hashes))[:len(hashes)]
+	ix.insert(backend, hashes, true, nodes)
+	return nodes
+}
+
+// insert records hashes for backend, pinned if pin, and sets nodes[i] (when
+// nodes is not nil) to the node of hashes[i].
+func (ix *Index) insert(backend int, hashes []uint64, pin bool, nodes []int32) {
 	if backend < 0 || len(hashes) == 0 {
+		for i := range nodes {
+			nodes[i] = nilNode
+		}
 		return
 	}
 	ix.mu.Lock()
@@ -261,27 +299,31 @@ func (ix *Index) insert(backend int, hashes []uint64, pin bool) {
 				}
 			case pin:
 				nd.pins = 1
-				ix.move(&l.recent, &l.pinned, n)
+				l.unpinned--
 			default:
-				ix.move(&l.recent, &l.recent, n)
+				ix.refresh(l, n)
+			}
+			if nodes != nil {
+				nodes[i] = n
 			}
 			continue
 		}
-		e := ix.blocks[h]
 		n := ix.alloc()
-		ix.nodes[n] = node{hash: h, prev: nilNode, next: nilNode, backend: b}
+		if nodes != nil {
+			nodes[i] = n
+		}
+		ix.nodes[n] = node{hash: h, backend: b}
 		ix.pairs.add(ix.nodes, n)
-		if bit != 0 {
+		if e := ix.blocks.upsert(h); bit != 0 {
 			e.mask |= bit
 		} else {
 			e.wide++
 		}
-		ix.blocks[h] = e
 		if pin {
 			ix.nodes[n].pins = 1
-			ix.pushFront(&l.pinned, n)
 		} else {
-			ix.pushFront(&l.recent, n)
+			l.unpinned++
+			ix.refresh(l, n)
 		}
 		l.n++
 	}
@@ -294,8 +336,19 @@ func (ix *Index) insert(backend int, hashes []uint64, pin bool) {
 // block the index no longer has (the backend was removed meanwhile) is
 // skipped.
 func (ix *Index) Release(backend int, hashes []uint64) {
+	ix.ReleaseNodes(backend, hashes, nil)
+}
+
+// ReleaseNodes is Release with the handles AcquireNodes returned for the
+// same hashes (nil: none), which spare it a lookup per block in the pair
+// table. A handle whose node no longer holds its block for backend (the
+// backend was removed, the node reused) is looked up again.
+func (ix *Index) ReleaseNodes(backend int, hashes []uint64, nodes []int32) {
 	if backend < 0 || len(hashes) == 0 {
 		return
+	}
+	if len(nodes) != len(hashes) {
+		nodes = nil
 	}
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -305,7 +358,17 @@ func (ix *Index) Release(backend int, hashes []uint64) {
 	l := &ix.backends[backend]
 	b := int32(backend)
 	for i := len(hashes) - 1; i >= 0; i-- {
-		n := ix.pairs.find(ix.nodes, hashes[i], b)
+		n := int32(nilNode)
+		if nodes != nil {
+			// The pair (block, backend) has at most one node, so a node
+			// that holds it is the one the lookup would find.
+			if c := nodes[i]; c >= 0 && int(c) < len(ix.nodes) && ix.nodes[c].backend == b && ix.nodes[c].hash == hashes[i] {
+				n = c
+			}
+		}
+		if n == nilNode {
+			n = ix.pairs.find(ix.nodes, hashes[i], b)
+		}
 		if n == nilNode {
 			continue
 		}
@@ -313,10 +376,11 @@ func (ix *Index) Release(backend int, hashes []uint64) {
 		case 0:
 			// Re-added unpinned after the backend was removed: nothing
 			// to release, only recency to refresh.
-			ix.move(&l.recent, &l.recent, n)
+			ix.refresh(l, n)
 		case 1:
 			nd.pins = 0
-			ix.move(&l.pinned, &l.recent, n)
+			l.unpinned++
+			ix.refresh(l, n)
 		default:
 			nd.pins--
 		}
@@ -325,7 +389,8 @@ func (ix *Index) Release(backend int, hashes []uint64) {
 }
 
 // RemoveBackend forgets everything backend holds (it crashed, was removed,
-// or restarted with an empty cache).
+// or restarted with an empty cache). It walks the whole slab, as pinned
+// blocks are on no list: a rare event pays for the hot path's saving.
 func (ix *Index) RemoveBackend(backend int) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -333,12 +398,16 @@ func (ix *Index) RemoveBackend(backend int) {
 		return
 	}
 	l := &ix.backends[backend]
-	for l.recent.tail != nilNode {
-		ix.drop(l, l.recent.tail)
+	for n := range ix.nodes {
+		if l.n == 0 {
+			break
+		}
+		if ix.nodes[n].backend == l.id {
+			ix.drop(l, int32(n))
+		}
 	}
-	for l.pinned.tail != nilNode {
-		ix.drop(l, l.pinned.tail)
-	}
+	clear(l.log)
+	l.log, l.head = l.log[:0], 0
 }
 
 // Len returns the number of blocks backend holds.
@@ -354,77 +423,72 @@ func (ix *Index) Len(backend int) int {
 // evict drops l's least recently used unpinned blocks while it holds more
 // than its capacity; pinned blocks are never evicted.
 func (ix *Index) evict(l *lru) {
-	for l.n > l.capacity && l.recent.tail != nilNode {
-		ix.drop(l, l.recent.tail)
+	for l.n > l.capacity && l.unpinned > 0 {
+		// unpinned > 0: a live entry is left in the log.
+		t := l.log[l.head]
+		l.head++
+		if ix.live(l, t) {
+			ix.drop(l, t.node)
+		}
 	}
+	if l.head == len(l.log) {
+		l.log, l.head = l.log[:0], 0
+	}
+}
+
+// live reports whether t is the last touch of an unpinned node of l.
+func (ix *Index) live(l *lru, t touch) bool {
+	nd := &ix.nodes[t.node]
+	return nd.backend == l.id && nd.stamp == t.stamp && nd.pins == 0
+}
+
+// refresh makes node n, unpinned, l's most recently used block.
+func (ix *Index) refresh(l *lru, n int32) {
+	l.clock++
+	ix.nodes[n].stamp = l.clock
+	if len(l.log) == cap(l.log) && 2*l.unpinned <= len(l.log) {
+		// Full and at least half stale (the entries before head are
+		// stale too): drop the stale ones in place rather than grow.
+		kept := l.log[:0]
+		for _, t := range l.log[l.head:] {
+			if ix.live(l, t) {
+				kept = append(kept, t)
+			}
+		}
+		l.log, l.head = kept, 0
+	}
+	l.log = append(l.log, touch{stamp: l.clock, node: n})
 }
 
 // drop removes node n from l and from both tables, and frees it.
 func (ix *Index) drop(l *lru, n int32) {
-	if ix.nodes[n].pins > 0 {
-		ix.unlink(&l.pinned, n)
-	} else {
-		ix.unlink(&l.recent, n)
+	if ix.nodes[n].pins == 0 {
+		l.unpinned--
 	}
 	l.n--
 	ix.pairs.remove(ix.nodes, n)
 	h, b := ix.nodes[n].hash, ix.nodes[n].backend
-	e := ix.blocks[h]
+	i := ix.blocks.slot(h)
+	e := &ix.blocks.slots[i].entry
 	if b < maskBackends {
 		e.mask &^= 1 << b
 	} else {
 		e.wide--
 	}
 	if e.mask == 0 && e.wide == 0 {
-		delete(ix.blocks, h)
-	} else {
-		ix.blocks[h] = e
+		ix.blocks.remove(i)
 	}
-	ix.nodes[n] = node{next: ix.free, prev: nilNode}
+	ix.nodes[n] = node{stamp: uint32(ix.free), backend: nilNode}
 	ix.free = n
 }
 
 func (ix *Index) alloc() int32 {
 	if n := ix.free; n != nilNode {
-		ix.free = ix.nodes[n].next
+		ix.free = int32(ix.nodes[n].stamp)
 		return n
 	}
 	ix.nodes = append(ix.nodes, node{})
 	return int32(len(ix.nodes) - 1)
-}
-
-func (ix *Index) unlink(l *list, n int32) {
-	nd := &ix.nodes[n]
-	if nd.prev != nilNode {
-		ix.nodes[nd.prev].next = nd.next
-	} else {
-		l.head = nd.next
-	}
-	if nd.next != nilNode {
-		ix.nodes[nd.next].prev = nd.prev
-	} else {
-		l.tail = nd.prev
-	}
-	nd.prev, nd.next = nilNode, nilNode
-}
-
-// move takes node n off list from and puts it at the front of list to
-// (from == to refreshes its recency).
-func (ix *Index) move(from, to *list, n int32) {
-	ix.unlink(from, n)
-	ix.pushFront(to, n)
-}
-
-func (ix *Index) pushFront(l *list, n int32) {
-	nd := &ix.nodes[n]
-	nd.prev = nilNode
-	nd.next = l.head
-	if l.head != nilNode {
-		ix.nodes[l.head].prev = n
-	} else {
-		l.tail = n
-	}
-	l.head = n
 }
 
 // pairTable finds the node of a (block, backend) pair: open addressing with
@@ -523,6 +587,110 @@ func (t *pairTable) remove(nodes []node, n int32) {
 		}
 	}
 	t.slots[i].node = nilNode
+	t.n--
+}
+
+// blockTable is the block map: each held block's hash and its holders, in
+// open addressing with linear probing, at most three quarters full (its
+// slots are 24 bytes, and a fuller table touches fewer fresh pages as it
+// grows, which cost more than the longer probes), deleting by
+// shifting the following run back (no tombstones). An entry with no holder
+// is never kept, so a zero entry marks an empty slot. It replaces a
+// map[uint64]entry: inserting a new block took a lookup and an assignment
+// there, and Match's lookups were a tenth of the simulator's routing.
+type blockTable struct {
+	slots []blockSlot // len is a power of two
+	shift uint        // 64 - log2(len(slots)): home = mixed hash >> shift
+	n     int
+}
+
+type blockSlot struct {
+	hash uint64
+	entry
+}
+
+// home is h's first slot. Block hashes are uniform already, but tests and
+// callers may pass plain numbers; the multiply spreads any key.
+func (t *blockTable) home(h uint64) int {
+	return int(((h ^ h>>31) * 0xbf58476d1ce4e5b9) >> t.shift)
+}
+
+// get returns h's entry, if h is held.
+func (t *blockTable) get(h uint64) (entry, bool) {
+	if t.n == 0 {
+		return entry{}, false
+	}
+	mask := len(t.slots) - 1
+	for i := t.home(h); ; i = (i + 1) & mask {
+		sl := &t.slots[i]
+		if sl.mask == 0 && sl.wide == 0 {
+			return entry{}, false
+		}
+		if sl.hash == h {
+			return sl.entry, true
+		}
+	}
+}
+
+// slot returns the slot of h, which the table holds.
+func (t *blockTable) slot(h uint64) int {
+	mask := len(t.slots) - 1
+	i := t.home(h)
+	for t.slots[i].hash != h || (t.slots[i].mask == 0 && t.slots[i].wide == 0) {
+		i = (i + 1) & mask
+	}
+	return i
+}
+
+// upsert returns h's entry to update, adding an empty one if h is not held;
+// the caller must give it a holder before the table is used again.
+func (t *blockTable) upsert(h uint64) *entry {
+	if 4*(t.n+1) > 3*len(t.slots) {
+		t.grow()
+	}
+	mask := len(t.slots) - 1
+	i := t.home(h)
+	for ; t.slots[i].mask != 0 || t.slots[i].wide != 0; i = (i + 1) & mask {
+		if t.slots[i].hash == h {
+			return &t.slots[i].entry
+		}
+	}
+	t.n++
+	t.slots[i] = blockSlot{hash: h}
+	return &t.slots[i].entry
+}
+
+func (t *blockTable) grow() {
+	old := t.slots
+	size := max(minPairSlots, 2*len(old))
+	t.slots = make([]blockSlot, size)
+	t.shift = uint(64 - bits.TrailingZeros(uint(size)))
+	mask := size - 1
+	for _, sl := range old {
+		if sl.mask == 0 && sl.wide == 0 {
+			continue
+		}
+		i := t.home(sl.hash)
+		for t.slots[i].mask != 0 || t.slots[i].wide != 0 {
+			i = (i + 1) & mask
+		}
+		t.slots[i] = sl
+	}
+}
+
+// remove empties slot i, whose entry has no holder left.
+func (t *blockTable) remove(i int) {
+	mask := len(t.slots) - 1
+	for j := (i + 1) & mask; t.slots[j].mask != 0 || t.slots[j].wide != 0; j = (j + 1) & mask {
+		// The entry at j may move to the hole at i if its home is not in
+		// the cyclic range (i, j].
+		k := t.home(t.slots[j].hash)
+		if (j-k)&mask >= (j-i)&mask {
+			t.slots[i] = t.slots[j]
+			i = j
+		}
+	}
+	t.slots[i] = blockSlot{}
 	t.n--
 }
 

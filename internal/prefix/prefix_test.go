@@ -177,8 +177,8 @@ func TestSharedBlocks(t *testing.T) {
 	ix.RemoveBackend(0)
 	ix.RemoveBackend(2)
 	ix.RemoveBackend(3)
-	if len(ix.blocks) != 0 {
-		t.Errorf("%d map entries left after removing every backend", len(ix.blocks))
+	if ix.blocks.n != 0 {
+		t.Errorf("%d map entries left after removing every backend", ix.blocks.n)
 	}
 	n := len(ix.nodes)
 	ix.Insert(7, p)
@@ -254,9 +254,12 @@ func randomAgainstModel(t *testing.T, ids []int) {
 		}
 		evict(b)
 	}
+	// Half the flights keep AcquireNodes' handles for ReleaseNodes; those
+	// that outlive a RemoveBackend hold handles to freed or reused nodes.
 	type flight struct {
-		b int
-		p []uint64
+		b     int
+		p     []uint64
+		nodes []int32
 	}
 	var inflight []flight
 	prompts := make([][]uint64, 6)
@@ -276,14 +279,23 @@ func randomAgainstModel(t *testing.T, ids []int) {
 			ix.SetCapacity(b, caps[b])
 			evict(b)
 		case r < 10:
-			ix.Acquire(b, p)
+			var nodes []int32
+			if step%2 == 0 {
+				nodes = ix.AcquireNodes(b, p, nil)
+			} else {
+				ix.Acquire(b, p)
+			}
 			insert(b, p, true)
-			inflight = append(inflight, flight{b, p})
+			inflight = append(inflight, flight{b, p, nodes})
 		case r < 19 && len(inflight) > 0:
 			k := rng.IntN(len(inflight))
 			f := inflight[k]
 			inflight = slices.Delete(inflight, k, k+1)
-			ix.Release(f.b, f.p)
+			if f.nodes != nil {
+				ix.ReleaseNodes(f.b, f.p, f.nodes)
+			} else {
+				ix.Release(f.b, f.p)
+			}
 			release(f.b, f.p)
 		default:
 			ix.Insert(b, p)
@@ -411,52 +423,71 @@ func checkInvariants(t *testing.T, ix *Index) {
 	total := 0
 	for b := range ix.backends {
 		l := &ix.backends[b]
-		count := 0
-		for _, li := range []struct {
-			name   string
-			l      *list
-			pinned bool
-		}{{"recent", &l.recent, false}, {"pinned", &l.pinned, true}} {
-			prev := int32(nilNode)
-			for n := li.l.head; n != nilNode; n = ix.nodes[n].next {
-				nd := ix.nodes[n]
-				if nd.prev != prev || int(nd.backend) != b {
-					t.Fatalf("backend %d %s: node %d has prev %d backend %d, want %d and %d", b, li.name, n, nd.prev, nd.backend, prev, b)
-				}
-				if (nd.pins > 0) != li.pinned || nd.pins < 0 {
-					t.Fatalf("backend %d: node %d with %d pins on the %s list", b, n, nd.pins, li.name)
-				}
-				if got := ix.pairs.find(ix.nodes, nd.hash, nd.backend); got != n {
-					t.Fatalf("backend %d: pair table finds %d for node %d", b, got, n)
-				}
-				e := want[nd.hash]
-				if b < maskBackends {
-					e.mask |= 1 << b
-				} else {
-					e.wide++
-				}
-				want[nd.hash] = e
-				prev = n
-				count++
-			}
-			if prev != li.l.tail {
-				t.Fatalf("backend %d: %s list ends at %d, recorded %d", b, li.name, prev, li.l.tail)
-			}
+		if int(l.id) != b {
+			t.Fatalf("backend %d: list says it is %d", b, l.id)
 		}
-		if count != l.n {
-			t.Fatalf("backend %d: lists hold %d nodes, recorded %d", b, count, l.n)
+		// Every unpinned node has exactly one live entry in the log, and
+		// live entries are in stamp order.
+		liveSeen := map[int32]bool{}
+		var last uint32
+		for _, tc := range l.log[l.head:] {
+			if !ix.live(l, tc) {
+				continue
+			}
+			if liveSeen[tc.node] || tc.stamp <= last {
+				t.Fatalf("backend %d: live log entry %+v repeated or out of order", b, tc)
+			}
+			liveSeen[tc.node], last = true, tc.stamp
+		}
+		count, unpinned := 0, 0
+		for n, nd := range ix.nodes {
+			if int(nd.backend) != b {
+				continue
+			}
+			if nd.pins < 0 {
+				t.Fatalf("backend %d: node %d with %d pins", b, n, nd.pins)
+			}
+			if nd.pins == 0 {
+				unpinned++
+				if !liveSeen[int32(n)] {
+					t.Fatalf("backend %d: unpinned node %d has no live log entry", b, n)
+				}
+			}
+			if got := ix.pairs.find(ix.nodes, nd.hash, nd.backend); got != int32(n) {
+				t.Fatalf("backend %d: pair table finds %d for node %d", b, got, n)
+			}
+			e := want[nd.hash]
+			if b < maskBackends {
+				e.mask |= 1 << b
+			} else {
+				e.wide++
+			}
+			want[nd.hash] = e
+			count++
+		}
+		if count != l.n || unpinned != l.unpinned || len(liveSeen) != unpinned {
+			t.Fatalf("backend %d: slab holds %d nodes (%d unpinned, %d live log entries), recorded %d (%d)", b, count, unpinned, len(liveSeen), l.n, l.unpinned)
 		}
 		total += count
 	}
 	if ix.pairs.n != total {
 		t.Fatalf("pair table holds %d, lists hold %d", ix.pairs.n, total)
 	}
-	if len(ix.blocks) != len(want) {
-		t.Fatalf("block map has %d entries, want %d", len(ix.blocks), len(want))
+	if ix.blocks.n != len(want) {
+		t.Fatalf("block map has %d entries, want %d", ix.blocks.n, len(want))
+	}
+	held := 0
+	for _, sl := range ix.blocks.slots {
+		if sl.mask != 0 || sl.wide != 0 {
+			held++
+		}
+	}
+	if held != ix.blocks.n {
+		t.Fatalf("block map has %d full slots, counts %d", held, ix.blocks.n)
 	}
 	for h, e := range want {
-		if ix.blocks[h] != e {
-			t.Fatalf("block %x: entry %+v, want %+v", h, ix.blocks[h], e)
+		if got, ok := ix.blocks.get(h); !ok || got != e {
+			t.Fatalf("block %x: entry %+v (%v), want %+v", h, got, ok, e)
 		}
 	}
 }

@@ -138,9 +138,11 @@ type Assignment struct {
 
 	ticket *fleet.Ticket
 	// index and hashes are the prompt's blocks pinned in the prefix index
-	// for the chosen backend until Done releases them.
+	// for the chosen backend until Done releases them; nodes are the
+	// index's handles for them.
 	index    *prefix.Index
 	hashes   []uint64
+	nodes    []int32
 	released atomic.Bool
 }
 
@@ -254,7 +256,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes []uint64, exclude
 	}
 	// The blocks stay pinned while the request is in flight there, as the
 	// engine cannot evict the blocks of a queued or running request.
-	s.index.Acquire(b.ID, hashes)
+	a.nodes = s.index.AcquireNodes(b.ID, hashes, nil)
 	a.index, a.hashes = s.index, hashes
 
 	if !v.Stream {
@@ -312,7 +314,7 @@ func (a *Assignment) FirstByte(now time.Time) { a.ticket.FirstByte(now) }
 func (a *Assignment) Done(now time.Time) {
 	a.ticket.Done(now)
 	if a.index != nil && a.released.CompareAndSwap(false, true) {
-		a.index.Release(a.Backend.ID, a.hashes)
-		a.hashes = nil
+		a.index.ReleaseNodes(a.Backend.ID, a.hashes, a.nodes)
+		a.hashes, a.nodes = nil, nil
 	}
 }
