@@ -73,12 +73,10 @@ func (e Entry) DNS() bool { return e.Discovery == DiscoveryDNS }
 
 // Key identifies an entry across reloads: an entry whose key changed is a
 // different backend (removed, and the new one added), since its URL,
-// models, name and kind are fixed for a backend's life. Context lengths
-// and DNS intervals are part of the key too, so that a reload that changes
-// them takes effect.
+// models, name and kind are fixed for a backend's life. Its context length
+// is not part of it: a reload updates that in place.
 func (e *Entry) Key() string {
-	return strings.Join([]string{e.Base.String(), e.Name, strings.Join(e.Models, ","), e.Kind, e.Discovery, e.SRV,
-		fmt.Sprint(e.MaxModelLen), e.DNSInterval.String()}, "\x00")
+	return strings.Join([]string{e.Base.String(), e.Name, strings.Join(e.Models, ","), e.Kind, e.Discovery, e.SRV}, "\x00")
 }
 
 // Entries returns the backends of c with their derived values; the error

@@ -1,0 +1,100 @@
+package members
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/fleet"
+)
+
+// newSet builds a set over the config's entries, with no network and no
+// metrics.
+func newSet(t *testing.T, c *config.Config) (*Set, *fleet.Fleet, *[]int) {
+	t.Helper()
+	es, err := c.Entries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fleet.New()
+	var forgot []int
+	s := New(Config{Fleet: f, Forget: func(id int) { forgot = append(forgot, id) }, Transport: http.DefaultTransport,
+		Health: c.Health, FleetSection: c.Fleet}, es)
+	return s, f, &forgot
+}
+
+// TestMaxContext: the largest context among the backends serving a model,
+// each backend's from its own entry or its /v1/models; a backend of
+// unknown context lifts the limit; one serving other models does not count.
+func TestMaxContext(t *testing.T) {
+	models := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte(`{"data":[{"id":"m","max_model_len":8192},{"id":"n"}]}`))
+	}))
+	defer models.Close()
+	tests := []struct {
+		name     string
+		backends []config.Backend
+		model    string
+		want     int
+		known    bool
+	}{
+		{"configured", []config.Backend{{URL: "http://a:1", Models: []string{"m"}, MaxModelLen: 100}, {URL: "http://b:1", Models: []string{"m"}, MaxModelLen: 300}}, "m", 300, true},
+		{"other model ignored", []config.Backend{{URL: "http://a:1", Models: []string{"m"}, MaxModelLen: 100}, {URL: "http://b:1", Models: []string{"x"}}}, "m", 100, true},
+		{"unknown lifts", []config.Backend{{URL: "http://a:1", Models: []string{"m"}, MaxModelLen: 100}, {URL: "http://b:1", Models: []string{"m"}}}, "m", 0, false},
+		{"discovered", []config.Backend{{URL: models.URL}}, "m", 8192, true},
+		{"discovered without a length", []config.Backend{{URL: models.URL}}, "n", 0, false},
+		{"configured wins over discovered", []config.Backend{{URL: models.URL, MaxModelLen: 50}}, "m", 50, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := config.Default()
+			c.Backends = tt.backends
+			c.Health.Timeout = time.Second
+			es, err := c.Entries()
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := New(Config{Fleet: fleet.New(), Forget: func(int) {}, Transport: http.DefaultTransport, Health: c.Health, DiscoverModels: true}, es)
+			got, known := s.MaxContext(tt.model)
+			if got != tt.want || known != tt.known {
+				t.Errorf("MaxContext(%q) = %d, %v; want %d, %v", tt.model, got, known, tt.want, tt.known)
+			}
+		})
+	}
+}
+
+// TestApplyKeepsRecords: a reload keeps the record (and breaker) of an
+// unchanged entry, updates its context length in place, adds new entries
+// and drains removed ones, whose prefixes are forgotten.
+func TestApplyKeepsRecords(t *testing.T) {
+	c := config.Default()
+	c.Backends = []config.Backend{{URL: "http://a:1", Name: "a", Models: []string{"m"}}, {URL: "http://b:1", Name: "b", Models: []string{"m"}}}
+	s, f, forgot := newSet(t, c)
+	a := s.ByName("a")
+	s.Failed(a, errTest{})
+	c2 := config.Default()
+	c2.Backends = []config.Backend{{URL: "http://a:1", Name: "a", Models: []string{"m"}, MaxModelLen: 77}, {URL: "http://c:1", Name: "c", Models: []string{"m"}}}
+	es, err := c2.Entries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Apply(es, c2.Fleet)
+	if s.ByName("a") != a || a.Breaker().Fails != 1 || a.ContextOf("m") != 77 {
+		t.Errorf("a: same record %v, fails %d, context %d", s.ByName("a") == a, a.Breaker().Fails, a.ContextOf("m"))
+	}
+	if s.ByName("c") == nil || s.Of(s.ByName("c").B) != s.ByName("c") {
+		t.Error("c was not added, or Of does not find it by ID")
+	}
+	if b := s.ByName("b"); b != nil {
+		t.Errorf("b still listed: %+v", b.B.Name)
+	}
+	if len(*forgot) != 1 || len(f.Snapshot().All) != 2 {
+		t.Errorf("forgotten %v, fleet %d backends; want b's ID forgotten and two backends", *forgot, len(f.Snapshot().All))
+	}
+}
+
+type errTest struct{}
+
+func (errTest) Error() string { return "test failure" }
