@@ -31,7 +31,7 @@
 #   OVERHEAD_SSE_TOKENS=100    tokens per stream
 #   OVERHEAD_SSE_SPREAD=1s     the streams start evenly over this time
 #   OVERHEAD_SSE_ROUNDS=3      rounds of direct, haproxy, kvroute
-  OVERHEAD_KVROUTE=PATH      a kvroute binary to measure instead of building this checkout
+#   OVERHEAD_KVROUTE=PATH      a kvroute binary to measure instead of building this checkout
 set -euo pipefail
 
 quick=0
