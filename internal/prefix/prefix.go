@@ -1,6 +1,7 @@
 // Package prefix is the router's approximate picture of which backend holds
 // which prompt prefix in its KV cache. Prompt text is cut into fixed-size
-// character blocks hashed as a chain (each block's hash covers its parent's),
+// character blocks, each named by the hash of the whole prompt up to its end
+// (one xxhash digest over the text, summed at every block boundary),
 // and the Index maps block hashes to the backends believed to hold them,
 // with a per-backend capacity in blocks: the blocks of requests in flight
 // are pinned, the others evicted least recently used first.
@@ -10,7 +11,6 @@
 package prefix
 
 import (
-	"encoding/binary"
 	"math/bits"
 	"slices"
 	"sync"
@@ -26,7 +26,7 @@ const DefaultBlockChars = 64
 // a backend's real capacity is known.
 const DefaultCapacity = 100000
 
-// Hash appends to dst the chain hashes of the full blocks of blockChars
+// Hash appends to dst the prefix hashes of the full blocks of blockChars
 // bytes of text and returns the extended slice. A trailing partial block is
 // not hashed: engines cache full blocks only. Block i's hash covers blocks
 // 0..i, so equal hashes at position i mean equal prefixes through block i.
@@ -34,21 +34,15 @@ func Hash(dst []uint64, text string, blockChars int) []uint64 {
 	if blockChars <= 0 || len(text) < blockChars {
 		return dst
 	}
-	// Each block is hashed as one contiguous message (parent's 8 bytes,
-	// little-endian, then the block's text) with the one-shot xxhash.Sum64,
-	// which is markedly faster than streaming through a Digest; the bytes
-	// hashed, and so the results, are the same.
-	var stack [8 + 256]byte
-	buf := stack[:]
-	if 8+blockChars > len(buf) {
-		buf = make([]byte, 8+blockChars)
-	}
-	buf = buf[:8+blockChars]
+	// One xxhash digest runs over the whole text; block i's hash is the
+	// digest's sum at the block's end: the hash of the whole prefix up to
+	// it, so it names that prefix as a chained hash does, with each byte
+	// hashed once and nothing copied.
+	var d xxhash.Digest
+	d.Reset()
 	for off := 0; off+blockChars <= len(text); off += blockChars {
-		copy(buf[8:], text[off:off+blockChars])
-		h := xxhash.Sum64(buf)
-		dst = append(dst, h)
-		binary.LittleEndian.PutUint64(buf[:8], h)
+		_, _ = d.WriteString(text[off : off+blockChars])
+		dst = append(dst, d.Sum64())
 	}
 	return dst
 }

@@ -379,21 +379,12 @@ func TestConcurrent(t *testing.T) {
 	}
 }
 
-// hashStreaming is the reference definition of Hash: each block's digest
-// covers its parent's hash (8 bytes, little-endian) followed by its text.
+// hashStreaming is the reference definition of Hash: block i's hash is
+// the xxhash of the whole text up to the end of block i, hashed afresh.
 func hashStreaming(text string, blockChars int) []uint64 {
 	var dst []uint64
-	var parent [8]byte
-	var d xxhash.Digest
-	for off := 0; off+blockChars <= len(text); off += blockChars {
-		d.Reset()
-		_, _ = d.Write(parent[:])
-		_, _ = d.WriteString(text[off : off+blockChars])
-		h := d.Sum64()
-		dst = append(dst, h)
-		for i := range 8 {
-			parent[i] = byte(h >> (8 * i))
-		}
+	for end := blockChars; end <= len(text); end += blockChars {
+		dst = append(dst, xxhash.Sum64String(text[:end]))
 	}
 	return dst
 }
