@@ -18,7 +18,6 @@ import (
 
 	"github.com/kvroute/kvroute/internal/members"
 	"github.com/kvroute/kvroute/internal/openai"
-	"github.com/kvroute/kvroute/internal/prefix"
 	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/scheduler"
 )
@@ -74,7 +73,6 @@ type exchange struct {
 	relay *relay
 	// rejected is the error code of a request the router answered itself.
 	rejected string
-	settled  bool
 
 	// The exchange's trace (tracing.go): its context and span, the
 	// current attempt's span and its first byte's; nil with tracing off.
@@ -120,7 +118,7 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 		ex.reject(w, e)
 		return
 	}
-	ex.hashes = prefix.Hash(make([]uint64, 0, len(v.Prompt)/s.sched.BlockChars()), v.Prompt, s.sched.BlockChars())
+	ex.hashes = s.sched.Hashes(v)
 	_, span = ex.child("route", trace.SpanKindInternal)
 	a, err := s.sched.RouteHashed(v, ex.hashes, nil, ex.start)
 	routeSpan(span, s.policyName(), a, err)
@@ -363,14 +361,11 @@ func (ex *exchange) settleDeferred() {
 	ex.settle()
 }
 
-// settle ends the exchange, once: it feeds the body's end to the breaker,
+// settle ends the exchange: it feeds the body's end to the breaker,
 // releases the assignment and wakes the admission queue, counts the
-// request and records its decision.
+// request and records its decision. settleDeferred, the handler's one
+// deferred call, is its only caller, which makes it run exactly once.
 func (ex *exchange) settle() {
-	if ex.settled {
-		return
-	}
-	ex.settled = true
 	s := ex.s
 	now := time.Now()
 	if ex.status == 0 {
@@ -394,7 +389,7 @@ func (ex *exchange) settle() {
 		s.adm.Wake()
 	}
 	policy := s.policyName()
-	if ex.target != nil && ex.rejected == "" {
+	if ex.target != nil { // a request the router answered itself has none
 		ex.target.Count(policy, ex.status)
 		if ex.view != nil {
 			ex.target.ObserveE2E(now.Sub(ex.start))

@@ -155,10 +155,16 @@ func (s *Scheduler) BlockChars() int { return s.blockCh }
 func (s *Scheduler) Route(v *request.View, exclude []int, now time.Time) (*Assignment, error) {
 	sc := s.scratch.Get().(*scratch)
 	defer s.put(sc)
-	// The assignment keeps the hashes until Done, so they get their own
-	// slice of exactly the prompt's full blocks rather than a pooled buffer.
-	hashes := prefix.Hash(make([]uint64, 0, len(v.Prompt)/s.blockCh), v.Prompt, s.blockCh)
-	return s.route(sc, v, hashes, exclude, now)
+	return s.route(sc, v, s.Hashes(v), exclude, now)
+}
+
+// Hashes returns the block hashes of v's prompt as Route computes them, for
+// a caller that routes one prompt more than once (a retry) with
+// RouteHashed. The assignment keeps the hashes until Done, so they get a
+// slice of their own, of exactly the prompt's full blocks, rather than a
+// pooled buffer.
+func (s *Scheduler) Hashes(v *request.View) []uint64 {
+	return prefix.Hash(make([]uint64, 0, len(v.Prompt)/s.blockCh), v.Prompt, s.blockCh)
 }
 
 // RouteHashed is Route for a caller that has already hashed v.Prompt:
