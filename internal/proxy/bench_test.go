@@ -51,24 +51,26 @@ type dropExporter struct{}
 func (dropExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
 func (dropExporter) Shutdown(context.Context) error                             { return nil }
 
-func benchHop(b *testing.B, pol string, size, clients int) {
-	backend := newStaticB(b)
-	body := hopBody("bench-model", size)
+// benchRouter starts a router with the named policy over the one backend
+// at backendURL, serving model, with engine scraping off (the benchmarks'
+// backends have no metrics) and, with tracing, every request traced and
+// its spans dropped by the exporter. It returns the router's base URL and
+// shuts it down when the benchmark ends.
+func benchRouter(b *testing.B, backendURL, model, pol string, tracing bool) string {
+	b.Helper()
 	cfg := config.Default()
-	if p, ok := strings.CutSuffix(pol, "+tracing"); ok {
-		pol = p
-		cfg.Tracing.Enabled = true
-		old := newTraceExporter
-		newTraceExporter = func(context.Context, config.Tracing) (sdktrace.SpanExporter, error) { return dropExporter{}, nil }
-		defer func() { newTraceExporter = old }()
-	}
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Policy = pol
-	cfg.Backends = []config.Backend{{URL: backend.URL, Name: "bench", Models: []string{"bench-model"}}}
+	cfg.Backends = []config.Backend{{URL: backendURL, Name: "bench", Models: []string{model}}}
 	cfg.Health.Interval = time.Hour
+	cfg.Engines.Enabled = false
+	cfg.Tracing.Enabled = tracing
 	if err := cfg.Validate(); err != nil {
 		b.Fatal(err)
 	}
+	old := newTraceExporter
+	newTraceExporter = func(context.Context, config.Tracing) (sdktrace.SpanExporter, error) { return dropExporter{}, nil }
+	defer func() { newTraceExporter = old }()
 	srv, err := New(cfg, nil)
 	if err != nil {
 		b.Fatal(err)
@@ -76,7 +78,15 @@ func benchHop(b *testing.B, pol string, size, clients int) {
 	if err := srv.Start(); err != nil {
 		b.Fatal(err)
 	}
-	defer srv.Shutdown(b.Context())
+	b.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
+	return "http://" + srv.Addr()
+}
+
+func benchHop(b *testing.B, pol string, size, clients int) {
+	backend := newStaticB(b)
+	body := hopBody("bench-model", size)
+	pol, tracing := strings.CutSuffix(pol, "+tracing")
+	router := benchRouter(b, backend.URL, "bench-model", pol, tracing)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients}}
 	defer client.CloseIdleConnections()
 	do := func(url string) (time.Duration, error) {
@@ -93,7 +103,7 @@ func benchHop(b *testing.B, pol string, size, clients int) {
 		return time.Since(start), nil
 	}
 	direct := backend.URL + "/v1/chat/completions"
-	routed := "http://" + srv.Addr() + "/v1/chat/completions"
+	routed := router + "/v1/chat/completions"
 	for _, u := range []string{direct, routed} {
 		if _, err := do(u); err != nil {
 			b.Fatal(err)
@@ -185,22 +195,7 @@ func BenchmarkRelaySSE(b *testing.B) {
 		_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	}))
 	defer backend.Close()
-	cfg := config.Default()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Backends = []config.Backend{{URL: backend.URL, Name: "sse", Models: []string{"m"}}}
-	cfg.Health.Interval = time.Hour
-	cfg.Engines.Enabled = false
-	if err := cfg.Validate(); err != nil {
-		b.Fatal(err)
-	}
-	srv, err := New(cfg, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer srv.Shutdown(b.Context())
+	router := benchRouter(b, backend.URL, "m", "kvroute", false)
 	client := &http.Client{}
 	body := chat("m", true, "stream")
 	stream := func(url string) time.Duration {
@@ -220,7 +215,7 @@ func BenchmarkRelaySSE(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		direct += stream(backend.URL)
-		routed += stream("http://" + srv.Addr())
+		routed += stream(router)
 	}
 	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(b.N*events) }
 	b.ReportMetric(per(direct), "direct-ns/event")
@@ -239,30 +234,9 @@ func BenchmarkTracingCost(b *testing.B) {
 		b.Run(fmt.Sprintf("%dKB", size>>10), func(b *testing.B) {
 			backend := newStaticB(b)
 			body := hopBody("bench-model", size)
-			start := func(tracing bool) string {
-				cfg := config.Default()
-				cfg.Listen = "127.0.0.1:0"
-				cfg.Backends = []config.Backend{{URL: backend.URL, Name: "bench", Models: []string{"bench-model"}}}
-				cfg.Health.Interval = time.Hour
-				cfg.Engines.Enabled = false
-				cfg.Tracing.Enabled = tracing
-				if err := cfg.Validate(); err != nil {
-					b.Fatal(err)
-				}
-				old := newTraceExporter
-				newTraceExporter = func(context.Context, config.Tracing) (sdktrace.SpanExporter, error) { return dropExporter{}, nil }
-				defer func() { newTraceExporter = old }()
-				srv, err := New(cfg, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := srv.Start(); err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
-				return "http://" + srv.Addr() + "/v1/chat/completions"
-			}
-			off, on := start(false), start(true)
+			path := "/v1/chat/completions"
+			off := benchRouter(b, backend.URL, "bench-model", "kvroute", false) + path
+			on := benchRouter(b, backend.URL, "bench-model", "kvroute", true) + path
 			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 32}}
 			defer client.CloseIdleConnections()
 			do := func(url string) time.Duration {
