@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/request"
 )
 
 // benchScheduler returns a scheduler over 64 backends, each holding a
@@ -31,7 +32,11 @@ func benchScheduler(b *testing.B) (*Scheduler, string) {
 // longest-prefix policy), insert, account, reason.
 func BenchmarkRoute(b *testing.B) {
 	s, prompt := benchScheduler(b)
-	v := view("", prompt)
+	routeLoop(b, s, view("", prompt))
+}
+
+// routeLoop routes v, takes its first byte and ends it, once per iteration.
+func routeLoop(b *testing.B, s *Scheduler, v *request.View) {
 	b.ReportAllocs()
 	for b.Loop() {
 		a, err := s.Route(v, nil, t0)
@@ -68,14 +73,5 @@ func BenchmarkRouteParallel(b *testing.B) {
 // beyond the shared system prompt.
 func BenchmarkRouteLong(b *testing.B) {
 	s, _ := benchScheduler(b)
-	v := view("", text(0, 2048)+text(7, 200_000-2048))
-	b.ReportAllocs()
-	for b.Loop() {
-		a, err := s.Route(v, nil, t0)
-		if err != nil {
-			b.Fatal(err)
-		}
-		a.FirstByte(t0)
-		a.Done(t0)
-	}
+	routeLoop(b, s, view("", text(0, 2048)+text(7, 200_000-2048)))
 }
