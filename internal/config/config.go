@@ -153,6 +153,12 @@ type Limits struct {
 	// /v1/models or backends[].max_model_len say; a backend whose context
 	// is unknown lifts the limit. Default true.
 	RejectOverContext bool `yaml:"reject_over_context"`
+	// ClientWriteTimeout bounds each write of a response to the client: a
+	// client that stops reading (its socket buffers full) for this long is
+	// cut off, which ends the upstream request and frees its backend slot
+	// and admission place. Default 60s (nginx's send_timeout). 0 means no
+	// limit.
+	ClientWriteTimeout time.Duration `yaml:"client_write_timeout"`
 }
 
 // Prefix tunes the prefix-cache index.
@@ -215,6 +221,21 @@ type Upstream struct {
 	// only when the whole completion is done, so keep it above the
 	// longest completion. 0 means no limit. Default 10m.
 	ResponseHeaderTimeout time.Duration `yaml:"response_header_timeout"`
+	// FirstTokenTimeout bounds, for a streaming request, the wait from
+	// sending it to the first body byte (headers and prefill together),
+	// in place of response_header_timeout when shorter. A backend that
+	// exceeds it is a failure: the request is retried elsewhere, or gets
+	// 504, and the backend's breaker counts it, so that an engine that
+	// hangs every completion while its /health answers is ejected. Keep
+	// it above the longest queueing plus prefill a healthy engine takes.
+	// 0 means response_header_timeout alone. Default 2m.
+	FirstTokenTimeout time.Duration `yaml:"first_token_timeout"`
+	// StreamIdleTimeout bounds the silence of a backend after the first
+	// body byte: a response whose backend sends nothing for this long is
+	// ended (an event stream with an error event in the OpenAI shape) and
+	// counts as a failure of the backend. 0 means no limit. Default 5m,
+	// as Envoy's stream idle timeout.
+	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 	// DiscoverModels asks each backend without a configured models list
 	// for its /v1/models at startup, so that requests for a model no
 	// backend serves get 404. Turn it off for servers that accept any
@@ -265,6 +286,8 @@ const (
 	DefaultRetryAttempts  = 2
 	DefaultConnectTimeout = 5 * time.Second
 	DefaultHeaderTimeout  = 10 * time.Minute
+	DefaultFirstToken     = 2 * time.Minute
+	DefaultStreamIdle     = 5 * time.Minute
 	DefaultShutdownGrace  = 30 * time.Second
 	DefaultEngineInterval = 250 * time.Millisecond
 	DefaultEngineTimeout  = time.Second
@@ -283,11 +306,12 @@ func Default() *Config {
 		Prefix:  Prefix{BlockChars: prefix.DefaultBlockChars, CapacityBlocks: prefix.DefaultCapacity},
 		Health: Health{Interval: DefaultHealthInterval, Timeout: DefaultHealthTimeout, Path: DefaultHealthPath, EjectAfter: DefaultEjectAfter,
 			Cooldown: DefaultCooldown, MaxCooldown: DefaultMaxCooldown, HalfOpenProbes: DefaultHalfOpenProbes},
-		Retry:         Retry{Attempts: DefaultRetryAttempts},
-		Admission:     defaultAdmission(),
-		Admin:         defaultAdmin(),
-		Auth:          defaultAuth(),
-		Upstream:      Upstream{ConnectTimeout: DefaultConnectTimeout, ResponseHeaderTimeout: DefaultHeaderTimeout, DiscoverModels: true},
+		Retry:     Retry{Attempts: DefaultRetryAttempts},
+		Admission: defaultAdmission(),
+		Admin:     defaultAdmin(),
+		Auth:      defaultAuth(),
+		Upstream: Upstream{ConnectTimeout: DefaultConnectTimeout, ResponseHeaderTimeout: DefaultHeaderTimeout,
+			FirstTokenTimeout: DefaultFirstToken, StreamIdleTimeout: DefaultStreamIdle, DiscoverModels: true},
 		Engines:       Engines{Enabled: true, Interval: DefaultEngineInterval, Timeout: DefaultEngineTimeout, StaleAfter: DefaultEngineStale},
 		Fleet:         defaultFleet(),
 		Log:           Log{Level: "info", Format: "text"},
@@ -438,6 +462,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Upstream.ResponseHeaderTimeout < 0 {
 		bad("upstream.response_header_timeout: %v must not be negative", c.Upstream.ResponseHeaderTimeout)
+	}
+	if c.Upstream.FirstTokenTimeout < 0 {
+		bad("upstream.first_token_timeout: %v must not be negative", c.Upstream.FirstTokenTimeout)
+	}
+	if c.Upstream.StreamIdleTimeout < 0 {
+		bad("upstream.stream_idle_timeout: %v must not be negative", c.Upstream.StreamIdleTimeout)
 	}
 	if c.Engines.Interval <= 0 || c.Engines.Interval >= policy.EngineStateMaxAge {
 		bad("engines.interval: %v must be positive and below %v (the kvroute policy ignores older engine reports)", c.Engines.Interval, policy.EngineStateMaxAge)

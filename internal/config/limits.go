@@ -15,16 +15,18 @@ const (
 	DefaultMaxMessages       = 100000
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultBodyTimeout       = 60 * time.Second
+	DefaultClientWrite       = 60 * time.Second
 )
 
 func defaultLimits() Limits {
 	return Limits{
-		MaxBodyBytes:      DefaultMaxBodyBytes,
-		MaxHeaderBytes:    DefaultMaxHeaderBytes,
-		MaxMessages:       DefaultMaxMessages,
-		ReadHeaderTimeout: DefaultReadHeaderTimeout,
-		BodyTimeout:       DefaultBodyTimeout,
-		RejectOverContext: true,
+		MaxBodyBytes:       DefaultMaxBodyBytes,
+		MaxHeaderBytes:     DefaultMaxHeaderBytes,
+		MaxMessages:        DefaultMaxMessages,
+		ReadHeaderTimeout:  DefaultReadHeaderTimeout,
+		BodyTimeout:        DefaultBodyTimeout,
+		RejectOverContext:  true,
+		ClientWriteTimeout: DefaultClientWrite,
 	}
 }
 
@@ -42,6 +44,9 @@ func (l Limits) validate(bad func(format string, args ...any)) {
 	}
 	if l.BodyTimeout <= 0 {
 		bad("limits.body_timeout: %v must be positive", l.BodyTimeout)
+	}
+	if l.ClientWriteTimeout < 0 {
+		bad("limits.client_write_timeout: %v must not be negative", l.ClientWriteTimeout)
 	}
 }
 

@@ -29,14 +29,9 @@ func newHeldBackend(t *testing.T) *heldBackend {
 	t.Helper()
 	h := &heldBackend{arrived: make(chan string, 16), proceed: make(chan struct{}, 16)}
 	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/health":
-			return
-		case "/v1/chat/completions":
-		default:
-			// Engine-metric scrapes and model probes are not held:
-			// only completions count as arrivals.
-			http.NotFound(w, r)
+		// Engine-metric scrapes and model probes are not held: only
+		// completions count as arrivals.
+		if !completionOnly(w, r) {
 			return
 		}
 		var body struct {

@@ -71,6 +71,9 @@ type exchange struct {
 	status int
 	// relay is the response body being relayed, nil before one was chosen.
 	relay *relay
+	// client controls the client's response (its write deadline, see
+	// relay); nil without limits.client_write_timeout.
+	client *http.ResponseController
 	// rejected is the error code of a request the router answered itself.
 	rejected string
 
@@ -164,6 +167,11 @@ func (ex *exchange) assign(a *scheduler.Assignment) {
 // forward hands the request to the reverse proxy, with the exchange as its
 // transport and error handler.
 func (ex *exchange) forward(w http.ResponseWriter, r *http.Request) {
+	if ex.s.cfg.Limits.ClientWriteTimeout > 0 {
+		ex.client = http.NewResponseController(w)
+		// The next request on the connection starts without a deadline.
+		defer func() { _ = ex.client.SetWriteDeadline(time.Time{}) }()
+	}
 	rp := httputil.ReverseProxy{
 		Rewrite:      rewrite,
 		Transport:    ex,
@@ -237,7 +245,19 @@ func (ex *exchange) RoundTrip(req *http.Request) (*http.Response, error) {
 		out.TransferEncoding = nil
 
 		ex.startAttempt(out)
-		resp, err := s.upstream.RoundTrip(out)
+		sent, ft := s.boundFirstToken(ex.view, out)
+		resp, err := s.upstream.RoundTrip(sent)
+		var head []byte
+		var perr error
+		if err == nil && resp.StatusCode/100 == 2 {
+			head, perr = s.firstByte(resp.Body)
+		}
+		if ft.done() {
+			if resp != nil {
+				_ = resp.Body.Close()
+			}
+			resp, err = nil, errFirstTokenTimeout
+		}
 		if err == nil {
 			switch {
 			case resp.StatusCode >= 500:
@@ -251,7 +271,6 @@ func (ex *exchange) RoundTrip(req *http.Request) (*http.Response, error) {
 				ex.relayResponse(resp, nil, nil)
 				return resp, nil
 			default:
-				head, perr := s.firstByte(resp.Body)
 				if len(head) > 0 || perr == io.EOF {
 					ex.firstByteSeen()
 					if len(head) > 0 {
@@ -326,24 +345,24 @@ func (ex *exchange) proxyError(w http.ResponseWriter, r *http.Request, err error
 		ex.status = statusClientGone // nobody to answer
 		return
 	}
-	status, code := failureStatus(err)
+	status, code, msg := failureStatus(err)
 	ex.status = status
-	name := ex.target.B.Name
-	msg := "backend " + name + " failed: " + err.Error()
 	if ex.retries > 0 {
 		msg += " (after " + strconv.Itoa(ex.retries) + " retries)"
 	}
-	ex.s.log.Warn("proxy error", "backend", name, "status", status, "err", err)
+	// The client gets a generic message: the cause names the backend's
+	// address (a dial error's ip:port), which stays in the log.
+	ex.s.log.Warn("proxy error", "backend", ex.target.B.Name, "status", status, "retries", ex.retries, "err", err)
 	openai.WriteError(w, status, openai.TypeServer, code, msg, 0)
 }
 
-// failureStatus is the status and error code of a request that no backend
-// answered: 504 for a timeout, else 502.
-func failureStatus(err error) (int, string) {
+// failureStatus is the status, error code and client message of a
+// request that no backend answered: 504 for a timeout, else 502.
+func failureStatus(err error) (int, string, string) {
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
-		return http.StatusGatewayTimeout, "backend_timeout"
+		return http.StatusGatewayTimeout, "backend_timeout", "the backend did not answer in time"
 	}
-	return http.StatusBadGateway, "backend_error"
+	return http.StatusBadGateway, "backend_error", "the backend failed to answer"
 }
 
 // settleDeferred settles the exchange when its handler returns, and also

@@ -238,3 +238,18 @@ func signal(ch chan struct{}) {
 	default:
 	}
 }
+
+// completionOnly serves the paths of a test backend that are not a chat
+// completion: /health answers 200 and anything else (engine-metric
+// scrapes, model probes) 404. It reports whether r is a completion, for
+// the backend to serve.
+func completionOnly(w http.ResponseWriter, r *http.Request) bool {
+	switch r.URL.Path {
+	case "/v1/chat/completions":
+		return true
+	case "/health":
+	default:
+		http.NotFound(w, r)
+	}
+	return false
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"sync/atomic"
+	"time"
 )
 
 // relay is the body of the response the client gets, as the reverse proxy
@@ -12,10 +14,18 @@ import (
 // backend) and, when the backend breaks an event stream, appends the error
 // event (streamerr.go). The reverse proxy reads and closes it on the
 // exchange's goroutine.
+//
+// It also bounds both ends of the stream. Each read from the backend is
+// bounded by upstream.stream_idle_timeout (a timer closes the backend's
+// body, and the body counts as broken by errStreamIdle); only the time
+// spent waiting for the backend counts, not the time the client takes.
+// Each write to the client is bounded by limits.client_write_timeout: the
+// write deadline of the client's connection is pushed forward before the
+// bytes of every read go out, so that a client that stops reading fails
+// the write, which ends the response and with it the upstream request.
 type relay struct {
 	rc      io.ReadCloser
 	ctx     context.Context
-	backend string
 	head    []byte
 	headErr error
 	// complete is set when the backend's body reached its end; broken
@@ -29,11 +39,32 @@ type relay struct {
 	tail   sseTail
 	cut    []byte
 	cutErr error
+	// idle closes rc when the backend stays silent for idleAfter; nil
+	// without a stream idle timeout. idleFired is set when it did.
+	idle      *time.Timer
+	idleAfter time.Duration
+	idleFired atomic.Bool
+	// client is the client's response, whose write deadline is pushed
+	// writeAfter ahead of every read; nil without a client write timeout.
+	client     *http.ResponseController
+	writeAfter time.Duration
 }
 
 func newRelay(ex *exchange, resp *http.Response, head []byte, headErr error) *relay {
-	return &relay{rc: resp.Body, ctx: resp.Request.Context(), backend: ex.target.B.Name, head: head, headErr: headErr,
+	t := &relay{rc: resp.Body, ctx: resp.Request.Context(), head: head, headErr: headErr,
 		sse: resp.StatusCode == http.StatusOK && isSSE(resp.Header.Get("Content-Type"))}
+	if d := ex.s.cfg.Upstream.StreamIdleTimeout; d > 0 {
+		t.idleAfter = d
+		t.idle = time.AfterFunc(d, func() {
+			t.idleFired.Store(true)
+			_ = t.rc.Close()
+		})
+		t.idle.Stop()
+	}
+	if d := ex.s.cfg.Limits.ClientWriteTimeout; d > 0 && ex.client != nil {
+		t.client, t.writeAfter = ex.client, d
+	}
+	return t
 }
 
 func (t *relay) Read(p []byte) (int, error) {
@@ -46,12 +77,15 @@ func (t *relay) Read(p []byte) (int, error) {
 		return n, nil
 	}
 	n, err := t.read(p)
+	if t.client != nil {
+		_ = t.client.SetWriteDeadline(time.Now().Add(t.writeAfter))
+	}
 	if !t.sse {
 		return n, err
 	}
 	t.tail.note(p[:n])
 	if t.broken != nil {
-		t.cut, t.cutErr = streamErrorEvent(t.backend, err, t.tail.atBoundary()), err
+		t.cut, t.cutErr = streamErrorEvent(err, t.tail.atBoundary()), err
 		if n == 0 {
 			return t.Read(p)
 		}
@@ -74,7 +108,7 @@ func (t *relay) read(p []byte) (int, error) {
 	case t.headErr != nil:
 		err = t.headErr
 	default:
-		n, err = t.rc.Read(p)
+		n, err = t.readBackend(p)
 	}
 	if err != nil {
 		t.end(err)
@@ -95,4 +129,22 @@ func (t *relay) end(err error) {
 	}
 }
 
-func (t *relay) Close() error { return t.rc.Close() }
+// readBackend reads the backend's body under the stream idle timeout.
+func (t *relay) readBackend(p []byte) (int, error) {
+	if t.idle == nil {
+		return t.rc.Read(p)
+	}
+	t.idle.Reset(t.idleAfter)
+	n, err := t.rc.Read(p)
+	if !t.idle.Stop() && t.idleFired.Load() {
+		return n, errStreamIdle
+	}
+	return n, err
+}
+
+func (t *relay) Close() error {
+	if t.idle != nil {
+		t.idle.Stop()
+	}
+	return t.rc.Close()
+}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"strings"
 
 	"github.com/kvroute/kvroute/internal/openai"
@@ -14,11 +15,14 @@ import (
 //
 //  1. it appends one SSE event in the OpenAI error shape,
 //
-//     data: {"error":{"message":"backend engine-0 broke the stream: ...","type":"server_error","param":null,"code":"backend_stream_broken"}}
+//     data: {"error":{"message":"the backend broke the stream; the response is incomplete","type":"server_error","param":null,"code":"backend_stream_broken"}}
 //
-//     preceded by a blank line when the backend stopped inside an event,
-//     so that the error event parses on its own (the OpenAI SDKs raise an
-//     APIError on an event with an "error" key);
+//     (code stream_idle_timeout for a backend silent for
+//     upstream.stream_idle_timeout), preceded by a blank line when the
+//     backend stopped inside an event, so that the error event parses on
+//     its own (the OpenAI SDKs raise an APIError on an event with an
+//     "error" key). The message names neither the backend nor its
+//     address; the router's log has both, and the cause;
 //  2. it never sends data: [DONE], and aborts the response instead of
 //     ending it, so that the HTTP framing itself is truncated (an
 //     unterminated chunked body, seen by HTTP clients as an unexpected
@@ -28,8 +32,12 @@ import (
 // Non-SSE bodies (a JSON completion) get no event, which would corrupt
 // them: only the abort.
 
-// streamBrokenCode is the error code of the event.
-const streamBrokenCode = "backend_stream_broken"
+// The error codes of the event: a stream its backend broke, and one its
+// backend left silent.
+const (
+	streamBrokenCode = "backend_stream_broken"
+	streamIdleCode   = "stream_idle_timeout"
+)
 
 // isSSE reports whether a response with this Content-Type is an event
 // stream.
@@ -60,12 +68,12 @@ func (t *sseTail) atBoundary() bool {
 }
 
 // streamErrorEvent is the event that ends a broken stream (see above).
-func streamErrorEvent(backend string, cause error, atBoundary bool) []byte {
-	body, _ := json.Marshal(openai.ErrorBody{Error: openai.ErrorDetail{
-		Message: "backend " + backend + " broke the stream: " + cause.Error(),
-		Type:    openai.TypeServer,
-		Code:    streamBrokenCode,
-	}})
+func streamErrorEvent(cause error, atBoundary bool) []byte {
+	d := openai.ErrorDetail{Message: "the backend broke the stream; the response is incomplete", Type: openai.TypeServer, Code: streamBrokenCode}
+	if errors.Is(cause, errStreamIdle) {
+		d.Message, d.Code = "the backend sent nothing within the router's stream idle timeout; the response is incomplete", streamIdleCode
+	}
+	body, _ := json.Marshal(openai.ErrorBody{Error: d})
 	var b []byte
 	if !atBoundary {
 		b = append(b, "\n\n"...)
