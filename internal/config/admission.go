@@ -1,12 +1,16 @@
 package config
 
-import "time"
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+)
 
 // Admission tunes the router's admission queue. When every healthy backend
 // serving a request's model has reached one of the limits below, the
-// request waits in the router (ordered by the X-Kvroute-Priority header,
-// an integer, higher first, default 0; round robin across tenants within a
-// priority) instead of being sent to an engine that is already behind. A
+// request waits in the router (ordered by priority, an integer, higher
+// first, default 0; round robin across tenants within a priority) instead of being sent to an engine that is already behind. A
 // request that waits max_wait, or finds max_queue requests waiting, gets
 // 429 with Retry-After. With every limit at 0, the default, admission is
 // off and costs nothing.
@@ -31,6 +35,69 @@ type Admission struct {
 	// fairness. Default "": the API key (Authorization bearer token), which
 	// is only ever kept hashed.
 	TenantHeader string `yaml:"tenant_header"`
+	// TrustedPriorityCIDRs are the networks (CIDRs or single addresses)
+	// of trusted fronts, such as an API gateway that authenticates
+	// clients: a request whose TCP peer is in one of them may set its
+	// priority with the X-Kvroute-Priority header (an integer in
+	// [-1000000, 1000000]). From any other peer the header is ignored,
+	// so that a client cannot jump the queue. The front must drop or
+	// overwrite the header its own clients send. Default [] (the header
+	// is ignored from everyone).
+	TrustedPriorityCIDRs []string `yaml:"trusted_priority_cidrs"`
+	// KeyPriorities attach a priority to API keys (the bearer token of
+	// Authorization): a request with one of these keys gets its
+	// priority, unless a trusted front set the header. Default [].
+	KeyPriorities []KeyPriority `yaml:"key_priorities"`
+}
+
+// KeyPriority is the priority of one API key.
+type KeyPriority struct {
+	// Key is the key, or better "sha256:<64 hex digits>", its SHA-256
+	// digest (as in auth.api_keys_file), so that the config file need
+	// not hold the secret.
+	Key string `yaml:"key"`
+	// Priority is the key's priority, in [-1000000, 1000000].
+	Priority int `yaml:"priority"`
+}
+
+// MaxPriority bounds a priority's magnitude.
+const MaxPriority = 1_000_000
+
+// TrustedFronts parses trusted_priority_cidrs; a single address is a
+// one-address prefix.
+func (a Admission) TrustedFronts() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for i, s := range a.TrustedPriorityCIDRs {
+		s = strings.TrimSpace(s)
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			addr, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				return nil, fmt.Errorf("admission.trusted_priority_cidrs[%d]: %q is not a CIDR or an address", i, s)
+			}
+			p = netip.PrefixFrom(addr, addr.BitLen())
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+// KeyPriorityDigests returns the SHA-256 digest of each key_priorities
+// key with its priority.
+func (a Admission) KeyPriorityDigests() (map[[32]byte]int, error) {
+	out := map[[32]byte]int{}
+	for i, kp := range a.KeyPriorities {
+		where := fmt.Sprintf("admission.key_priorities[%d].key", i)
+		d, ok, err := keyDigest(where, kp.Key)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, fmt.Errorf("%s: empty", where)
+		}
+		out[d] = kp.Priority
+	}
+	return out, nil
 }
 
 // Defaults of the admission section.
@@ -64,5 +131,16 @@ func (a Admission) validate(bad func(format string, args ...any)) {
 	}
 	if a.MaxWait <= 0 {
 		bad("admission.max_wait: %v must be positive", a.MaxWait)
+	}
+	if _, err := a.TrustedFronts(); err != nil {
+		bad("%v", err)
+	}
+	if _, err := a.KeyPriorityDigests(); err != nil {
+		bad("%v", err)
+	}
+	for i, kp := range a.KeyPriorities {
+		if kp.Priority < -MaxPriority || kp.Priority > MaxPriority {
+			bad("admission.key_priorities[%d].priority: %d is outside [-%d, %d]", i, kp.Priority, MaxPriority, MaxPriority)
+		}
 	}
 }

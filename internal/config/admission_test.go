@@ -1,6 +1,7 @@
 package config
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -28,12 +29,16 @@ admission:
   max_queue: 50
   max_wait: 5s
   tenant_header: X-Team
+  trusted_priority_cidrs: [10.1.0.0/16, 192.0.2.7]
+  key_priorities: [{key: "sha256:8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4", priority: 10}]
 `)
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	want := Admission{MaxInFlightPerBackend: 8, MaxPendingPrefillTokensPerBackend: 32000, MaxEngineWaiting: 4, MaxQueue: 50, MaxWait: 5 * time.Second, TenantHeader: "X-Team"}
-	if c.Admission != want || !c.Admission.Enabled() {
+	want := Admission{MaxInFlightPerBackend: 8, MaxPendingPrefillTokensPerBackend: 32000, MaxEngineWaiting: 4, MaxQueue: 50, MaxWait: 5 * time.Second, TenantHeader: "X-Team",
+		TrustedPriorityCIDRs: []string{"10.1.0.0/16", "192.0.2.7"},
+		KeyPriorities:        []KeyPriority{{Key: "sha256:8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4", Priority: 10}}}
+	if !reflect.DeepEqual(c.Admission, want) || !c.Admission.Enabled() {
 		t.Errorf("got %+v, want %+v", c.Admission, want)
 	}
 }
@@ -45,6 +50,11 @@ func TestAdmissionValidate(t *testing.T) {
 		{"max_engine_waiting: -2", "admission.max_engine_waiting"},
 		{"max_queue: 0", "admission.max_queue"},
 		{"max_wait: 0s", "admission.max_wait"},
+		{"trusted_priority_cidrs: [10.0.0.0/33]", "admission.trusted_priority_cidrs[0]"},
+		{"trusted_priority_cidrs: [gateway]", "admission.trusted_priority_cidrs[0]"},
+		{"key_priorities: [{key: 'sha256:abc', priority: 1}]", "admission.key_priorities[0].key"},
+		{"key_priorities: [{key: '', priority: 1}]", "admission.key_priorities[0].key"},
+		{"key_priorities: [{key: k, priority: 1000001}]", "admission.key_priorities[0].priority"},
 	} {
 		c := parse(t, "backends: [{url: 'http://127.0.0.1:9000'}]\nadmission: {"+tc.yaml+"}\n")
 		err := c.Validate()

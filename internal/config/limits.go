@@ -89,20 +89,11 @@ func (a Auth) validate(bad func(format string, args ...any)) {
 func (a Auth) KeyDigests() ([][sha256.Size]byte, error) {
 	var out [][sha256.Size]byte
 	add := func(where, k string) error {
-		k = strings.TrimSpace(k)
-		if k == "" || strings.HasPrefix(k, "#") {
-			return nil
+		d, ok, err := keyDigest(where, k)
+		if ok {
+			out = append(out, d)
 		}
-		if hexd, ok := strings.CutPrefix(k, "sha256:"); ok {
-			b, err := hex.DecodeString(hexd)
-			if err != nil || len(b) != sha256.Size {
-				return fmt.Errorf("%s: %q is not sha256: followed by 64 hex digits", where, truncateKey(k))
-			}
-			out = append(out, [sha256.Size]byte(b))
-			return nil
-		}
-		out = append(out, sha256.Sum256([]byte(k)))
-		return nil
+		return err
 	}
 	if a.APIKeysFile != "" {
 		b, err := os.ReadFile(a.APIKeysFile)
@@ -132,6 +123,23 @@ func (a Auth) KeyDigests() ([][sha256.Size]byte, error) {
 		}
 	}
 	return out, nil
+}
+
+// keyDigest reads one key: blank or a # comment (ok false), a plain key
+// (its SHA-256 digest), or "sha256:<64 hex digits>".
+func keyDigest(where, k string) (d [sha256.Size]byte, ok bool, err error) {
+	k = strings.TrimSpace(k)
+	if k == "" || strings.HasPrefix(k, "#") {
+		return d, false, nil
+	}
+	if hexd, isDigest := strings.CutPrefix(k, "sha256:"); isDigest {
+		b, err := hex.DecodeString(hexd)
+		if err != nil || len(b) != sha256.Size {
+			return d, false, fmt.Errorf("%s: %q is not sha256: followed by 64 hex digits", where, truncateKey(k))
+		}
+		return [sha256.Size]byte(b), true, nil
+	}
+	return sha256.Sum256([]byte(k)), true, nil
 }
 
 // truncateKey keeps a malformed key's first characters for an error

@@ -32,12 +32,13 @@ func newAdmission(cfg *config.Config, f *fleet.Fleet, reg prometheus.Registerer)
 	return admission.New(admission.Config{MaxQueue: a.MaxQueue, MaxWait: a.MaxWait}, lim.Saturated(f), reg)
 }
 
-// admit reads the request's priority and waits for admission. On success
-// release must be called once the request is routed. Otherwise the error
-// is the answer: 400 for a bad priority, 429 from the queue, or status 499
-// when the client left while queued.
+// admit reads the request's priority (from trusted sources only, see
+// priorities) and waits for admission. On success release must be called
+// once the request is routed. Otherwise the error is the answer: 400 for a
+// trusted front's bad priority, 429 from the queue, or status 499 when the
+// client left while queued.
 func (s *Server) admit(r *http.Request, model string) (release func(), e *openai.Error) {
-	prio, perr := admission.ParsePriority(r.Header)
+	prio, perr := s.creds.Load().prio.of(r)
 	if perr != nil {
 		return nil, perr
 	}

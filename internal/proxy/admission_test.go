@@ -82,6 +82,7 @@ func TestAdmissionQueue(t *testing.T) {
 		c.Admission.MaxInFlightPerBackend = 1
 		c.Admission.MaxQueue = 2
 		c.Admission.MaxWait = 5 * time.Second
+		c.Admission.TrustedPriorityCIDRs = []string{"127.0.0.1"} // the test client is the trusted front
 	})
 	send := func(name string, prio int) <-chan result {
 		ch := make(chan result, 1)
@@ -136,6 +137,78 @@ func TestAdmissionQueue(t *testing.T) {
 		}
 	}
 	waitQueued(0)
+}
+
+// TestPriorityFromTrustedSourcesOnly: a request's priority comes from a
+// trusted front's X-Kvroute-Priority header or from its API key, never
+// from a client's own header. With a one-slot backend busy, "low" queues
+// first and "high" second; the backend then sees "high" first only when
+// its priority came from a trusted source.
+func TestPriorityFromTrustedSourcesOnly(t *testing.T) {
+	const key = "key-of-the-interactive-tier"
+	keyed := func(c *config.Config) { c.Admission.KeyPriorities = []config.KeyPriority{{Key: key, Priority: 7}} }
+	tests := []struct {
+		name string
+		mod  func(*config.Config)
+		hdr  []string // the headers of "high"
+		want string   // the second request at the backend
+	}{
+		{"a client's own header is ignored", nil, []string{"X-Kvroute-Priority", "1000000"}, "low"},
+		{"a malformed header from a client is ignored", nil, []string{"X-Kvroute-Priority", "urgent"}, "low"},
+		{"the header of a trusted front", func(c *config.Config) { c.Admission.TrustedPriorityCIDRs = []string{"127.0.0.0/8"} },
+			[]string{"X-Kvroute-Priority", "7"}, "high"},
+		{"a peer outside the trusted networks", func(c *config.Config) { c.Admission.TrustedPriorityCIDRs = []string{"10.0.0.0/8", "::1"} },
+			[]string{"X-Kvroute-Priority", "7"}, "low"},
+		{"the priority of an API key", keyed, []string{"Authorization", "Bearer " + key}, "high"},
+		{"a client header with a keyed config", keyed, []string{"X-Kvroute-Priority", "7"}, "low"},
+		{"another key", keyed, []string{"Authorization", "Bearer not-" + key}, "low"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			hb := newHeldBackend(t)
+			r := newRig(t, "kvroute", 0, func(c *config.Config) {
+				c.Backends = []config.Backend{{URL: hb.srv.URL, Name: "held", Models: []string{"m"}}}
+				c.Admission.MaxInFlightPerBackend = 1
+				c.Admission.MaxWait = 5 * time.Second
+				if tt.mod != nil {
+					tt.mod(c)
+				}
+			})
+			send := func(name string, hdr ...string) <-chan result {
+				ch := make(chan result, 1)
+				go func() { ch <- r.post("/v1/chat/completions", chat("m", false, name), hdr...) }()
+				return ch
+			}
+			waitQueued := func(n int) {
+				t.Helper()
+				for deadline := time.Now().Add(5 * time.Second); r.srv.adm.Len() != n; time.Sleep(time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("queue length %d, want %d", r.srv.adm.Len(), n)
+					}
+				}
+			}
+			results := []<-chan result{send("first")}
+			if got := hb.next(t); got != "first" {
+				t.Fatalf("backend got %q first", got)
+			}
+			results = append(results, send("low"))
+			waitQueued(1)
+			results = append(results, send("high", tt.hdr...))
+			waitQueued(2)
+			hb.proceed <- struct{}{}
+			if got := hb.next(t); got != tt.want {
+				t.Errorf("second request at the backend %q, want %q", got, tt.want)
+			}
+			hb.proceed <- struct{}{}
+			hb.next(t)
+			hb.proceed <- struct{}{}
+			for _, ch := range results {
+				if res := <-ch; res.status != http.StatusOK {
+					t.Errorf("status %d: %s", res.status, res.body)
+				}
+			}
+		})
+	}
 }
 
 // TestAdmissionTimeout: a request that waits max_wait gets 429.

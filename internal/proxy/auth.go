@@ -4,12 +4,82 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"net/http"
+	"net/netip"
 	"path"
 	"strings"
 
+	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/openai"
 )
+
+// credentials are what the router trusts a request by: the API keys, and
+// where a priority may come from. They are built from the configuration
+// at startup and on every reload, and swapped whole (Server.creds).
+type credentials struct {
+	// keys is nil when no API key is configured.
+	keys *apiKeys
+	prio priorities
+}
+
+// newCredentials reads the auth and admission sections.
+func newCredentials(cfg *config.Config) (*credentials, error) {
+	keys, err := newAPIKeys(cfg.Auth)
+	if err != nil {
+		return nil, err
+	}
+	fronts, err := cfg.Admission.TrustedFronts()
+	if err != nil {
+		return nil, err
+	}
+	kp, err := cfg.Admission.KeyPriorityDigests()
+	if err != nil {
+		return nil, err
+	}
+	return &credentials{keys: keys, prio: priorities{fronts: fronts, keys: kp}}, nil
+}
+
+// priorities decides a request's admission priority from trusted sources
+// only: the X-Kvroute-Priority header of a request whose TCP peer is a
+// trusted front (admission.trusted_priority_cidrs), else the priority of
+// its API key (admission.key_priorities), else 0. Anyone else's header is
+// ignored, so that a client cannot jump the queue; X-Forwarded-For is not
+// looked at, since a client writes it.
+type priorities struct {
+	fronts []netip.Prefix
+	keys   map[[sha256.Size]byte]int
+}
+
+// of returns r's priority; a trusted front's malformed header is a 400.
+func (p *priorities) of(r *http.Request) (int, *openai.Error) {
+	if len(p.fronts) > 0 && r.Header.Get(admission.PriorityHeader) != "" && p.fromFront(r.RemoteAddr) {
+		return admission.ParsePriority(r.Header)
+	}
+	if len(p.keys) > 0 {
+		if tok, ok := bearer(r.Header.Get("Authorization")); ok {
+			if prio, ok := p.keys[sha256.Sum256([]byte(tok))]; ok {
+				return prio, nil
+			}
+		}
+	}
+	return 0, nil
+}
+
+// fromFront reports whether remote, a request's "ip:port", is in a
+// trusted front's network.
+func (p *priorities) fromFront(remote string) bool {
+	ap, err := netip.ParseAddrPort(remote)
+	if err != nil {
+		return false
+	}
+	a := ap.Addr().Unmap()
+	for _, f := range p.fronts {
+		if f.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
 
 // apiKeys is the router's own API key check: the SHA-256 digests of the
 // accepted keys, and the paths that need none.
@@ -70,16 +140,13 @@ func bearer(h string) (string, bool) {
 	return tok, tok != ""
 }
 
-// requireKey wraps next with the API key check when keys are configured.
-// The Authorization header is left as it is: the backend sees it
-// unchanged.
+// requireKey wraps next with the API key check, which applies while keys
+// are configured (they may come and go with a reload). The Authorization
+// header is left as it is: the backend sees it unchanged.
 func (s *Server) requireKey(next http.Handler) http.Handler {
-	k := s.auth
-	if k == nil {
-		return next
-	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if k.isExempt(r.URL.Path) || k.valid(r) {
+		k := s.creds.Load().keys
+		if k == nil || k.isExempt(r.URL.Path) || k.valid(r) {
 			next.ServeHTTP(w, r)
 			return
 		}

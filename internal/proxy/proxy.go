@@ -23,6 +23,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/admin"
@@ -56,8 +57,9 @@ type Server struct {
 	proxyLog *log.Logger
 	// tracing is the OpenTelemetry tracer; nil with tracing off.
 	tracing *tracing
-	// auth is the API key check; nil when no key is configured.
-	auth *apiKeys
+	// creds are the API keys and the sources of priority, replaced on
+	// reload.
+	creds atomic.Pointer[credentials]
 
 	// decisions is the admin API's log of the last routing decisions,
 	// and adminAPI the handler mounted at /admin/.
@@ -132,9 +134,11 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	if s.tracing, err = newTracing(cfg.Tracing); err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
 	}
-	if s.auth, err = newAPIKeys(cfg.Auth); err != nil {
+	creds, err := newCredentials(cfg)
+	if err != nil {
 		return nil, err
 	}
+	s.creds.Store(creds)
 	s.handler = s.limitBody(s.requireKey(s.routes()))
 	return s, nil
 }
