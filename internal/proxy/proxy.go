@@ -139,7 +139,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		return nil, err
 	}
 	s.creds.Store(creds)
-	s.handler = s.limitBody(s.requireKey(s.routes()))
+	s.handler = guardFraming(s.limitBody(s.requireKey(s.routes())))
 	return s, nil
 }
 

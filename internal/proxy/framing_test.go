@@ -1,0 +1,117 @@
+package proxy
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/openai"
+)
+
+// rawRequests writes raw onto one connection to the router and reads n
+// responses off it; closed reports whether the router closed the
+// connection after the last one.
+func (r *rig) rawRequests(raw string, n int) (resps []*http.Response, bodies []string, closed bool) {
+	r.t.Helper()
+	c := dial(r.t, r.srv.Addr())
+	if _, err := io.WriteString(c, raw); err != nil {
+		r.t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	br := bufio.NewReader(c)
+	for i := range n {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			r.t.Fatalf("response %d: %v", i, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resps, bodies = append(resps, resp), append(bodies, string(b))
+	}
+	// The deadline tells a kept connection (timeout) from a closed one.
+	_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	_, err := br.ReadByte()
+	var ne net.Error
+	closed = !(errors.As(err, &ne) && ne.Timeout())
+	return resps, bodies, closed
+}
+
+// TestContentLengthAndTransferEncodingClose: a request with both
+// Content-Length and Transfer-Encoding is answered (by its chunked body,
+// as RFC 9112 says) and then its connection is closed, as seen on the
+// wire; a request with a Content-Length alone keeps its connection for the
+// next request.
+func TestContentLengthAndTransferEncodingClose(t *testing.T) {
+	r := newRig(t, "round-robin", 1, nil)
+	body := chat("shared", false, "smuggle")
+	both := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: kvroute\r\nContent-Type: application/json\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(body), body)
+	resps, bodies, closed := r.rawRequests(both, 1)
+	if resps[0].StatusCode != http.StatusOK || bodies[0] != jsonAnswer("b0") {
+		t.Errorf("CL+TE request: status %d %q; want the chunked body served", resps[0].StatusCode, bodies[0])
+	}
+	if !resps[0].Close || !closed {
+		t.Errorf("CL+TE request: Connection: close %v, connection closed %v; want both", resps[0].Close, closed)
+	}
+
+	one := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: kvroute\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	resps, _, closed = r.rawRequests(one+one, 2)
+	if resps[0].Close || resps[1].StatusCode != http.StatusOK || closed {
+		t.Errorf("Content-Length requests: close %v, second status %d, closed %v; want a kept connection", resps[0].Close, resps[1].StatusCode, closed)
+	}
+}
+
+// TestUpgradeRefused: a protocol upgrade gets 501 in the OpenAI shape and
+// never reaches a backend; an h2c upgrade offer is ignored and the
+// request served over HTTP/1.1.
+func TestUpgradeRefused(t *testing.T) {
+	r := newRig(t, "round-robin", 1, nil)
+	body := chat("shared", false, "upgrade")
+	req := func(upgrade string) string {
+		return fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: kvroute\r\nConnection: Upgrade\r\nUpgrade: %s\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", upgrade, len(body), body)
+	}
+	resps, bodies, _ := r.rawRequests(req("websocket"), 1)
+	checkErrorShape(t, result{status: resps[0].StatusCode, header: resps[0].Header, body: []byte(bodies[0])}, http.StatusNotImplemented, openai.TypeInvalidRequest)
+	if n := r.backends[0].hits.Load(); n != 0 {
+		t.Errorf("the upgrade reached the backend (%d requests)", n)
+	}
+	resps, bodies, _ = r.rawRequests(req("h2c"), 1)
+	if resps[0].StatusCode != http.StatusOK || bodies[0] != jsonAnswer("b0") {
+		t.Errorf("h2c offer: status %d %q; want the completion over HTTP/1.1", resps[0].StatusCode, bodies[0])
+	}
+	if h := *r.backends[0].lastHeader.Load(); h.Get("Upgrade") != "" || strings.Contains(strings.ToLower(h.Get("Connection")), "upgrade") {
+		t.Errorf("the backend saw an upgrade offer: %v", h)
+	}
+}
+
+// TestErrorsHideBackendAddresses: a backend that cannot be reached (its
+// name left to the default, its host:port) gives the client a 502 whose
+// message names no address, and the router's log the cause with it.
+func TestErrorsHideBackendAddresses(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close() // nothing listens there any more: connection refused
+	r, logs := newLoggedRig(t, 0, func(c *config.Config) {
+		c.Backends = []config.Backend{{URL: "http://" + addr, Models: []string{"shared"}}}
+		c.Health.Path = ""
+		c.Engines.Enabled = false
+		c.Retry.Attempts = 0
+	})
+	res := r.post("/v1/chat/completions", chat("shared", false, "where"))
+	checkErrorShape(t, res, http.StatusBadGateway, openai.TypeServer)
+	port := addr[strings.LastIndex(addr, ":")+1:]
+	if strings.Contains(string(res.body), "127.0.0.1") || strings.Contains(string(res.body), port) {
+		t.Errorf("the client's 502 names the backend's address: %s", res.body)
+	}
+	if !strings.Contains(logs.String(), addr) {
+		t.Error("the log does not name the failed backend's address")
+	}
+}
