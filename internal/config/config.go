@@ -236,6 +236,11 @@ type Upstream struct {
 	// counts as a failure of the backend. 0 means no limit. Default 5m,
 	// as Envoy's stream idle timeout.
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
+	// ModelsCacheTTL is how long the router keeps its GET /v1/models
+	// answer (the union of the healthy backends' lists) before asking the
+	// backends again; a change in the set of healthy backends also asks
+	// again. 0 asks on every request. Default 5s.
+	ModelsCacheTTL time.Duration `yaml:"models_cache_ttl"`
 	// DiscoverModels asks each backend without a configured models list
 	// for its /v1/models at startup, so that requests for a model no
 	// backend serves get 404. Turn it off for servers that accept any
@@ -288,6 +293,7 @@ const (
 	DefaultHeaderTimeout  = 10 * time.Minute
 	DefaultFirstToken     = 2 * time.Minute
 	DefaultStreamIdle     = 5 * time.Minute
+	DefaultModelsTTL      = 5 * time.Second
 	DefaultShutdownGrace  = 30 * time.Second
 	DefaultEngineInterval = 250 * time.Millisecond
 	DefaultEngineTimeout  = time.Second
@@ -311,7 +317,7 @@ func Default() *Config {
 		Admin:     defaultAdmin(),
 		Auth:      defaultAuth(),
 		Upstream: Upstream{ConnectTimeout: DefaultConnectTimeout, ResponseHeaderTimeout: DefaultHeaderTimeout,
-			FirstTokenTimeout: DefaultFirstToken, StreamIdleTimeout: DefaultStreamIdle, DiscoverModels: true},
+			FirstTokenTimeout: DefaultFirstToken, StreamIdleTimeout: DefaultStreamIdle, ModelsCacheTTL: DefaultModelsTTL, DiscoverModels: true},
 		Engines:       Engines{Enabled: true, Interval: DefaultEngineInterval, Timeout: DefaultEngineTimeout, StaleAfter: DefaultEngineStale},
 		Fleet:         defaultFleet(),
 		Log:           Log{Level: "info", Format: "text"},
@@ -465,6 +471,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Upstream.FirstTokenTimeout < 0 {
 		bad("upstream.first_token_timeout: %v must not be negative", c.Upstream.FirstTokenTimeout)
+	}
+	if c.Upstream.ModelsCacheTTL < 0 {
+		bad("upstream.models_cache_ttl: %v must not be negative", c.Upstream.ModelsCacheTTL)
 	}
 	if c.Upstream.StreamIdleTimeout < 0 {
 		bad("upstream.stream_idle_timeout: %v must not be negative", c.Upstream.StreamIdleTimeout)

@@ -46,6 +46,8 @@ type fake struct {
 	mode   atomic.Int32
 	health atomic.Bool
 	hits   atomic.Int64
+	// modelHits counts GET /v1/models.
+	modelHits atomic.Int64
 	// prefillRate, in tokens per second (0: instant), delays the first byte by the
 	// request's uncached prompt tokens over it. Prefills run one at a time
 	// and the fake remembers every prompt it has seen, like an engine with
@@ -109,6 +111,7 @@ func (f *fake) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	case "/v1/models":
+		f.modelHits.Add(1)
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"object":"list","data":[{"id":"shared","object":"model","created":1,"owned_by":"fake","max_model_len":4096},{"id":"own-%s","object":"model","created":1,"owned_by":"fake"}]}`, f.name)
 		return

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -113,5 +114,40 @@ func TestErrorsHideBackendAddresses(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), addr) {
 		t.Error("the log does not name the failed backend's address")
+	}
+}
+
+// TestModelsCached: client GET /v1/models within upstream.models_cache_ttl
+// ask each backend once, not once a request; after the TTL, or when the
+// set of healthy backends changes, the router asks again.
+func TestModelsCached(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	r := newRig(t, "round-robin", 2, func(c *config.Config) { c.Upstream.ModelsCacheTTL = ttl })
+	hits := func() (n int64) {
+		for _, f := range r.backends {
+			n += f.modelHits.Load()
+		}
+		return n
+	}
+	before := hits() // startup discovery
+	want := string(r.get("/v1/models").body)
+	for range 20 {
+		if got := string(r.get("/v1/models").body); got != want {
+			t.Fatalf("cached answer %q, want %q", got, want)
+		}
+	}
+	if n := hits() - before; n != 2 {
+		t.Errorf("21 GET /v1/models within the TTL asked the backends %d times, want 2 (once each)", n)
+	}
+	time.Sleep(ttl)
+	r.get("/v1/models")
+	if n := hits() - before; n != 4 {
+		t.Errorf("after the TTL: %d asks in all, want 4", n)
+	}
+	r.srv.fleet.Drain(r.backendByName("b1"))
+	var list struct{ Data []struct{ ID string } }
+	_ = json.Unmarshal(r.get("/v1/models").body, &list)
+	if len(list.Data) != 2 || list.Data[1].ID != "own-b0" {
+		t.Errorf("after b1 left the healthy set: %+v, want b0's models only", list.Data)
 	}
 }

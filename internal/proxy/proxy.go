@@ -69,6 +69,9 @@ type Server struct {
 	// adm is the admission queue; nil when no admission limit is set.
 	adm *admission.Controller
 
+	// modelList is the cached GET /v1/models answer.
+	modelList modelCache
+
 	// reload serialises Reload; last is the configuration last applied
 	// (the startup one until the first reload).
 	reload sync.Mutex
