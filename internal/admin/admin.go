@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/openai"
@@ -106,28 +107,38 @@ type Engine struct {
 
 // Handler serves the admin API.
 type Handler struct {
-	// digest is the SHA-256 of the token; comparing digests keeps the
-	// comparison constant-time whatever the length of the guess.
-	digest  [sha256.Size]byte
-	enabled bool
-	src     Source
-	log     *Log
-	now     func() time.Time
+	// digest is the SHA-256 of the token (nil: the API is off); comparing
+	// digests keeps the comparison constant-time whatever the length of
+	// the guess. SetToken replaces it.
+	digest atomic.Pointer[[sha256.Size]byte]
+	src    Source
+	log    *Log
+	now    func() time.Time
 }
 
 // New returns the admin API over src and log. An empty token disables it:
 // every path answers 404, as if the API did not exist.
 func New(token string, src Source, log *Log) *Handler {
-	h := &Handler{src: src, log: log, now: time.Now, enabled: token != ""}
-	if h.enabled {
-		h.digest = sha256.Sum256([]byte(token))
-	}
+	h := &Handler{src: src, log: log, now: time.Now}
+	h.SetToken(token)
 	return h
+}
+
+// SetToken replaces the token (a configuration reload); "" turns the API
+// off. Calls in flight finish under the token they were checked against.
+func (h *Handler) SetToken(token string) {
+	if token == "" {
+		h.digest.Store(nil)
+		return
+	}
+	d := sha256.Sum256([]byte(token))
+	h.digest.Store(&d)
 }
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !h.enabled {
+	digest := h.digest.Load()
+	if digest == nil {
 		notFound(w, r)
 		return
 	}
@@ -140,7 +151,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	if !h.authorized(r) {
+	if !authorized(r, digest) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="kvroute admin"`)
 		openai.WriteError(w, http.StatusUnauthorized, openai.TypeAuthentication, "invalid_admin_token",
 			"the admin API needs the header Authorization: Bearer <admin token>", 0)
@@ -173,15 +184,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// authorized checks the bearer token in constant time.
-func (h *Handler) authorized(r *http.Request) bool {
+// authorized checks the bearer token against digest in constant time.
+func authorized(r *http.Request, digest *[sha256.Size]byte) bool {
 	auth := r.Header.Get("Authorization")
 	scheme, token, ok := strings.Cut(auth, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return false
 	}
 	d := sha256.Sum256([]byte(strings.TrimSpace(token)))
-	return subtle.ConstantTimeCompare(d[:], h.digest[:]) == 1
+	return subtle.ConstantTimeCompare(d[:], digest[:]) == 1
 }
 
 func (h *Handler) backends(w http.ResponseWriter) {

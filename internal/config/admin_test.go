@@ -10,7 +10,7 @@ import (
 func TestAdminToken(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "token")
-	if err := os.WriteFile(file, []byte("  from-file\n"), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte("  from-file-0123456789\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	empty := filepath.Join(dir, "empty")
@@ -25,9 +25,11 @@ func TestAdminToken(t *testing.T) {
 		wantErr string
 	}{
 		{name: "off", admin: Admin{}, want: ""},
-		{name: "inline", admin: Admin{Token: "inline"}, want: "inline"},
-		{name: "file", admin: Admin{TokenFile: file}, want: "from-file"},
-		{name: "env wins", admin: Admin{TokenFile: file}, env: "from-env", want: "from-env"},
+		{name: "inline", admin: Admin{Token: "inline-0123456789"}, want: "inline-0123456789"},
+		{name: "file", admin: Admin{TokenFile: file}, want: "from-file-0123456789"},
+		{name: "env wins", admin: Admin{TokenFile: file}, env: "from-env-0123456789", want: "from-env-0123456789"},
+		{name: "short inline", admin: Admin{Token: "inline"}, wantErr: "admin.token: the admin token has 6 characters"},
+		{name: "short env", admin: Admin{TokenFile: file}, env: "from-env", wantErr: AdminTokenEnv + ": the admin token has 8"},
 		{name: "missing file", admin: Admin{TokenFile: filepath.Join(dir, "nope")}, wantErr: "admin.token_file"},
 		{name: "empty file", admin: Admin{TokenFile: empty}, wantErr: "is empty"},
 	}
@@ -56,6 +58,7 @@ func TestAdminAndBreakerValidation(t *testing.T) {
 	}{
 		{"token and file", func(c *Config) { c.Admin.Token, c.Admin.TokenFile = "a", "b" }, "not both"},
 		{"no decisions", func(c *Config) { c.Admin.Decisions = 0 }, "admin.decisions"},
+		{"short token", func(c *Config) { c.Admin.Token = "hunter2" }, "admin.token: 7 characters is too short"},
 		{"cooldown", func(c *Config) { c.Health.Cooldown = 0 }, "health.cooldown"},
 		{"max below cooldown", func(c *Config) { c.Health.MaxCooldown = c.Health.Cooldown / 2 }, "health.max_cooldown"},
 		{"probes", func(c *Config) { c.Health.HalfOpenProbes = 0 }, "health.half_open_probes"},

@@ -159,6 +159,13 @@ type Limits struct {
 	// and admission place. Default 60s (nginx's send_timeout). 0 means no
 	// limit.
 	ClientWriteTimeout time.Duration `yaml:"client_write_timeout"`
+	// AuthFailuresPerMinute bounds how often one client address (an IPv4
+	// address, or an IPv6 /64) may fail the API key or admin token check:
+	// a token bucket of this many failures, refilled at this many a
+	// minute. A client whose bucket is empty gets 429 with Retry-After
+	// for every request that needs a key or token, right or wrong, until
+	// it refills. Default 30. 0 turns the limit off.
+	AuthFailuresPerMinute int `yaml:"auth_failures_per_minute"`
 }
 
 // Prefix tunes the prefix-cache index.

@@ -16,17 +16,19 @@ const (
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultBodyTimeout       = 60 * time.Second
 	DefaultClientWrite       = 60 * time.Second
+	DefaultAuthFailures      = 30
 )
 
 func defaultLimits() Limits {
 	return Limits{
-		MaxBodyBytes:       DefaultMaxBodyBytes,
-		MaxHeaderBytes:     DefaultMaxHeaderBytes,
-		MaxMessages:        DefaultMaxMessages,
-		ReadHeaderTimeout:  DefaultReadHeaderTimeout,
-		BodyTimeout:        DefaultBodyTimeout,
-		RejectOverContext:  true,
-		ClientWriteTimeout: DefaultClientWrite,
+		MaxBodyBytes:          DefaultMaxBodyBytes,
+		MaxHeaderBytes:        DefaultMaxHeaderBytes,
+		MaxMessages:           DefaultMaxMessages,
+		ReadHeaderTimeout:     DefaultReadHeaderTimeout,
+		BodyTimeout:           DefaultBodyTimeout,
+		RejectOverContext:     true,
+		ClientWriteTimeout:    DefaultClientWrite,
+		AuthFailuresPerMinute: DefaultAuthFailures,
 	}
 }
 
@@ -44,6 +46,9 @@ func (l Limits) validate(bad func(format string, args ...any)) {
 	}
 	if l.BodyTimeout <= 0 {
 		bad("limits.body_timeout: %v must be positive", l.BodyTimeout)
+	}
+	if l.AuthFailuresPerMinute < 0 {
+		bad("limits.auth_failures_per_minute: %d must not be negative (0 is off)", l.AuthFailuresPerMinute)
 	}
 	if l.ClientWriteTimeout < 0 {
 		bad("limits.client_write_timeout: %v must not be negative", l.ClientWriteTimeout)

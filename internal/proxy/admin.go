@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"net/http"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/admin"
@@ -11,7 +10,7 @@ import (
 
 // newAdmin builds the admin API and the decision log the proxy feeds. The
 // API answers 404 everywhere unless a token is configured.
-func (s *Server) newAdmin() (http.Handler, error) {
+func (s *Server) newAdmin() (*admin.Handler, error) {
 	token, err := s.cfg.Admin.ResolveToken()
 	if err != nil {
 		return nil, err

@@ -16,7 +16,13 @@ import (
 // none) and returns the status and body.
 func (r *rig) adminCall(method, path, token string) (int, []byte) {
 	r.t.Helper()
-	req, err := http.NewRequest(method, r.base+path, nil)
+	return r.callAt(r.base, method, path, token)
+}
+
+// callAt is adminCall at base, the URL of one of the router's listeners.
+func (r *rig) callAt(base, method, path, token string) (int, []byte) {
+	r.t.Helper()
+	req, err := http.NewRequest(method, base+path, nil)
 	if err != nil {
 		r.t.Fatal(err)
 	}

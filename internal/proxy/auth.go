@@ -141,15 +141,25 @@ func bearer(h string) (string, bool) {
 }
 
 // requireKey wraps next with the API key check, which applies while keys
-// are configured (they may come and go with a reload). The Authorization
+// are configured (they may come and go with a reload), and which a client
+// that failed it too often does not get to try (authFailures). The Authorization
 // header is left as it is: the backend sees it unchanged.
 func (s *Server) requireKey(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		k := s.creds.Load().keys
-		if k == nil || k.isExempt(r.URL.Path) || k.valid(r) {
+		if k == nil || k.isExempt(r.URL.Path) {
 			next.ServeHTTP(w, r)
 			return
 		}
+		if e := s.failures.blocked(r); e != nil {
+			s.reject(w, e)
+			return
+		}
+		if k.valid(r) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		s.failures.failed(r)
 		w.Header().Set("WWW-Authenticate", `Bearer realm="kvroute"`)
 		s.reject(w, &openai.Error{Status: http.StatusUnauthorized, Type: openai.TypeAuthentication, Code: "invalid_api_key",
 			Message: "a valid API key is required: send it as \"Authorization: Bearer <key>\""})

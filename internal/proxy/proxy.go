@@ -64,10 +64,14 @@ type Server struct {
 	// decisions is the admin API's log of the last routing decisions,
 	// and adminAPI the handler mounted at /admin/.
 	decisions *admin.Log
-	adminAPI  http.Handler
+	adminAPI  *admin.Handler
 
 	// adm is the admission queue; nil when no admission limit is set.
 	adm *admission.Controller
+
+	// failures limits failed API key and admin token checks per client;
+	// nil when off.
+	failures *authFailures
 
 	// modelList is the cached GET /v1/models answer.
 	modelList modelCache
@@ -80,8 +84,11 @@ type Server struct {
 	mu      sync.Mutex // guards the fields below
 	httpSrv *http.Server
 	ln      net.Listener
-	stop    context.CancelFunc
-	checks  sync.WaitGroup
+	// adminSrv and adminLn serve admin.listen; nil without it.
+	adminSrv *http.Server
+	adminLn  net.Listener
+	stop     context.CancelFunc
+	checks   sync.WaitGroup
 }
 
 // New builds a router from cfg, which must have passed Validate. Backends
@@ -142,6 +149,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		return nil, err
 	}
 	s.creds.Store(creds)
+	s.failures = newAuthFailures(cfg.Limits.AuthFailuresPerMinute)
 	s.handler = guardFraming(s.limitBody(s.requireKey(s.routes())))
 	return s, nil
 }
@@ -160,30 +168,72 @@ func (s *Server) Fleet() *fleet.Fleet { return s.fleet }
 // starts the active health checks. Use Addr to learn the bound address
 // when listen ends in ":0".
 func (s *Server) Start() error {
+	var aln net.Listener
+	if a := s.cfg.Admin.Listen; a != "" {
+		var err error
+		if aln, err = net.Listen("tcp", a); err != nil {
+			return fmt.Errorf("admin.listen: %w", err)
+		}
+	}
 	ln, err := net.Listen("tcp", s.cfg.Listen)
 	if err != nil {
+		if aln != nil {
+			_ = aln.Close()
+		}
 		return fmt.Errorf("listen: %w", err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	srv := &http.Server{
-		Handler:           s.handler,
+	srv := s.httpServer(s.handler)
+	var asrv *http.Server
+	if aln != nil {
+		mux := http.NewServeMux()
+		mux.Handle(admin.Prefix, s.failures.guardAdmin(s.adminAPI))
+		mux.Handle("/metrics", s.metrics.handler())
+		asrv = s.httpServer(guardFraming(mux))
+	}
+	s.mu.Lock()
+	s.httpSrv, s.ln, s.stop, s.adminSrv, s.adminLn = srv, ln, stop, asrv, aln
+	s.mu.Unlock()
+	s.set.Start(ctx)
+	s.startMonitor(ctx)
+	s.serve(srv, ln)
+	if asrv != nil {
+		s.serve(asrv, aln)
+		s.log.Info("admin API listening", "addr", aln.Addr().String())
+	}
+	s.log.Info("listening", "addr", ln.Addr().String(), "policy", s.sched.Policy().Name(), "backends", len(s.fleet.Snapshot().All))
+	return nil
+}
+
+// httpServer is an HTTP server for h with the client limits.
+func (s *Server) httpServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
 		ReadHeaderTimeout: s.cfg.Limits.ReadHeaderTimeout,
 		MaxHeaderBytes:    int(s.cfg.Limits.MaxHeaderBytes),
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
-	s.mu.Lock()
-	s.httpSrv, s.ln, s.stop = srv, ln, stop
-	s.mu.Unlock()
-	s.set.Start(ctx)
-	s.startMonitor(ctx)
+}
+
+// serve runs srv on ln in the background.
+func (s *Server) serve(srv *http.Server, ln net.Listener) {
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			s.log.Error("serve", "err", err)
+			s.log.Error("serve", "addr", ln.Addr().String(), "err", err)
 		}
 	}()
-	s.log.Info("listening", "addr", ln.Addr().String(), "policy", s.sched.Policy().Name(), "backends", len(s.fleet.Snapshot().All))
-	return nil
+}
+
+// AdminAddr returns the address admin.listen is bound to, or "" before
+// Start or without admin.listen.
+func (s *Server) AdminAddr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.adminLn == nil {
+		return ""
+	}
+	return s.adminLn.Addr().String()
 }
 
 // Addr returns the address Start listens on, or "" before Start.
@@ -201,7 +251,7 @@ func (s *Server) Addr() string {
 // it closes the remaining connections.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
-	srv, stop := s.httpSrv, s.stop
+	srv, stop, asrv := s.httpSrv, s.stop, s.adminSrv
 	s.mu.Unlock()
 	if stop != nil {
 		stop()
@@ -209,6 +259,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.checks.Wait()
 	s.set.Wait()
 	var err error
+	if asrv != nil {
+		_ = asrv.Close() // admin calls are short; nothing to wait for
+	}
 	if srv != nil {
 		if err = srv.Shutdown(ctx); err != nil {
 			_ = srv.Close()
@@ -252,7 +305,9 @@ func (s *Server) routes() http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("/readyz", s.readyz)
-	mux.Handle(admin.Prefix, s.adminAPI)
+	if s.cfg.Admin.Listen == "" {
+		mux.Handle(admin.Prefix, s.failures.guardAdmin(s.adminAPI))
+	}
 	mux.Handle("/metrics", s.metrics.handler())
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, http.StatusNotFound, openai.TypeNotFound, "not_found", "no route for "+r.Method+" "+r.URL.Path, 0)

@@ -15,12 +15,25 @@ import (
 //     DNS pools start and stop likewise;
 //   - policy and policy_options: a new policy routes the requests that
 //     start after Reload returns (the prefix index and load carry over);
-//   - fleet: warmup and dns_interval apply to what is added from now on.
+//   - fleet: warmup and dns_interval apply to what is added from now on;
+//   - credentials: the API keys (auth: the keys file and variable are
+//     read again), the admin token (admin.token, admin.token_file or
+//     KVROUTE_ADMIN_TOKEN, read again) and the sources of priority
+//     (admission.trusted_priority_cidrs, admission.key_priorities) apply
+//     to the requests that start after Reload returns.
 //
 // Every other setting is read once at startup; a change to it is logged as
 // needing a restart and otherwise ignored.
 func (s *Server) Reload(cfg *config.Config) error {
 	entries, err := cfg.Entries()
+	if err != nil {
+		return err
+	}
+	creds, err := newCredentials(cfg)
+	if err != nil {
+		return err
+	}
+	token, err := cfg.Admin.ResolveToken()
 	if err != nil {
 		return err
 	}
@@ -38,6 +51,8 @@ func (s *Server) Reload(cfg *config.Config) error {
 	for _, k := range restartKeys(old, cfg) {
 		s.log.Warn("reload: setting changed; it takes effect after a restart", "key", k)
 	}
+	s.creds.Store(creds)
+	s.adminAPI.SetToken(token)
 	s.set.Apply(entries, cfg.Fleet)
 	s.last = cfg
 	s.log.Info("reload: applied", "backends", len(s.fleet.Snapshot().All), "policy", cfg.Policy)
@@ -61,11 +76,15 @@ func (s *Server) ReloadWith(load func() (*config.Config, error)) error {
 }
 
 // restartKeys names the top-level keys that differ between old and next
-// and that Reload cannot apply.
+// and that Reload cannot apply (a section of which Reload applies some
+// keys counts when another of its keys differs).
 func restartKeys(old, next *config.Config) []string {
-	applied := map[string]bool{"backends": true, "policy": true, "policy_options": true, "fleet": true}
+	applied := map[string]bool{"backends": true, "policy": true, "policy_options": true, "fleet": true, "auth": true}
+	n := *next
+	n.Admin.Token, n.Admin.TokenFile = old.Admin.Token, old.Admin.TokenFile
+	n.Admission.TrustedPriorityCIDRs, n.Admission.KeyPriorities = old.Admission.TrustedPriorityCIDRs, old.Admission.KeyPriorities
 	var keys []string
-	ov, nv := reflect.ValueOf(old).Elem(), reflect.ValueOf(next).Elem()
+	ov, nv := reflect.ValueOf(old).Elem(), reflect.ValueOf(&n).Elem()
 	for i := range ov.NumField() {
 		f := ov.Type().Field(i)
 		k := f.Tag.Get("yaml")
