@@ -2,6 +2,8 @@ module github.com/kvroute/kvroute
 
 go 1.26.8
 
+toolchain go1.26.10
+
 require (
 	github.com/cespare/xxhash/v2 v2.3.0
 	github.com/prometheus/client_golang v1.25.0
