@@ -214,6 +214,7 @@ func TestFirstTokenTimeoutEjects(t *testing.T) {
 					t.Fatal("a hung upstream request was not cancelled")
 				}
 			}
+			t.Logf("12 streaming requests complete; %d met the hung backend and were retried after %v, then its breaker was open", slow, timeout)
 		})
 	}
 }
