@@ -50,7 +50,8 @@ const (
 )
 
 // PriorityHeader carries a request's priority: an integer, higher first,
-// default 0.
+// default 0. The router reads it only from trusted fronts (the proxy's
+// credentials decide); this package only parses it.
 const PriorityHeader = "X-Kvroute-Priority"
 
 // Config tunes the queue. Zero fields take the defaults above.

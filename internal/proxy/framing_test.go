@@ -151,3 +151,44 @@ func TestModelsCached(t *testing.T) {
 		t.Errorf("after b1 left the healthy set: %+v, want b0's models only", list.Data)
 	}
 }
+
+// FuzzTrust feeds the request fields the router trusts a request by (its
+// peer address, priority header, Authorization, Connection and Upgrade)
+// to the priority and upgrade checks: neither panics, a priority is in
+// range and comes only from a trusted front or a configured key, and an
+// upgrade is only ever the request's own Upgrade header.
+func FuzzTrust(f *testing.F) {
+	f.Add("10.1.2.3:5000", "7", "Bearer k", "Upgrade", "websocket")
+	f.Add("[::ffff:10.0.0.1]:1", "-1000000", "bearer  k ", "keep-alive, upgrade", "h2c")
+	f.Add("192.0.2.1:80", "1e9", "Basic x", "close", "")
+	f.Add("garbage", "", "Bearer other", "", "x")
+	fronts, err := (config.Admission{TrustedPriorityCIDRs: []string{"10.0.0.0/8"}}).TrustedFronts()
+	if err != nil {
+		f.Fatal(err)
+	}
+	keys, err := (config.Admission{KeyPriorities: []config.KeyPriority{{Key: "k", Priority: 3}}}).KeyPriorityDigests()
+	if err != nil {
+		f.Fatal(err)
+	}
+	p := priorities{fronts: fronts, keys: keys}
+	f.Fuzz(func(t *testing.T, remote, prio, auth, conn, upgrade string) {
+		r := &http.Request{RemoteAddr: remote, Header: http.Header{}}
+		r.Header.Set("X-Kvroute-Priority", prio)
+		r.Header.Set("Authorization", auth)
+		r.Header.Set("Connection", conn)
+		r.Header.Set("Upgrade", upgrade)
+		got, e := p.of(r)
+		if got < -config.MaxPriority || got > config.MaxPriority {
+			t.Fatalf("priority %d out of range", got)
+		}
+		if got != 0 && got != 3 && !p.fromFront(remote) {
+			t.Fatalf("priority %d from an untrusted peer %q", got, remote)
+		}
+		if e != nil && (e.Status != http.StatusBadRequest || !p.fromFront(remote)) {
+			t.Fatalf("error %+v for peer %q", e, remote)
+		}
+		if up := upgradeOf(r.Header); up != "" && up != r.Header.Get("Upgrade") {
+			t.Fatalf("upgrade %q, header %q", up, r.Header.Get("Upgrade"))
+		}
+	})
+}
