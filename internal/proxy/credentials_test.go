@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -196,5 +197,31 @@ func TestAuthFailuresBucket(t *testing.T) {
 	}
 	if newAuthFailures(0) != nil || newAuthFailures(0).blocked(req("192.0.2.1:1")) != nil {
 		t.Error("a limit of 0 must be off")
+	}
+}
+
+// TestMetricsNeedKeyWhenNotExempt: leaving /metrics out of auth.exempt
+// (the documented way to require the API key for it on the client
+// listener) makes it 401 without the key and 200 with it, and its backend
+// labels are the configured names, not addresses.
+func TestMetricsNeedKeyWhenNotExempt(t *testing.T) {
+	t.Setenv("KVROUTE_TEST_API_KEYS", "metrics-key")
+	r := newRig(t, "round-robin", 1, func(c *config.Config) {
+		c.Auth.APIKeysEnv = "KVROUTE_TEST_API_KEYS"
+		c.Auth.Exempt = []string{"/healthz", "/readyz"}
+	})
+	if res := r.get("/metrics"); res.status != http.StatusUnauthorized {
+		t.Errorf("/metrics without a key: %d, want 401", res.status)
+	}
+	req, _ := http.NewRequest(http.MethodGet, r.base+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer metrics-key")
+	resp, err := r.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `backend="b0"`) || strings.Contains(string(body), "127.0.0.1") {
+		t.Errorf("/metrics with the key: %d; want 200 with backend=\"b0\" labels and no address", resp.StatusCode)
 	}
 }
