@@ -153,6 +153,13 @@ type Limits struct {
 	// /v1/models or backends[].max_model_len say; a backend whose context
 	// is unknown lifts the limit. Default true.
 	RejectOverContext bool `yaml:"reject_over_context"`
+	// MaxBytesPerToken is the most bytes of text that one token of the
+	// backends' vocabularies stands for: reject_over_context refuses a
+	// prompt only when its bytes over this bound (a lower bound of its
+	// tokens; token ids count exactly), plus max_tokens, exceed the
+	// context. Averages are 1-5 bytes a token; the longest tokens of
+	// common vocabularies are well within the default. Default 128.
+	MaxBytesPerToken int `yaml:"max_bytes_per_token"`
 }
 
 // Prefix tunes the prefix-cache index.

@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/request"
 )
 
 // Defaults of the limits section.
@@ -25,6 +27,7 @@ func defaultLimits() Limits {
 		ReadHeaderTimeout: DefaultReadHeaderTimeout,
 		BodyTimeout:       DefaultBodyTimeout,
 		RejectOverContext: true,
+		MaxBytesPerToken:  request.MaxBytesPerToken,
 	}
 }
 
@@ -42,6 +45,9 @@ func (l Limits) validate(bad func(format string, args ...any)) {
 	}
 	if l.BodyTimeout <= 0 {
 		bad("limits.body_timeout: %v must be positive", l.BodyTimeout)
+	}
+	if l.MaxBytesPerToken < 1 {
+		bad("limits.max_bytes_per_token: %d must be at least 1", l.MaxBytesPerToken)
 	}
 }
 

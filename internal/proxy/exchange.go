@@ -96,6 +96,9 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 		return
 	}
 	v, e := request.Parse(kind, body, s.parse)
+	if e == nil && v.Model == "" {
+		e = errMissingModel()
+	}
 	if e != nil {
 		ex.reject(w, e)
 		return
