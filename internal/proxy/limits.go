@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/openai"
@@ -54,6 +55,48 @@ func (s *Server) checkContext(v *request.View) *openai.Error {
 // every backend, whatever pool serves what.
 func errMissingModel() *openai.Error {
 	return openai.BadRequest("missing_model", "you must provide a model parameter")
+}
+
+// budget is the room for request bodies the router holds at once
+// (limits.max_buffered_bytes), shared by every exchange.
+type budget struct {
+	used  atomic.Int64
+	limit int64
+}
+
+// take reserves n bytes, or reports false if they would exceed the limit.
+func (b *budget) take(n int64) bool {
+	if b.used.Add(n) > b.limit {
+		b.used.Add(-n)
+		return false
+	}
+	return true
+}
+
+// give returns n bytes taken.
+func (b *budget) give(n int64) {
+	if n != 0 {
+		b.used.Add(-n)
+	}
+}
+
+// hold takes n bytes of the body budget for the exchange.
+func (ex *exchange) hold(n int64) bool {
+	if !ex.s.bodies.take(n) {
+		return false
+	}
+	ex.held += n
+	return true
+}
+
+// busy is the answer to a body that the budget cannot hold: the router's
+// memory for bodies is full of other requests' (503, not 429: it is no
+// fault of this client). The unread body is not drained.
+func (s *Server) busy(w http.ResponseWriter) *openai.Error {
+	w.Header().Set("Connection", "close")
+	s.metrics.bodyBudgetRejects.Inc()
+	return &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Code: "server_busy",
+		Message: fmt.Sprintf("the router holds as many request bodies as limits.max_buffered_bytes (%d bytes) allows; retry shortly", s.bodies.limit), RetryAfter: 1}
 }
 
 // limitBody bounds the time a client takes to send its body (slowloris on

@@ -25,6 +25,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvroute/kvroute/internal/admin"
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/config"
@@ -66,6 +68,10 @@ type Server struct {
 
 	// adm is the admission queue; nil when no admission limit is set.
 	adm *admission.Controller
+	// bodies is the budget of request bodies held in memory.
+	bodies budget
+	// passAllow are the endpoints passed through (passthrough.allow).
+	passAllow []config.Endpoint
 
 	// reload serialises Reload; last is the configuration last applied
 	// (the startup one until the first reload).
@@ -108,8 +114,14 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		last:     cfg,
 		proxyLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 	}
+	s.bodies.limit = cfg.Limits.BufferedBytes()
+	s.passAllow = cfg.Passthrough.Endpoints()
 	s.sched = scheduler.New(s.fleet, p, scheduler.Config{BlockChars: cfg.Prefix.BlockChars, Capacity: cfg.Prefix.CapacityBlocks})
 	s.metrics = newMetrics(s.fleet)
+	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kvroute_buffered_body_bytes",
+		Help: "Bytes of request bodies the router holds in memory (read whole before routing, kept until the request ends), against limits.max_buffered_bytes.",
+	}, func() float64 { return float64(s.bodies.used.Load()) }))
 	s.set = members.New(members.Config{
 		Fleet:          s.fleet,
 		Forget:         s.sched.Index().RemoveBackend,
