@@ -27,6 +27,8 @@ type decoder struct {
 	scanner
 	kind        Kind
 	lim         limits
+	// gave is set when the arena holds text a view kept (see keep).
+	gave bool
 	sessionName string
 
 	model                         span

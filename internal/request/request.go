@@ -19,6 +19,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/kvroute/kvroute/internal/openai"
 )
@@ -245,8 +246,25 @@ func (d *decoder) reset(k Kind, body []byte, opt Options) {
 
 }
 
+// keep returns the text of s as a string that outlives the decoder. Text
+// in an arena too large to pool (a long prompt of token ids) is not
+// copied: the string is the arena's bytes, which release then lets go of
+// rather than reuse, and which nothing writes to again (the arena only
+// grows past the text it holds). Anything else is copied.
+func (d *decoder) keep(s span) string {
+	if s.off >= 0 || cap(d.arena) <= maxPooled || s.n == 0 {
+		return string(d.bytes(s))
+	}
+	d.gave = true
+	b := d.bytes(s)
+	return unsafe.String(&b[0], len(b))
+}
+
 func (d *decoder) release() {
 	d.buf = nil
+	if d.gave {
+		d.arena, d.gave = nil, false
+	}
 	if cap(d.arena)+d.segs.size(8)+d.msgs.size(36)+d.calls.size(16) <= maxPooled {
 		decoders.Put(d)
 	}
@@ -457,7 +475,7 @@ func (d *decoder) completionView(v *View) *openai.Error {
 	case p.items > d.lim.items:
 		return errTooManyItems(p.items, d.lim.items)
 	}
-	v.Prompt = string(d.bytes(p.text))
+	v.Prompt = d.keep(p.text)
 	v.PromptTokens, v.PromptExact = p.ntok, true
 	if p.kind == promptText || p.kind == promptStrings {
 		v.PromptTokens, v.PromptExact = EstimateTokens(v.Prompt), false
