@@ -134,4 +134,3 @@ func BenchmarkRequestMemory(b *testing.B) {
 		})
 	}
 }
-

@@ -25,10 +25,10 @@ import (
 // decoder is the state of one Parse.
 type decoder struct {
 	scanner
-	kind        Kind
-	lim         limits
+	kind Kind
+	lim  limits
 	// gave is set when the arena holds text a view kept (see keep).
-	gave bool
+	gave        bool
 	sessionName string
 
 	model                         span
