@@ -55,7 +55,7 @@ const statusClientGone = 499
 type exchange struct {
 	s     *Server
 	start time.Time
-	// view is nil for a request passed through without scheduling.
+	// view is the request's routing view, once parsed.
 	view   *request.View
 	body   []byte
 	hashes []uint64 // the prompt's block hashes, for every attempt
@@ -78,7 +78,8 @@ type exchange struct {
 	// bodies, given back by settle.
 	held int64
 	// passthrough marks a request to another endpoint than the
-	// completions (passthrough.go); its view is nil.
+	// completions (passthrough.go): its view has no prompt, and it is
+	// not retried.
 	passthrough bool
 
 	// The exchange's trace (tracing.go): its context and span, the
@@ -377,7 +378,7 @@ func (ex *exchange) settle() {
 	policy := s.policyName()
 	if ex.target != nil { // a request the router answered itself has none
 		ex.target.Count(policy, ex.status)
-		if ex.view != nil {
+		if ex.view != nil && !ex.passthrough {
 			ex.target.ObserveE2E(now.Sub(ex.start))
 		}
 	} else {
@@ -418,6 +419,20 @@ func (ex *exchange) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *o
 	buf := make([]byte, 0, size)
 	body := http.MaxBytesReader(w, r.Body, limit)
 	for {
+		if len(buf) == cap(buf) && int64(len(buf)) == r.ContentLength {
+			// All announced bytes are in: the server ends the body
+			// there, so look for its end without growing the buffer.
+			// (An error other than the end is sticky: the read below
+			// meets it again.)
+			var probe [1]byte
+			n, err := body.Read(probe[:])
+			if n == 0 && err == io.EOF {
+				return buf, nil
+			}
+			if n > 0 {
+				return nil, openai.BadRequest("body_read_error", "the request body is longer than its Content-Length")
+			}
+		}
 		if len(buf) == cap(buf) {
 			grow := min(2*int64(cap(buf)), limit+1) - int64(cap(buf))
 			if grow <= 0 {

@@ -81,6 +81,9 @@ func TestPassthroughRouting(t *testing.T) {
 			t.Fatalf("embeddings for model b: status %d backend %q, want b1", res.status, res.header.Get(headerBackend))
 		}
 	}
+	if d := r.srv.decisions.Last(1); len(d) != 1 || d[0].Model != "b" || d[0].Backend != "b1" || d[0].Status != 200 {
+		t.Errorf("decision log after a passthrough request: %+v", d)
+	}
 	var form bytes.Buffer
 	mw := multipart.NewWriter(&form)
 	_ = mw.WriteField("model", "a")

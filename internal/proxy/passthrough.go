@@ -38,10 +38,11 @@ func (s *Server) passthrough(w http.ResponseWriter, r *http.Request) {
 		ex.reject(w, e)
 		return
 	}
-	ex.body = body
 	// The routing view of a request without a prompt: no prefix to
-	// match, one token of output.
+	// match, one token of output. With it the exchange logs the decision
+	// and settles the backend's success as for a completion.
 	v := &request.View{Model: model, MaxTokens: 1}
+	ex.view, ex.body = v, body
 	_, span := ex.child("admission", trace.SpanKindInternal)
 	release, e := s.admit(r, model)
 	endSpan(span, errorOf(e))
