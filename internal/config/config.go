@@ -66,6 +66,9 @@ type Config struct {
 	Log Log `yaml:"log"`
 	// Tracing is OpenTelemetry tracing (tracing.go).
 	Tracing Tracing `yaml:"tracing"`
+	// Passthrough says which other /v1/ endpoints are forwarded
+	// (passthrough.go).
+	Passthrough Passthrough `yaml:"passthrough"`
 	// ShutdownGrace is how long, on SIGTERM or SIGINT, the router lets
 	// in-flight requests (streams included) finish after it stops accepting
 	// new connections, before it closes them. Default 30s.
@@ -166,6 +169,23 @@ type Limits struct {
 	// for every request that needs a key or token, right or wrong, until
 	// it refills. Default 30. 0 turns the limit off.
 	AuthFailuresPerMinute int `yaml:"auth_failures_per_minute"`
+	// MaxBytesPerToken is the most bytes of text that one token of the
+	// backends' vocabularies stands for: reject_over_context refuses a
+	// prompt only when its bytes over this bound (a lower bound of its
+	// tokens; token ids count exactly), plus max_tokens, exceed the
+	// context. Averages are 1-5 bytes a token; the longest tokens of
+	// common vocabularies are well within the default. Default 128.
+	MaxBytesPerToken int `yaml:"max_bytes_per_token"`
+	// MaxBufferedBytes bounds the request bodies the router holds in
+	// memory at once, all requests together (each body is read whole
+	// before routing and kept until its request ends, streams included,
+	// for retries). A request whose body would go over it gets 503
+	// server_busy with Retry-After: 1, before its body is read, so that
+	// many large bodies cannot exhaust memory: the router's memory for
+	// bodies is at most about 3x this (the body, its decoded prompt, the
+	// parser's scratch). Default 0: 8 x max_body_bytes (256MiB with the
+	// default 32MiB).
+	MaxBufferedBytes ByteSize `yaml:"max_buffered_bytes"`
 }
 
 // Prefix tunes the prefix-cache index.
@@ -329,6 +349,7 @@ func Default() *Config {
 		Fleet:         defaultFleet(),
 		Log:           Log{Level: "info", Format: "text"},
 		Tracing:       defaultTracing(),
+		Passthrough:   defaultPassthrough(),
 		ShutdownGrace: DefaultShutdownGrace,
 	}
 }
@@ -467,6 +488,7 @@ func (c *Config) Validate() error {
 	c.Limits.validate(bad)
 	c.Auth.validate(bad)
 	c.Tracing.validate(bad)
+	c.Passthrough.validate(bad)
 	if c.Retry.Attempts < 0 {
 		bad("retry.attempts: %d must not be negative", c.Retry.Attempts)
 	}

@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/request"
 )
 
 // Defaults of the limits section.
@@ -29,6 +31,7 @@ func defaultLimits() Limits {
 		RejectOverContext:     true,
 		ClientWriteTimeout:    DefaultClientWrite,
 		AuthFailuresPerMinute: DefaultAuthFailures,
+		MaxBytesPerToken:      request.MaxBytesPerToken,
 	}
 }
 
@@ -53,6 +56,27 @@ func (l Limits) validate(bad func(format string, args ...any)) {
 	if l.ClientWriteTimeout < 0 {
 		bad("limits.client_write_timeout: %v must not be negative", l.ClientWriteTimeout)
 	}
+	if l.MaxBufferedBytes < 0 {
+		bad("limits.max_buffered_bytes: %d must not be negative", l.MaxBufferedBytes)
+	} else if l.MaxBufferedBytes > 0 && l.MaxBufferedBytes < l.MaxBodyBytes {
+		bad("limits.max_buffered_bytes: %d is below max_body_bytes (%d): no body of the largest size could be read", l.MaxBufferedBytes, l.MaxBodyBytes)
+	}
+	if l.MaxBytesPerToken < 1 {
+		bad("limits.max_bytes_per_token: %d must be at least 1", l.MaxBytesPerToken)
+	}
+}
+
+// DefaultBufferedBodies is max_buffered_bytes in bodies of max_body_bytes
+// when it is not set.
+const DefaultBufferedBodies = 8
+
+// BufferedBytes is max_buffered_bytes, or its default derived from
+// max_body_bytes.
+func (l Limits) BufferedBytes() int64 {
+	if l.MaxBufferedBytes > 0 {
+		return int64(l.MaxBufferedBytes)
+	}
+	return DefaultBufferedBodies * int64(l.MaxBodyBytes)
 }
 
 // DefaultAuthExempt are the paths that need no API key by default: probes,

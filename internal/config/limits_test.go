@@ -21,6 +21,17 @@ func TestLimitsAndAuthValidation(t *testing.T) {
 		{"zero header bytes", "limits: {max_header_bytes: 0}", "limits.max_header_bytes"},
 		{"relative exempt", "auth: {exempt: [healthz]}", "auth.exempt[0]"},
 		{"unknown auth key", "auth: {api_key: x}", "unknown key api_key"},
+		{"budget and bound set", "limits: {max_buffered_bytes: 1GiB, max_bytes_per_token: 64}", ""},
+		{"budget below a body", "limits: {max_body_bytes: 32MiB, max_buffered_bytes: 1MiB}", "limits.max_buffered_bytes"},
+		{"zero bytes a token", "limits: {max_bytes_per_token: 0}", "limits.max_bytes_per_token"},
+		{"passthrough set", "passthrough: {allow: [POST /v1/embeddings, GET /v1/files]}", ""},
+		{"passthrough none", "passthrough: {allow: []}", ""},
+		{"passthrough without method", "passthrough: {allow: [/v1/embeddings]}", "passthrough.allow[0]"},
+		{"passthrough odd method", "passthrough: {allow: [BREW /v1/embeddings]}", "passthrough.allow[0]"},
+		{"passthrough outside v1", "passthrough: {allow: [POST /admin/x]}", "passthrough.allow[0]"},
+		{"passthrough encoded", "passthrough: {allow: [POST /v1/a%2Fb]}", "passthrough.allow[0]"},
+		{"passthrough prefix", "passthrough: {allow: [POST /v1/audio/]}", "passthrough.allow[0]"},
+		{"passthrough completions", "passthrough: {allow: [POST /v1/completions]}", "passthrough.allow[0]"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

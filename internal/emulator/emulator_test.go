@@ -284,6 +284,12 @@ func TestErrors(t *testing.T) {
 			400, "BadRequestError", fmt.Sprintf("maximum context length is %d tokens", maxLen)},
 		{"context length completion", "/v1/completions", body("", s.Model(), long, map[string]any{"stream": true}),
 			400, "BadRequestError", fmt.Sprintf("maximum context length is %d tokens", maxLen)},
+		// max_tokens near 2^63 wrapped the context check: the request
+		// was served and generated until the client left.
+		{"max_tokens 2^63-1", "/v1/completions", body("", s.Model(), "hi", map[string]any{"max_tokens": int64(math.MaxInt64), "stream": true}),
+			400, "BadRequestError", fmt.Sprintf("maximum context length is %d tokens", maxLen)},
+		{"max_tokens 2^63-1 chat", "/v1/chat/completions", body("chat", s.Model(), "hi", map[string]any{"max_completion_tokens": int64(math.MaxInt64 - 1)}),
+			400, "BadRequestError", fmt.Sprintf("maximum context length is %d tokens", maxLen)},
 		{"unknown model", "/v1/chat/completions", body("chat", "gpt-nope", "hi", nil),
 			404, "NotFoundError", "The model `gpt-nope` does not exist."},
 		{"unknown model completion", "/v1/completions", body("", "gpt-nope", "hi", nil),

@@ -131,7 +131,7 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.
 	defer s.abort(p)
 
 	finish := "stop"
-	if v.IgnoreEOS || (v.MaxTokens > 0 && n >= v.MaxTokens) || promptTokens+n >= preset.MaxModelLen {
+	if v.IgnoreEOS || (v.MaxTokens > 0 && n >= v.MaxTokens) || n >= preset.MaxModelLen-promptTokens {
 		finish = "length"
 	}
 	rs := &response{

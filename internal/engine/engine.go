@@ -190,11 +190,13 @@ func (e *Engine) Add(r *Request, now time.Duration) error {
 	if r.PromptTokens == 0 {
 		return fmt.Errorf("engine: add request %d: empty prompt", r.ID)
 	}
+	// The client's max_tokens may be anything up to 2^63-1: compared
+	// with what the prompt leaves, and added only without wrapping.
 	completion := max(r.OutputTokens, r.MaxTokens)
-	if total := r.PromptTokens + completion; total > e.p.MaxModelLen {
+	if completion > e.p.MaxModelLen-r.PromptTokens {
 		return &ContextError{Message: fmt.Sprintf(
 			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-			e.p.MaxModelLen, total, r.PromptTokens, completion)}
+			e.p.MaxModelLen, request.AddTokens(r.PromptTokens, completion), r.PromptTokens, completion)}
 	}
 	r.CachedTokens, r.Generated = 0, 0
 	r.Arrival, r.FirstTokenAt, r.FinishedAt = now, 0, 0

@@ -3,11 +3,14 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvroute/kvroute/internal/request"
 )
 
 // testPreset has round coefficients so that step times can be worked out by
@@ -378,6 +381,22 @@ func TestContextError(t *testing.T) {
 	err = e.Add(&Request{ID: 4, Prompt: prompt(1000), OutputTokens: 5, MaxTokens: 100}, 0)
 	if !errors.As(err, &ce) || !strings.HasPrefix(ce.Message, want) {
 		t.Errorf("prompt + max_tokens over the context: %v", err)
+	}
+	// max_tokens near 2^63 must not wrap the sum below the context (it
+	// was accepted and generated until the client left); the message's
+	// total saturates.
+	fresh := New(testPreset(), 0)
+	for _, huge := range []int{math.MaxInt, math.MaxInt - 999, math.MaxInt / 2} {
+		err = fresh.Add(&Request{ID: 5, Prompt: prompt(1000), OutputTokens: 5, MaxTokens: huge}, 0)
+		if !errors.As(err, &ce) {
+			t.Fatalf("max_tokens %d: err = %v, want *ContextError", huge, err)
+		}
+		if total := fmt.Sprintf("you requested %d tokens", request.AddTokens(1000, huge)); !strings.Contains(ce.Message, total) {
+			t.Errorf("max_tokens %d: message %q, want %q", huge, ce.Message, total)
+		}
+	}
+	if !fresh.Idle() {
+		t.Error("a request with max_tokens near 2^63 was queued")
 	}
 	// A KV cache smaller than the context length lowers it.
 	small := New(testPreset(), 4)

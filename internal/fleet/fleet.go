@@ -198,6 +198,9 @@ func (b *Backend) SetEngine(s *EngineState) { b.engine.Store(s) }
 // outputBudget tokens of output. The Ticket must be ended with Done,
 // whatever happens to the request.
 func (b *Backend) Start(promptTokens, uncached, outputBudget int64, now time.Time) *Ticket {
+	promptTokens = clampTokens(promptTokens)
+	uncached = min(clampTokens(uncached), promptTokens)
+	outputBudget = clampTokens(outputBudget)
 	b.inflight.Add(1)
 	b.pendingPrefill.Add(uncached)
 	b.routedPrompt.Add(promptTokens)
@@ -211,6 +214,18 @@ func (b *Backend) Start(promptTokens, uncached, outputBudget int64, now time.Tim
 		mark:   b.prefilled.Load(),
 	}
 }
+
+// MaxTicketTokens bounds each count a Ticket adds to its backend's
+// counters (prompt, uncached, output budget), which come from clients
+// (max_tokens may be 2^63-1). No context is near it, and the sum of the
+// tickets of a backend stays below 2^63 for fewer than 2^32 requests in
+// flight at once (memory runs out long before): the counters cannot
+// overflow, and never go negative, since each ticket takes back what it
+// added.
+const MaxTicketTokens = 1<<31 - 1
+
+// clampTokens is n within [0, MaxTicketTokens].
+func clampTokens(n int64) int64 { return min(max(n, 0), MaxTicketTokens) }
 
 // Ticket states: a ticket only moves forward, prefill -> decoding -> done
 // or prefill -> done, each move won by exactly one compare-and-swap.

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -54,7 +55,7 @@ const statusClientGone = 499
 type exchange struct {
 	s     *Server
 	start time.Time
-	// view is nil for a request passed through without scheduling.
+	// view is the request's routing view, once parsed.
 	view   *request.View
 	body   []byte
 	hashes []uint64 // the prompt's block hashes, for every attempt
@@ -76,6 +77,13 @@ type exchange struct {
 	client *http.ResponseController
 	// rejected is the error code of a request the router answered itself.
 	rejected string
+	// held is the room taken for the body in the budget of buffered
+	// bodies, given back by settle.
+	held int64
+	// passthrough marks a request to another endpoint than the
+	// completions (passthrough.go): its view has no prompt, and it is
+	// not retried.
+	passthrough bool
 
 	// The exchange's trace (tracing.go): its context and span, the
 	// current attempt's span and its first byte's; nil with tracing off.
@@ -93,12 +101,15 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 		ex.reject(w, &openai.Error{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest, Code: "method_not_allowed", Message: r.Method + " is not allowed on " + r.URL.Path + "; use POST"})
 		return
 	}
-	body, e := s.readBody(w, r)
+	body, e := ex.readBody(w, r)
 	if e != nil {
 		ex.reject(w, e)
 		return
 	}
 	v, e := request.Parse(kind, body, s.parse)
+	if e == nil && v.Model == "" {
+		e = errMissingModel()
+	}
 	if e != nil {
 		ex.reject(w, e)
 		return
@@ -131,30 +142,6 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 		return
 	}
 	ex.assign(a)
-	ex.forward(w, r)
-}
-
-// passthrough forwards other /v1/* requests to the healthy backend with the
-// fewest requests in flight, without scheduling or retries.
-func (s *Server) passthrough(w http.ResponseWriter, r *http.Request) {
-	ex := &exchange{s: s, start: time.Now()}
-	defer ex.settleDeferred()
-	r = ex.begin(r, "kvroute.passthrough")
-	var best *members.Member
-	var bestLoad int64
-	for _, b := range s.fleet.Snapshot().Healthy {
-		if l := b.Load().InFlight; best == nil || l < bestLoad {
-			if m := s.set.Of(b); m != nil {
-				best, bestLoad = m, l
-			}
-		}
-	}
-	if best == nil {
-		ex.reject(w, &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Code: "no_healthy_backend", Message: "no healthy backend", RetryAfter: 1})
-		return
-	}
-	r.Body = http.MaxBytesReader(w, r.Body, int64(s.cfg.Limits.MaxBodyBytes))
-	ex.target = best
 	ex.forward(w, r)
 }
 
@@ -209,8 +196,9 @@ func (ex *exchange) reject(w http.ResponseWriter, e *openai.Error) {
 // failureStatus.
 func (ex *exchange) RoundTrip(req *http.Request) (*http.Response, error) {
 	s := ex.s
-	if ex.view == nil {
+	if ex.passthrough {
 		setTarget(req, ex.target.B.URL)
+		setBody(req, ex.body)
 		ex.startAttempt(req)
 		resp, err := s.upstream.RoundTrip(req)
 		if err != nil {
@@ -218,6 +206,7 @@ func (ex *exchange) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		ex.firstByteSeen()
+		ex.a.FirstByte(time.Now())
 		ex.relayResponse(resp, nil, nil)
 		return resp, nil
 	}
@@ -239,10 +228,7 @@ func (ex *exchange) RoundTrip(req *http.Request) (*http.Response, error) {
 			out = req.Clone(ctx)
 		}
 		setTarget(out, m.B.URL)
-		out.Body = io.NopCloser(bytes.NewReader(ex.body))
-		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(ex.body)), nil }
-		out.ContentLength = int64(len(ex.body))
-		out.TransferEncoding = nil
+		setBody(out, ex.body)
 
 		ex.startAttempt(out)
 		sent, ft := s.boundFirstToken(ex.view, out)
@@ -407,10 +393,11 @@ func (ex *exchange) settle() {
 		ex.a.Done(now)
 		s.adm.Wake()
 	}
+	s.bodies.give(ex.held)
 	policy := s.policyName()
 	if ex.target != nil { // a request the router answered itself has none
 		ex.target.Count(policy, ex.status)
-		if ex.view != nil {
+		if ex.view != nil && !ex.passthrough {
 			ex.target.ObserveE2E(now.Sub(ex.start))
 		}
 	} else {
@@ -433,24 +420,63 @@ func errorOf(e *openai.Error) error {
 	return e
 }
 
-// readBody reads the whole body, bounded by limits.max_body_bytes.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *openai.Error) {
+// readBody reads the whole body, bounded by limits.max_body_bytes, and
+// takes its size from the router's budget of buffered bodies
+// (limits.max_buffered_bytes) before reading it, giving it back when the
+// exchange settles: a body the budget cannot hold gets 503 unread. A body
+// of unknown length takes its room as it grows.
+func (ex *exchange) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *openai.Error) {
+	s := ex.s
 	limit := int64(s.cfg.Limits.MaxBodyBytes)
 	if r.ContentLength > limit {
 		return nil, tooLarge(limit)
 	}
-	buf := bytes.NewBuffer(make([]byte, 0, max(min(r.ContentLength, limit), 512)))
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
-	if err != nil {
-		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			return nil, tooLarge(limit)
-		}
-		if errors.Is(err, errBodyTimeout) {
-			return nil, s.bodyTimeout(w)
-		}
-		return nil, openai.BadRequest("body_read_error", "could not read the request body: "+err.Error())
+	size := max(min(r.ContentLength, limit), 512)
+	if !ex.hold(size) {
+		return nil, s.busy(w)
 	}
-	return buf.Bytes(), nil
+	buf := make([]byte, 0, size)
+	body := http.MaxBytesReader(w, r.Body, limit)
+	for {
+		if len(buf) == cap(buf) && int64(len(buf)) == r.ContentLength {
+			// All announced bytes are in: the server ends the body
+			// there, so look for its end without growing the buffer.
+			// (An error other than the end is sticky: the read below
+			// meets it again.)
+			var probe [1]byte
+			n, err := body.Read(probe[:])
+			if n == 0 && err == io.EOF {
+				return buf, nil
+			}
+			if n > 0 {
+				return nil, openai.BadRequest("body_read_error", "the request body is longer than its Content-Length")
+			}
+		}
+		if len(buf) == cap(buf) {
+			grow := min(2*int64(cap(buf)), limit+1) - int64(cap(buf))
+			if grow <= 0 {
+				grow = 512 // one read past the limit, to see it
+			}
+			if !ex.hold(grow) {
+				return nil, s.busy(w)
+			}
+			buf = slices.Grow(buf, int(grow))
+		}
+		n, err := body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+				return nil, tooLarge(limit)
+			}
+			if errors.Is(err, errBodyTimeout) {
+				return nil, s.bodyTimeout(w)
+			}
+			return nil, openai.BadRequest("body_read_error", "could not read the request body: "+err.Error())
+		}
+	}
 }
 
 func tooLarge(limit int64) *openai.Error {
@@ -505,6 +531,17 @@ func setTarget(out *http.Request, base *url.URL) {
 		u.Path = base.Path + u.Path
 	}
 	out.Host = ""
+}
+
+// setBody makes body, read whole by the exchange, out's body.
+func setBody(out *http.Request, body []byte) {
+	out.ContentLength, out.TransferEncoding = int64(len(body)), nil
+	if len(body) == 0 {
+		out.Body, out.GetBody = http.NoBody, func() (io.ReadCloser, error) { return http.NoBody, nil }
+		return
+	}
+	out.Body = io.NopCloser(bytes.NewReader(body))
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 }
 
 var _ http.RoundTripper = (*exchange)(nil)

@@ -6,31 +6,97 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
 )
 
-// checkContext rejects a request whose estimated prompt tokens exceed the
-// largest context among the backends that serve its model, with vLLM's
-// wording, so that it never occupies a backend only to be refused there.
-// A candidate of unknown context lifts the limit: the router does not
-// guess.
+// checkContext rejects a request that no backend serving its model could
+// take, with vLLM's wording, so that it never occupies a backend only to be
+// refused there. It refuses only on a lower bound of the prompt's tokens
+// (request.View.MinPromptTokens: exact for token ids, else the prompt's
+// bytes over limits.max_bytes_per_token), plus max_tokens, against the
+// largest context among those backends: the router's 4-bytes-a-token
+// estimate is often above the truth (code, CJK text) and must never turn
+// away what the engine would serve. Anything below the bound is forwarded,
+// and the engine's own tokenizer decides. A candidate of unknown context
+// lifts the limit: the router does not guess.
 func (s *Server) checkContext(v *request.View) *openai.Error {
 	if !s.cfg.Limits.RejectOverContext {
 		return nil
 	}
 	largest, known := s.set.MaxContext(v.Model)
-	if !known || v.PromptTokens <= largest {
+	if !known {
 		return nil
 	}
-	what := "messages"
+	prompt := v.MinPromptTokens(s.cfg.Limits.MaxBytesPerToken)
+	total := request.AddTokens(prompt, v.MaxTokens)
+	if total <= largest {
+		return nil
+	}
+	what, atLeast := "messages", "at least "
 	if v.Kind == request.Completion {
 		what = "prompt"
 	}
-	return &openai.Error{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Code: "context_length_exceeded",
-		Message: fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has about %d input tokens (the router's estimate). Please reduce the length of the input %s.", largest, v.PromptTokens, what)}
+	if v.PromptExact {
+		atLeast = ""
+	}
+	msg := fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %s%d input tokens. Please reduce the length of the input %s.", largest, atLeast, prompt, what)
+	if v.MaxTokens > 0 {
+		msg = fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %s%d tokens (%s%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",
+			largest, atLeast, total, atLeast, prompt, what, v.MaxTokens, what)
+	}
+	return &openai.Error{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Code: "context_length_exceeded", Message: msg}
+}
+
+// errMissingModel answers a body that names no model: it would match
+// every backend, whatever pool serves what.
+func errMissingModel() *openai.Error {
+	return openai.BadRequest("missing_model", "you must provide a model parameter")
+}
+
+// budget is the room for request bodies the router holds at once
+// (limits.max_buffered_bytes), shared by every exchange.
+type budget struct {
+	used  atomic.Int64
+	limit int64
+}
+
+// take reserves n bytes, or reports false if they would exceed the limit.
+func (b *budget) take(n int64) bool {
+	if b.used.Add(n) > b.limit {
+		b.used.Add(-n)
+		return false
+	}
+	return true
+}
+
+// give returns n bytes taken.
+func (b *budget) give(n int64) {
+	if n != 0 {
+		b.used.Add(-n)
+	}
+}
+
+// hold takes n bytes of the body budget for the exchange.
+func (ex *exchange) hold(n int64) bool {
+	if !ex.s.bodies.take(n) {
+		return false
+	}
+	ex.held += n
+	return true
+}
+
+// busy is the answer to a body that the budget cannot hold: the router's
+// memory for bodies is full of other requests' (503, not 429: it is no
+// fault of this client). The unread body is not drained.
+func (s *Server) busy(w http.ResponseWriter) *openai.Error {
+	w.Header().Set("Connection", "close")
+	s.metrics.bodyBudgetRejects.Inc()
+	return &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Code: "server_busy",
+		Message: fmt.Sprintf("the router holds as many request bodies as limits.max_buffered_bytes (%d bytes) allows; retry shortly", s.bodies.limit), RetryAfter: 1}
 }
 
 // limitBody bounds the time a client takes to send its body (slowloris on

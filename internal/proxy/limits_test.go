@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/request"
 )
 
 func TestLimits(t *testing.T) {
@@ -19,7 +20,8 @@ func TestLimits(t *testing.T) {
 		c.Limits.MaxHeaderBytes = 4 << 10
 		c.Limits.MaxMessages = 3
 	})
-	long := words("long", 20000) // about 5000 tokens, over the fakes' 4096
+	// At least 4097 tokens whatever the tokenizer: over the fakes' 4096.
+	long := words("long", 4097*request.MaxBytesPerToken)
 	tests := []struct {
 		name   string
 		body   string
@@ -33,6 +35,9 @@ func TestLimits(t *testing.T) {
 		{"as many messages as allowed", chat("shared", false, "a", "b", "c"), nil, http.StatusOK, "", ""},
 		{"prompt over every context", chat("shared", false, long), nil, http.StatusBadRequest, openai.TypeInvalidRequest, "context_length_exceeded"},
 		{"prompt within the context", chat("shared", false, long[:8000]), nil, http.StatusOK, "", ""},
+		// About 5000 tokens at 4 bytes a token, but text of more bytes a
+		// token is fewer: only the engine can tell, so it is forwarded.
+		{"prompt over the estimate, not the bound", chat("shared", false, long[:20000]), nil, http.StatusOK, "", ""},
 		// own-b0 has no max_model_len in /v1/models: the router does not guess.
 		{"unknown context", chat("own-b0", false, long), nil, http.StatusOK, "", ""},
 	}
@@ -79,7 +84,7 @@ func TestContextFromConfig(t *testing.T) {
 				c.Backends[0].MaxModelLen = 1000
 				c.Upstream.DiscoverModels = tt.discover
 			})
-			if res := r.post("/v1/chat/completions", chat(tt.model, false, words("x", 6000))); res.status != http.StatusBadRequest {
+			if res := r.post("/v1/chat/completions", chat(tt.model, false, words("x", 1001*request.MaxBytesPerToken))); res.status != http.StatusBadRequest {
 				t.Errorf("status %d, want 400: %s", res.status, res.body)
 			}
 			if res := r.post("/v1/chat/completions", chat(tt.model, false, words("x", 2000))); res.status != http.StatusOK {

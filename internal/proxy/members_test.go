@@ -32,7 +32,7 @@ func (r *rig) load(clients, max int, stop chan struct{}) (sent, bad *atomic.Int6
 					return
 				default:
 				}
-				res := r.post("/v1/chat/completions", chat("", true, words(fmt.Sprint("c", c, "-", i), 200)))
+				res := r.post("/v1/chat/completions", chat("shared", true, words(fmt.Sprint("c", c, "-", i), 200)))
 				sent.Add(1)
 				name := res.header.Get("X-Kvroute-Backend")
 				if res.status != 200 || res.readErr != nil || string(res.body) != strings.Join(streamEvents(name, 4), "") {
@@ -50,7 +50,7 @@ func TestDrainFinishesStream(t *testing.T) {
 	r.backends[0].setMode(modeGated)
 	r.backends[1].setMode(modeGated)
 	done := make(chan result)
-	go func() { done <- r.post("/v1/chat/completions", chat("", true, "hold")) }()
+	go func() { done <- r.post("/v1/chat/completions", chat("shared", true, "hold")) }()
 	var held *fake
 	select {
 	case <-r.backends[0].started:
@@ -72,7 +72,7 @@ func TestDrainFinishesStream(t *testing.T) {
 	r.srv.Fleet().Drain(hb)
 	before := held.hits.Load()
 	for range 10 {
-		if res := r.post("/v1/chat/completions", chat("", true, "more")); res.status != 200 || res.header.Get("X-Kvroute-Backend") != other.name {
+		if res := r.post("/v1/chat/completions", chat("shared", true, "more")); res.status != 200 || res.header.Get("X-Kvroute-Backend") != other.name {
 			t.Fatalf("while %s drains: status %d from %q", held.name, res.status, res.header.Get("X-Kvroute-Backend"))
 		}
 	}

@@ -32,6 +32,8 @@ type metrics struct {
 	retries        prometheus.Counter
 	ejections      *prometheus.CounterVec
 	upstreamErrors *prometheus.CounterVec
+	// bodyBudgetRejects counts bodies refused for limits.max_buffered_bytes.
+	bodyBudgetRejects prometheus.Counter
 }
 
 func newMetrics(f *fleet.Fleet) *metrics {
@@ -71,8 +73,12 @@ func newMetrics(f *fleet.Fleet) *metrics {
 			Name: "kvroute_upstream_errors_total",
 			Help: "Backend failures: connection errors, 5xx, broken responses and failed health checks.",
 		}, []string{"backend"}),
+		bodyBudgetRejects: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_body_budget_rejections_total",
+			Help: "Requests answered 503 server_busy because their body would exceed limits.max_buffered_bytes.",
+		}),
 	}
-	m.reg.MustRegister(m.requests, m.ttft, m.e2e, m.prefixHit, m.promptTokens, m.retries, m.ejections, m.upstreamErrors,
+	m.reg.MustRegister(m.bodyBudgetRejects, m.requests, m.ttft, m.e2e, m.prefixHit, m.promptTokens, m.retries, m.ejections, m.upstreamErrors,
 		&fleetCollector{f: f}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/discovery"
 	"github.com/kvroute/kvroute/internal/members"
+	"github.com/kvroute/kvroute/internal/request"
 )
 
 // TestOutcomeStatusLabels: every outcome of a request is counted once in
@@ -40,7 +41,7 @@ func TestOutcomeStatusLabels(t *testing.T) {
 		{name: "client gone before the first byte", mode: modeHang, cancel: 100 * time.Millisecond, status: 0, backend: "b0"},
 		{name: "bad JSON", mode: modeOK, body: `{"model":`, status: 400, backend: "none"},
 		{name: "unknown model", mode: modeOK, body: chat("nope", false, "x"), status: 404, backend: "none"},
-		{name: "over context", mode: modeOK, body: chat("shared", false, words("long", 4*5000)), status: 400, backend: "none"},
+		{name: "over context", mode: modeOK, body: chat("shared", false, words("long", 4097*request.MaxBytesPerToken)), status: 400, backend: "none"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -122,7 +123,7 @@ func TestContextTableWithDNSFirst(t *testing.T) {
 					c.Backends = append(c.Backends, dns)
 				}
 			})
-			res := r.post("/v1/chat/completions", chat("shared", false, words("ctx", 4*300)))
+			res := r.post("/v1/chat/completions", chat("shared", false, words("ctx", 300*request.MaxBytesPerToken)))
 			if res.status != http.StatusBadRequest || !strings.Contains(string(res.body), "context_length_exceeded") {
 				t.Errorf("a 300-token prompt for a 50-token backend: status %d %s, want 400 context_length_exceeded", res.status, res.body)
 			}

@@ -26,6 +26,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvroute/kvroute/internal/admin"
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/config"
@@ -68,6 +70,10 @@ type Server struct {
 
 	// adm is the admission queue; nil when no admission limit is set.
 	adm *admission.Controller
+	// bodies is the budget of request bodies held in memory.
+	bodies budget
+	// passAllow are the endpoints passed through (passthrough.allow).
+	passAllow []config.Endpoint
 
 	// failures limits failed API key and admin token checks per client;
 	// nil when off.
@@ -120,8 +126,14 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		last:     cfg,
 		proxyLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 	}
+	s.bodies.limit = cfg.Limits.BufferedBytes()
+	s.passAllow = cfg.Passthrough.Endpoints()
 	s.sched = scheduler.New(s.fleet, p, scheduler.Config{BlockChars: cfg.Prefix.BlockChars, Capacity: cfg.Prefix.CapacityBlocks})
 	s.metrics = newMetrics(s.fleet)
+	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kvroute_buffered_body_bytes",
+		Help: "Bytes of request bodies the router holds in memory (read whole before routing, kept until the request ends), against limits.max_buffered_bytes.",
+	}, func() float64 { return float64(s.bodies.used.Load()) }))
 	s.set = members.New(members.Config{
 		Fleet:          s.fleet,
 		Forget:         s.sched.Index().RemoveBackend,

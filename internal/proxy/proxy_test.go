@@ -590,10 +590,11 @@ func TestModelsAndProbes(t *testing.T) {
 	if list.Data[0].MaxModelLen != 4096 {
 		t.Error("backend's extension fields did not pass through")
 	}
-	// Other /v1 paths reach a backend untouched.
-	echo := r.post("/v1/echo", "ping")
-	if echo.status != 200 || string(echo.body) != "ping" || echo.header.Get("X-Fake") == "" {
-		t.Errorf("/v1/echo: %d %q", echo.status, echo.body)
+	// Other allowed /v1 paths reach a backend untouched.
+	ping := `{"model":"shared","input":"ping"}`
+	echo := r.post("/v1/embeddings", ping)
+	if echo.status != 200 || string(echo.body) != ping || echo.header.Get("X-Fake") == "" {
+		t.Errorf("/v1/embeddings: %d %q", echo.status, echo.body)
 	}
 	m := string(r.get("/metrics").body)
 	for _, name := range []string{"kvroute_requests_total", "kvroute_inflight_requests{backend=\"b0\"} 0", "kvroute_pending_prefill_tokens{backend=\"b2\"} 0", "kvroute_backend_healthy"} {

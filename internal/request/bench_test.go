@@ -201,7 +201,7 @@ func TestParseMemory(t *testing.T) {
 		{"empty parts", Chat, parts(`{}`, MaxContentParts)},
 		{"small messages", Chat, []byte(`{"messages":[` + strings.Repeat(`{"role":"user","content":"x"},`, MaxMessages-1) + `{"role":"user","content":"x"}]}`)},
 		{"tool calls", Chat, []byte(`{"messages":[{"role":"a","tool_calls":[` + strings.Repeat(`{},`, 99999) + `{}]}]}`)},
-		{"tools", Chat, []byte(`{"messages":[{"role":"a"}],"tools":[` + strings.Repeat(`0,`, 99999) + `0]}`)},
+		{"tools", Chat, []byte(`{"messages":[{"role":"a"}],"tools":[` + strings.Repeat(`0,`, MaxTools-1) + `0]}`)},
 		{"agent", Chat, agentBody200K()},
 	}
 	for _, tt := range tests {

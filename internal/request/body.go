@@ -25,8 +25,10 @@ import (
 // decoder is the state of one Parse.
 type decoder struct {
 	scanner
-	kind        Kind
-	lim         limits
+	kind Kind
+	lim  limits
+	// gave is set when the arena holds text a view kept (see keep).
+	gave        bool
 	sessionName string
 
 	model                         span
@@ -41,6 +43,8 @@ type decoder struct {
 	msgs  blocks[message]
 	nmsg  int
 	calls blocks[toolCall]
+	// ncalls counts the tool call elements read, of every array.
+	ncalls int
 	// segs is the decoded text of contents and of the tools, in groups:
 	// a group is a run of segs; group is the first of the one being read.
 	segs  blocks[span]
@@ -50,7 +54,7 @@ type decoder struct {
 	prompt prompt
 }
 
-type limits struct{ messages, parts, items int }
+type limits struct{ messages, parts, items, calls, tools int }
 
 // optInt is a *int field: set is false while it is nil.
 type optInt struct {
@@ -480,6 +484,14 @@ func (d *decoder) toolCalls(r *callRange) bool {
 		return ok
 	}
 	n, ok := d.elements(func(i int) bool {
+		if d.ncalls++; d.ncalls > d.lim.calls {
+			// Past the limit: checked, not kept (the view is an error).
+			var tc toolCall
+			k := d.mark()
+			ok := d.toolCall(&tc)
+			d.rollback(k)
+			return ok
+		}
 		if int32(i) == r.max {
 			if int(r.lo+r.max) != d.calls.n {
 				// Move the calls to the end, where they can grow.
@@ -494,7 +506,7 @@ func (d *decoder) toolCalls(r *callRange) bool {
 		}
 		return d.toolCall(d.calls.at(int(r.lo) + i))
 	})
-	r.n = int32(n)
+	r.n = min(int32(n), r.max)
 	if n == 0 {
 		*r = callRange{}
 	}
@@ -530,11 +542,14 @@ func (d *decoder) toolList() bool {
 	}
 	d.group = d.segs.n
 	lo := int32(d.segs.n)
-	n, ok := d.elements(func(int) bool {
+	n, ok := d.elements(func(i int) bool {
 		start := d.pos
 		d.spaced, d.sawHigh = false, false
 		if !d.skip() {
 			return false
+		}
+		if i >= d.lim.tools {
+			return true // checked, not kept (the view is an error)
 		}
 		v := d.buf[start:d.pos]
 		if d.spaced || d.sawHigh && !utf8.Valid(v) {

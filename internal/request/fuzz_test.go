@@ -1,6 +1,7 @@
 package request
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -83,4 +84,22 @@ func sameAsReference(t *testing.T, k Kind, body []byte, opt Options) {
 	case e == nil && *v != *rv:
 		t.Fatalf("%s body %q with %+v: Parse gives\n%+v\nencoding/json gives\n%+v", k, body, opt, *v, *rv)
 	}
+}
+
+// FuzzModelOf: ModelOf never panics, and on a JSON body it finds the model
+// that encoding/json decodes into a struct's Model string.
+func FuzzModelOf(f *testing.F) {
+	f.Add("application/json", []byte(`{"model":"m","input":["a",1]}`))
+	f.Add("application/json", []byte(`{"MODEL":"m","model":null}`))
+	f.Add("multipart/form-data; boundary=x", []byte("--x\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper\r\n--x--\r\n"))
+	f.Fuzz(func(t *testing.T, ct string, body []byte) {
+		model, e := ModelOf(ct, body)
+		if e != nil || strings.HasPrefix(ct, "multipart/") {
+			return
+		}
+		var ref struct{ Model string }
+		if err := json.Unmarshal(body, &ref); err == nil && ref.Model != model {
+			t.Fatalf("ModelOf(%q) = %q, encoding/json gives %q", body, model, ref.Model)
+		}
+	})
 }

@@ -61,9 +61,9 @@ func refParse(k Kind, body []byte, opt Options) (*View, *openai.Error) {
 		v.IgnoreEOS, v.Stream = b.IgnoreEOS, b.Stream
 		v.IncludeUsage = b.StreamOptions != nil && b.StreamOptions.IncludeUsage
 		maxTok, minTok = b.MaxTokens, b.MinTokens
-		v.PromptTokens = ntok
+		v.PromptTokens, v.PromptExact = ntok, true
 		if ntok < 0 {
-			v.PromptTokens = EstimateTokens(v.Prompt)
+			v.PromptTokens, v.PromptExact = EstimateTokens(v.Prompt), false
 		}
 	default:
 		return nil, openai.BadRequest("invalid_endpoint", "unknown endpoint")

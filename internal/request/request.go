@@ -16,8 +16,10 @@ package request
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/kvroute/kvroute/internal/openai"
 )
@@ -52,6 +54,27 @@ func (k Kind) Path() string {
 // engine's tokenizer.
 const BytesPerToken = 4
 
+// MaxBytesPerToken bounds the UTF-8 bytes of text one token of a real
+// vocabulary stands for, so that len(text)/MaxBytesPerToken is a lower
+// bound of the token count whatever the tokenizer (see MinPromptTokens).
+// Averages are far below it (about 4 for English, 1.5 to 3 for CJK text,
+// about 1 for random bytes, which fall back to byte tokens); what bounds
+// it is the longest token: SentencePiece caps a piece at 16 characters
+// (64 bytes) by default, and the longest tokens of byte-level BPE
+// vocabularies are runs of spaces, dashes or '=' well within 128 bytes.
+const MaxBytesPerToken = 128
+
+// AddTokens adds two token counts, saturating at math.MaxInt rather than
+// wrapping: counts from clients (max_tokens near 2^63) are added only
+// through it. Negative counts are taken as 0.
+func AddTokens(a, b int) int {
+	a, b = max(a, 0), max(b, 0)
+	if a > math.MaxInt-b {
+		return math.MaxInt
+	}
+	return a + b
+}
+
 // View is the routing view of one request. It is immutable once parsed,
 // except SessionKey, which the HTTP layer may set from a header before routing.
 type View struct {
@@ -67,6 +90,9 @@ type View struct {
 	SessionKey string
 	// PromptTokens estimates the prompt length in tokens.
 	PromptTokens int
+	// PromptExact is set when PromptTokens is exact: a completion prompt
+	// of token ids.
+	PromptExact bool
 	// MaxTokens is the output budget (max_completion_tokens, else
 	// max_tokens); 0 when the client set none.
 	MaxTokens int
@@ -95,6 +121,11 @@ type Options struct {
 	// ids and nulls, those of nested token arrays included; 0 means
 	// MaxPromptItems.
 	MaxPromptItems int
+	// MaxToolCalls bounds the tool calls of all messages together; 0
+	// means MaxToolCalls.
+	MaxToolCalls int
+	// MaxTools bounds the tool definitions; 0 means MaxTools.
+	MaxTools int
 }
 
 // Limits that keep a hostile body from costing more than its size. Parse's
@@ -109,10 +140,16 @@ const (
 	// MaxPromptItems is a million tokens: the longest context windows of
 	// current models.
 	MaxPromptItems = 1000000
+	// MaxToolCalls is one a message at the limit of messages: each costs
+	// 16 bytes of state and renders to about 14, so that many calls of a
+	// few bytes ({}) would cost ten times their body without it.
+	MaxToolCalls = MaxMessages
+	// MaxTools is far above what an API accepts (OpenAI's limit is 128).
+	MaxTools = 10000
 )
 
 func (o Options) limits() limits {
-	l := limits{MaxMessages, MaxContentParts, MaxPromptItems}
+	l := limits{MaxMessages, MaxContentParts, MaxPromptItems, MaxToolCalls, MaxTools}
 	if o.MaxMessages > 0 {
 		l.messages = o.MaxMessages
 	}
@@ -121,6 +158,12 @@ func (o Options) limits() limits {
 	}
 	if o.MaxPromptItems > 0 {
 		l.items = o.MaxPromptItems
+	}
+	if o.MaxToolCalls > 0 {
+		l.calls = o.MaxToolCalls
+	}
+	if o.MaxTools > 0 {
+		l.tools = o.MaxTools
 	}
 	return l
 }
@@ -203,8 +246,25 @@ func (d *decoder) reset(k Kind, body []byte, opt Options) {
 
 }
 
+// keep returns the text of s as a string that outlives the decoder. Text
+// in an arena too large to pool (a long prompt of token ids) is not
+// copied: the string is the arena's bytes, which release then lets go of
+// rather than reuse, and which nothing writes to again (the arena only
+// grows past the text it holds). Anything else is copied.
+func (d *decoder) keep(s span) string {
+	if s.off >= 0 || cap(d.arena) <= maxPooled || s.n == 0 {
+		return string(d.bytes(s))
+	}
+	d.gave = true
+	b := d.bytes(s)
+	return unsafe.String(&b[0], len(b))
+}
+
 func (d *decoder) release() {
 	d.buf = nil
+	if d.gave {
+		d.arena, d.gave = nil, false
+	}
 	if cap(d.arena)+d.segs.size(8)+d.msgs.size(36)+d.calls.size(16) <= maxPooled {
 		decoders.Put(d)
 	}
@@ -223,6 +283,24 @@ func (d *decoder) sessionKey() string {
 		return ""
 	}
 	return string(raw)
+}
+
+// MinPromptTokens is a lower bound of the prompt's tokens under any
+// tokenizer whose tokens are at most maxBytesPerToken bytes of text (0
+// means MaxBytesPerToken): the exact count for token ids, else the
+// rendered prompt's bytes over that bound. The rendered template's
+// markup (a few bytes a message) stands in for the engine's own, which
+// is at least a token a message, so it never raises the bound above the
+// truth. A router may refuse a request on this bound, never on the
+// estimate.
+func (v *View) MinPromptTokens(maxBytesPerToken int) int {
+	if v.PromptExact {
+		return v.PromptTokens
+	}
+	if maxBytesPerToken <= 0 {
+		maxBytesPerToken = MaxBytesPerToken
+	}
+	return (len(v.Prompt) + maxBytesPerToken - 1) / maxBytesPerToken
 }
 
 // EstimateTokens estimates the token count of text.
@@ -255,6 +333,14 @@ func errContent(i int, fault uint8) *openai.Error {
 
 func errTooManyParts(i, n, limit int) *openai.Error {
 	return openai.BadRequest("too_many_content_parts", fmt.Sprintf("messages[%d].content has %d parts, more than the limit of %d", i, n, limit))
+}
+
+func errTooManyToolCalls(n, limit int) *openai.Error {
+	return openai.BadRequest("too_many_tool_calls", fmt.Sprintf("the messages have %d tool calls, more than the limit of %d", n, limit))
+}
+
+func errTooManyTools(n, limit int) *openai.Error {
+	return openai.BadRequest("too_many_tools", fmt.Sprintf("'tools' has %d entries, more than the limit of %d", n, limit))
 }
 
 func errMissingPrompt() *openai.Error {
@@ -299,6 +385,12 @@ func (d *decoder) chatView(v *View) *openai.Error {
 	}
 	if d.nmsg > d.lim.messages {
 		return errTooManyMessages(d.nmsg, d.lim.messages)
+	}
+	if d.ncalls > d.lim.calls {
+		return errTooManyToolCalls(d.ncalls, d.lim.calls)
+	}
+	if int(d.tools.n) > d.lim.tools {
+		return errTooManyTools(int(d.tools.n), d.lim.tools)
 	}
 	size := len(generationStart)
 	if d.tools.n > 0 {
@@ -383,10 +475,10 @@ func (d *decoder) completionView(v *View) *openai.Error {
 	case p.items > d.lim.items:
 		return errTooManyItems(p.items, d.lim.items)
 	}
-	v.Prompt = string(d.bytes(p.text))
-	v.PromptTokens = p.ntok
+	v.Prompt = d.keep(p.text)
+	v.PromptTokens, v.PromptExact = p.ntok, true
 	if p.kind == promptText || p.kind == promptStrings {
-		v.PromptTokens = EstimateTokens(v.Prompt)
+		v.PromptTokens, v.PromptExact = EstimateTokens(v.Prompt), false
 	}
 	return nil
 }

@@ -42,7 +42,7 @@ func TestParse(t *testing.T) {
 			name: "completion token ids count exactly",
 			kind: Completion,
 			body: `{"prompt":[1,2,3,40]}`,
-			want: View{Kind: Completion, Prompt: "1 2 3 14 ", PromptTokens: 4},
+			want: View{Kind: Completion, Prompt: "1 2 3 14 ", PromptTokens: 4, PromptExact: true},
 		},
 		{
 			name: "completion batch of strings",

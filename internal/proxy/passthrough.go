@@ -1,0 +1,98 @@
+package proxy
+
+import (
+	"net/http"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/request"
+)
+
+// passthrough forwards a request to another /v1/ endpoint (embeddings,
+// rerank, audio...) listed in passthrough.allow. It goes the way of a
+// completion but for the parse: the path is checked, the body read whole
+// within the same limits (413 or 503 before a byte is sent), its model
+// read (request.ModelOf), admitted, and routed by the scheduler among the
+// healthy backends that serve the model, which opens its load ticket.
+// It is not retried.
+func (s *Server) passthrough(w http.ResponseWriter, r *http.Request) {
+	ex := &exchange{s: s, start: time.Now(), passthrough: true}
+	defer ex.settleDeferred()
+	r = ex.begin(r, "kvroute.passthrough")
+	if e := s.passAllowed(w, r); e != nil {
+		ex.reject(w, e)
+		return
+	}
+	body, e := ex.readBody(w, r)
+	if e != nil {
+		ex.reject(w, e)
+		return
+	}
+	model, e := request.ModelOf(r.Header.Get("Content-Type"), body)
+	if e == nil && model == "" && !bodiless(r, body) {
+		e = errMissingModel()
+	}
+	if e != nil {
+		ex.reject(w, e)
+		return
+	}
+	// The routing view of a request without a prompt: no prefix to
+	// match, one token of output. With it the exchange logs the decision
+	// and settles the backend's success as for a completion.
+	v := &request.View{Model: model, MaxTokens: 1}
+	ex.view, ex.body = v, body
+	_, span := ex.child("admission", trace.SpanKindInternal)
+	release, e := s.admit(r, model)
+	endSpan(span, errorOf(e))
+	if e != nil {
+		ex.reject(w, e)
+		return
+	}
+	_, span = ex.child("route", trace.SpanKindInternal)
+	a, err := s.sched.RouteHashed(v, nil, nil, ex.start)
+	routeSpan(span, s.policyName(), a, err)
+	release()
+	if err != nil {
+		ex.reject(w, routeError(err, model))
+		return
+	}
+	ex.a, ex.target = a, s.set.Of(a.Backend)
+	ex.forward(w, r)
+}
+
+// passAllowed checks a passthrough request's path and method against
+// passthrough.allow. A path whose raw form is not the plain encoding of
+// its decoded form (%2F, %2e, an escaped letter) is refused outright:
+// uvicorn-based engines decode it, so /v1/chat%2Fcompletions would reach
+// their chat endpoint around every check the router makes of completions.
+func (s *Server) passAllowed(w http.ResponseWriter, r *http.Request) *openai.Error {
+	if r.URL.RawPath != "" {
+		return openai.BadRequest("invalid_path", "the path "+r.URL.RawPath+" has percent-encoded characters that change its meaning once decoded")
+	}
+	pathKnown := false
+	for _, e := range s.passAllow {
+		if e.Path == r.URL.Path {
+			if e.Method == r.Method {
+				return nil
+			}
+			pathKnown = true
+		}
+	}
+	if pathKnown {
+		for _, e := range s.passAllow {
+			if e.Path == r.URL.Path {
+				w.Header().Add("Allow", e.Method)
+			}
+		}
+		return &openai.Error{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest, Code: "method_not_allowed", Message: r.Method + " is not allowed on " + r.URL.Path}
+	}
+	return &openai.Error{Status: http.StatusNotFound, Type: openai.TypeNotFound, Code: "not_found", Message: "no route for " + r.Method + " " + r.URL.Path}
+}
+
+// bodiless reports whether r is a request that carries nothing to route
+// by (a GET, HEAD or DELETE without a body), which any backend may serve.
+func bodiless(r *http.Request, body []byte) bool {
+	return len(body) == 0 && (r.Method == http.MethodGet || r.Method == http.MethodHead || r.Method == http.MethodDelete)
+}
