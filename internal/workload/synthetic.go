@@ -23,7 +23,8 @@ type builtin struct {
 }
 
 var builtins = []builtin{
-	{"chat", "multi-turn conversations (X-Session-ID per conversation) whose history grows turn by turn under 4 shared system prompts", buildChat},
+	{"chat", "multi-turn conversations (X-Session-ID per conversation) whose history grows turn by turn under 4 shared system prompts", chatShape.build},
+	{"chat-docs", "multi-turn conversations (X-Session-ID) that each open on a long text of their own (2-8k tokens), then short questions and answers on it", docChatShape.build},
 	{"agent", "4 agent apps with long shared system prompts and tool definitions (2-6k tokens), many short calls", buildAgent},
 	{"mixed", "mostly short chat requests plus 5% summarisation requests of 20-31k tokens (\"hello\" vs \"summarize 50 pages\")", buildMixed},
 	{"rag", "questions over a pool of 40 long documents (1.5-6k tokens) with skewed popularity, reused across questions", buildRAG},
@@ -112,7 +113,7 @@ func chatRequest(at time.Duration, session string, spec *chatSpec) Request {
 	}
 }
 
-// conv is one conversation of the chat workload.
+// conv is one conversation of the chat workloads.
 type conv struct {
 	id       int
 	history  []msg // all messages so far, ending with the assistant's reply
@@ -121,17 +122,52 @@ type conv struct {
 	readyAt  time.Duration
 }
 
-// buildChat: conversations of 2-12 turns. Each arrival continues a
+// convShape is the shape of a multi-turn workload: token ranges are
+// [lo, hi] drawn log-uniformly.
+type convShape struct {
+	// systems is the number of shared system prompts, of sysTok tokens.
+	systems int
+	sysTok  [2]int
+	// firstTok is a conversation's first user message, nextTok the later ones.
+	firstTok, nextTok [2]int
+	outTok            [2]int
+	// minTurns and maxTurns bound a conversation's length.
+	minTurns, maxTurns int
+	// cont is the chance that an arrival continues a conversation whose
+	// user is ready rather than starting a new one.
+	cont float64
+}
+
+// chatShape: everyday chat, whose prompts are mostly the shared system
+// prompt and the growing history of short turns.
+var chatShape = convShape{
+	systems: 4, sysTok: [2]int{300, 1200},
+	firstTok: [2]int{40, 800}, nextTok: [2]int{15, 300}, outTok: [2]int{30, 600},
+	minTurns: 2, maxTurns: 12, cont: 0.75,
+}
+
+// docChatShape: each conversation opens on a long text of its own (a
+// contract, a paper, a log) that the following questions are about, with
+// short answers. Its prompts are mostly private history: only the engine
+// that served the previous turn holds it, so where a turn lands decides
+// whether the text is prefilled again, and short answers keep decoding
+// (and a live replay's CPU) light.
+var docChatShape = convShape{
+	systems: 2, sysTok: [2]int{100, 300},
+	firstTok: [2]int{2000, 8000}, nextTok: [2]int{15, 120}, outTok: [2]int{20, 150},
+	minTurns: 4, maxTurns: 10, cont: 0.85,
+}
+
+// build: conversations of minTurns-maxTurns turns. Each arrival continues a
 // conversation whose user has read the last reply (estimated generation
 // time plus a think time), or starts a new one. Turn n+1's messages are turn
 // n's messages, the assistant reply (rendered as text of the requested
 // output length), and a new user message, so turn n's prompt is a prefix of
 // turn n+1's.
-func buildChat(s *synth, ats []time.Duration) []Request {
-	const systems = 4
-	sysTok := make([]int, systems)
+func (sh convShape) build(s *synth, ats []time.Duration) []Request {
+	sysTok := make([]int, sh.systems)
 	for i := range sysTok {
-		sysTok[i] = s.logUniform(300, 1200)
+		sysTok[i] = s.logUniform(sh.sysTok[0], sh.sysTok[1])
 	}
 	var active []*conv
 	nextID := 0
@@ -145,20 +181,20 @@ func buildChat(s *synth, ats []time.Duration) []Request {
 			}
 		}
 		var c *conv
-		if len(ready) > 0 && s.rng.Float64() < 0.75 {
+		if len(ready) > 0 && s.rng.Float64() < sh.cont {
 			c = active[ready[s.rng.IntN(len(ready))]]
 		} else {
-			sys := s.rng.IntN(systems)
-			c = &conv{id: nextID, maxTurns: 2 + s.rng.IntN(11)}
+			sys := s.rng.IntN(sh.systems)
+			c = &conv{id: nextID, maxTurns: sh.minTurns + s.rng.IntN(sh.maxTurns-sh.minTurns+1)}
 			c.history = []msg{{"system", []seg{lit("you are a helpful assistant "), text(s.key(1, uint64(sys)), sysTok[sys])}}}
 			nextID++
 			active = append(active, c)
 		}
-		userTok := s.logUniform(15, 300)
+		userTok := s.logUniform(sh.nextTok[0], sh.nextTok[1])
 		if c.turn == 0 {
-			userTok = s.logUniform(40, 800)
+			userTok = s.logUniform(sh.firstTok[0], sh.firstTok[1])
 		}
-		out := s.logUniform(30, 600)
+		out := s.logUniform(sh.outTok[0], sh.outTok[1])
 		msgs := append(slices.Clip(c.history), msg{"user", []seg{text(s.key(2, uint64(c.id), uint64(c.turn)), userTok)}})
 		spec := &chatSpec{msgs: msgs, out: out}
 		r := chatRequest(at, fmt.Sprintf("chat-%d", c.id), spec)
@@ -170,7 +206,7 @@ func buildChat(s *synth, ats []time.Duration) []Request {
 		c.readyAt = at + time.Duration(out)*25*time.Millisecond + 2*time.Second + time.Duration(s.rng.ExpFloat64()*6*float64(time.Second))
 		// Retire a conversation at its last turn, or when another turn of
 		// the longest kind could overflow the context.
-		if c.turn >= c.maxTurns || r.InputTokens+out+300+600+64 > ContextTokens {
+		if c.turn >= c.maxTurns || r.InputTokens+out+sh.nextTok[1]+sh.outTok[1]+64 > ContextTokens {
 			active = slices.DeleteFunc(active, func(x *conv) bool { return x == c })
 		}
 	}

@@ -248,7 +248,7 @@ func TestTraceErrors(t *testing.T) {
 	if _, err := Load(writeTrace(t, ""), Options{}); err == nil || !strings.Contains(err.Error(), "no requests") {
 		t.Errorf("empty trace: error %v", err)
 	}
-	if _, err := Load("no-such-workload", Options{}); err == nil || !strings.Contains(err.Error(), "chat, agent, mixed, rag") {
+	if _, err := Load("no-such-workload", Options{}); err == nil || !strings.Contains(err.Error(), "chat, chat-docs, agent, mixed, rag") {
 		t.Errorf("unknown name: error %v, want the list of built-ins", err)
 	}
 	for _, opt := range []Options{{Rate: -1}, {Speedup: -2}, {Limit: -1}, {WindowStart: 2, WindowEnd: 1}} {
