@@ -66,7 +66,12 @@ func demoMain(ctx context.Context, stdout io.Writer) error {
 	w.duration, w.kvBlocks = demoSpan, demoKVBlocks
 	fmt.Fprintf(stdout, "kvroute demo: %s engines (%s, KV cache cut to %d tokens each), workload %q at %.0f%% load, policies %s\n\n",
 		demoEngines, demoPreset, demoKVBlocks*engine.BlockSize, demoWorkload, 100*demoLoad, demoPolicies)
-	rep, err := compareMain(ctx, stdout, &w, demoTimeScale)
+	dir, err := os.MkdirTemp("", "kvroute-demo-")
+	if err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	w.out = dir
+	rep, page, err := compareMain(ctx, stdout, &w, demoTimeScale)
 	if err != nil {
 		return err
 	}
@@ -77,6 +82,7 @@ func demoMain(ctx context.Context, stdout io.Writer) error {
 	fmt.Fprintln(stdout)
 	fmt.Fprintln(stdout, gainLine("p99 time to first token", rr.TTFT.P99, kv.TTFT.P99, "ms", true))
 	fmt.Fprintln(stdout, gainLine("prefix cache hit rate", 100*rr.PrefixHitRate, 100*kv.PrefixHitRate, "%", false))
+	fmt.Fprintf(stdout, "\nreport: %s\n", page)
 	return nil
 }
 
