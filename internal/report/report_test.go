@@ -450,3 +450,15 @@ func TestWindowStats(t *testing.T) {
 		t.Errorf("b's windows hold %d completed samples, want 199", total)
 	}
 }
+
+// TestSeriesStylesDiffer: a dozen policies (kvroute sim's default) get a
+// dozen different lines and bars.
+func TestSeriesStylesDiffer(t *testing.T) {
+	lines, bars := map[string]bool{}, map[string]bool{}
+	for i := range 2 * len(palette) {
+		if lines[lineStyle(i)] || bars[fillStyle(i)] {
+			t.Errorf("series %d looks like an earlier one: %s, %s", i, lineStyle(i), fillStyle(i))
+		}
+		lines[lineStyle(i)], bars[fillStyle(i)] = true, true
+	}
+}

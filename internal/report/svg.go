@@ -35,6 +35,27 @@ const (
 // palette holds distinguishable line colours (Okabe-Ito).
 var palette = []string{"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"}
 
+// lineStyle is the stroke attributes of the i-th series: its palette
+// colour, dashed from the second round of the palette on (kvroute sim runs
+// a dozen policies), so that no two series look alike.
+func lineStyle(i int) string {
+	st := fmt.Sprintf(`stroke="%s"`, palette[i%len(palette)])
+	if i >= len(palette) {
+		st += ` stroke-dasharray="6 3"`
+	}
+	return st
+}
+
+// fillStyle is the same for a bar: from the second round on, lighter with
+// an outline.
+func fillStyle(i int) string {
+	c := palette[i%len(palette)]
+	if i >= len(palette) {
+		return fmt.Sprintf(`fill="%s" fill-opacity="0.45" stroke="%s"`, c, c)
+	}
+	return fmt.Sprintf(`fill="%s"`, c)
+}
+
 // axis maps data values to pixels, linearly or in log10.
 type axis struct {
 	lo, hi float64
@@ -140,10 +161,14 @@ func legend(bw *bufio.Writer, names []string, corner legendCorner) {
 	if corner == bottomRight {
 		x, y = padL+plotW-legendW, padT+plotH-12-(len(names)-1)*legendLineH
 	}
+	if len(names) > 0 {
+		// A backing so that the names stay legible over the lines.
+		fmt.Fprintf(bw, `<rect x="%d" y="%d" width="%d" height="%d" fill="white" fill-opacity="0.85" stroke="#ccc"/>`+"\n",
+			x-6, y-legendLineH/2-2, legendW-6, len(names)*legendLineH+4)
+	}
 	for i, name := range names {
-		c := palette[i%len(palette)]
 		ly := y + i*legendLineH
-		fmt.Fprintf(bw, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="3"/>`+"\n", x, ly, x+20, ly, c)
+		fmt.Fprintf(bw, `<line x1="%d" y1="%d" x2="%d" y2="%d" %s stroke-width="3"/>`+"\n", x, ly, x+20, ly, lineStyle(i))
 		fmt.Fprintf(bw, `<text x="%d" y="%d" dominant-baseline="middle">%s</text>`+"\n", x+26, ly, html.EscapeString(name))
 	}
 }
@@ -158,7 +183,7 @@ func plot(w io.Writer, title, xlabel, ylabel string, xa, ya axis, lines []series
 	for i, s := range lines {
 		names[i] = s.name
 		c := palette[i%len(palette)]
-		fmt.Fprintf(bw, `<polyline fill="none" stroke="%s" stroke-width="2" points="`, c)
+		fmt.Fprintf(bw, `<polyline fill="none" %s stroke-width="2" points="`, lineStyle(i))
 		for j := range s.x {
 			fmt.Fprintf(bw, "%.1f,%.1f ", X(s.x[j]), Y(s.y[j]))
 		}
@@ -191,8 +216,8 @@ func barChart(w io.Writer, title, xlabel, ylabel string, ya axis, groups, names 
 				if g < len(values[s]) {
 					v = values[s][g]
 				}
-				fmt.Fprintf(bw, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s, %s: %.4g</title></rect>`+"\n",
-					x0+float64(s)*bar, Y(v), bar, Y(ya.lo)-Y(v), palette[s%len(palette)], html.EscapeString(names[s]), html.EscapeString(label), v)
+				fmt.Fprintf(bw, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" %s><title>%s, %s: %.4g</title></rect>`+"\n",
+					x0+float64(s)*bar, Y(v), bar, Y(ya.lo)-Y(v), fillStyle(s), html.EscapeString(names[s]), html.EscapeString(label), v)
 			}
 			fmt.Fprintf(bw, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", padL+(float64(g)+0.5)*gw, padT+plotH+16, html.EscapeString(label))
 		}
