@@ -20,10 +20,11 @@ func init() {
 // KV cache is. chat-docs conversations each open on a long text of their own
 // (2-8k tokens) followed by short questions, so most of every later prompt
 // is history that only the engine of the previous turn holds. Each engine's
-// KV cache is cut to demoKVBlocks (262,144 tokens, about a fifth of an H100's
-// for this model): mid-run some 220-250 conversations are open, whose
-// contexts add up to about 1.1-1.2M tokens, more than the 1.05M the four
-// engines hold together. A fleet that keeps each conversation on one engine
+// KV cache is cut to demoKVBlocks (262,144 tokens, 58% of the preset's
+// 450,896, as on a GPU that also holds a bigger model or serves longer
+// contexts): mid-run some 220-250 conversations are open, whose contexts
+// add up to about 1.1-1.2M tokens, more than the 1.05M the four engines
+// hold together. A fleet that keeps each conversation on one engine
 // holds most of them once; one that spreads a conversation's turns over all
 // four would need four copies of each, and evicts. The offered load is the
 // fleet's whole prefill capacity counted as if nothing were cached: where
