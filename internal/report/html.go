@@ -23,6 +23,13 @@ type HTMLOptions struct {
 	Sweep []SweepPoint
 }
 
+// htmlSection is one chart of the page: its anchor, heading, a line on
+// what it shows, and the chart.
+type htmlSection struct {
+	id, heading, note string
+	chart             func(io.Writer) error
+}
+
 // Windows is how many time windows the over-time charts divide a run into.
 const Windows = 20
 
@@ -47,10 +54,7 @@ func WriteHTML(w io.Writer, rep *Report, opt HTMLOptions) error {
 	WriteTable(&table, rep)
 	fmt.Fprintf(bw, "<section id=\"table\">\n<h2>Results</h2>\n<pre>%s</pre>\n</section>\n", html.EscapeString(table.String()))
 
-	sections := []struct {
-		id, heading, note string
-		chart             func(io.Writer) error
-	}{
+	sections := []htmlSection{
 		{"ttft", "TTFT distribution", "The share of requests whose first token came within a given time, per policy.",
 			func(w io.Writer) error { return WriteTTFTChart(w, rep.Runs) }},
 		{"p99-over-time", "p99 TTFT over time", fmt.Sprintf("The p99 TTFT of the requests that arrived in each of %d windows of the run.", Windows),
@@ -61,10 +65,7 @@ func WriteHTML(w io.Writer, rep *Report, opt HTMLOptions) error {
 			func(w io.Writer) error { return writeShareChart(w, rep.Runs) }},
 	}
 	if len(opt.Sweep) > 0 {
-		sections = append(sections, struct {
-			id, heading, note string
-			chart             func(io.Writer) error
-		}{"sweep", "p99 TTFT against load", "One point per policy and offered load.",
+		sections = append(sections, htmlSection{"sweep", "p99 TTFT against load", "One point per policy and offered load.",
 			func(w io.Writer) error { return WriteSweepChart(w, opt.Sweep) }})
 	}
 	for _, s := range sections {
@@ -178,10 +179,8 @@ func writeWindowChart(w io.Writer, runs []Run, st windowStat) error {
 		}
 		lines = append(lines, s)
 	}
-	xhi := 1.0
-	if len(mid) > 0 {
-		xhi = math.Max(xhi, mid[len(mid)-1]+mid[0])
-	}
+	// The axis runs to the end of the last window, at least a second.
+	xhi := math.Max(1, mid[Windows-1]+(mid[1]-mid[0])/2)
 	step := niceStep(xhi / 5)
 	return plot(w, st.title, "arrival time (s from the start of the run)", st.ylabel,
 		axis{lo: 0, hi: math.Ceil(xhi/step) * step, px: plotW}, st.axis(lo, hi), lines, topLeft)
