@@ -40,7 +40,7 @@ func runCompare(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if _, err := compareMain(ctx, os.Stdout, &w, *timeScale); err != nil {
+	if _, _, err := compareMain(ctx, os.Stdout, &w, *timeScale); err != nil {
 		fmt.Fprintf(os.Stderr, "kvroute compare: %v\n", err)
 		return 1
 	}
@@ -48,21 +48,22 @@ func runCompare(args []string) int {
 }
 
 // compareMain runs a comparison as the flags say, prints the table and
-// writes the JSON and charts; it returns the report for demo's summary.
-func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale float64) (*report.Report, error) {
+// writes the JSON and charts; it returns the report for demo's summary and
+// the path of report.html when --out is set.
+func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale float64) (*report.Report, string, error) {
 	if err := w.check(); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if timeScale <= 0 {
-		return nil, errors.New("--time-scale must be positive")
+		return nil, "", errors.New("--time-scale must be positive")
 	}
 	engines, err := sim.ParseEngines(w.engines, w.preset)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	policies, err := parsePolicies(w.policies)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	capacity := sim.Capacity(engines)
 	// The load is computed in emulated time against the presets' capacity;
@@ -70,7 +71,7 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	// clock, so the emulated engines see exactly this load.
 	reqs, offered, err := sim.LoadAt(w.workload, w.options(), w.load, capacity)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	span := 0.0
 	if len(reqs) > 0 {
@@ -81,7 +82,7 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	var oracle *report.Oracle
 	if w.oracle {
 		if oracle, err = workloadOracle(stdout, reqs, engines, offered); err != nil {
-			return nil, err
+			return nil, "", err
 		}
 	}
 	keeping := map[string]*driverSummary{}
@@ -104,7 +105,7 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 		},
 	})
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if oracle != nil {
 		applyOracle(rep.Runs, oracle)
@@ -114,17 +115,23 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	report.WriteTable(stdout, rep)
 	writeDriverSummary(stdout, policies, keeping, span)
 	// Charts first: they create --out, which --json may point into.
+	page := ""
 	if w.out != "" {
-		if err := writeRunCharts(w.out, rep.Runs, len(rep.Runs), false); err != nil {
-			return nil, err
+		notes := []string{fmt.Sprintf("kvroute compare --engines %s --preset %s --workload %s --seed %d --time-scale %g: %d emulated engines; offered load %.2f of the fleet's prefill capacity (every prompt token counted uncached)",
+			w.engines, w.preset, w.workload, w.seed, timeScale, len(engines), offered)}
+		if w.kvBlocks > 0 {
+			notes = append(notes, fmt.Sprintf("KV cache of every engine: %d blocks", w.kvBlocks))
+		}
+		if page, err = writeRunCharts(w.out, rep, len(rep.Runs), false, notes); err != nil {
+			return nil, "", err
 		}
 	}
 	if w.jsonFile != "" {
 		if err := writeReportJSON(w.jsonFile, rep); err != nil {
-			return nil, err
+			return nil, "", err
 		}
 	}
-	return rep, nil
+	return rep, page, nil
 }
 
 // driverSummary is how well one policy's emulated engines kept up with the

@@ -51,16 +51,18 @@ func TestFleetFlagsCheck(t *testing.T) {
 }
 
 // TestOracleBoundsCompareAndSim runs the same small workload through
-// compare (live, loopback) and sim with --oracle: both report the bounds,
-// and no run beats the p99 TTFT floor or the hit-rate bound.
+// compare (live, loopback) and sim with --oracle and --out: both report the
+// bounds, no run beats the p99 TTFT floor or the hit-rate bound, and both
+// write report.html.
 func TestOracleBoundsCompareAndSim(t *testing.T) {
 	w := fleetFlags{engines: "2", preset: "h100-llama3-8b", workload: "chat", policies: "round-robin,kvroute",
-		rate: 4, duration: 3 * time.Second, seed: 1, oracle: true}
+		rate: 4, duration: 3 * time.Second, seed: 1, oracle: true, out: t.TempDir()}
 	var out strings.Builder
-	rep, err := compareMain(t.Context(), &out, &w, 10)
+	rep, page, err := compareMain(t.Context(), &out, &w, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkReportPage(t, page, w.out)
 	if rep.Oracle == nil || rep.Oracle.P99TTFTms < rep.Oracle.MeanTTFTms || rep.Oracle.MeanTTFTms <= 0 {
 		t.Fatalf("compare --oracle: oracle %+v", rep.Oracle)
 	}
@@ -77,10 +79,30 @@ func TestOracleBoundsCompareAndSim(t *testing.T) {
 	}
 
 	out.Reset()
+	w.out = t.TempDir()
 	if err := simMain(&out, &w, "", 1); err != nil {
 		t.Fatal(err)
 	}
+	checkReportPage(t, filepath.Join(w.out, "report.html"), w.out)
 	if !strings.Contains(out.String(), "oracle at load") || !strings.Contains(out.String(), "of oracle") {
 		t.Errorf("sim --oracle output lacks the bounds:\n%s", out.String())
+	}
+}
+
+// checkReportPage checks that page is dir's report.html and holds every
+// section with the runs' engines (report's tests check the page's shape).
+func checkReportPage(t *testing.T, page, dir string) {
+	t.Helper()
+	if page != filepath.Join(dir, "report.html") {
+		t.Errorf("report page %q, want report.html in %s", page, dir)
+	}
+	b, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"<!DOCTYPE html>", `id="ttft"`, `id="p99-over-time"`, `id="hit-over-time"`, `id="engine-share"`, "round-robin", "kvroute"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("%s lacks %q", page, want)
+		}
 	}
 }

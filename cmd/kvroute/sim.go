@@ -55,7 +55,7 @@ func (w *fleetFlags) register(fs *flag.FlagSet, engines string) {
 	fs.Int64Var(&w.seed, "seed", 1, "seed of the workload and of the policies' random choices")
 	fs.IntVar(&w.kvBlocks, "kv-blocks", 0, "override every engine's KV cache capacity in blocks")
 	fs.StringVar(&w.jsonFile, "json", "", "write {\"runs\":[...]} to this file")
-	fs.StringVar(&w.out, "out", "", "write SVG charts into this directory")
+	fs.StringVar(&w.out, "out", "", "write report.html (tables and charts in one self-contained page) and SVG charts into this directory")
 	fs.BoolVar(&w.oracle, "oracle", false, "also compute the workload's bounds: infinite-cache hit rate, and mean and p99 TTFT with that cache and no queueing")
 }
 
@@ -234,7 +234,9 @@ func simMain(stdout io.Writer, w *fleetFlags, sweep string, parallel int) error 
 
 	// Charts first: they create --out, which --json may point into.
 	if w.out != "" {
-		if err := writeRunCharts(w.out, runs, len(policies), sweep != ""); err != nil {
+		notes := []string{fmt.Sprintf("kvroute sim --engines %s --preset %s --workload %s --seed %d: %d engines, prefill capacity %.0f prompt tokens/s",
+			w.engines, w.preset, w.workload, w.seed, len(engines), capacity)}
+		if _, err := writeRunCharts(w.out, rep, len(policies), sweep != "", notes); err != nil {
 			return err
 		}
 	}
@@ -292,29 +294,38 @@ func writeReportJSON(path string, rep *report.Report) error {
 	return nil
 }
 
-// writeRunCharts writes the TTFT distribution of the last load's runs and,
-// for a sweep, p99 TTFT against load.
-func writeRunCharts(dir string, runs []report.Run, perLoad int, sweep bool) error {
+// writeRunCharts writes into dir the TTFT distribution of the last load's
+// runs (ttft.svg), for a sweep p99 TTFT against load (sweep_p99_ttft.svg),
+// and report.html (report.WriteHTML) of the last load's runs, headed by
+// notes; it returns the path of report.html.
+func writeRunCharts(dir string, rep *report.Report, perLoad int, sweep bool, notes []string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("charts: %w", err)
+		return "", fmt.Errorf("charts: %w", err)
 	}
+	last := &report.Report{Runs: rep.Runs[len(rep.Runs)-perLoad:], Oracle: rep.Oracle}
 	if err := writeSVGFile(filepath.Join(dir, "ttft.svg"), func(w io.Writer) error {
-		return report.WriteTTFTChart(w, runs[len(runs)-perLoad:])
+		return report.WriteTTFTChart(w, last.Runs)
 	}); err != nil {
-		return err
+		return "", err
 	}
-	if !sweep {
-		return nil
+	opt := report.HTMLOptions{Notes: notes}
+	if sweep {
+		points := make([]report.SweepPoint, len(rep.Runs))
+		for i, r := range rep.Runs {
+			points[i] = report.SweepPoint{Policy: r.Policy, Load: r.OfferedLoad, P99ms: r.TTFT.P99}
+		}
+		if err := writeSVGFile(filepath.Join(dir, "sweep_p99_ttft.svg"), func(w io.Writer) error {
+			return report.WriteSweepChart(w, points)
+		}); err != nil {
+			return "", err
+		}
+		opt.Sweep = points
 	}
-	points := make([]report.SweepPoint, len(runs))
-	for i, r := range runs {
-		points[i] = report.SweepPoint{Policy: r.Policy, Load: r.OfferedLoad, P99ms: r.TTFT.P99}
-	}
-	return writeSVGFile(filepath.Join(dir, "sweep_p99_ttft.svg"), func(w io.Writer) error {
-		return report.WriteSweepChart(w, points)
-	})
+	path := filepath.Join(dir, "report.html")
+	return path, writeSVGFile(path, func(w io.Writer) error { return report.WriteHTML(w, last, opt) })
 }
 
+// writeSVGFile writes a chart or page to path and says so on stderr.
 func writeSVGFile(path string, write func(io.Writer) error) error {
 	f, err := os.Create(path)
 	if err != nil {

@@ -1,8 +1,9 @@
 // Package report turns per-request samples into the result of one run (the
 // fields of `kvroute bench --json`), and renders runs side by side: the
 // table with each policy's ratio to round-robin, the {"runs":[...]} JSON,
-// and the SVG charts. kvroute bench, compare and sim all report through it,
-// so their results have one shape.
+// the SVG charts, and the self-contained HTML page of a comparison
+// (WriteHTML). kvroute bench, compare and sim all report through it, so
+// their results have one shape.
 //
 // It does no network I/O.
 package report

@@ -4,12 +4,16 @@ import (
 	"bytes"
 	"encoding/json"
 	"encoding/xml"
+	"fmt"
 	"io"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	htmlparse "golang.org/x/net/html"
 )
 
 func msd(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
@@ -279,5 +283,182 @@ func BenchmarkSummarize(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		Summarize("p", samples, time.Minute)
+	}
+}
+
+// reportRuns is two policies' runs over 10 s on three engines: "a" fast and
+// cached on engine-1 and engine-2, "b" slow and uncached, spread over all three.
+func reportRuns() []Run {
+	var a, b []Sample
+	for i := range 200 {
+		st := time.Duration(i) * 50 * time.Millisecond
+		a = append(a, Sample{Start: st, TTFT: msd(float64(10 + i%7)), E2E: msd(100), PromptTokens: 100, CachedTokens: 80, OutputTokens: 5, Backend: fmt.Sprintf("engine-%d", 1+i%2)})
+		b = append(b, Sample{Start: st, TTFT: msd(float64(100 + 10*(i%13))), E2E: msd(300), PromptTokens: 100, CachedTokens: 10, OutputTokens: 5, Backend: fmt.Sprintf("engine-%d", i%3)})
+	}
+	b[7].Err = "HTTP 503"
+	return []Run{Summarize("a", a, 10*time.Second), Summarize("b", b, 10*time.Second)}
+}
+
+// TestWriteHTML parses the page: every chart section holds exactly one
+// inline svg with a line or bar per policy, and nothing refers to anything
+// outside the page (no script, link, image or URL but SVG's namespace).
+func TestWriteHTML(t *testing.T) {
+	runs := reportRuns()
+	tests := []struct {
+		name     string
+		opt      HTMLOptions
+		sections []string
+	}{
+		{"one load", HTMLOptions{Title: "t <&>", Notes: []string{"fleet: 3 engines"}},
+			[]string{"ttft", "p99-over-time", "hit-over-time", "engine-share"}},
+		{"sweep", HTMLOptions{Sweep: []SweepPoint{{"a", 0.5, 10}, {"a", 0.9, 20}, {"b", 0.5, 100}, {"b", 0.9, 400}}},
+			[]string{"ttft", "p99-over-time", "hit-over-time", "engine-share", "sweep"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			if err := WriteHTML(&buf, &Report{Runs: runs}, tc.opt); err != nil {
+				t.Fatal(err)
+			}
+			doc, err := htmlparse.Parse(bytes.NewReader(buf.Bytes()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			svgs := map[string]int{} // section id -> svg elements in it
+			var ids []string
+			var walk func(n *htmlparse.Node, section string)
+			walk = func(n *htmlparse.Node, section string) {
+				if n.Type == htmlparse.ElementNode {
+					switch n.Data {
+					case "script", "link", "img", "iframe", "object", "embed":
+						t.Errorf("page has a <%s> element", n.Data)
+					case "section":
+						section = attr(n, "id")
+						ids = append(ids, section)
+					case "svg":
+						svgs[section]++
+						checkChart(t, section, n)
+					}
+					for _, a := range n.Attr {
+						if strings.Contains(a.Val, "://") && !(a.Key == "xmlns" && a.Val == "http://www.w3.org/2000/svg") {
+							t.Errorf("<%s %s=%q> refers outside the page", n.Data, a.Key, a.Val)
+						}
+					}
+				}
+				if n.Type == htmlparse.TextNode && strings.Contains(n.Data, "://") {
+					t.Errorf("text %q holds a URL", n.Data)
+				}
+				for c := n.FirstChild; c != nil; c = c.NextSibling {
+					walk(c, section)
+				}
+			}
+			walk(doc, "")
+			if want := append([]string{"table"}, tc.sections...); !slices.Equal(ids, want) {
+				t.Errorf("sections %v, want %v", ids, want)
+			}
+			for _, id := range tc.sections {
+				if svgs[id] != 1 {
+					t.Errorf("section %s has %d charts, want 1", id, svgs[id])
+				}
+			}
+			if svgs["table"] != 0 || svgs[""] != 0 {
+				t.Errorf("charts outside their sections: %v", svgs)
+			}
+			if tc.opt.Title != "" && !strings.Contains(buf.String(), "t &lt;&amp;&gt;") {
+				t.Error("the title is not escaped")
+			}
+		})
+	}
+}
+
+func attr(n *htmlparse.Node, key string) string {
+	for _, a := range n.Attr {
+		if a.Key == key {
+			return a.Val
+		}
+	}
+	return ""
+}
+
+// checkChart checks what a section's chart draws for reportRuns' two
+// policies: a line each (points per window over time), or, for the share
+// chart, a bar per policy and engine whose heights are the shares.
+func checkChart(t *testing.T, section string, svg *htmlparse.Node) {
+	t.Helper()
+	count := map[string]int{}
+	var bars []string
+	var walk func(n *htmlparse.Node)
+	walk = func(n *htmlparse.Node) {
+		if n.Type == htmlparse.ElementNode {
+			count[n.Data]++
+			if n.Data == "rect" && n.FirstChild != nil && n.FirstChild.Data == "title" {
+				bars = append(bars, n.FirstChild.FirstChild.Data)
+			}
+		}
+		for c := n.FirstChild; c != nil; c = c.NextSibling {
+			walk(c)
+		}
+	}
+	walk(svg)
+	switch section {
+	case "engine-share":
+		// a on engine-1 and -2 (50% each, none on engine-0), b about a third
+		// on each (67, 67 and 66 of 200, the failed request counted).
+		want := []string{"a, 0: 0", "b, 0: 33.5", "a, 1: 50", "b, 1: 33.5", "a, 2: 50", "b, 2: 33"}
+		if !slices.Equal(bars, want) {
+			t.Errorf("share bars %q, want %q", bars, want)
+		}
+	case "p99-over-time", "hit-over-time":
+		if count["polyline"] != 2 || count["circle"] != 2*Windows {
+			t.Errorf("%s: %d lines and %d points, want 2 and %d", section, count["polyline"], count["circle"], 2*Windows)
+		}
+	default:
+		if count["polyline"] != 2 {
+			t.Errorf("%s: %d lines, want 2", section, count["polyline"])
+		}
+	}
+}
+
+// TestWindowStats checks the over-time values against hand counts: in each
+// window a's hit rate is 80% and b's 10%, and a's p99 is its slowest
+// request there.
+func TestWindowStats(t *testing.T) {
+	runs := reportRuns()
+	byRun, mid := windows(runs)
+	if len(mid) != Windows || mid[0] <= 0 || mid[Windows-1] >= 10 {
+		t.Fatalf("window midpoints %v", mid)
+	}
+	total := 0
+	for k := range Windows {
+		a, b := byRun[0][k], byRun[1][k]
+		total += len(b)
+		if got := windowHitRate.value(a); math.Abs(got-80) > 1e-9 {
+			t.Errorf("window %d: a's hit rate %v, want 80", k, got)
+		}
+		if got := windowHitRate.value(b); math.Abs(got-10) > 1e-9 {
+			t.Errorf("window %d: b's hit rate %v, want 10", k, got)
+		}
+		slowest := 0.0
+		for _, s := range a {
+			slowest = math.Max(slowest, ms(s.TTFT))
+		}
+		if got := windowP99.value(a); len(a) < 100 && got != slowest {
+			t.Errorf("window %d: a's p99 %v, want its slowest %v (%d samples)", k, got, slowest, len(a))
+		}
+	}
+	if total != 199 {
+		t.Errorf("b's windows hold %d completed samples, want 199", total)
+	}
+}
+
+// TestSeriesStylesDiffer: a dozen policies (kvroute sim's default) get a
+// dozen different lines and bars.
+func TestSeriesStylesDiffer(t *testing.T) {
+	lines, bars := map[string]bool{}, map[string]bool{}
+	for i := range 2 * len(palette) {
+		if lines[lineStyle(i)] || bars[fillStyle(i)] {
+			t.Errorf("series %d looks like an earlier one: %s, %s", i, lineStyle(i), fillStyle(i))
+		}
+		lines[lineStyle(i)], bars[fillStyle(i)] = true, true
 	}
 }

@@ -35,6 +35,27 @@ const (
 // palette holds distinguishable line colours (Okabe-Ito).
 var palette = []string{"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"}
 
+// lineStyle is the stroke attributes of the i-th series: its palette
+// colour, dashed from the second round of the palette on (kvroute sim runs
+// a dozen policies), so that no two series look alike.
+func lineStyle(i int) string {
+	st := fmt.Sprintf(`stroke="%s"`, palette[i%len(palette)])
+	if i >= len(palette) {
+		st += ` stroke-dasharray="6 3"`
+	}
+	return st
+}
+
+// fillStyle is the same for a bar: from the second round on, lighter with
+// an outline.
+func fillStyle(i int) string {
+	c := palette[i%len(palette)]
+	if i >= len(palette) {
+		return fmt.Sprintf(`fill="%s" fill-opacity="0.45" stroke="%s"`, c, c)
+	}
+	return fmt.Sprintf(`fill="%s"`, c)
+}
+
 // axis maps data values to pixels, linearly or in log10.
 type axis struct {
 	lo, hi float64
@@ -110,17 +131,20 @@ type series struct {
 	points bool
 }
 
-// plot writes a chart with axes, grid, ticks, labels and a legend.
-func plot(w io.Writer, title, xlabel, ylabel string, xa, ya axis, lines []series, corner legendCorner) error {
-	bw := bufio.NewWriter(w)
+// frame starts a chart: the title, the grid and ticks of ya (and of xa
+// unless categorical), the plot area and the axis labels. The caller draws
+// its content and closes the svg element.
+func frame(bw *bufio.Writer, title, xlabel, ylabel string, xa, ya axis, categorical bool) {
 	fmt.Fprintf(bw, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", svgW, svgH, svgW, svgH)
 	fmt.Fprintf(bw, `<rect width="%d" height="%d" fill="white"/>`+"\n", svgW, svgH)
 	fmt.Fprintf(bw, `<text x="%d" y="22" font-size="15" text-anchor="middle">%s</text>`+"\n", svgW/2, html.EscapeString(title))
 	X := func(v float64) float64 { return padL + xa.pos(v) }
 	Y := func(v float64) float64 { return padT + plotH - ya.pos(v) }
-	for _, t := range xa.ticks() {
-		fmt.Fprintf(bw, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>`+"\n", X(t), padT, X(t), padT+plotH)
-		fmt.Fprintf(bw, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", X(t), padT+plotH+16, fmtTick(t))
+	if !categorical {
+		for _, t := range xa.ticks() {
+			fmt.Fprintf(bw, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>`+"\n", X(t), padT, X(t), padT+plotH)
+			fmt.Fprintf(bw, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", X(t), padT+plotH+16, fmtTick(t))
+		}
 	}
 	for _, t := range ya.ticks() {
 		fmt.Fprintf(bw, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/>`+"\n", padL, Y(t), padL+plotW, Y(t))
@@ -129,13 +153,37 @@ func plot(w io.Writer, title, xlabel, ylabel string, xa, ya axis, lines []series
 	fmt.Fprintf(bw, `<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#333"/>`+"\n", padL, padT, plotW, plotH)
 	fmt.Fprintf(bw, `<text x="%d" y="%d" text-anchor="middle">%s</text>`+"\n", padL+plotW/2, svgH-12, html.EscapeString(xlabel))
 	fmt.Fprintf(bw, `<text transform="translate(16 %d) rotate(-90)" text-anchor="middle">%s</text>`+"\n", padT+plotH/2, html.EscapeString(ylabel))
-	legendX, legendY := padL+12, padT+16
+}
+
+// legend writes one entry per name, in the palette's order.
+func legend(bw *bufio.Writer, names []string, corner legendCorner) {
+	x, y := padL+12, padT+16
 	if corner == bottomRight {
-		legendX, legendY = padL+plotW-legendW, padT+plotH-12-(len(lines)-1)*legendLineH
+		x, y = padL+plotW-legendW, padT+plotH-12-(len(names)-1)*legendLineH
 	}
+	if len(names) > 0 {
+		// A backing so that the names stay legible over the lines.
+		fmt.Fprintf(bw, `<rect x="%d" y="%d" width="%d" height="%d" fill="white" fill-opacity="0.85" stroke="#ccc"/>`+"\n",
+			x-6, y-legendLineH/2-2, legendW-6, len(names)*legendLineH+4)
+	}
+	for i, name := range names {
+		ly := y + i*legendLineH
+		fmt.Fprintf(bw, `<line x1="%d" y1="%d" x2="%d" y2="%d" %s stroke-width="3"/>`+"\n", x, ly, x+20, ly, lineStyle(i))
+		fmt.Fprintf(bw, `<text x="%d" y="%d" dominant-baseline="middle">%s</text>`+"\n", x+26, ly, html.EscapeString(name))
+	}
+}
+
+// plot writes a chart with axes, grid, ticks, labels and a legend.
+func plot(w io.Writer, title, xlabel, ylabel string, xa, ya axis, lines []series, corner legendCorner) error {
+	bw := bufio.NewWriter(w)
+	frame(bw, title, xlabel, ylabel, xa, ya, false)
+	X := func(v float64) float64 { return padL + xa.pos(v) }
+	Y := func(v float64) float64 { return padT + plotH - ya.pos(v) }
+	names := make([]string, len(lines))
 	for i, s := range lines {
+		names[i] = s.name
 		c := palette[i%len(palette)]
-		fmt.Fprintf(bw, `<polyline fill="none" stroke="%s" stroke-width="2" points="`, c)
+		fmt.Fprintf(bw, `<polyline fill="none" %s stroke-width="2" points="`, lineStyle(i))
 		for j := range s.x {
 			fmt.Fprintf(bw, "%.1f,%.1f ", X(s.x[j]), Y(s.y[j]))
 		}
@@ -145,10 +193,36 @@ func plot(w io.Writer, title, xlabel, ylabel string, xa, ya axis, lines []series
 				fmt.Fprintf(bw, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>`+"\n", X(s.x[j]), Y(s.y[j]), c)
 			}
 		}
-		ly := legendY + i*legendLineH
-		fmt.Fprintf(bw, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="3"/>`+"\n", legendX, ly, legendX+20, ly, c)
-		fmt.Fprintf(bw, `<text x="%d" y="%d" dominant-baseline="middle">%s</text>`+"\n", legendX+26, ly, html.EscapeString(s.name))
 	}
+	legend(bw, names, corner)
+	fmt.Fprintln(bw, `</svg>`)
+	return bw.Flush()
+}
+
+// barChart writes grouped bars: one group per label along the x axis, one
+// bar per series in each group (values[s][g] is series s in group g), with
+// the series coloured as the lines of the other charts.
+func barChart(w io.Writer, title, xlabel, ylabel string, ya axis, groups, names []string, values [][]float64) error {
+	bw := bufio.NewWriter(w)
+	frame(bw, title, xlabel, ylabel, axis{}, ya, true)
+	Y := func(v float64) float64 { return padT + plotH - ya.pos(v) }
+	if len(groups) > 0 && len(names) > 0 {
+		gw := float64(plotW) / float64(len(groups))
+		bar := gw * 0.8 / float64(len(names))
+		for g, label := range groups {
+			x0 := padL + float64(g)*gw + gw*0.1
+			for s := range names {
+				v := 0.0
+				if g < len(values[s]) {
+					v = values[s][g]
+				}
+				fmt.Fprintf(bw, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" %s><title>%s, %s: %.4g</title></rect>`+"\n",
+					x0+float64(s)*bar, Y(v), bar, Y(ya.lo)-Y(v), fillStyle(s), html.EscapeString(names[s]), html.EscapeString(label), v)
+			}
+			fmt.Fprintf(bw, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", padL+(float64(g)+0.5)*gw, padT+plotH+16, html.EscapeString(label))
+		}
+	}
+	legend(bw, names, topLeft)
 	fmt.Fprintln(bw, `</svg>`)
 	return bw.Flush()
 }

@@ -23,8 +23,10 @@ type builtin struct {
 }
 
 var builtins = []builtin{
-	{"chat", "multi-turn conversations (X-Session-ID per conversation) whose history grows turn by turn under 4 shared system prompts", buildChat},
+	{"chat", "multi-turn conversations (X-Session-ID per conversation) whose history grows turn by turn under 4 shared system prompts", chatShape.build},
+	{"chat-docs", "multi-turn conversations (X-Session-ID) that each open on a long text of their own (2-8k tokens), then short questions and answers on it", docChatShape.build},
 	{"agent", "4 agent apps with long shared system prompts and tool definitions (2-6k tokens), many short calls", buildAgent},
+	{"agentic", "tool loops under 3 hot agent harnesses (system prompt and tools, 3-9k tokens, shared by every task): each step appends a tool result, some tasks fork 2-4 parallel sub-agents from their context, 4% heavy one-off requests (8-20k tokens)", buildAgentic},
 	{"mixed", "mostly short chat requests plus 5% summarisation requests of 20-31k tokens (\"hello\" vs \"summarize 50 pages\")", buildMixed},
 	{"rag", "questions over a pool of 40 long documents (1.5-6k tokens) with skewed popularity, reused across questions", buildRAG},
 }
@@ -112,7 +114,7 @@ func chatRequest(at time.Duration, session string, spec *chatSpec) Request {
 	}
 }
 
-// conv is one conversation of the chat workload.
+// conv is one conversation of the chat workloads.
 type conv struct {
 	id       int
 	history  []msg // all messages so far, ending with the assistant's reply
@@ -121,17 +123,52 @@ type conv struct {
 	readyAt  time.Duration
 }
 
-// buildChat: conversations of 2-12 turns. Each arrival continues a
+// convShape is the shape of a multi-turn workload: token ranges are
+// [lo, hi] drawn log-uniformly.
+type convShape struct {
+	// systems is the number of shared system prompts, of sysTok tokens.
+	systems int
+	sysTok  [2]int
+	// firstTok is a conversation's first user message, nextTok the later ones.
+	firstTok, nextTok [2]int
+	outTok            [2]int
+	// minTurns and maxTurns bound a conversation's length.
+	minTurns, maxTurns int
+	// cont is the chance that an arrival continues a conversation whose
+	// user is ready rather than starting a new one.
+	cont float64
+}
+
+// chatShape: everyday chat, whose prompts are mostly the shared system
+// prompt and the growing history of short turns.
+var chatShape = convShape{
+	systems: 4, sysTok: [2]int{300, 1200},
+	firstTok: [2]int{40, 800}, nextTok: [2]int{15, 300}, outTok: [2]int{30, 600},
+	minTurns: 2, maxTurns: 12, cont: 0.75,
+}
+
+// docChatShape: each conversation opens on a long text of its own (a
+// contract, a paper, a log) that the following questions are about, with
+// short answers. Its prompts are mostly private history: only the engine
+// that served the previous turn holds it, so where a turn lands decides
+// whether the text is prefilled again, and short answers keep decoding
+// (and a live replay's CPU) light.
+var docChatShape = convShape{
+	systems: 2, sysTok: [2]int{100, 300},
+	firstTok: [2]int{2000, 8000}, nextTok: [2]int{15, 120}, outTok: [2]int{20, 150},
+	minTurns: 4, maxTurns: 10, cont: 0.85,
+}
+
+// build: conversations of minTurns-maxTurns turns. Each arrival continues a
 // conversation whose user has read the last reply (estimated generation
 // time plus a think time), or starts a new one. Turn n+1's messages are turn
 // n's messages, the assistant reply (rendered as text of the requested
 // output length), and a new user message, so turn n's prompt is a prefix of
 // turn n+1's.
-func buildChat(s *synth, ats []time.Duration) []Request {
-	const systems = 4
-	sysTok := make([]int, systems)
+func (sh convShape) build(s *synth, ats []time.Duration) []Request {
+	sysTok := make([]int, sh.systems)
 	for i := range sysTok {
-		sysTok[i] = s.logUniform(300, 1200)
+		sysTok[i] = s.logUniform(sh.sysTok[0], sh.sysTok[1])
 	}
 	var active []*conv
 	nextID := 0
@@ -145,20 +182,20 @@ func buildChat(s *synth, ats []time.Duration) []Request {
 			}
 		}
 		var c *conv
-		if len(ready) > 0 && s.rng.Float64() < 0.75 {
+		if len(ready) > 0 && s.rng.Float64() < sh.cont {
 			c = active[ready[s.rng.IntN(len(ready))]]
 		} else {
-			sys := s.rng.IntN(systems)
-			c = &conv{id: nextID, maxTurns: 2 + s.rng.IntN(11)}
+			sys := s.rng.IntN(sh.systems)
+			c = &conv{id: nextID, maxTurns: sh.minTurns + s.rng.IntN(sh.maxTurns-sh.minTurns+1)}
 			c.history = []msg{{"system", []seg{lit("you are a helpful assistant "), text(s.key(1, uint64(sys)), sysTok[sys])}}}
 			nextID++
 			active = append(active, c)
 		}
-		userTok := s.logUniform(15, 300)
+		userTok := s.logUniform(sh.nextTok[0], sh.nextTok[1])
 		if c.turn == 0 {
-			userTok = s.logUniform(40, 800)
+			userTok = s.logUniform(sh.firstTok[0], sh.firstTok[1])
 		}
-		out := s.logUniform(30, 600)
+		out := s.logUniform(sh.outTok[0], sh.outTok[1])
 		msgs := append(slices.Clip(c.history), msg{"user", []seg{text(s.key(2, uint64(c.id), uint64(c.turn)), userTok)}})
 		spec := &chatSpec{msgs: msgs, out: out}
 		r := chatRequest(at, fmt.Sprintf("chat-%d", c.id), spec)
@@ -170,7 +207,7 @@ func buildChat(s *synth, ats []time.Duration) []Request {
 		c.readyAt = at + time.Duration(out)*25*time.Millisecond + 2*time.Second + time.Duration(s.rng.ExpFloat64()*6*float64(time.Second))
 		// Retire a conversation at its last turn, or when another turn of
 		// the longest kind could overflow the context.
-		if c.turn >= c.maxTurns || r.InputTokens+out+300+600+64 > ContextTokens {
+		if c.turn >= c.maxTurns || r.InputTokens+out+sh.nextTok[1]+sh.outTok[1]+64 > ContextTokens {
 			active = slices.DeleteFunc(active, func(x *conv) bool { return x == c })
 		}
 	}
@@ -266,6 +303,130 @@ func buildRAG(s *synth, ats []time.Duration) []Request {
 		}
 		user = append(user, lit(" question "), text(s.key(3, uint64(n)), s.logUniform(15, 80)))
 		reqs = append(reqs, chatRequest(at, "", &chatSpec{msgs: []msg{system, {"user", user}}, out: s.logUniform(30, 300)}))
+	}
+	return reqs
+}
+
+// agentTask is one tool loop of the agentic workload: a task's main agent,
+// or a sub-agent forked from one.
+type agentTask struct {
+	id       string
+	app      int
+	history  []msg // ends with a user task or a tool result
+	steps    int
+	maxSteps int
+	readyAt  time.Duration
+	forked   bool       // a main agent forks at most once
+	parent   *agentTask // nil for a main agent
+	// pending is the number of sub-agents a main agent waits for, results
+	// their answers, appended as tool messages when the last one finishes.
+	pending int
+	results []msg
+}
+
+// agentic's shape, from what public agent traces show: requests come from
+// a handful of harnesses, each sending the same long system prompt and tool
+// definitions with every call; a task is a loop of calls whose prompt is
+// the previous call's prompt plus the model's tool call and the tool's
+// result, so contexts grow step by step and most of each prompt was seen
+// one step before; an orchestrator may hand parts of its task to parallel
+// sub-agents that start from its context; and the odd heavy request (a
+// whole file or log pasted once) passes through.
+const (
+	agenticHeavyShare = 0.04 // heavy one-off requests among arrivals
+	agenticForkChance = 0.2  // a main agent forks at a step from its second on
+	agenticNever      = time.Duration(math.MaxInt64)
+)
+
+// buildAgentic: each arrival is a heavy one-off request (agenticHeavyShare),
+// the next step of a loop whose tool has returned (the model's reply at
+// ~25 ms a token plus the tool's run time; 97% of the time when one has,
+// so that loops run without waiting for a free turn), or a new task. A step's output
+// is a tool call (20-250 tokens), its tool result 50-3,000 tokens; a task
+// runs 3-30 steps, a sub-agent 2-8, and its last step's output is its
+// answer. Sessions: a task's id for its own steps, the id with "/sub-k"
+// for its sub-agents, so a sub-agent shares its parent's prefix under
+// another key; heavy requests have none.
+func buildAgentic(s *synth, ats []time.Duration) []Request {
+	weights := []float64{0.5, 0.3, 0.2}
+	type app struct {
+		system []seg
+		tools  []string
+	}
+	apps := make([]app, len(weights))
+	for i := range apps {
+		apps[i].system = []seg{lit("you are an agent that completes the task with the tools below, one call at a time "), text(s.key(11, uint64(i)), s.logUniform(2000, 4000))}
+		for j := range 8 + s.rng.IntN(9) {
+			apps[i].tools = append(apps[i].tools, toolJSON(s, 100+uint64(i), uint64(j)))
+		}
+	}
+	var active []*agentTask
+	tasks := 0
+	reqs := make([]Request, 0, len(ats))
+	for n, at := range ats {
+		if s.rng.Float64() < agenticHeavyShare {
+			a := apps[s.pick(weights)]
+			doc := text(s.key(12, uint64(n)), s.logUniform(8000, 20000))
+			msgs := []msg{{"system", a.system}, {"user", []seg{lit("read this and report what matters "), doc}}}
+			reqs = append(reqs, chatRequest(at, "", &chatSpec{tools: a.tools, msgs: msgs, out: s.logUniform(100, 500)}))
+			continue
+		}
+		var ready []*agentTask
+		for _, t := range active {
+			if t.readyAt <= at {
+				ready = append(ready, t)
+			}
+		}
+		var t *agentTask
+		if len(ready) > 0 && s.rng.Float64() < 0.97 {
+			t = ready[s.rng.IntN(len(ready))]
+		} else {
+			ai := s.pick(weights)
+			t = &agentTask{id: fmt.Sprintf("task-%d", tasks), app: ai, maxSteps: s.logUniform(3, 30)}
+			t.history = []msg{{"system", apps[ai].system}, {"user", []seg{text(s.key(13, uint64(tasks)), s.logUniform(50, 500))}}}
+			tasks++
+			active = append(active, t)
+		}
+		t.steps++
+		spec := &chatSpec{tools: apps[t.app].tools, msgs: t.history}
+		// The longest growth of a step: a tool call and its result, or the
+		// fork's call and four sub-agents' answers.
+		last := t.steps >= t.maxSteps || (spec.promptBytes()+3)/4+250+3000+4*600+64 > ContextTokens
+		spec.out = s.logUniform(20, 250)
+		if last {
+			spec.out = s.logUniform(100, 600)
+		}
+		out := spec.out
+		reqs = append(reqs, chatRequest(at, t.id, spec))
+		reply := msg{"assistant", []seg{lit("call "), text(s.key(14, strHash(t.id), uint64(t.steps)), out)}}
+		done := at + time.Duration(out)*25*time.Millisecond
+		switch {
+		case last:
+			active = slices.DeleteFunc(active, func(x *agentTask) bool { return x == t })
+			if p := t.parent; p != nil {
+				p.results = append(p.results, msg{"tool", []seg{lit("sub-agent answer "), text(s.key(15, strHash(t.id)), out)}})
+				if p.pending--; p.pending == 0 {
+					p.history = append(slices.Clip(p.history), p.results...)
+					p.readyAt = done
+				}
+			}
+		case t.parent == nil && !t.forked && t.steps >= 2 && s.rng.Float64() < agenticForkChance:
+			// The call hands parts of the task to sub-agents, which start
+			// from the context and the call, each with its own part.
+			t.forked = true
+			t.history = append(slices.Clip(t.history), reply)
+			t.pending, t.readyAt = 2+s.rng.IntN(3), agenticNever
+			for k := range t.pending {
+				sub := &agentTask{id: fmt.Sprintf("%s/sub-%d", t.id, k), app: t.app, parent: t, maxSteps: s.logUniform(2, 8), readyAt: done}
+				sub.history = append(slices.Clip(t.history), msg{"user", []seg{lit("your part "), text(s.key(16, strHash(sub.id)), s.logUniform(30, 200))}})
+				active = append(active, sub)
+			}
+		default:
+			result := msg{"tool", []seg{text(s.key(17, strHash(t.id), uint64(t.steps)), s.logUniform(50, 3000))}}
+			t.history = append(slices.Clip(t.history), reply, result)
+			// The tool runs 0.1 s plus an exponential second.
+			t.readyAt = done + 100*time.Millisecond + time.Duration(s.rng.ExpFloat64()*float64(time.Second))
+		}
 	}
 	return reqs
 }

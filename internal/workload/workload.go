@@ -1,7 +1,7 @@
 // Package workload produces the request streams that kvroute's benchmark,
 // comparison and simulator replay: the Mooncake-format traces (any JSONL
-// file in that format) and the built-in synthetic workloads (chat, agent,
-// mixed, rag). Text is generated deterministically, so the same workload and
+// file in that format) and the built-in synthetic workloads (chat,
+// chat-docs, agent, agentic, mixed, rag). Text is generated deterministically, so the same workload and
 // seed always give the same bytes.
 //
 // It does no network I/O and knows nothing of routing.

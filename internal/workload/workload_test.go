@@ -248,7 +248,7 @@ func TestTraceErrors(t *testing.T) {
 	if _, err := Load(writeTrace(t, ""), Options{}); err == nil || !strings.Contains(err.Error(), "no requests") {
 		t.Errorf("empty trace: error %v", err)
 	}
-	if _, err := Load("no-such-workload", Options{}); err == nil || !strings.Contains(err.Error(), "chat, agent, mixed, rag") {
+	if _, err := Load("no-such-workload", Options{}); err == nil || !strings.Contains(err.Error(), "chat, chat-docs, agent, agentic, mixed, rag") {
 		t.Errorf("unknown name: error %v, want the list of built-ins", err)
 	}
 	for _, opt := range []Options{{Rate: -1}, {Speedup: -2}, {Limit: -1}, {WindowStart: 2, WindowEnd: 1}} {
@@ -467,4 +467,115 @@ func ids(n int) string {
 		s[i] = fmt.Sprint(i)
 	}
 	return strings.Join(s, ",")
+}
+
+// TestAgenticShape checks agentic's structure on its rendered prompts: a
+// few harness prefixes (tools and system prompt) shared by many tasks; each
+// step of a loop extends the previous step's prompt by the model's call and
+// a tool result; sub-agents start from their parent's context and fork
+// call, and the parent goes on with their answers; a few heavy one-off
+// requests without a session.
+func TestAgenticShape(t *testing.T) {
+	reqs, err := Load("agentic", Options{Seed: 5, Rate: 40, Duration: 120 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	harness := map[string]map[string]bool{} // tools+system prefix -> sessions
+	prompts := map[string][]string{}        // session -> its prompts in order
+	outs := map[string][]int{}
+	heavy := 0
+	for i := range reqs {
+		r := &reqs[i]
+		v := parse(t, r)
+		end := strings.Index(v.Prompt, "\n<|user|>\n")
+		if end < 0 || !strings.HasPrefix(v.Prompt, "<|tools|>\n") {
+			t.Fatalf("request %d: no tools and system prompt before the first user message", i)
+		}
+		if r.Session == "" {
+			heavy++
+			if r.InputTokens < 8000 {
+				t.Errorf("request %d: a one-off request of only %d tokens", i, r.InputTokens)
+			}
+			continue
+		}
+		h := v.Prompt[:end]
+		if harness[h] == nil {
+			harness[h] = map[string]bool{}
+		}
+		harness[h][r.Session] = true
+		prompts[r.Session] = append(prompts[r.Session], v.Prompt)
+		outs[r.Session] = append(outs[r.Session], r.OutputTokens)
+	}
+	if len(harness) != 3 {
+		t.Errorf("%d distinct harness prefixes, want 3", len(harness))
+	}
+	for h, sessions := range harness {
+		if len(sessions) < len(prompts)/10 || len(h) < 4*3000 {
+			t.Errorf("a harness prefix of %d bytes shared by %d of %d sessions", len(h), len(sessions), len(prompts))
+		}
+	}
+	if share := float64(heavy) / float64(len(reqs)); share < 0.02 || share > 0.06 {
+		t.Errorf("heavy one-off requests are %.1f%% of %d", 100*share, len(reqs))
+	}
+
+	long, forks, resumed := 0, 0, 0
+	for id, ps := range prompts {
+		if len(ps) >= 5 {
+			long++
+		}
+		parent, _, isSub := strings.Cut(id, "/sub-")
+		for k := 1; k < len(ps); k++ {
+			// Step k's prompt is step k-1's (which ends with the generation
+			// prompt), the call it returned (as long as the output asked
+			// for), then a tool message.
+			prev, rest := ps[k-1], ""
+			if !strings.HasPrefix(ps[k], prev) {
+				t.Fatalf("%s step %d does not extend step %d", id, k, k-1)
+			}
+			rest = ps[k][len(prev):]
+			call := len("call ") + outs[id][k-1]*request.BytesPerToken
+			if len(rest) <= call || !strings.HasPrefix(rest[call:], "\n<|tool|>\n") {
+				t.Fatalf("%s step %d adds no call and tool result to step %d", id, k, k-1)
+			}
+		}
+		if !isSub {
+			continue
+		}
+		// A sub-agent's first prompt is its parent's prompt at some step,
+		// that step's call, and its own part of the task.
+		pp := prompts[parent]
+		at := -1
+		for k, p := range pp {
+			if strings.HasPrefix(ps[0], p) && strings.HasPrefix(ps[0][len(p):], "call ") {
+				at = k
+			}
+		}
+		if at < 0 {
+			t.Fatalf("%s does not start from a step of %s", id, parent)
+		}
+		call := len(pp[at]) + len("call ") + outs[parent][at]*request.BytesPerToken
+		if !strings.HasPrefix(ps[0][call:], "\n<|user|>\nyour part ") {
+			t.Errorf("%s does not add its part of the task after the fork call", id)
+		}
+		if id == parent+"/sub-0" {
+			forks++
+			if at+1 < len(pp) {
+				// The parent resumes from the same call with one answer per
+				// sub-agent.
+				subs := 0
+				for prompts[fmt.Sprintf("%s/sub-%d", parent, subs)] != nil {
+					subs++
+				}
+				next := pp[at+1]
+				resumed++
+				if !strings.HasPrefix(next, ps[0][:call]) || strings.Count(next[call:], "<|tool|>\nsub-agent answer ") != subs || subs < 2 || subs > 4 {
+					t.Errorf("%s resumes without the answers of its %d sub-agents", parent, subs)
+				}
+			}
+		}
+	}
+	if long < len(prompts)/5 || forks < 10 || resumed < forks/2 {
+		t.Errorf("%d of %d loops have 5 steps or more, %d forked, %d resumed", long, len(prompts), forks, resumed)
+	}
+	t.Logf("%d requests: %d loops and sub-agents (%d of 5 steps or more), %d forks (%d resumed), %d heavy", len(reqs), len(prompts), long, forks, resumed, heavy)
 }
