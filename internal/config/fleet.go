@@ -128,6 +128,7 @@ func (c *Config) entries(bad func(string, ...any)) []Entry {
 		if e.MaxModelLen < 0 {
 			bad("backends[%d].max_model_len: %d must not be negative", i, e.MaxModelLen)
 		}
+		e.validateKVEvents(i, bad)
 		out = append(out, e)
 	}
 	return out
