@@ -77,7 +77,7 @@ func TestOracleBoundsCompareAndSim(t *testing.T) {
 	}
 
 	out.Reset()
-	if err := simMain(&out, &w, "", 1); err != nil {
+	if err := simMain(&out, &w, &kvFlags{}, "", 1); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "oracle at load") || !strings.Contains(out.String(), "of oracle") {
