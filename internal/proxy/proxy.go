@@ -58,6 +58,9 @@ type Server struct {
 	tracing *tracing
 	// auth is the API key check; nil when no key is configured.
 	auth *apiKeys
+	// precise gets requests' token ids for precise routing (precise.go);
+	// nil when no backend has a KV event stream.
+	precise *precise
 
 	// decisions is the admin API's log of the last routing decisions,
 	// and adminAPI the handler mounted at /admin/.
@@ -108,8 +111,18 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		last:     cfg,
 		proxyLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 	}
-	s.sched = scheduler.New(s.fleet, p, scheduler.Config{BlockChars: cfg.Prefix.BlockChars, Capacity: cfg.Prefix.CapacityBlocks})
+	sc := scheduler.Config{BlockChars: cfg.Prefix.BlockChars, Capacity: cfg.Prefix.CapacityBlocks}
+	if wantsPrecise(entries) {
+		pc := cfg.KVEvents.Precise()
+		sc.Precise = &pc
+	}
+	s.sched = scheduler.New(s.fleet, p, sc)
 	s.metrics = newMetrics(s.fleet)
+	if sc.Precise != nil {
+		if s.precise, err = newPrecise(cfg, s.fleet, s.sched.Precise(), s.metrics.reg); err != nil {
+			return nil, err
+		}
+	}
 	s.set = members.New(members.Config{
 		Fleet:          s.fleet,
 		Forget:         s.sched.Index().RemoveBackend,
