@@ -32,6 +32,8 @@ const (
 	// maxSpeculative bounds the speculative records kept per backend; the
 	// oldest go first.
 	maxSpeculative = 1024
+	// maxLoras bounds the adapter names Salt remembers.
+	maxLoras = 4096
 )
 
 // PreciseConfig tunes a Precise index; zero values are the defaults above.
@@ -143,6 +145,8 @@ type Precise struct {
 
 	mu      sync.RWMutex
 	streams []stream
+	// loras are the LoRA adapter names events have carried (see Salt).
+	loras map[string]struct{}
 }
 
 // stream is one backend's event stream and what it said.
@@ -316,6 +320,14 @@ func (p *Precise) store(backend int, st *stream, ev *kvevents.Event, keys []uint
 		return keys
 	}
 	st.stats.Stored++
+	if ev.LoraName != "" {
+		if p.loras == nil {
+			p.loras = make(map[string]struct{})
+		}
+		if len(p.loras) < maxLoras {
+			p.loras[ev.LoraName] = struct{}{}
+		}
+	}
 	parent := seedKey(ev.LoraName)
 	if ev.HasParent {
 		pb, ok := st.eng[ev.Parent]
@@ -450,6 +462,18 @@ func commonPrefix(a, b []uint64, from int) int {
 		}
 	}
 	return lo
+}
+
+// Salt returns the salt of a request for model: model itself when the
+// engines' events have named it as a LoRA adapter (vLLM serves an adapter
+// under its name, and salts its blocks with it), else "" (a base model).
+func (p *Precise) Salt(model string) string {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if _, ok := p.loras[model]; ok {
+		return model
+	}
+	return ""
 }
 
 // Stats returns backend's counters at now.

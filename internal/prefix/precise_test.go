@@ -161,7 +161,10 @@ func TestPreciseLoraMatch(t *testing.T) {
 	x.Reset(0, true, pt0)
 	x.Apply(0, []kvevents.Event{{Kind: kvevents.BlockStored, BlockHashes: []uint64{1, 2}, TokenIDs: toks(0, 8), BlockSize: 4, LoraName: "sql"}}, pt0)
 	out, trusted := make([]int32, 1), make([]bool, 1)
-	x.Match(HashTokens(nil, toks(0, 8), 4, "sql"), pt0, out, trusted)
+	if x.Salt("sql") != "sql" || x.Salt("base") != "" {
+		t.Errorf("Salt: %q for an adapter the events named, %q for another model", x.Salt("sql"), x.Salt("base"))
+	}
+	x.Match(HashTokens(nil, toks(0, 8), 4, x.Salt("sql")), pt0, out, trusted)
 	if out[0] != 2 {
 		t.Errorf("salted match %d, want 2", out[0])
 	}

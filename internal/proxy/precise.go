@@ -105,7 +105,7 @@ func (s *Server) tokenKeys(ctx context.Context, v *request.View, body []byte) []
 	if d := time.Since(start); d > 50*time.Microsecond {
 		p.latency.Observe(d.Seconds()) // a cache hit takes microseconds
 	}
-	return s.sched.TokenKeys(toks, "")
+	return s.sched.TokenKeys(toks, s.sched.Precise().Salt(v.Model))
 }
 
 // tokenizerBackend picks the healthy backend serving v's model to ask for
