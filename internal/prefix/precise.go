@@ -252,6 +252,21 @@ func (p *Precise) Reset(backend int, empty bool, now time.Time) {
 	}
 }
 
+// Silent marks backend's stream as silent (its subscriber heard nothing
+// for its timeout, or lost its connection): the backend is matched
+// approximately until its next event. Its entries are kept: nothing says
+// they are wrong.
+func (p *Precise) Silent(backend int) {
+	if backend < 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if backend < len(p.streams) {
+		p.streams[backend].flowing = false
+	}
+}
+
 // Forget drops backend entirely (it was removed from the fleet): it is
 // untrusted until it is Reset or sends events again.
 func (p *Precise) Forget(backend int) {

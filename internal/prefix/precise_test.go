@@ -203,6 +203,8 @@ func TestPreciseTrust(t *testing.T) {
 			x.Apply(0, nil, s(5*time.Second))
 		}, 12 * time.Second, true},
 		{"idle without events stays trusted", func(x *Precise) { x.Reset(0, true, pt0); x.Apply(0, ev, pt0) }, time.Hour, true},
+		{"silent until the next event", func(x *Precise) { x.Reset(0, true, pt0); x.Apply(0, ev, pt0); x.Silent(0) }, 0, false},
+		{"silent, then an event", func(x *Precise) { x.Reset(0, true, pt0); x.Apply(0, ev, pt0); x.Silent(0); x.Apply(0, nil, pt0) }, 0, true},
 		{"forgotten", func(x *Precise) { x.Reset(0, true, pt0); x.Apply(0, ev, pt0); x.Forget(0) }, 0, false},
 	}
 	for _, tt := range tests {
