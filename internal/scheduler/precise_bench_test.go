@@ -26,12 +26,20 @@ func tokensOf(s string) []uint32 {
 // BenchmarkRoute does; its token keys are hashed once, outside the loop:
 // the exchange hashes them with the tokenizer's answer, before it routes
 // (BenchmarkTokenKeys measures that).
-func BenchmarkRoutePrecise(b *testing.B) {
+func BenchmarkRoutePrecise(b *testing.B) { benchPrecise(b, 64) }
+
+// BenchmarkRoutePreciseMixed is BenchmarkRoutePrecise with only half the
+// backends' streams trusted: both indexes are matched.
+func BenchmarkRoutePreciseMixed(b *testing.B) { benchPrecise(b, 32) }
+
+// benchPrecise runs BenchmarkRoutePrecise with the first trusted backends'
+// streams trusted.
+func benchPrecise(b *testing.B, trusted int) {
 	s, prompt := benchScheduler(b)
 	p := New(s.fleet, longestPrefix{}, Config{Precise: &prefix.PreciseConfig{}})
 	system := text(0, 2048)
 	query := tokensOf(prompt)
-	for k := range 64 {
+	for k := range trusted {
 		p.Precise().Reset(k, true, t0)
 		next := uint64(k) << 40
 		store := func(tokens []uint32) {
@@ -47,6 +55,13 @@ func BenchmarkRoutePrecise(b *testing.B) {
 			store(tokensOf(system + text(1000+k*100+c, 16000)))
 		}
 		store(query[:min(len(query), 16*7*k)])
+	}
+	// The approximate index holds what BenchmarkRoute's does.
+	for k := range 64 {
+		for c := range 20 {
+			p.Index().Insert(k, prefix.Hash(nil, system+text(1000+k*100+c, 16000), prefix.DefaultBlockChars))
+		}
+		p.Index().Insert(k, prefix.Hash(nil, prompt, prefix.DefaultBlockChars)[:min(500, 7*k)])
 	}
 	v := view("", prompt)
 	keys := p.TokenKeys(query, "")
