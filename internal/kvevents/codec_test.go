@@ -330,3 +330,37 @@ func BenchmarkEncode(b *testing.B) {
 		buf = Encode(buf[:0], batch, Current)
 	}
 }
+
+func TestParseConfig(t *testing.T) {
+	tests := []struct {
+		json string
+		want PublisherConfig
+		on   bool
+		err  string
+	}{
+		{`{"enable_kv_cache_events":true}`, PublisherConfig{Endpoint: "tcp://*:5557", BufferSteps: 10000, HWM: 100000}, true, ""},
+		{`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:6000","replay_endpoint":"tcp://*:6001","topic":"kv@p@m","buffer_steps":5,"hwm":7,"max_queue_size":9}`,
+			PublisherConfig{Endpoint: "tcp://*:6000", ReplayEndpoint: "tcp://*:6001", Topic: "kv@p@m", BufferSteps: 5, HWM: 7}, true, ""},
+		{`{"enable_kv_cache_events":false,"publisher":"zmq"}`, PublisherConfig{Endpoint: "tcp://*:5557", BufferSteps: 10000, HWM: 100000}, false, ""},
+		{`{"enable_kv_cache_events":true,"publisher":"null"}`, PublisherConfig{Endpoint: "tcp://*:5557", BufferSteps: 10000, HWM: 100000}, false, ""},
+		{`{}`, PublisherConfig{Endpoint: "tcp://*:5557", BufferSteps: 10000, HWM: 100000}, false, ""},
+		{`{"enable_kv_cache_events":true,"publisher":"kafka"}`, PublisherConfig{}, false, "unknown publisher"},
+		{`{"enable_kv_cache_events":true,"colour":"red"}`, PublisherConfig{}, false, "unknown field"},
+		{`{"enable_kv_cache_events":true,"hwm":0}`, PublisherConfig{}, false, "hwm must be positive"},
+		{`{"enable_kv_cache_events":true,"endpoint":"localhost:5557"}`, PublisherConfig{}, false, "want tcp://host:port"},
+		{`{"enable_kv_cache_events":true} {}`, PublisherConfig{}, false, "after the JSON"},
+		{`[1]`, PublisherConfig{}, false, "cannot unmarshal"},
+	}
+	for _, tt := range tests {
+		got, on, err := ParseConfig([]byte(tt.json))
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("ParseConfig(%s) error %v, want %q", tt.json, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || got != tt.want || on != tt.on {
+			t.Errorf("ParseConfig(%s) = %+v, %v, %v; want %+v, %v", tt.json, got, on, err, tt.want, tt.on)
+		}
+	}
+}
