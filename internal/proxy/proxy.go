@@ -61,6 +61,9 @@ type Server struct {
 	// precise gets requests' token ids for precise routing (precise.go);
 	// nil when no backend has a KV event stream.
 	precise *precise
+	// streamMetrics count the KV event streams (kvstream.go); nil with
+	// precise.
+	streamMetrics *streamMetrics
 
 	// decisions is the admin API's log of the last routing decisions,
 	// and adminAPI the handler mounted at /admin/.
@@ -122,6 +125,11 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		if s.precise, err = newPrecise(cfg, s.fleet, s.sched.Precise(), s.metrics.reg); err != nil {
 			return nil, err
 		}
+		s.streamMetrics = newStreamMetrics(s.metrics.reg)
+	}
+	var stream members.Stream
+	if s.precise != nil {
+		stream = s.kvStream
 	}
 	s.set = members.New(members.Config{
 		Fleet:          s.fleet,
@@ -132,6 +140,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		Health:         cfg.Health,
 		DiscoverModels: cfg.Upstream.DiscoverModels,
 		FleetSection:   cfg.Fleet,
+		KVStream:       stream,
 	}, entries)
 	if s.adm, err = newAdmission(cfg, s.fleet, s.metrics.reg); err != nil {
 		return nil, err
