@@ -39,6 +39,7 @@ type fleetFlags struct {
 	jitter                              time.Duration // sim only
 	kvBlocks                            int
 	jsonFile, out                       string
+	kvEvents                            bool // compare only (sim has kvFlags)
 }
 
 func (w *fleetFlags) register(fs *flag.FlagSet, engines string) {
