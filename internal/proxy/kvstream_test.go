@@ -129,3 +129,68 @@ func TestKVEventsLoopback(t *testing.T) {
 		t.Errorf("%v AllBlocksCleared received from %s, want 1", n, first)
 	}
 }
+
+// TestStreamHandler drives one stream's handler through the subscriber's
+// reports: what the backend's picture is after each.
+func TestStreamHandler(t *testing.T) {
+	stored := kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.BlockStored, BlockHashes: []uint64{1}, TokenIDs: make([]uint32, 16), BlockSize: 16}}}
+	type step struct {
+		batch  *uint64 // a batch with this sequence number, else the reset
+		reset  kvevents.ResetReason
+		count  kvevents.Counter
+		blocks int
+		trust  bool
+	}
+	seq := func(n uint64) *uint64 { return &n }
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"engine start", []step{{batch: seq(0), blocks: 1, trust: true}}},
+		{"joined a running engine", []step{{batch: seq(42), blocks: 1, trust: false}}},
+		{"gap without replay", []step{{batch: seq(0), blocks: 1, trust: true}, {reset: kvevents.ResetGap, blocks: 0, trust: false}, {batch: seq(9), blocks: 1, trust: false}}},
+		{"restart", []step{{batch: seq(42), blocks: 1, trust: false}, {reset: kvevents.ResetRestart, blocks: 0, trust: false}, {batch: seq(0), blocks: 1, trust: true}}},
+		{"stale, then the stream goes on", []step{{batch: seq(0), blocks: 1, trust: true}, {reset: kvevents.ResetStale, blocks: 1, trust: false}, {batch: seq(1), blocks: 1, trust: true}}},
+		{"counters", []step{{batch: seq(0), blocks: 1, trust: true}, {count: kvevents.DecodeErrors, blocks: 1, trust: true}, {count: kvevents.Replays, blocks: 1, trust: true}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, "prefix", 1, func(c *config.Config) { c.Backends[0].KVEvents = "tcp://127.0.0.1:1" })
+			ix := r.srv.Scheduler().Precise()
+			b := r.srv.Fleet().Snapshot().All[0]
+			h := &streamHandler{ix: ix, id: b.ID, name: b.Name, m: r.srv.streamMetrics, first: true}
+			for i, s := range tt.steps {
+				switch {
+				case s.batch != nil:
+					h.Batch(*s.batch, stored)
+				case s.count != 0:
+					h.Count(s.count)
+				default:
+					h.Reset(s.reset)
+				}
+				st := ix.Stats(b.ID, time.Now())
+				if st.Blocks != s.blocks || st.Trusted != s.trust {
+					t.Errorf("step %d: %d blocks, trusted %v; want %d, %v", i, st.Blocks, st.Trusted, s.blocks, s.trust)
+				}
+			}
+		})
+	}
+	r := newRig(t, "prefix", 1, func(c *config.Config) { c.Backends[0].KVEvents = "tcp://127.0.0.1:1" })
+	b := r.srv.Fleet().Snapshot().All[0]
+	h := &streamHandler{ix: r.srv.Scheduler().Precise(), id: b.ID, name: b.Name, m: r.srv.streamMetrics, first: true}
+	h.Count(kvevents.DecodeErrors)
+	h.Count(kvevents.ReplayFailures)
+	h.Reset(kvevents.ResetStale)
+	for _, c := range []struct {
+		name string
+		got  float64
+	}{
+		{"decode errors", counterValue(r.srv.streamMetrics.decodeErrors.WithLabelValues(b.Name))},
+		{"failed replays", counterValue(r.srv.streamMetrics.replays.WithLabelValues(b.Name, "failed"))},
+		{"stale", counterValue(r.srv.streamMetrics.stale.WithLabelValues(b.Name))},
+	} {
+		if c.got != 1 {
+			t.Errorf("%s counted %v, want 1", c.name, c.got)
+		}
+	}
+}
