@@ -26,8 +26,9 @@ func runCompare(args []string) int {
 	var w fleetFlags
 	w.register(fs, "4")
 	timeScale := fs.Float64("time-scale", 1, "emulated seconds per real second (10 replays a 10-minute workload in one minute)")
+	fs.BoolVar(&w.kvEvents, "kv-events", false, "also run each policy with the engines publishing their KV cache events over ZMQ and the router routing on them (named POLICY+precise)")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--policies a,b,c] [--rate R | --speedup X | --load F] [--limit N | --window START-END] [--seed S] [--time-scale X] [--oracle] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--policies a,b,c] [--rate R | --speedup X | --load F] [--limit N | --window START-END] [--seed S] [--time-scale X] [--kv-events] [--oracle] [--json FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nStarts the emulated engines and one router on loopback, in process, and replays the workload once per policy against fresh engines. Latencies are reported in emulated time.\n\nflags:")
 		fs.PrintDefaults()
 		writeBuiltins(fs.Output())
@@ -91,6 +92,7 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 		KVBlocks:    w.kvBlocks,
 		TimeScale:   timeScale,
 		Policies:    policies,
+		KVEvents:    w.kvEvents,
 		Seed:        w.seed,
 		OfferedLoad: offered,
 		Progress:    bench.Terminal(),
@@ -113,7 +115,11 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	}
 	fmt.Fprintf(stdout, "\noffered load %.2f of the fleet's prefill capacity (every prompt token counted uncached)\n", offered)
 	report.WriteTable(stdout, rep)
-	writeDriverSummary(stdout, policies, keeping, span)
+	var names []string
+	for _, r := range rep.Runs {
+		names = append(names, r.Policy)
+	}
+	writeDriverSummary(stdout, names, keeping, span)
 	// Charts first: they create --out, which --json may point into.
 	page := ""
 	if w.out != "" {

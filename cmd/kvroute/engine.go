@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/kvevents"
 )
 
 func init() {
@@ -27,13 +28,18 @@ func runEngine(args []string) int {
 	kvBlocks := fs.Int("kv-blocks", 0, "KV cache capacity in blocks of 16 tokens; 0 means the preset's")
 	timeScale := fs.Float64("time-scale", 1.0, "emulated seconds per real second: 10 runs the engine ten times faster than the hardware")
 	model := fs.String("model", "", "served model name; empty means the preset's")
+	kvConfig := fs.String("kv-events-config", "", `publish KV cache events as vLLM does: vLLM's JSON, e.g. '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv@pod@model"}'`)
+	kvEncoding := fs.String("kv-events-encoding", "current", "shape of the published events: current (maps with a \"type\" key, vLLM since 2026) or legacy (positional arrays, vLLM up to 0.23 and SGLang)")
 	fs.Usage = func() {
 		out := fs.Output()
 		fmt.Fprint(out, `usage: kvroute engine [--listen ADDR] [--preset NAME] [--kv-blocks N] [--time-scale X] [--model NAME]
+                      [--kv-events-config JSON] [--kv-events-encoding current|legacy]
 
 Serves an emulated vLLM engine: POST /v1/chat/completions, POST /v1/completions
-(streaming or not), GET /v1/models, GET /health and GET /metrics in vLLM's
-metric names. Scheduling, prefix caching and step timing follow the preset.
+(streaming or not), GET /v1/models, GET /health, GET /metrics in vLLM's
+metric names, POST /tokenize and POST /reset_prefix_cache. Scheduling, prefix
+caching and step timing follow the preset; with --kv-events-config the
+engine publishes its KV cache events on ZMQ as vLLM does.
 
 flags:
 `)
@@ -61,7 +67,24 @@ flags:
 		fmt.Fprintf(os.Stderr, "kvroute engine: --kv-blocks must be at least 0, got %d\n", *kvBlocks)
 		return 2
 	}
-	srv, err := emulator.New(emulator.Config{Preset: p, KVBlocks: *kvBlocks, TimeScale: *timeScale, Model: *model, Logger: log})
+	cfg := emulator.Config{Preset: p, KVBlocks: *kvBlocks, TimeScale: *timeScale, Model: *model, Logger: log}
+	enc, err := kvevents.ParseEncoding(*kvEncoding)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kvroute engine: --kv-events-encoding: %v\n", err)
+		return 2
+	}
+	if *kvConfig != "" {
+		kc, on, err := kvevents.ParseConfig([]byte(*kvConfig))
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "kvroute engine: --kv-events-config: %v\n", err)
+			return 2
+		}
+		if on {
+			kc.Encoding = enc
+			cfg.KVEvents = &kc
+		}
+	}
+	srv, err := emulator.New(cfg)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kvroute engine: %v\n", err)
 		return 1
@@ -80,6 +103,10 @@ flags:
 	eff := srv.Preset()
 	log.Info("engine listening", "addr", "http://"+ln.Addr().String(), "preset", eff.Name,
 		"model", srv.Model(), "kv_blocks", eff.KVBlocks, "time_scale", *timeScale)
+	if cfg.KVEvents != nil {
+		log.Info("publishing kv events", "endpoint", cfg.KVEvents.Endpoint, "replay_endpoint", cfg.KVEvents.ReplayEndpoint,
+			"topic", cfg.KVEvents.Topic, "encoding", enc)
+	}
 	select {
 	case err := <-errc:
 		log.Error("serve", "err", err)

@@ -39,6 +39,7 @@ type fleetFlags struct {
 	jitter                              time.Duration // sim only
 	kvBlocks                            int
 	jsonFile, out                       string
+	kvEvents                            bool // compare only (sim has kvFlags)
 }
 
 func (w *fleetFlags) register(fs *flag.FlagSet, engines string) {
@@ -141,9 +142,11 @@ func runSim(args []string) int {
 	w.register(fs, "8")
 	sweep := fs.String("sweep", "", "comma-separated loads (e.g. 0.3,0.5,0.7,0.9): run each and chart p99 TTFT against load")
 	parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "runs to simulate side by side (each run is single-threaded)")
+	var kv kvFlags
+	kv.register(fs)
 	fs.DurationVar(&w.jitter, "jitter", 0, "delay each arrival by a random 0 to `D` (drawn from --seed), as a live client and network do; several seeds show the spread a live compare has")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--json FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nReplays the workload on a simulated fleet in virtual time, with the same scheduler and engine model as kvroute serve and kvroute engine, once per policy.\n\nflags:")
 		fs.PrintDefaults()
 		writeBuiltins(fs.Output())
@@ -151,17 +154,21 @@ func runSim(args []string) int {
 	if code, ok := parseFlags(fs, args, false); !ok {
 		return code
 	}
-	if err := simMain(os.Stdout, &w, *sweep, *parallel); err != nil {
+	if err := simMain(os.Stdout, &w, &kv, *sweep, *parallel); err != nil {
 		fmt.Fprintf(os.Stderr, "kvroute sim: %v\n", err)
 		return 1
 	}
 	return 0
 }
 
-func simMain(stdout io.Writer, w *fleetFlags, sweep string, parallel int) error {
+func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, sweep string, parallel int) error {
 	if err := w.check(); err != nil {
 		return err
 	}
+	if err := kv.check(); err != nil {
+		return err
+	}
+	variants := kv.variants(w.oracle)
 	engines, err := sim.ParseEngines(w.engines, w.preset)
 	if err != nil {
 		return err
@@ -199,10 +206,17 @@ func simMain(stdout io.Writer, w *fleetFlags, sweep string, parallel int) error 
 			}
 			oracles = append(oracles, o)
 		}
+		faults, err := kv.faults(reqs)
+		if err != nil {
+			return err
+		}
 		for _, p := range policies {
-			jobs = append(jobs, sim.Job{Reqs: reqs, Config: sim.Config{
-				Engines: engines, KVBlocks: w.kvBlocks, Policy: p, Seed: w.seed, OfferedLoad: offered,
-			}})
+			for _, v := range variants {
+				jobs = append(jobs, sim.Job{Reqs: reqs, Config: sim.Config{
+					Engines: engines, KVBlocks: w.kvBlocks, Policy: p, Seed: w.seed, OfferedLoad: offered,
+					Name: p + v.suffix, KVEvents: v.kv, Faults: faults,
+				}})
+			}
 		}
 	}
 	if len(oracles) == 1 {
@@ -214,17 +228,18 @@ func simMain(stdout io.Writer, w *fleetFlags, sweep string, parallel int) error 
 		return err
 	}
 	elapsed := time.Since(start)
+	perLoad := len(policies) * len(variants)
 	if w.oracle {
-		for i := 0; i < len(runs); i += len(policies) {
-			applyOracle(runs[i:i+len(policies)], oracles[i/len(policies)])
+		for i := 0; i < len(runs); i += perLoad {
+			applyOracle(runs[i:i+perLoad], oracles[i/perLoad])
 		}
 	}
 	rep.Runs = runs
 
-	for i := 0; i < len(runs); i += len(policies) {
-		group := &report.Report{Runs: runs[i : i+len(policies)]}
+	for i := 0; i < len(runs); i += perLoad {
+		group := &report.Report{Runs: runs[i : i+perLoad]}
 		if w.oracle {
-			group.Oracle = oracles[i/len(policies)]
+			group.Oracle = oracles[i/perLoad]
 		}
 		fmt.Fprintf(stdout, "\noffered load %.2f of the fleet's prefill capacity (every prompt token counted uncached), %d requests\n",
 			group.Runs[0].OfferedLoad, len(jobs[i].Reqs))
@@ -236,7 +251,7 @@ func simMain(stdout io.Writer, w *fleetFlags, sweep string, parallel int) error 
 	if w.out != "" {
 		notes := []string{fmt.Sprintf("kvroute sim --engines %s --preset %s --workload %s --seed %d: %d engines, prefill capacity %.0f prompt tokens/s",
 			w.engines, w.preset, w.workload, w.seed, len(engines), capacity)}
-		if _, err := writeRunCharts(w.out, rep, len(policies), sweep != "", notes); err != nil {
+		if _, err := writeRunCharts(w.out, rep, perLoad, sweep != "", notes); err != nil {
 			return err
 		}
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/kvevents"
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/report"
 	"github.com/kvroute/kvroute/internal/workload"
@@ -41,6 +42,10 @@ type Config struct {
 	TimeScale float64
 	// Policies are run one after the other, each on fresh engines.
 	Policies []string
+	// KVEvents runs each policy a second time (named POLICY+precise) with
+	// the engines publishing their KV cache events over ZMQ on loopback
+	// and the router subscribing and tokenizing on their /tokenize.
+	KVEvents bool
 	// Seed seeds the policies' random choices.
 	Seed int64
 	// OfferedLoad is copied into every run (see sim.Offered).
@@ -84,24 +89,43 @@ func Run(ctx context.Context, reqs []workload.Request, cfg Config) (*report.Repo
 
 	rep := &report.Report{}
 	for _, p := range cfg.Policies {
-		run, err := runOne(ctx, wall, cfg, p)
-		if err != nil {
-			return nil, fmt.Errorf("compare: policy %s: %w", p, err)
-		}
-		run.OfferedLoad = cfg.OfferedLoad
-		rep.Runs = append(rep.Runs, run)
-		if cfg.Progress != nil {
-			fmt.Fprintf(cfg.Progress, "%s: %d completed, %d errors, mean TTFT %.1f ms, hit rate %.1f%%\n",
-				p, run.Completed, run.Errors, run.TTFT.Mean, 100*run.PrefixHitRate)
+		for _, precise := range []bool{false, true}[:1+btoi(cfg.KVEvents)] {
+			run, err := runOne(ctx, wall, cfg, p, precise)
+			if err != nil {
+				return nil, fmt.Errorf("compare: %s: %w", RunName(p, precise), err)
+			}
+			run.OfferedLoad = cfg.OfferedLoad
+			rep.Runs = append(rep.Runs, run)
+			if cfg.Progress != nil {
+				fmt.Fprintf(cfg.Progress, "%s: %d completed, %d errors, mean TTFT %.1f ms, hit rate %.1f%%\n",
+					run.Policy, run.Completed, run.Errors, run.TTFT.Mean, 100*run.PrefixHitRate)
+			}
 		}
 	}
 	return rep, nil
 }
 
+// RunName is the name of policy p's run, precise or not.
+func RunName(p string, precise bool) string {
+	if precise {
+		return p + "+precise"
+	}
+	return p
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // runOne starts fresh engines and a router with policy p, replays wall
 // (arrival times on the wall clock) through the router, stops everything
-// and returns the run in emulated time.
-func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string) (report.Run, error) {
+// and returns the run in emulated time. precise has the engines publish
+// their KV events to the router.
+func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, precise bool) (report.Run, error) {
+	runName := RunName(p, precise)
 	var stack servers
 	defer stack.close()
 
@@ -114,9 +138,11 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string) 
 	engineOf := map[string]int{} // backend name -> engine index
 	ems := make([]*emulator.Server, len(cfg.Engines))
 	for i, pr := range cfg.Engines {
-		em, err := emulator.New(emulator.Config{
-			Preset: pr, KVBlocks: cfg.KVBlocks, TimeScale: cfg.TimeScale, Logger: cfg.Logger,
-		})
+		ec := emulator.Config{Preset: pr, KVBlocks: cfg.KVBlocks, TimeScale: cfg.TimeScale, Logger: cfg.Logger}
+		if precise {
+			ec.KVEvents = &kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Bind: true}
+		}
+		em, err := emulator.New(ec)
 		if err != nil {
 			return report.Run{}, fmt.Errorf("engine %d: %w", i, err)
 		}
@@ -129,7 +155,11 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string) 
 		kv[i] = em.Preset().KVBlocks
 		name := fmt.Sprintf("engine-%d", i)
 		engineOf[name] = i
-		cc.Backends = append(cc.Backends, config.Backend{URL: url, Name: name})
+		be := config.Backend{URL: url, Name: name}
+		if precise {
+			be.KVEvents = "tcp://" + em.KVEventsAddr().String()
+		}
+		cc.Backends = append(cc.Backends, be)
 	}
 	if err := cc.Validate(); err != nil {
 		return report.Run{}, fmt.Errorf("router config: %w", err)
@@ -164,7 +194,7 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string) 
 		Target:   "http://" + rt.Addr(),
 		Model:    cfg.Engines[0].Model,
 		Requests: wall,
-		Policy:   p,
+		Policy:   runName,
 		Progress: cfg.Progress,
 	})
 	if err != nil {
@@ -172,10 +202,10 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string) 
 	}
 	if cfg.Driver != nil {
 		for i, em := range ems {
-			cfg.Driver(p, i, em.Driver())
+			cfg.Driver(runName, i, em.Driver())
 		}
 	}
-	return report.Summarize(p, toEmulated(samples, cfg.TimeScale), scale(elapsed, cfg.TimeScale)), nil
+	return report.Summarize(runName, toEmulated(samples, cfg.TimeScale), scale(elapsed, cfg.TimeScale)), nil
 }
 
 // toEmulated converts wall-clock samples to emulated time in place.

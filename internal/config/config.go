@@ -69,6 +69,9 @@ type Config struct {
 	// Passthrough says which other /v1/ endpoints are forwarded
 	// (passthrough.go).
 	Passthrough Passthrough `yaml:"passthrough"`
+	// KVEvents tunes precise prefix routing on the engines' KV cache
+	// events (kvevents.go).
+	KVEvents KVEvents `yaml:"kv_events"`
 	// ShutdownGrace is how long, on SIGTERM or SIGINT, the router lets
 	// in-flight requests (streams included) finish after it stops accepting
 	// new connections, before it closes them. Default 30s.
@@ -119,6 +122,21 @@ type Backend struct {
 	// limits.reject_over_context. Default 0: what its /v1/models says
 	// (vLLM's max_model_len), else unknown.
 	MaxModelLen int `yaml:"max_model_len"`
+	// KVEvents is the backend's KV cache event endpoint (vLLM's
+	// kv-events-config endpoint), tcp://host:port; for a dns entry, a
+	// port ("5557") on each discovered address, or a template such as
+	// tcp://{host}:5557. The router subscribes to it and routes this
+	// backend on what its events say. Default "" (approximate routing).
+	KVEvents string `yaml:"kv_events"`
+	// KVEventsBind makes the router bind kv_events (e.g. tcp://*:5557)
+	// for an engine that connects out to it, instead of connecting.
+	// Default false.
+	KVEventsBind bool `yaml:"kv_events_bind"`
+	// KVEventsReplay is the engine's replay endpoint (vLLM's
+	// replay_endpoint), in kv_events' forms: a gap in the stream is then
+	// filled from it rather than dropping the backend's precise entries.
+	// Default "".
+	KVEventsReplay string `yaml:"kv_events_replay"`
 }
 
 // Session says where the session (conversation) key comes from.
@@ -350,6 +368,7 @@ func Default() *Config {
 		Log:           Log{Level: "info", Format: "text"},
 		Tracing:       defaultTracing(),
 		Passthrough:   defaultPassthrough(),
+		KVEvents:      defaultKVEvents(),
 		ShutdownGrace: DefaultShutdownGrace,
 	}
 }
@@ -489,6 +508,7 @@ func (c *Config) Validate() error {
 	c.Auth.validate(bad)
 	c.Tracing.validate(bad)
 	c.Passthrough.validate(bad)
+	c.KVEvents.validate(bad)
 	if c.Retry.Attempts < 0 {
 		bad("retry.attempts: %d must not be negative", c.Retry.Attempts)
 	}

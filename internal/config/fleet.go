@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -73,10 +74,11 @@ func (e Entry) DNS() bool { return e.Discovery == DiscoveryDNS }
 
 // Key identifies an entry across reloads: an entry whose key changed is a
 // different backend (removed, and the new one added), since its URL,
-// models, name and kind are fixed for a backend's life. Its context length
+// models, name, kind and KV event stream are fixed for a backend's life. Its context length
 // is not part of it: a reload updates that in place.
 func (e *Entry) Key() string {
-	return strings.Join([]string{e.Base.String(), e.Name, strings.Join(e.Models, ","), e.Kind, e.Discovery, e.SRV}, "\x00")
+	return strings.Join([]string{e.Base.String(), e.Name, strings.Join(e.Models, ","), e.Kind, e.Discovery, e.SRV,
+		e.KVEvents, e.KVEventsReplay, strconv.FormatBool(e.KVEventsBind)}, "\x00")
 }
 
 // Entries returns the backends of c with their derived values; the error
@@ -128,6 +130,7 @@ func (c *Config) entries(bad func(string, ...any)) []Entry {
 		if e.MaxModelLen < 0 {
 			bad("backends[%d].max_model_len: %d must not be negative", i, e.MaxModelLen)
 		}
+		e.validateKVEvents(i, bad)
 		out = append(out, e)
 	}
 	return out

@@ -10,9 +10,11 @@
 package emulator
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -21,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/kvevents"
 )
 
 // Config configures a Server.
@@ -37,6 +40,11 @@ type Config struct {
 	Model string
 	// Logger receives the server's logs; nil means slog.Default().
 	Logger *slog.Logger
+	// KVEvents, when not nil, publishes the engine's KV cache events as
+	// vLLM does (kvevents.ParseConfig reads vLLM's --kv-events-config):
+	// one batch per engine step that stored or evicted blocks, sent when
+	// the step ends.
+	KVEvents *kvevents.PublisherConfig
 }
 
 // Server is one emulated engine behind its HTTP handler.
@@ -60,6 +68,10 @@ type Server struct {
 	// sink buffers the events of the step in flight until the emulated
 	// clock reaches the step's end.
 	sink sink
+	// kv publishes KV cache events, nil when they are off; kvEvents are
+	// the events of the step in flight, published with its tokens.
+	kv       *kvevents.Publisher
+	kvEvents []kvevents.Event
 
 	wake      chan struct{} // capacity 1: work arrived
 	done      chan struct{} // closed by Close
@@ -108,6 +120,14 @@ func New(cfg Config) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	if cfg.KVEvents != nil {
+		kv, err := kvevents.NewPublisher(context.Background(), *cfg.KVEvents)
+		if err != nil {
+			return nil, fmt.Errorf("emulator: %w", err)
+		}
+		s.kv = kv
+		s.eng.SetKVEvents(true)
+	}
 	s.initMetrics()
 	s.handler = s.routes()
 	s.start = time.Now()
@@ -137,6 +157,9 @@ func (s *Server) Handler() http.Handler { return s.handler }
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() { close(s.done) })
 	<-s.driverEnd
+	if s.kv != nil {
+		return s.kv.Close()
+	}
 	return nil
 }
 
@@ -259,6 +282,9 @@ func (s *Server) drive() {
 			d = s.eng.Step(now, &s.sink)
 			end = now + d
 			prevEnd = end
+			if s.kv != nil {
+				s.kvEvents = s.eng.TakeKVEvents(s.kvEvents)
+			}
 		}
 		s.mu.Unlock()
 
@@ -301,6 +327,7 @@ func (s *Server) drive() {
 func (s *Server) deliver() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.publishKV()
 	for i, p := range s.sink.buf {
 		p.buffered = false
 		if !p.sawFirst && p.stepGen > 0 {
@@ -322,6 +349,50 @@ func (s *Server) deliver() {
 		s.sink.buf[i] = nil
 	}
 	s.sink.buf = s.sink.buf[:0]
+}
+
+// publishKV publishes the KV cache events taken from the engine so far as
+// one batch; the caller holds s.mu, which keeps batches in the engine's
+// order. Publish only encodes and queues, so the lock is held briefly.
+func (s *Server) publishKV() {
+	if s.kv == nil || len(s.kvEvents) == 0 {
+		return
+	}
+	b := kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9, Events: s.kvEvents, DPRank: 0}
+	if _, err := s.kv.Publish(b); err != nil {
+		s.log.Warn("emulator: publish kv events", "err", err)
+	}
+	clear(s.kvEvents)
+	s.kvEvents = s.kvEvents[:0]
+}
+
+// resetPrefixCache empties the engine's prefix cache, publishing what the
+// step in flight stored first, then the AllBlocksCleared.
+func (s *Server) resetPrefixCache() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.eng.ResetPrefixCache()
+	if s.kv != nil {
+		s.kvEvents = s.eng.TakeKVEvents(s.kvEvents)
+		s.publishKV()
+	}
+}
+
+// KVEventsAddr is the KV event publisher's bound address, nil when events
+// are off or the publisher connects.
+func (s *Server) KVEventsAddr() net.Addr {
+	if s.kv == nil {
+		return nil
+	}
+	return s.kv.Addr()
+}
+
+// KVEventsReplayAddr is the replay socket's bound address, nil without one.
+func (s *Server) KVEventsReplayAddr() net.Addr {
+	if s.kv == nil {
+		return nil
+	}
+	return s.kv.ReplayAddr()
 }
 
 // add queues a request in the engine and wakes the driver.

@@ -33,7 +33,14 @@ func newTestServer(t *testing.T, scale float64) (*Server, *httptest.Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{Preset: p, TimeScale: scale})
+	return serve(t, Config{Preset: p, TimeScale: scale})
+}
+
+// serve runs a Server for cfg behind a loopback HTTP server, both closed
+// when the test ends.
+func serve(t *testing.T, cfg Config) (*Server, *httptest.Server) {
+	t.Helper()
+	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

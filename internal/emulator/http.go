@@ -54,6 +54,11 @@ func (s *Server) routes() http.Handler {
 		s.complete(w, r, request.Completion)
 	})
 	mux.HandleFunc("GET /v1/models", s.models)
+	mux.HandleFunc("POST /tokenize", s.tokenize)
+	mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, _ *http.Request) {
+		s.resetPrefixCache()
+		w.WriteHeader(http.StatusOK)
+	})
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusOK)
 	})
@@ -89,21 +94,87 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_, _ = w.Write(b)
 }
 
-// complete serves both completion endpoints.
-func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.Kind) {
+// readBody reads a request body of at most MaxBodyBytes, answering 400 when
+// it cannot.
+func readBody(w http.ResponseWriter, hr *http.Request) ([]byte, bool) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, hr.Body, MaxBodyBytes))
 	if err != nil {
 		writeVLLMError(w, http.StatusBadRequest, typeBadRequest, fmt.Sprintf("read request body: %v", err))
-		return
+		return nil, false
 	}
+	return body, true
+}
+
+// parse reads a completion or chat body into its view, answering 400 for
+// a bad body and 404 for another model (vLLM accepts a missing model as
+// the served one).
+func (s *Server) parse(w http.ResponseWriter, kind request.Kind, body []byte) (*request.View, bool) {
 	v, perr := request.Parse(kind, body, request.Options{})
 	if perr != nil {
 		writeVLLMError(w, perr.Status, typeBadRequest, perr.Message)
-		return
+		return nil, false
 	}
-	// vLLM accepts a missing model as the served one.
 	if v.Model != "" && v.Model != s.model {
 		writeVLLMError(w, http.StatusNotFound, typeNotFound, fmt.Sprintf("The model `%s` does not exist.", v.Model))
+		return nil, false
+	}
+	return v, true
+}
+
+// tokenizeResponse is vLLM's TokenizeResponse.
+type tokenizeResponse struct {
+	Count       int      `json:"count"`
+	MaxModelLen int      `json:"max_model_len"`
+	Tokens      []uint32 `json:"tokens"`
+	TokenStrs   []string `json:"token_strs"`
+}
+
+// tokenize serves vLLM's POST /tokenize: {"model", "prompt"} tokenizes the
+// prompt as /v1/completions would, {"model", "messages", ...} the chat
+// rendered as /v1/chat/completions renders it (request.Parse, the one
+// renderer), with engine.TokenIDs, so that the ids the engine publishes in
+// BlockStored are a prefix of these. return_token_strs adds each token's
+// text.
+func (s *Server) tokenize(w http.ResponseWriter, hr *http.Request) {
+	body, ok := readBody(w, hr)
+	if !ok {
+		return
+	}
+	var probe struct {
+		Messages        json.RawMessage `json:"messages"`
+		ReturnTokenStrs bool            `json:"return_token_strs"`
+	}
+	if err := json.Unmarshal(body, &probe); err != nil {
+		writeVLLMError(w, http.StatusBadRequest, typeBadRequest, fmt.Sprintf("invalid JSON body: %v", err))
+		return
+	}
+	kind := request.Completion
+	if probe.Messages != nil {
+		kind = request.Chat
+	}
+	v, ok := s.parse(w, kind, body)
+	if !ok {
+		return
+	}
+	ids := engine.TokenIDs(make([]uint32, 0, engine.Tokens(v.Prompt)), v.Prompt)
+	resp := tokenizeResponse{Count: len(ids), MaxModelLen: s.Preset().MaxModelLen, Tokens: ids}
+	if probe.ReturnTokenStrs {
+		resp.TokenStrs = make([]string, len(ids))
+		for i := range ids {
+			resp.TokenStrs[i] = v.Prompt[i*engine.BytesPerToken : min((i+1)*engine.BytesPerToken, len(v.Prompt))]
+		}
+	}
+	writeJSON(w, resp)
+}
+
+// complete serves both completion endpoints.
+func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.Kind) {
+	body, ok := readBody(w, hr)
+	if !ok {
+		return
+	}
+	v, ok := s.parse(w, kind, body)
+	if !ok {
 		return
 	}
 	preset := s.Preset()

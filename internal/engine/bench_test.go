@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/kvevents"
 )
 
 // closedLoop keeps inFlight requests in the engine, adding the next prompt
@@ -17,6 +19,7 @@ type closedLoop struct {
 	done    int
 	now     time.Duration
 	free    []*Request
+	events  []kvevents.Event // drained after every step when the engine records them
 }
 
 func (c *closedLoop) Token(*Request, time.Duration) {}
@@ -46,6 +49,9 @@ func (c *closedLoop) run(n, inFlight int) {
 			c.addNext()
 		}
 		c.now += c.e.Step(c.now, c)
+		if c.e.kvEvents {
+			c.events = c.e.TakeKVEvents(c.events[:0])
+		}
 	}
 }
 
@@ -93,6 +99,20 @@ func BenchmarkEngine(b *testing.B) {
 	b.StopTimer()
 	st := c.e.Stats()
 	b.ReportMetric(float64(st.PrefixHits)/float64(st.PrefixQueries), "hit-rate")
+}
+
+// BenchmarkEngineKVEvents is BenchmarkEngine with KV cache events recorded
+// and drained after every step, as the emulator does when it publishes them.
+func BenchmarkEngineKVEvents(b *testing.B) {
+	p, _ := LookupPreset("h100-llama3-8b")
+	prompts, outputs := mixedWorkload(4096)
+	c := &closedLoop{e: New(p, 0), prompts: prompts, outputs: outputs}
+	c.e.SetKVEvents(true)
+	c.run(2000, 64)
+	b.ReportAllocs()
+	b.ResetTimer()
+	c.done = 0
+	c.run(b.N, 0)
 }
 
 // BenchmarkEngineLongPrompts is the Mooncake-like case: 12,000-token

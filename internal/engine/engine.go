@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/kvevents"
 	"github.com/kvroute/kvroute/internal/prefix"
 	"github.com/kvroute/kvroute/internal/request"
 )
@@ -138,6 +139,11 @@ type Engine struct {
 	// request's tables come from here, so a steady state allocates nothing.
 	blockPool [][]int32
 	hashPool  [][]uint64
+
+	// KV cache events since the last TakeKVEvents, recorded only while
+	// kvEvents is on (SetKVEvents).
+	kvEvents bool
+	events   []kvevents.Event
 }
 
 // New returns an idle engine for p; kvBlocks > 0 overrides p.KVBlocks.
@@ -413,7 +419,7 @@ func (e *Engine) schedule(r *Request, n int, decode bool) bool {
 		}
 	}
 	for range need {
-		r.blocks = append(r.blocks, e.kv.alloc())
+		r.blocks = append(r.blocks, e.alloc())
 	}
 	e.commit(r, n, decode)
 	return true
@@ -432,8 +438,12 @@ func (e *Engine) commit(r *Request, n int, decode bool) {
 	}
 	e.stepCtx += r.computed + n
 	full := min((r.computed+n)/BlockSize, len(r.hashes))
-	for i := r.registered; i < full; i++ {
-		e.kv.register(r.blocks[i], r.hashes[i])
+	if e.kvEvents {
+		e.registerRecorded(r, full)
+	} else {
+		for i := r.registered; i < full; i++ {
+			e.kv.register(r.blocks[i], r.hashes[i])
+		}
 	}
 	r.registered = max(r.registered, full)
 }
@@ -495,7 +505,7 @@ func (e *Engine) admit(r *Request) bool {
 	}
 	r.blocks = append(r.blocks[:0], hits...)
 	for range need {
-		r.blocks = append(r.blocks, e.kv.alloc())
+		r.blocks = append(r.blocks, e.alloc())
 	}
 	r.computed, r.registered = hitTokens, len(hits)
 	if !r.cachedSet {

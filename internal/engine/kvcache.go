@@ -113,20 +113,37 @@ func (c *kvCache) acquire(b int32) {
 	c.ref[b]++
 }
 
-// register makes b findable under h once its tokens are computed. When
-// another block already holds h (two requests computed the same prefix
-// concurrently) the first one stays the cached copy and b stays anonymous,
-// as in vLLM, so that a hash maps to exactly one block.
-func (c *kvCache) register(b int32, h uint64) {
+// register makes b findable under h once its tokens are computed and
+// reports whether it did. When another block already holds h (two requests
+// computed the same prefix concurrently) the first one stays the cached
+// copy and b stays anonymous, so that a hash maps to exactly one block.
+func (c *kvCache) register(b int32, h uint64) bool {
 	i := h & c.mask
 	for ; c.index[i] != 0; i = (i + 1) & c.mask {
 		if c.hash[c.index[i]-1] == h {
-			return
+			return false
 		}
 	}
 	c.index[i] = b + 1
 	c.hash[b] = h
 	c.hashed[b] = true
+	return true
+}
+
+// evictee returns the hash the next alloc evicts, if it evicts one.
+func (c *kvCache) evictee() (uint64, bool) {
+	if int(c.fresh) < len(c.ref) || c.free == 0 {
+		return 0, false
+	}
+	b := c.next[c.sentinel()]
+	return c.hash[b], c.hashed[b]
+}
+
+// reset drops every block's hash: no block is findable any more, and
+// referenced blocks stay with their requests as anonymous blocks.
+func (c *kvCache) reset() {
+	clear(c.index)
+	clear(c.hashed)
 }
 
 // unregister drops b's hash from the index, if it has one, closing the gap

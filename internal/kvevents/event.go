@@ -45,6 +45,13 @@ type Event struct {
 	BlockSize   int
 	LoraName    string
 	Medium      string // "GPU", "CPU", ... ("" when the engine sent none)
+	// ExtraKeys is BlockStored's extra_keys (vLLM: per block, the extra
+	// inputs of its hash such as multimodal ids, LoRA name and cache salt),
+	// one entry per block, each the entry's raw msgpack encoding (nil for a
+	// block without any); nil when the engine sent none. SGLang sends none.
+	// The bytes are stable for equal values from one engine, so a consumer
+	// may hash them into its own block keys.
+	ExtraKeys [][]byte
 }
 
 // Batch is one published message's payload: vLLM's KVEventBatch.

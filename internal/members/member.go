@@ -42,6 +42,10 @@ type Member struct {
 	ejections, upstreamErrors prometheus.Counter
 	requestsVec               *prometheus.CounterVec
 	requests                  atomic.Pointer[statusCounters]
+
+	// stopStream ends its KV event stream (kvstream.go); nil without one.
+	// Set and read under the Set's mu.
+	stopStream func()
 }
 
 func newMember(b *fleet.Backend, e config.Entry, pool string, found *ModelList, se Series) *Member {

@@ -64,6 +64,9 @@ type Config struct {
 	DiscoverModels bool
 	// Fleet is the fleet section in force at startup.
 	FleetSection config.Fleet
+	// KVStream follows the KV event stream of each backend whose entry
+	// has kv_events; nil: none is followed.
+	KVStream Stream
 }
 
 // Set is every backend the router knows and its record.
@@ -210,6 +213,7 @@ func (s *Set) Start(ctx context.Context) {
 	s.ctx = ctx
 	for _, m := range s.All() {
 		s.startCheck(m)
+		s.startStream(m)
 	}
 	for _, p := range s.pools {
 		s.resolvePool(p, false)
@@ -256,6 +260,7 @@ func (s *Set) add(e config.Entry, name string, base *url.URL, pool string, found
 	s.table.Store(&t)
 	if s.ctx != nil {
 		s.startCheck(m)
+		s.startStream(m)
 	}
 	s.c.Log.Info("backend added", "backend", name, "url", base.String(), "models", models, "warmup", w)
 	return m
@@ -265,6 +270,7 @@ func (s *Set) add(e config.Entry, name string, base *url.URL, pool string, found
 // forgets its prefixes; the caller holds mu.
 func (s *Set) remove(m *Member, why string) {
 	retired := s.c.Fleet.Remove(m.B)
+	s.stopStreamOf(m)
 	s.c.Forget(m.B.ID)
 	s.c.Log.Info("backend removed: draining", "backend", m.B.Name, "why", why, "in_flight", m.B.Load().InFlight, "retired", retired)
 }

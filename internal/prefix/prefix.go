@@ -6,8 +6,14 @@
 // with a per-backend capacity in blocks: the blocks of requests in flight
 // are pinned, the others evicted least recently used first.
 //
-// The package does no I/O and knows nothing of HTTP, policies or engines'
-// metrics; backends are dense integer ids assigned by package fleet.
+// Precise (precise.go) is the exact picture beside it: the blocks each
+// engine reports through its KV cache events (package kvevents), keyed by
+// the router's own chained hash over token ids, with the routed requests'
+// blocks held speculatively until their events arrive, and per backend a
+// verdict on whether its event stream can be trusted.
+//
+// The package does no I/O and knows nothing of HTTP, policies, engines'
+// metrics or the events' wire format; backends are dense integer ids assigned by package fleet.
 package prefix
 
 import (
@@ -145,6 +151,7 @@ type lru struct {
 	capacity    int
 	id          int32
 	clock       uint32
+	evicted     uint64 // blocks dropped for capacity, ever
 }
 
 // NewIndex returns an empty index in which every backend has capacity
@@ -408,10 +415,10 @@ func (ix *Index) RemoveBackend(backend int) {
 func (ix *Index) Len(backend int) int {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	if backend < 0 || backend >= len(ix.backends) {
-		return 0
+	if l := ix.known(backend); l != nil {
+		return l.n
 	}
-	return ix.backends[backend].n
+	return 0
 }
 
 // evict drops l's least recently used unpinned blocks while it holds more
@@ -423,6 +430,7 @@ func (ix *Index) evict(l *lru) {
 		l.head++
 		if ix.live(l, t) {
 			ix.drop(l, t.node)
+			l.evicted++
 		}
 	}
 	if l.head == len(l.log) {

@@ -59,6 +59,7 @@ type exchange struct {
 	view   *request.View
 	body   []byte
 	hashes []uint64 // the prompt's block hashes, for every attempt
+	keys   []uint64 // its token-block keys for the precise index, or nil
 	// a is the current attempt's assignment (completions); target the
 	// backend of the current attempt.
 	a      *scheduler.Assignment
@@ -133,8 +134,9 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 		return
 	}
 	ex.hashes = s.sched.Hashes(v)
+	ex.keys = s.tokenKeys(r.Context(), v, body)
 	_, span = ex.child("route", trace.SpanKindInternal)
-	a, err := s.sched.RouteHashed(v, ex.hashes, nil, ex.start)
+	a, err := s.sched.RoutePrecise(v, ex.hashes, ex.keys, nil, ex.start)
 	routeSpan(span, s.policyName(), a, err)
 	release() // the request's load is accounted (or it failed to route)
 	if err != nil {
@@ -218,7 +220,7 @@ func (ex *exchange) RoundTrip(req *http.Request) (*http.Response, error) {
 			// A half-open breaker's probes are out: go elsewhere if any
 			// other backend can take the request, else probe anyway.
 			ex.tried = append(ex.tried, m.B.ID)
-			if next, err := s.sched.RouteHashed(ex.view, ex.hashes, ex.tried, time.Now()); err == nil {
+			if next, err := s.sched.RoutePrecise(ex.view, ex.hashes, ex.keys, ex.tried, time.Now()); err == nil {
 				ex.a.Done(time.Now())
 				ex.assign(next)
 				continue
@@ -288,7 +290,7 @@ func (ex *exchange) RoundTrip(req *http.Request) (*http.Response, error) {
 		var next *scheduler.Assignment
 		if ex.retries < s.cfg.Retry.Attempts {
 			ex.tried = append(ex.tried, m.B.ID)
-			next, _ = s.sched.RouteHashed(ex.view, ex.hashes, ex.tried, time.Now())
+			next, _ = s.sched.RoutePrecise(ex.view, ex.hashes, ex.keys, ex.tried, time.Now())
 		}
 		if next == nil {
 			// Out of attempts or of backends: pass a backend's 5xx through

@@ -62,6 +62,12 @@ type Server struct {
 	// creds are the API keys and the sources of priority, replaced on
 	// reload.
 	creds atomic.Pointer[credentials]
+	// precise gets requests' token ids for precise routing (precise.go);
+	// nil when no backend has a KV event stream.
+	precise *precise
+	// streamMetrics count the KV event streams (kvstream.go); nil with
+	// precise.
+	streamMetrics *streamMetrics
 
 	// decisions is the admin API's log of the last routing decisions,
 	// and adminAPI the handler mounted at /admin/.
@@ -128,12 +134,27 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	}
 	s.bodies.limit = cfg.Limits.BufferedBytes()
 	s.passAllow = cfg.Passthrough.Endpoints()
-	s.sched = scheduler.New(s.fleet, p, scheduler.Config{BlockChars: cfg.Prefix.BlockChars, Capacity: cfg.Prefix.CapacityBlocks})
+	sc := scheduler.Config{BlockChars: cfg.Prefix.BlockChars, Capacity: cfg.Prefix.CapacityBlocks}
+	if wantsPrecise(entries) {
+		pc := cfg.KVEvents.Precise()
+		sc.Precise = &pc
+	}
+	s.sched = scheduler.New(s.fleet, p, sc)
 	s.metrics = newMetrics(s.fleet)
+	if sc.Precise != nil {
+		if s.precise, err = newPrecise(cfg, s.fleet, s.sched.Precise(), s.metrics.reg); err != nil {
+			return nil, err
+		}
+		s.streamMetrics = newStreamMetrics(s.metrics.reg)
+	}
 	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kvroute_buffered_body_bytes",
 		Help: "Bytes of request bodies the router holds in memory (read whole before routing, kept until the request ends), against limits.max_buffered_bytes.",
 	}, func() float64 { return float64(s.bodies.used.Load()) }))
+	var stream members.Stream
+	if s.precise != nil {
+		stream = s.kvStream
+	}
 	s.set = members.New(members.Config{
 		Fleet:          s.fleet,
 		Forget:         s.sched.Index().RemoveBackend,
@@ -143,6 +164,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		Health:         cfg.Health,
 		DiscoverModels: cfg.Upstream.DiscoverModels,
 		FleetSection:   cfg.Fleet,
+		KVStream:       stream,
 	}, entries)
 	if s.adm, err = newAdmission(cfg, s.fleet, s.metrics.reg); err != nil {
 		return nil, err

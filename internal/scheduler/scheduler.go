@@ -43,6 +43,9 @@ type Config struct {
 	// Capacity is the default per-backend prefix index capacity in blocks;
 	// default prefix.DefaultCapacity.
 	Capacity int
+	// Precise, when set, makes the scheduler keep a precise index fed by
+	// the engines' KV cache events (see RoutePrecise).
+	Precise *prefix.PreciseConfig
 }
 
 // Scheduler routes requests over a fleet with one policy.
@@ -54,6 +57,7 @@ type Scheduler struct {
 	// step (see route).
 	decide  sync.Mutex
 	index   *prefix.Index
+	precise *prefix.Precise // nil unless Config.Precise
 	blockCh int
 	scratch sync.Pool
 	// picks counts routings whose request has no key for warm-up (see
@@ -67,6 +71,8 @@ type scratch struct {
 	all     []int32 // Match output, indexed by backend ID
 	cands   []*fleet.Backend
 	matched []int32
+	exact   []int32 // precise Match output, indexed by backend ID
+	trusted []bool  // whether exact[b] is trusted
 	reason  []byte
 	in      policy.Input
 }
@@ -83,6 +89,9 @@ func New(f *fleet.Fleet, p policy.Policy, cfg Config) *Scheduler {
 		fleet:   f,
 		index:   prefix.NewIndex(cfg.Capacity),
 		blockCh: cfg.BlockChars,
+	}
+	if cfg.Precise != nil {
+		s.precise = prefix.NewPrecise(*cfg.Precise)
 	}
 	s.SetPolicy(p)
 	s.scratch.New = func() any { return new(scratch) }
@@ -155,7 +164,7 @@ func (s *Scheduler) BlockChars() int { return s.blockCh }
 func (s *Scheduler) Route(v *request.View, exclude []int, now time.Time) (*Assignment, error) {
 	sc := s.scratch.Get().(*scratch)
 	defer s.put(sc)
-	return s.route(sc, v, s.Hashes(v), exclude, now)
+	return s.route(sc, v, s.Hashes(v), nil, exclude, now)
 }
 
 // Hashes returns the block hashes of v's prompt as Route computes them, for
@@ -175,11 +184,12 @@ func (s *Scheduler) Hashes(v *request.View) []uint64 {
 func (s *Scheduler) RouteHashed(v *request.View, hashes []uint64, exclude []int, now time.Time) (*Assignment, error) {
 	sc := s.scratch.Get().(*scratch)
 	defer s.put(sc)
-	return s.route(sc, v, hashes, exclude, now)
+	return s.route(sc, v, hashes, nil, exclude, now)
 }
 
-// route is Route with the prompt's hashes given.
-func (s *Scheduler) route(sc *scratch, v *request.View, hashes []uint64, exclude []int, now time.Time) (*Assignment, error) {
+// route is Route with the prompt's hashes given, and its token-block keys
+// when it has them (see RoutePrecise).
+func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, exclude []int, now time.Time) (*Assignment, error) {
 	snap := s.fleet.Snapshot()
 	sc.cands = sc.cands[:0]
 	session := policy.HashSession(v.SessionKey)
@@ -216,7 +226,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes []uint64, exclude
 		sc.all = make([]int32, snap.IDs)
 	}
 	sc.all = sc.all[:snap.IDs]
-	s.index.Match(hashes, sc.all)
+	s.match(sc, hashes, keys, now)
 	sc.matched = sc.matched[:0]
 	for _, b := range sc.cands {
 		sc.matched = append(sc.matched, sc.all[b.ID])
@@ -264,18 +274,19 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes []uint64, exclude
 	// engine cannot evict the blocks of a queued or running request.
 	a.nodes = s.index.AcquireNodes(b.ID, hashes, nil)
 	a.index, a.hashes = s.index, hashes
+	s.speculate(b.ID, keys, now)
 
 	if !v.Stream {
 		// The first byte of a non-streaming response comes after the whole
 		// generation; its delay says nothing of the prefill rate.
 		a.ticket.NoRateSample()
 	}
-	a.Reason = s.reason(sc, act.prefix, blocks, len(hashes), d)
+	a.Reason = s.reason(sc, act.prefix, blocks, len(hashes), d, s.matchNote(sc, b.ID))
 	return a, nil
 }
 
-// reason renders "policy=<name> prefix=<matched>/<total>[ est_ttft=<s>s][ <note>]".
-func (s *Scheduler) reason(sc *scratch, head string, matched, total int, d policy.Decision) string {
+// reason renders "policy=<name> prefix=<matched>/<total>[ est_ttft=<s>s][ match=<precise|approximate>][ <note>]".
+func (s *Scheduler) reason(sc *scratch, head string, matched, total int, d policy.Decision, match string) string {
 	r := append(sc.reason[:0], head...)
 	r = append(r, "prefix="...)
 	r = strconv.AppendInt(r, int64(matched), 10)
@@ -285,6 +296,10 @@ func (s *Scheduler) reason(sc *scratch, head string, matched, total int, d polic
 		r = append(r, " est_ttft="...)
 		r = strconv.AppendFloat(r, d.EstTTFT, 'f', 3, 64)
 		r = append(r, 's')
+	}
+	if match != "" {
+		r = append(r, " match="...)
+		r = append(r, match...)
 	}
 	if d.Note != "" {
 		r = append(r, ' ')

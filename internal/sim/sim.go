@@ -62,6 +62,13 @@ type Config struct {
 	Request request.Options
 	// OfferedLoad is copied into the result (see Offered).
 	OfferedLoad float64
+	// Name names the run in the result; default Policy.
+	Name string
+	// KVEvents, when set, has the engines publish their KV cache events
+	// to the router's precise index (see kvevents.go).
+	KVEvents *KVEvents
+	// Faults are the ways the router's picture can go wrong (kvevents.go).
+	Faults Faults
 }
 
 // Run simulates reqs on a fresh fleet under cfg and returns the run's
@@ -83,6 +90,8 @@ const (
 	evStepDone = iota
 	evArrival
 	evStepStart
+	evKV    // an engine's events reach the router (kvevents.go)
+	evFault // engine 0 restarts (kvevents.go)
 )
 
 // event is one entry of the event heap. Arrivals are not kept in the heap
@@ -175,6 +184,10 @@ type node struct {
 	// out holds the step's events until the step's end.
 	out    []delivery
 	routed int
+	// kv holds the engine's event batches on their way to the router.
+	kv []kvBatch
+	// kvBlocks is the KV capacity the engine reports (Faults).
+	kvBlocks int
 }
 
 // sim is one run's state.
@@ -198,6 +211,8 @@ type sim struct {
 	hashArena   []uint64
 	end         time.Duration
 	nextID      uint64
+	arrivals    uint64   // requests admitted so far, bypassing ones included
+	tokens      []uint32 // the prompt's token ids, scratch of route
 }
 
 func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
@@ -222,7 +237,8 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 		s.nodes[i].b = f.Add(fmt.Sprintf("engine-%d", i), nil, nil)
 		s.nodes[i].eng = engine.New(pr, cfg.KVBlocks)
 	}
-	s.sched = scheduler.New(f, p, cfg.Scheduler)
+	s.setupKV()
+	s.sched = scheduler.New(f, p, s.cfg.Scheduler)
 	blockChars := s.sched.BlockChars()
 	if blockChars != cfg.blockChars() {
 		return nil, fmt.Errorf("sim: scheduler blocks of %d characters, want %d", blockChars, cfg.blockChars())
@@ -232,8 +248,9 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 		// The router learns a backend's capacity from its metrics (vLLM's
 		// cache_config_info): engine blocks of BlockSize tokens of
 		// BytesPerToken bytes, converted to the router's blocks.
-		s.sched.SetKVCapacity(s.nodes[i].b.ID, int64(s.nodes[i].eng.Preset().KVBlocks)*engine.BlockSize)
+		s.sched.SetKVCapacity(s.nodes[i].b.ID, int64(s.nodes[i].kvBlocks)*engine.BlockSize)
 	}
+	s.startKV()
 	s.order = make([]int, len(reqs))
 	for i := range s.order {
 		s.order[i] = i
@@ -277,6 +294,10 @@ func (s *sim) until(at time.Duration) {
 			s.stepDone(int(e.engine))
 		case evStepStart:
 			s.stepStart(int(e.engine))
+		case evKV:
+			s.deliverKV(int(e.engine))
+		case evFault:
+			s.restart(int(e.engine))
 		}
 	}
 	if at >= 0 {
@@ -312,29 +333,37 @@ func (s *sim) admit(r *workload.Request, v *request.View, hashes []uint64, perr 
 		s.fail(r.At, 0, 0, "parse: "+perr.Message)
 		return
 	}
-	var a *scheduler.Assignment
-	var err error
-	if hashes != nil {
-		a, err = s.sched.RouteHashed(v, hashes, nil, Epoch.Add(s.now))
-	} else {
-		a, err = s.sched.Route(v, nil, Epoch.Add(s.now))
+	s.arrivals++
+	if e, ok := s.bypass(); ok {
+		s.queue(r, v, hashes, nil, e)
+		return
 	}
+	a, err := s.route(v, hashes)
 	if err != nil {
 		s.fail(r.At, v.PromptTokens, 0, err.Error())
 		return
 	}
-	n := &s.nodes[a.Backend.ID]
-	n.routed++
+	s.nodes[a.Backend.ID].routed++
+	s.queue(r, v, hashes, a, a.Backend.ID)
+}
+
+// queue puts a request on engine e; a is its routing, nil for a request
+// that reached the engine without the router (Faults.Bypass), which is
+// left out of the run's samples.
+func (s *sim) queue(r *workload.Request, v *request.View, hashes []uint64, a *scheduler.Assignment, e int) {
+	n := &s.nodes[e]
 	s.nextID++
-	f := &flight{a: a, arrival: r.At, backend: int32(a.Backend.ID)}
+	f := &flight{a: a, arrival: r.At, backend: int32(e)}
 	f.ID = s.nextID
 	f.Prompt = v.Prompt
 	f.PromptHashes = hashes
 	f.SetOutput(v.MaxTokens, v.MinTokens, v.IgnoreEOS, n.eng.Preset().MaxModelLen)
 	f.Tag = f
 	if err := n.eng.Add(&f.Request, s.now); err != nil {
-		a.Done(Epoch.Add(s.now))
-		s.fail(r.At, v.PromptTokens, a.Backend.ID, err.Error())
+		if a != nil {
+			a.Done(Epoch.Add(s.now))
+			s.fail(r.At, v.PromptTokens, e, err.Error())
+		}
 		return
 	}
 	if f.OutputTokens > 1 {
@@ -342,7 +371,7 @@ func (s *sim) admit(r *workload.Request, v *request.View, hashes []uint64, perr 
 	}
 	if !n.busy {
 		n.busy = true
-		s.push(s.now, evStepStart, int(a.Backend.ID))
+		s.push(s.now, evStepStart, e)
 	}
 }
 
@@ -394,6 +423,7 @@ func (s *sim) stepStart(i int) {
 	n := &s.nodes[i]
 	s.cur = i
 	d := n.eng.Step(s.now, s)
+	s.collectKV(i)
 	st := n.eng.Stats()
 	// A fresh metrics scrape after every step: the live router scrapes on
 	// an interval, so the simulated one sees engine state at least as fresh.
@@ -402,7 +432,7 @@ func (s *sim) stepStart(i int) {
 		Running:   st.Running,
 		Waiting:   st.Waiting,
 		KVUsage:   st.KVUsage,
-		KVBlocks:  n.eng.Preset().KVBlocks,
+		KVBlocks:  n.kvBlocks,
 		BlockSize: engine.BlockSize,
 	})
 	if d <= 0 {
@@ -432,6 +462,9 @@ func (s *sim) deliver(i int) {
 	at := Epoch.Add(s.now)
 	for _, d := range n.out {
 		f := d.f
+		if f.a == nil {
+			continue // bypassed the router: not this run's traffic
+		}
 		if d.first {
 			f.a.FirstByte(at)
 			continue
@@ -485,7 +518,11 @@ func (s *sim) Finished(r *engine.Request, at time.Duration) {
 // result summarises the run.
 func (s *sim) result() report.Run {
 	wall := s.end
-	run := report.Summarize(s.cfg.Policy, s.samples, wall)
+	name := s.cfg.Name
+	if name == "" {
+		name = s.cfg.Policy
+	}
+	run := report.Summarize(name, s.samples, wall)
 	run.OfferedLoad = s.cfg.OfferedLoad
 	total := 0
 	var computed int64

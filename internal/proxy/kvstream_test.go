@@ -1,0 +1,196 @@
+package proxy
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/emulator"
+	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/kvevents"
+)
+
+// kvEngine is an emulated engine publishing its KV events over ZMQ on
+// loopback.
+type kvEngine struct {
+	name string
+	em   *emulator.Server
+	srv  *httptest.Server
+}
+
+func newKVEngine(t *testing.T, name string) *kvEngine {
+	t.Helper()
+	p, err := engine.LookupPreset("h100-llama3-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	em, err := emulator.New(emulator.Config{Preset: p, TimeScale: 10, Model: "shared",
+		KVEvents: &kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Bind: true, Topic: "kv@" + name + "@shared"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &kvEngine{name: name, em: em, srv: httptest.NewServer(em.Handler())}
+	t.Cleanup(func() {
+		e.srv.Close()
+		_ = em.Close()
+	})
+	return e
+}
+
+// TestKVEventsLoopback: three emulated engines publish their KV events
+// over ZMQ, the router subscribes and tokenizes on the backends' /tokenize.
+// A prompt the router sent to one engine is then computed on a second
+// engine behind the router's back, and wiped from the first
+// (/reset_prefix_cache): its next request goes to the second engine,
+// matched precisely, where the approximate index still points at the
+// first.
+func TestKVEventsLoopback(t *testing.T) {
+	var engines []*kvEngine
+	for i := range 3 {
+		engines = append(engines, newKVEngine(t, fmt.Sprintf("e%d", i)))
+	}
+	r := newRig(t, "prefix", 0, func(c *config.Config) {
+		for _, e := range engines {
+			c.Backends = append(c.Backends, config.Backend{URL: e.srv.URL, Name: e.name, KVEvents: "tcp://" + e.em.KVEventsAddr().String()})
+		}
+		c.KVEvents.SpeculativeTTL = 200 * time.Millisecond
+	})
+	byName := map[string]int{}
+	for _, b := range r.srv.Fleet().Snapshot().All {
+		byName[b.Name] = b.ID
+	}
+	ix := r.srv.Scheduler().Precise()
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	// Every engine's stream starts flowing (its first batch, seq 0,
+	// trusts it): warm each one with a prompt of its own, directly.
+	for _, e := range engines {
+		resp, err := http.Post(e.srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(chat("shared", false, words("warm-"+e.name, 2048))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		waitFor(e.name+"'s stream", func() bool { return ix.Stats(byName[e.name], time.Now()).Trusted })
+	}
+
+	prompt := chat("shared", false, words("the-prompt", 4096))
+	res := r.post("/v1/chat/completions", prompt)
+	if res.status != 200 {
+		t.Fatalf("status %d: %s", res.status, res.body)
+	}
+	first := res.header.Get("X-Kvroute-Backend")
+	var other *kvEngine
+	for _, e := range engines {
+		if e.name != first && other == nil {
+			other = e
+		}
+	}
+	// Behind the router's back: the other engine computes the prompt, the
+	// first forgets it.
+	resp, err := http.Post(other.srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(prompt))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	for _, e := range engines {
+		if e.name == first {
+			resp, err := http.Post(e.srv.URL+"/reset_prefix_cache", "application/json", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+	}
+	waitFor("the reset and the other engine's blocks", func() bool {
+		return ix.Stats(byName[first], time.Now()).Cleared > 0 && ix.Stats(byName[other.name], time.Now()).Blocks > 0
+	})
+	// Let the first request's speculative entry expire.
+	time.Sleep(r.srv.cfg.KVEvents.SpeculativeTTL)
+	res = r.post("/v1/chat/completions", prompt)
+	if res.status != 200 {
+		t.Fatalf("status %d: %s", res.status, res.body)
+	}
+	if got, reason := res.header.Get("X-Kvroute-Backend"), res.header.Get("X-Kvroute-Reason"); got != other.name || !strings.Contains(reason, "match=precise") {
+		t.Errorf("routed to %s (%q), want %s, which holds the prompt by its events (%s's cache was reset)", got, reason, other.name, first)
+	}
+	if n := counterValue(r.srv.streamMetrics.received.WithLabelValues(first, "AllBlocksCleared")); n != 1 {
+		t.Errorf("%v AllBlocksCleared received from %s, want 1", n, first)
+	}
+}
+
+// TestStreamHandler drives one stream's handler through the subscriber's
+// reports: what the backend's picture is after each.
+func TestStreamHandler(t *testing.T) {
+	stored := kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.BlockStored, BlockHashes: []uint64{1}, TokenIDs: make([]uint32, 16), BlockSize: 16}}}
+	type step struct {
+		batch  *uint64 // a batch with this sequence number, else the reset
+		reset  kvevents.ResetReason
+		count  kvevents.Counter
+		blocks int
+		trust  bool
+	}
+	seq := func(n uint64) *uint64 { return &n }
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"engine start", []step{{batch: seq(0), blocks: 1, trust: true}}},
+		{"joined a running engine", []step{{batch: seq(42), blocks: 1, trust: false}}},
+		{"gap without replay", []step{{batch: seq(0), blocks: 1, trust: true}, {reset: kvevents.ResetGap, blocks: 0, trust: false}, {batch: seq(9), blocks: 1, trust: false}}},
+		{"restart", []step{{batch: seq(42), blocks: 1, trust: false}, {reset: kvevents.ResetRestart, blocks: 0, trust: false}, {batch: seq(0), blocks: 1, trust: true}}},
+		{"stale, then the stream goes on", []step{{batch: seq(0), blocks: 1, trust: true}, {reset: kvevents.ResetStale, blocks: 1, trust: false}, {batch: seq(1), blocks: 1, trust: true}}},
+		{"counters", []step{{batch: seq(0), blocks: 1, trust: true}, {count: kvevents.DecodeErrors, blocks: 1, trust: true}, {count: kvevents.Replays, blocks: 1, trust: true}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, "prefix", 1, func(c *config.Config) { c.Backends[0].KVEvents = "tcp://127.0.0.1:1" })
+			ix := r.srv.Scheduler().Precise()
+			b := r.srv.Fleet().Snapshot().All[0]
+			h := &streamHandler{ix: ix, id: b.ID, name: b.Name, m: r.srv.streamMetrics, first: true}
+			for i, s := range tt.steps {
+				switch {
+				case s.batch != nil:
+					h.Batch(*s.batch, stored)
+				case s.count != 0:
+					h.Count(s.count)
+				default:
+					h.Reset(s.reset)
+				}
+				st := ix.Stats(b.ID, time.Now())
+				if st.Blocks != s.blocks || st.Trusted != s.trust {
+					t.Errorf("step %d: %d blocks, trusted %v; want %d, %v", i, st.Blocks, st.Trusted, s.blocks, s.trust)
+				}
+			}
+		})
+	}
+	r := newRig(t, "prefix", 1, func(c *config.Config) { c.Backends[0].KVEvents = "tcp://127.0.0.1:1" })
+	b := r.srv.Fleet().Snapshot().All[0]
+	h := &streamHandler{ix: r.srv.Scheduler().Precise(), id: b.ID, name: b.Name, m: r.srv.streamMetrics, first: true}
+	h.Count(kvevents.DecodeErrors)
+	h.Count(kvevents.ReplayFailures)
+	h.Reset(kvevents.ResetStale)
+	for _, c := range []struct {
+		name string
+		got  float64
+	}{
+		{"decode errors", counterValue(r.srv.streamMetrics.decodeErrors.WithLabelValues(b.Name))},
+		{"failed replays", counterValue(r.srv.streamMetrics.replays.WithLabelValues(b.Name, "failed"))},
+		{"stale", counterValue(r.srv.streamMetrics.stale.WithLabelValues(b.Name))},
+	} {
+		if c.got != 1 {
+			t.Errorf("%s counted %v, want 1", c.name, c.got)
+		}
+	}
+}

@@ -1,0 +1,134 @@
+package tokenize
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// server answers /tokenize with answer (after delay), counting calls and
+// keeping the last body.
+func server(t *testing.T, status int, answer string, delay time.Duration) (*url.URL, *atomic.Int64, *atomic.Pointer[Request]) {
+	t.Helper()
+	var calls atomic.Int64
+	var last atomic.Pointer[Request]
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		if r.URL.Path != "/tokenize" || r.Method != http.MethodPost {
+			http.NotFound(w, r)
+			return
+		}
+		var req Request
+		if err := json.NewDecoder(r.Body).Decode(&req); err == nil {
+			last.Store(&req)
+		}
+		select {
+		case <-time.After(delay):
+		case <-r.Context().Done():
+			return
+		}
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(answer))
+	}))
+	t.Cleanup(srv.Close)
+	u, _ := url.Parse(srv.URL)
+	return u, &calls, &last
+}
+
+func TestTokens(t *testing.T) {
+	tests := []struct {
+		name    string
+		status  int
+		answer  string
+		delay   time.Duration
+		want    []uint32
+		wantErr string
+	}{
+		{"vllm answer", 200, `{"count":3,"max_model_len":8192,"tokens":[1,2,300000]}`, 0, []uint32{1, 2, 300000}, ""},
+		{"unknown fields ignored", 200, `{"tokens":[7],"token_strs":null,"extra":{}}`, 0, []uint32{7}, ""},
+		{"server error", 500, `{"error":"x"}`, 0, nil, "status 500"},
+		{"count mismatch", 200, `{"count":2,"tokens":[1]}`, 0, nil, "count 2 for 1"},
+		{"negative id", 200, `{"tokens":[-1]}`, 0, nil, "bad /tokenize answer"},
+		{"no tokens", 200, `{"count":0}`, 0, nil, "no tokens"},
+		{"not json", 200, `<html>`, 0, nil, "bad /tokenize answer"},
+		{"too slow", 200, `{"tokens":[1]}`, time.Second, nil, "deadline"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			u, _, last := server(t, tt.status, tt.answer, tt.delay)
+			c, err := New(Config{Timeout: 100 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			req, err := RequestOf("m", []byte(`{"model":"x","messages":[{"role":"user","content":"hi"}],"tools":[]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := c.Tokens(context.Background(), u, Key{"m", 1}, req)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(got, tt.want) {
+				t.Fatalf("tokens %v, %v; want %v", got, err, tt.want)
+			}
+			if r := last.Load(); r == nil || r.Model != "m" || !strings.Contains(string(r.Messages), "hi") {
+				t.Errorf("the server saw %+v", r)
+			}
+		})
+	}
+}
+
+func TestTokensCached(t *testing.T) {
+	u, calls, _ := server(t, 200, `{"count":1,"tokens":[5]}`, 0)
+	c, err := New(Config{Timeout: time.Second, CacheEntries: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &Request{Model: "m", Prompt: json.RawMessage(`"abc"`)}
+	for _, k := range []Key{{"m", 1}, {"m", 1}, {"n", 1}, {"m", 1}} {
+		if _, err := c.Tokens(context.Background(), u, k, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := calls.Load(); n != 2 {
+		t.Errorf("%d calls for two distinct keys", n)
+	}
+}
+
+func TestRequestOf(t *testing.T) {
+	for _, tt := range []struct {
+		body, wantErr string
+	}{
+		{`{"prompt":"abc"}`, ""},
+		{`{"messages":[]}`, ""},
+		{`{"max_tokens":3}`, "neither"},
+		{`[`, "tokenize"},
+	} {
+		_, err := RequestOf("m", []byte(tt.body))
+		if (tt.wantErr == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tt.wantErr)) {
+			t.Errorf("RequestOf(%s): %v, want %q", tt.body, err, tt.wantErr)
+		}
+	}
+}
+
+func FuzzParseResponse(f *testing.F) {
+	for _, s := range []string{`{"count":3,"max_model_len":8192,"tokens":[1,2,3]}`, `{"tokens":[]}`, `{"count":1,"tokens":[4294967296]}`, `null`, `{"tokens":[1.5]}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		toks, err := ParseResponse(b)
+		if err == nil && toks == nil {
+			t.Fatal("no error and no tokens")
+		}
+	})
+}
