@@ -437,6 +437,8 @@ func (d *decoder) batch() (Batch, error) {
 			case "ts":
 				b.TS, err = d.d.DecodeFloat64()
 			case "events":
+				// A repeated key replaces the list, and its spans.
+				d.spans = d.spans[:0]
 				b.Events, err = d.events()
 				sawEvents = true
 			case "data_parallel_rank":

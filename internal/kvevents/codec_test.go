@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -68,6 +69,8 @@ func TestDecode(t *testing.T) {
 			[]any{"AllBlocksCleared", "future"},
 		}, 0, "trailing"},
 			Batch{TS: 1, Events: []Event{{Kind: BlockRemoved, BlockHashes: []uint64{1}, Medium: "GPU"}, {Kind: BlockRemoved, BlockHashes: []uint64{2}}, {Kind: AllBlocksCleared}}}},
+		{"repeated events key", map[string]any{"ts": 1.0, "events": []any{[]any{"BlockRemoved", []any{1, 2}}}},
+			Batch{TS: 1, DPRank: -1, Events: []Event{{Kind: BlockRemoved, BlockHashes: []uint64{1, 2}}}}},
 		{"extra keys", []any{1.0, []any{map[string]any{"type": "BlockStored", "block_hashes": []any{1, 2}, "parent_block_hash": nil,
 			"token_ids": []any{1, 2}, "block_size": 1, "lora_id": nil, "medium": nil, "lora_name": nil,
 			"extra_keys": []any{[]any{"salt"}, nil}}}},
@@ -270,6 +273,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add(wire(f, []any{1.5, []any{[]any{"BlockStored", []any{-7}, nil, []any{1}, 1, nil}}, nil, "x"}))
 	f.Add(wire(f, []any{1.0, []any{map[string]any{"type": "BlockStored", "block_hashes": []any{1}, "token_ids": []any{1}, "extra_keys": []any{[]any{"s", 1}}}}}))
 	f.Add([]byte{0x92, 0x01, 0xdd, 0xff, 0xff, 0xff, 0xff})
+	// A map batch whose "events" key comes twice: the second list counts.
+	f.Add([]byte("\x82\xa6events\x91\x92\xacBlockRemoved\x91\x01\xa6events\x91\x92\xacBlockRemoved\x91\x02"))
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		b, err := Decode(payload)
 		if err != nil {
@@ -362,5 +367,17 @@ func TestParseConfig(t *testing.T) {
 		if err != nil || got != tt.want || on != tt.on {
 			t.Errorf("ParseConfig(%s) = %+v, %v, %v; want %+v, %v", tt.json, got, on, err, tt.want, tt.on)
 		}
+	}
+}
+
+func TestDecodeRepeatedEventsKey(t *testing.T) {
+	// {"events": [["BlockRemoved", [1, 2, 3]]], "events": [["BlockRemoved", [9]]]}
+	p := []byte("\x82\xa6events\x91\x92\xacBlockRemoved\x93\x01\x02\x03\xa6events\x91\x92\xacBlockRemoved\x91\x09")
+	b, err := Decode(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Events) != 1 || !slices.Equal(b.Events[0].BlockHashes, []uint64{9}) {
+		t.Errorf("got %+v, want the second list", b.Events)
 	}
 }
