@@ -373,6 +373,10 @@ func (d *decoder) skip() error {
 			if _, err := d.bytesValue(); err != nil {
 				return err
 			}
+		case msgpcode.IsExt(c):
+			if err := d.skipExt(c); err != nil {
+				return err
+			}
 		default:
 			if err := d.d.Skip(); err != nil {
 				return err
@@ -380,6 +384,35 @@ func (d *decoder) skip() error {
 		}
 	}
 	return nil
+}
+
+// skipExt skips an ext value (code, length, type, data) by moving the
+// reader, after checking its length against the bytes left: the msgpack
+// decoder's own Skip reads it into a buffer that it keeps and grows by up
+// to a megabyte per oversized value, which a stream of garbage would grow
+// without bound.
+func (d *decoder) skipExt(c byte) error {
+	rest := d.buf[d.pos():]
+	var total int
+	switch c {
+	case msgpcode.FixExt1, msgpcode.FixExt2, msgpcode.FixExt4, msgpcode.FixExt8, msgpcode.FixExt16:
+		total = 2 + 1<<(c-msgpcode.FixExt1)
+	case msgpcode.Ext8, msgpcode.Ext16, msgpcode.Ext32:
+		w := 1 << (c - msgpcode.Ext8) // bytes of the length
+		if len(rest) < 1+w {
+			return io.ErrUnexpectedEOF
+		}
+		var n int
+		for _, b := range rest[1 : 1+w] {
+			n = n<<8 | int(b)
+		}
+		total = 2 + w + n
+	}
+	if total > len(rest) {
+		return fmt.Errorf("ext of %d bytes exceeds the %d bytes left", total, len(rest))
+	}
+	_, err := d.r.Seek(int64(total), io.SeekCurrent)
+	return err
 }
 
 // skipN skips n values.
@@ -437,6 +470,8 @@ func (d *decoder) batch() (Batch, error) {
 			case "ts":
 				b.TS, err = d.d.DecodeFloat64()
 			case "events":
+				// A repeated key replaces the list, and its spans.
+				d.spans = d.spans[:0]
 				b.Events, err = d.events()
 				sawEvents = true
 			case "data_parallel_rank":

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"math"
 	"reflect"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/vmihailenco/msgpack/v5"
@@ -68,6 +71,8 @@ func TestDecode(t *testing.T) {
 			[]any{"AllBlocksCleared", "future"},
 		}, 0, "trailing"},
 			Batch{TS: 1, Events: []Event{{Kind: BlockRemoved, BlockHashes: []uint64{1}, Medium: "GPU"}, {Kind: BlockRemoved, BlockHashes: []uint64{2}}, {Kind: AllBlocksCleared}}}},
+		{"repeated events key", map[string]any{"ts": 1.0, "events": []any{[]any{"BlockRemoved", []any{1, 2}}}},
+			Batch{TS: 1, DPRank: -1, Events: []Event{{Kind: BlockRemoved, BlockHashes: []uint64{1, 2}}}}},
 		{"extra keys", []any{1.0, []any{map[string]any{"type": "BlockStored", "block_hashes": []any{1, 2}, "parent_block_hash": nil,
 			"token_ids": []any{1, 2}, "block_size": 1, "lora_id": nil, "medium": nil, "lora_name": nil,
 			"extra_keys": []any{[]any{"salt"}, nil}}}},
@@ -110,6 +115,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"huge declared events", []byte{0x92, 0x01, 0xdd, 0xff, 0xff, 0xff, 0xff, 0x90}, "exceeds"},
 		{"huge declared hashes", []byte{0x92, 0x01, 0x91, 0x92, 0xac, 'B', 'l', 'o', 'c', 'k', 'R', 'e', 'm', 'o', 'v', 'e', 'd', 0xdd, 0x7f, 0xff, 0xff, 0xff}, "exceeds"},
 		{"huge declared string", []byte{0x92, 0x01, 0x91, 0x91, 0xdb, 0x7f, 0xff, 0xff, 0xff, 'x'}, "exceeds"},
+		{"huge declared ext", []byte{0x92, 0x01, 0x91, 0x81, 0xa1, 'x', 0xc9, 0xc8, 0xc8, 0xc8, 0xc8, 0x01}, "exceeds"},
 		{"deeply nested unknown field", append([]byte{0x92, 0x01, 0x91, 0x81, 0xa1, 'x'}, bytes.Repeat([]byte{0x91}, 100000)...), "exceeds"},
 	}
 	for _, tt := range tests {
@@ -270,6 +276,9 @@ func FuzzDecode(f *testing.F) {
 	f.Add(wire(f, []any{1.5, []any{[]any{"BlockStored", []any{-7}, nil, []any{1}, 1, nil}}, nil, "x"}))
 	f.Add(wire(f, []any{1.0, []any{map[string]any{"type": "BlockStored", "block_hashes": []any{1}, "token_ids": []any{1}, "extra_keys": []any{[]any{"s", 1}}}}}))
 	f.Add([]byte{0x92, 0x01, 0xdd, 0xff, 0xff, 0xff, 0xff})
+	f.Add(wire(f, []any{1.0, []any{map[string]any{"type": "AllBlocksCleared", "when": time.Unix(1, 2)}}}))
+	// A map batch whose "events" key comes twice: the second list counts.
+	f.Add([]byte("\x82\xa6events\x91\x92\xacBlockRemoved\x91\x01\xa6events\x91\x92\xacBlockRemoved\x91\x02"))
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		b, err := Decode(payload)
 		if err != nil {
@@ -362,5 +371,60 @@ func TestParseConfig(t *testing.T) {
 		if err != nil || got != tt.want || on != tt.on {
 			t.Errorf("ParseConfig(%s) = %+v, %v, %v; want %+v, %v", tt.json, got, on, err, tt.want, tt.on)
 		}
+	}
+}
+
+func TestDecodeRepeatedEventsKey(t *testing.T) {
+	// {"events": [["BlockRemoved", [1, 2, 3]]], "events": [["BlockRemoved", [9]]]}
+	p := []byte("\x82\xa6events\x91\x92\xacBlockRemoved\x93\x01\x02\x03\xa6events\x91\x92\xacBlockRemoved\x91\x09")
+	b, err := Decode(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Events) != 1 || !slices.Equal(b.Events[0].BlockHashes, []uint64{9}) {
+		t.Errorf("got %+v, want the second list", b.Events)
+	}
+}
+
+// TestDecodeSkipsExt: ext values (msgpack's timestamps among them) in
+// unknown fields are skipped, whatever their size class.
+func TestDecodeSkipsExt(t *testing.T) {
+	for _, ext := range [][]byte{
+		{0xd4, 1, 0}, {0xd5, 1, 0, 0}, {0xd6, 1, 0, 0, 0, 0}, {0xd7, 1, 0, 0, 0, 0, 0, 0, 0, 0},
+		append([]byte{0xd8, 1}, make([]byte, 16)...),
+		{0xc7, 2, 1, 0, 0}, {0xc8, 0, 2, 1, 0, 0}, {0xc9, 0, 0, 0, 2, 1, 0, 0},
+	} {
+		// [1.0, [{"x": ext, "type": "AllBlocksCleared"}]]
+		p := append([]byte{0x92, 0x01, 0x91, 0x82, 0xa1, 'x'}, ext...)
+		p = append(p, append([]byte{0xa4, 't', 'y', 'p', 'e', 0xb0}, "AllBlocksCleared"...)...)
+		b, err := Decode(p)
+		if err != nil || len(b.Events) != 1 || b.Events[0].Kind != AllBlocksCleared {
+			t.Errorf("ext % x: %+v, %v", ext, b, err)
+		}
+	}
+}
+
+// TestDecodeGarbageAllocatesLittle: payloads that declare huge values
+// allocate a small multiple of their own size, however often they come
+// (the msgpack decoder's Skip would read a declared 3 GB ext into a buffer
+// it keeps and grows by a megabyte a time).
+func TestDecodeGarbageAllocatesLittle(t *testing.T) {
+	payloads := [][]byte{
+		{0x92, 0x01, 0x91, 0x81, 0xa1, 'x', 0xc9, 0xc8, 0xc8, 0xc8, 0xc8, 0x01},
+		{0x92, 0x01, 0x91, 0x81, 0xa1, 'x', 0xdb, 0xc8, 0xc8, 0xc8, 0xc8, 0x01},
+		{0x92, 0x01, 0xdd, 0xff, 0xff, 0xff, 0xff, 0x90},
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range 100 {
+		for _, p := range payloads {
+			if _, err := Decode(p); err == nil {
+				t.Fatalf("Decode(% x) accepted", p)
+			}
+		}
+	}
+	runtime.ReadMemStats(&after)
+	if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
+		t.Errorf("300 tiny garbage payloads allocated %d bytes", n)
 	}
 }

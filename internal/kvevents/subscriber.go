@@ -29,6 +29,10 @@ const (
 	ResetGap ResetReason = iota + 1
 	// ResetRestart: the sequence went backwards: the engine restarted
 	// and its cache is empty (the batch that follows is the new run's).
+	// A restart is only seen this way: an engine that restarted while
+	// the subscriber was away and has since published more batches than
+	// it had before looks like a gap (ResetGap, or a replay of the new
+	// run's batches).
 	ResetRestart
 	// ResetStale: no message for StaleAfter. The engine may only be idle:
 	// if the next batch continues the sequence, nothing was lost.
