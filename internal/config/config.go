@@ -66,6 +66,8 @@ type Config struct {
 	Log Log `yaml:"log"`
 	// Tracing is OpenTelemetry tracing (tracing.go).
 	Tracing Tracing `yaml:"tracing"`
+	// Sync shares routing state with other replicas over NATS (sync.go).
+	Sync Sync `yaml:"sync"`
 	// ShutdownGrace is how long, on SIGTERM or SIGINT, the router lets
 	// in-flight requests (streams included) finish after it stops accepting
 	// new connections, before it closes them. Default 30s.
@@ -292,6 +294,7 @@ func Default() *Config {
 		Fleet:         defaultFleet(),
 		Log:           Log{Level: "info", Format: "text"},
 		Tracing:       defaultTracing(),
+		Sync:          defaultSync(),
 		ShutdownGrace: DefaultShutdownGrace,
 	}
 }
@@ -354,6 +357,8 @@ type Overrides struct {
 	Backends []string
 	// Tracing, when true, sets tracing.enabled.
 	Tracing bool
+	// Sync, when non-empty, replaces sync.url.
+	Sync string
 }
 
 // Apply applies o to c.
@@ -363,6 +368,9 @@ func (c *Config) Apply(o Overrides) {
 	}
 	if o.Listen != "" {
 		c.Listen = o.Listen
+	}
+	if o.Sync != "" {
+		c.Sync.URL = o.Sync
 	}
 	if o.Policy != "" {
 		c.Policy = o.Policy
@@ -430,6 +438,7 @@ func (c *Config) Validate() error {
 	c.Limits.validate(bad)
 	c.Auth.validate(bad)
 	c.Tracing.validate(bad)
+	c.Sync.validate(bad)
 	if c.Retry.Attempts < 0 {
 		bad("retry.attempts: %d must not be negative", c.Retry.Attempts)
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/kvroute/kvroute/internal/members"
 	"github.com/kvroute/kvroute/internal/monitor"
 	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/peerlink"
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/scheduler"
@@ -66,6 +67,9 @@ type Server struct {
 
 	// adm is the admission queue; nil when no admission limit is set.
 	adm *admission.Controller
+
+	// peers is the link to the other replicas; nil with sync off.
+	peers *peerlink.Link
 
 	// reload serialises Reload; last is the configuration last applied
 	// (the startup one until the first reload).
@@ -126,6 +130,9 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	if err := s.newMonitor(); err != nil {
 		return nil, err
 	}
+	if err := s.newSync(); err != nil {
+		return nil, err
+	}
 	if s.adminAPI, err = s.newAdmin(); err != nil {
 		return nil, err
 	}
@@ -170,6 +177,11 @@ func (s *Server) Start() error {
 	s.mu.Unlock()
 	s.set.Start(ctx)
 	s.startMonitor(ctx)
+	if err := s.startSync(ctx); err != nil {
+		stop()
+		_ = ln.Close()
+		return err
+	}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error("serve", "err", err)
@@ -202,6 +214,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.checks.Wait()
 	s.set.Wait()
 	var err error
+	defer s.stopSync() // after the requests: their ends are shared too
 	if srv != nil {
 		if err = srv.Shutdown(ctx); err != nil {
 			_ = srv.Close()

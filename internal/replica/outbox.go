@@ -18,8 +18,8 @@ const DefaultOutboxSize = 16384
 // counted; the next heartbeat corrects the peers' sum of this replica's
 // load, and a dropped decision only costs them one prompt's blocks.
 type Outbox struct {
-	ch      chan Event
-	dropped atomic.Uint64
+	ch              chan Event
+	queued, dropped atomic.Uint64
 }
 
 // NewOutbox returns an outbox of size events (DefaultOutboxSize if <= 0).
@@ -43,6 +43,7 @@ func (o *Outbox) Changed(b *fleet.Backend, d fleet.Load) {
 func (o *Outbox) put(e Event) {
 	select {
 	case o.ch <- e:
+		o.queued.Add(1)
 	default:
 		o.dropped.Add(1)
 	}
@@ -64,6 +65,9 @@ func (o *Outbox) Drain(dst []Event, max int) []Event {
 	}
 	return dst
 }
+
+// Queued is the number of events accepted into the queue.
+func (o *Outbox) Queued() uint64 { return o.queued.Load() }
 
 // Dropped is the number of events dropped because the queue was full.
 func (o *Outbox) Dropped() uint64 { return o.dropped.Load() }

@@ -49,6 +49,9 @@ type peer struct {
 type Stats struct {
 	// Batches and Events received from peers (own messages excluded).
 	Batches, Events uint64
+	// Streamed counts the events of Events and Heartbeat batches, and
+	// Snapshots the Snapshot batches.
+	Streamed, Snapshots uint64
 	// Unknown counts events naming a backend this replica does not have.
 	Unknown uint64
 	// Gaps counts batches whose sequence number skipped some: lost on the
@@ -79,6 +82,9 @@ type Applied struct {
 	New bool
 	// Own: the batch is this replica's own, and was ignored.
 	Own bool
+	// Gap: batches of the sender's stream were lost before this one
+	// (its decisions in them are missing here): ask it for a snapshot.
+	Gap bool
 }
 
 // Apply applies a peer's batch received at now.
@@ -102,9 +108,13 @@ func (p *Peers) Apply(b *Batch, now time.Time) Applied {
 	pr.heard = now
 	p.stats.Batches++
 	p.stats.Events += uint64(len(b.Events))
-	if b.Kind != Snapshot {
+	if b.Kind == Snapshot {
+		p.stats.Snapshots++
+	} else {
+		p.stats.Streamed += uint64(len(b.Events))
 		if pr.seq != 0 && b.Seq != pr.seq+1 {
 			p.stats.Gaps++
+			a.Gap = true
 		}
 		pr.seq = b.Seq
 	}
