@@ -37,6 +37,9 @@ type fleetFlags struct {
 	oracle                              bool
 	seed                                int64
 	jitter                              time.Duration // sim only
+	replicas                            int           // sim only, as are the two below
+	syncDelay                           time.Duration
+	noSync                              bool
 	kvBlocks                            int
 	jsonFile, out                       string
 }
@@ -142,8 +145,11 @@ func runSim(args []string) int {
 	sweep := fs.String("sweep", "", "comma-separated loads (e.g. 0.3,0.5,0.7,0.9): run each and chart p99 TTFT against load")
 	parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "runs to simulate side by side (each run is single-threaded)")
 	fs.DurationVar(&w.jitter, "jitter", 0, "delay each arrival by a random 0 to `D` (drawn from --seed), as a live client and network do; several seeds show the spread a live compare has")
+	fs.IntVar(&w.replicas, "replicas", 1, "router replicas in front of the engines, each request entering one at random (drawn from --seed)")
+	fs.DurationVar(&w.syncDelay, "sync-delay", 0, "with --replicas: how long a replica's events take to reach the others, in virtual time")
+	fs.BoolVar(&w.noSync, "no-sync", false, "with --replicas: the replicas share nothing")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--replicas N [--sync-delay D] [--no-sync]] [--oracle] [--json FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nReplays the workload on a simulated fleet in virtual time, with the same scheduler and engine model as kvroute serve and kvroute engine, once per policy.\n\nflags:")
 		fs.PrintDefaults()
 		writeBuiltins(fs.Output())
@@ -202,6 +208,7 @@ func simMain(stdout io.Writer, w *fleetFlags, sweep string, parallel int) error 
 		for _, p := range policies {
 			jobs = append(jobs, sim.Job{Reqs: reqs, Config: sim.Config{
 				Engines: engines, KVBlocks: w.kvBlocks, Policy: p, Seed: w.seed, OfferedLoad: offered,
+				Replicas: w.replicas, SyncDelay: w.syncDelay, NoSync: w.noSync,
 			}})
 		}
 	}

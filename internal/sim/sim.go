@@ -62,6 +62,13 @@ type Config struct {
 	Request request.Options
 	// OfferedLoad is copied into the result (see Offered).
 	OfferedLoad float64
+	// Replicas is the number of router replicas in front of the engines
+	// (replicas.go); 0 or 1: one router.
+	Replicas int
+	// SyncDelay is how long, in virtual time, a replica's events take to
+	// reach the others; NoSync turns sharing off (independent replicas).
+	SyncDelay time.Duration
+	NoSync    bool
 }
 
 // Run simulates reqs on a fresh fleet under cfg and returns the run's
@@ -198,6 +205,8 @@ type sim struct {
 	hashArena   []uint64
 	end         time.Duration
 	nextID      uint64
+	// rep is the router replicas; nil with one router.
+	rep *replicaSet
 }
 
 func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
@@ -233,6 +242,11 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 		// cache_config_info): engine blocks of BlockSize tokens of
 		// BytesPerToken bytes, converted to the router's blocks.
 		s.sched.SetKVCapacity(s.nodes[i].b.ID, int64(s.nodes[i].eng.Preset().KVBlocks)*engine.BlockSize)
+	}
+	if cfg.Replicas > 1 {
+		if err := s.newReplicas(f); err != nil {
+			return nil, err
+		}
 	}
 	s.order = make([]int, len(reqs))
 	for i := range s.order {
@@ -271,6 +285,7 @@ func (s *sim) until(at time.Duration) {
 	arrival := event{at: at, class: evArrival}
 	for len(s.heap) > 0 && (at < 0 || s.heap[0].less(arrival)) {
 		e := s.heap.pop()
+		s.sync(e.at)
 		s.now = e.at
 		switch e.class {
 		case evStepDone:
@@ -280,7 +295,17 @@ func (s *sim) until(at time.Duration) {
 		}
 	}
 	if at >= 0 {
+		s.sync(at)
 		s.now = at
+	} else {
+		s.sync(time.Duration(1 << 62))
+	}
+}
+
+// sync applies the replicas' batches due by at; nothing with one router.
+func (s *sim) sync(at time.Duration) {
+	if s.rep != nil {
+		s.rep.deliverUntil(at)
 	}
 }
 
@@ -314,10 +339,15 @@ func (s *sim) admit(r *workload.Request, v *request.View, hashes []uint64, perr 
 	}
 	var a *scheduler.Assignment
 	var err error
+	sched := s.sched
+	if s.rep != nil {
+		sched = s.rep.route()
+		defer s.rep.collect(s.now)
+	}
 	if hashes != nil {
-		a, err = s.sched.RouteHashed(v, hashes, nil, Epoch.Add(s.now))
+		a, err = sched.RouteHashed(v, hashes, nil, Epoch.Add(s.now))
 	} else {
-		a, err = s.sched.Route(v, nil, Epoch.Add(s.now))
+		a, err = sched.Route(v, nil, Epoch.Add(s.now))
 	}
 	if err != nil {
 		s.fail(r.At, v.PromptTokens, 0, err.Error())
@@ -397,14 +427,18 @@ func (s *sim) stepStart(i int) {
 	st := n.eng.Stats()
 	// A fresh metrics scrape after every step: the live router scrapes on
 	// an interval, so the simulated one sees engine state at least as fresh.
-	n.b.SetEngine(&fleet.EngineState{
+	es := &fleet.EngineState{
 		At:        Epoch.Add(s.now),
 		Running:   st.Running,
 		Waiting:   st.Waiting,
 		KVUsage:   st.KVUsage,
 		KVBlocks:  n.eng.Preset().KVBlocks,
 		BlockSize: engine.BlockSize,
-	})
+	}
+	n.b.SetEngine(es)
+	if s.rep != nil {
+		s.rep.setEngine(i, es)
+	}
 	if d <= 0 {
 		// Nothing could run: the engine waits for the next arrival.
 		n.busy = false
@@ -456,6 +490,9 @@ func (s *sim) deliver(i int) {
 	}
 	clear(n.out)
 	n.out = n.out[:0]
+	if s.rep != nil {
+		s.rep.collect(s.now)
+	}
 }
 
 // Token implements engine.Sink: times are recorded now (they are stamped
