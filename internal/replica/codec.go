@@ -20,8 +20,8 @@ import (
 //	replica(str) incarnation(uv) seq(uv) sent_at(v) block_chars(uv)
 //	names: n(uv) str...
 //	events: n(uv), each: kind(1) name_index(uv) then
-//	  Routed:  load(5 v) session(8) hashes
-//	  Changed: load(5 v)
+//	  Routed:  request(uv) load(5 v) session(8) hashes
+//	  Changed: request(uv) load(5 v)
 //	  Report:  load(5 v)
 //	  Learned: session(8) hashes
 //	str = len(uv) bytes; hashes = n(uv) n*8 bytes
@@ -67,6 +67,9 @@ func Append(dst []byte, b *Batch) []byte {
 		e := &b.Events[i]
 		dst = append(dst, byte(e.Kind))
 		dst = binary.AppendUvarint(dst, uint64(idx[i]))
+		if e.Kind == Routed || e.Kind == Changed {
+			dst = binary.AppendUvarint(dst, e.Request)
+		}
 		if e.Kind != Learned {
 			dst = appendLoad(dst, e.Load)
 		}
@@ -152,6 +155,9 @@ func Decode(p []byte, b *Batch) error {
 			break
 		}
 		e.Backend = names[i]
+		if e.Kind == Routed || e.Kind == Changed {
+			e.Request = d.uvarint()
+		}
 		if e.Kind != Learned {
 			e.Load = fleet.Load{InFlight: d.varint(), PendingPrefill: d.varint(), Decoding: d.varint(), DecodeBudget: d.varint(), DecodeTokens: d.varint()}
 		}

@@ -25,13 +25,14 @@ type Kind uint8
 
 // Event kinds.
 const (
-	// Routed: the sender routed a request to Backend: Load is the change
+	// Routed: the sender routed request Request (its number for it) to
+	// Backend: Load is the change
 	// in its load (one more in flight, its uncached prompt tokens
 	// pending), Hashes the prompt's block hashes, Session its conversation
 	// key hash (0 for none).
 	Routed Kind = iota + 1
-	// Changed: one of the sender's requests on Backend had its first byte
-	// or ended, changing its load by Load.
+	// Changed: the sender's request Request on Backend had its first byte
+	// or ended (Load.InFlight is then -1), changing its load by Load.
 	Changed
 	// Report: the sender's own load on Backend is Load, in a heartbeat.
 	// A heartbeat's reports are the whole of it: a backend it leaves out
@@ -46,6 +47,7 @@ const (
 // Event is one thing a replica tells its peers.
 type Event struct {
 	Kind    Kind
+	Request uint64
 	Backend string
 	Load    fleet.Load
 	Session uint64

@@ -31,13 +31,13 @@ func NewOutbox(size int) *Outbox {
 }
 
 // Routed implements scheduler.Events.
-func (o *Outbox) Routed(b *fleet.Backend, hashes []uint64, session uint64, d fleet.Load) {
-	o.put(Event{Kind: Routed, Backend: b.Name, Load: d, Session: session, Hashes: hashes})
+func (o *Outbox) Routed(id uint64, b *fleet.Backend, hashes []uint64, session uint64, d fleet.Load) {
+	o.put(Event{Kind: Routed, Request: id, Backend: b.Name, Load: d, Session: session, Hashes: hashes})
 }
 
 // Changed implements scheduler.Events.
-func (o *Outbox) Changed(b *fleet.Backend, d fleet.Load) {
-	o.put(Event{Kind: Changed, Backend: b.Name, Load: d})
+func (o *Outbox) Changed(id uint64, b *fleet.Backend, d fleet.Load) {
+	o.put(Event{Kind: Changed, Request: id, Backend: b.Name, Load: d})
 }
 
 func (o *Outbox) put(e Event) {

@@ -43,7 +43,22 @@ type peer struct {
 	seq         uint64
 	heard       time.Time
 	load        map[*fleet.Backend]fleet.Load
+	// pins are its requests in flight whose blocks are pinned here, by
+	// its request number.
+	pins map[uint64]pin
 }
+
+// pin is a peer's request in flight: its blocks pinned in the prefix index.
+type pin struct {
+	b      *fleet.Backend
+	hashes []uint64
+	nodes  []int32
+	at     time.Time
+}
+
+// MaxPin is how long a peer's request may keep its blocks pinned: its end
+// may have been lost on the way (a full queue, a dropped connection).
+const MaxPin = 10 * time.Minute
 
 // Stats count what Peers applied.
 type Stats struct {
@@ -101,7 +116,7 @@ func (p *Peers) Apply(b *Batch, now time.Time) Applied {
 		pr = nil
 	}
 	if pr == nil {
-		pr = &peer{incarnation: b.Incarnation, load: map[*fleet.Backend]fleet.Load{}}
+		pr = &peer{incarnation: b.Incarnation, load: map[*fleet.Backend]fleet.Load{}, pins: map[uint64]pin{}}
 		p.peers[b.Replica] = pr
 		a.New = true
 	}
@@ -134,13 +149,26 @@ func (p *Peers) Apply(b *Batch, now time.Time) Applied {
 			p.stats.Unknown++
 			continue
 		}
-		switch e.Kind {
-		case Routed, Changed:
-			if b.Kind == Events {
-				pr.add(be, e.Load)
-			}
+		if b.Kind == Events && (e.Kind == Routed || e.Kind == Changed) {
+			pr.add(be, e.Load)
 		}
-		if (e.Kind == Routed || e.Kind == Learned) && (hashesOK || e.Session != 0) {
+		switch {
+		case e.Kind == Routed && b.Kind == Events:
+			hashes := e.Hashes
+			if !hashesOK {
+				hashes = nil
+			}
+			nodes := p.sched.Pin(be, hashes, e.Session)
+			if len(hashes) > 0 {
+				p.unpin(pr.pins[e.Request]) // a number reused: a bug of the sender's
+				pr.pins[e.Request] = pin{b: be, hashes: hashes, nodes: nodes, at: now}
+			}
+		case e.Kind == Changed && e.Load.InFlight < 0:
+			if pn, ok := pr.pins[e.Request]; ok {
+				p.unpin(pn)
+				delete(pr.pins, e.Request)
+			}
+		case e.Kind == Learned && (hashesOK || e.Session != 0):
 			hashes := e.Hashes
 			if !hashesOK {
 				hashes = nil
@@ -184,12 +212,21 @@ func (pr *peer) add(b *fleet.Backend, d fleet.Load) {
 	b.AddPeerLoad(d)
 }
 
-// forget removes pr and its load.
+// forget removes pr, its load and its pins.
 func (p *Peers) forget(id string, pr *peer) {
 	for b, l := range pr.load {
 		b.AddPeerLoad(l.Neg())
 	}
+	for _, pn := range pr.pins {
+		p.unpin(pn)
+	}
 	delete(p.peers, id)
+}
+
+func (p *Peers) unpin(pn pin) {
+	if pn.b != nil {
+		p.sched.Unpin(pn.b, pn.hashes, pn.nodes)
+	}
 }
 
 // Expire forgets the peers not heard from since now minus the timeout,
@@ -201,6 +238,13 @@ func (p *Peers) Expire(now time.Time) int {
 		if now.Sub(pr.heard) > p.timeout {
 			p.forget(id, pr)
 			p.stats.Expired++
+			continue
+		}
+		for n, pn := range pr.pins {
+			if now.Sub(pn.at) > MaxPin {
+				p.unpin(pn)
+				delete(pr.pins, n)
+			}
 		}
 	}
 	return len(p.peers)

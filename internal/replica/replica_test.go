@@ -19,8 +19,8 @@ func sampleBatch() *Batch {
 	return &Batch{
 		Kind: Events, Replica: "r1", Incarnation: 42, Seq: 7, SentAt: t0.UnixNano(), BlockChars: 64,
 		Events: []Event{
-			{Kind: Routed, Backend: "a:1", Load: fleet.Load{InFlight: 1, PendingPrefill: 900}, Session: 1<<63 | 5, Hashes: []uint64{1, 2, 1 << 60}},
-			{Kind: Changed, Backend: "b:2", Load: fleet.Load{PendingPrefill: -900, Decoding: 1, DecodeBudget: 256, DecodeTokens: 1000}},
+			{Kind: Routed, Request: 300, Backend: "a:1", Load: fleet.Load{InFlight: 1, PendingPrefill: 900}, Session: 1<<63 | 5, Hashes: []uint64{1, 2, 1 << 60}},
+			{Kind: Changed, Request: 300, Backend: "b:2", Load: fleet.Load{PendingPrefill: -900, Decoding: 1, DecodeBudget: 256, DecodeTokens: 1000}},
 			{Kind: Changed, Backend: "a:1", Load: fleet.Load{InFlight: -1, Decoding: -1, DecodeBudget: -256, DecodeTokens: -1000}},
 			{Kind: Learned, Backend: "b:2", Session: 9, Hashes: []uint64{3}},
 			{Kind: Report, Backend: "a:1", Load: fleet.Load{InFlight: 3}},
@@ -191,7 +191,7 @@ func TestOutboxDrops(t *testing.T) {
 	f := fleet.New()
 	b := f.Add("a:1", nil, nil)
 	for range 5 {
-		o.Changed(b, fleet.Load{InFlight: 1})
+		o.Changed(1, b, fleet.Load{InFlight: 1})
 	}
 	if got := o.Drain(nil, 10); len(got) != 2 || o.Dropped() != 3 {
 		t.Fatalf("drained %d, dropped %d; want 2 and 3", len(got), o.Dropped())

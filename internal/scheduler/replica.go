@@ -16,26 +16,53 @@ import (
 // routing path, inside Route and the Assignment's FirstByte and Done: they
 // must not block or do I/O (queue and return).
 type Events interface {
-	// Routed: a request with the prompt's block hashes (kept unchanged
-	// until the request is done; the receiver must not modify them) and
-	// session key hash (0 for none) went to b, changing its load by d.
-	Routed(b *fleet.Backend, hashes []uint64, session uint64, d fleet.Load)
-	// Changed: a request's first byte or end changed b's load by d.
-	Changed(b *fleet.Backend, d fleet.Load)
+	// Routed: request id (numbered 1, 2, 3... by this scheduler) with the
+	// prompt's block hashes (kept unchanged until the request is done; the
+	// receiver must not modify them) and session key hash (0 for none)
+	// went to b, changing its load by d.
+	Routed(id uint64, b *fleet.Backend, hashes []uint64, session uint64, d fleet.Load)
+	// Changed: request id's first byte or end changed b's load by d (its
+	// end: d.InFlight is -1).
+	Changed(id uint64, b *fleet.Backend, d fleet.Load)
 }
 
 // SetEvents makes e hear of every routing from now on. Call it before the
 // first Route.
 func (s *Scheduler) SetEvents(e Events) { s.events = e }
 
-// Learn applies a decision another replica made: b now holds hashes, most
-// recent first (evictable: the peer's requests pin nothing here), and the
-// conversation with key hash session (0 for none) went to b, in the
-// session table of a policy that keeps one.
+// Learn applies a past decision another replica made: b now holds
+// hashes, most recent first (evictable), and the conversation with key
+// hash session (0 for none) went to b, in the session table of a policy
+// that keeps one.
 func (s *Scheduler) Learn(b *fleet.Backend, hashes []uint64, session uint64) {
 	if len(hashes) > 0 {
 		s.index.Insert(b.ID, hashes)
 	}
+	s.learnSession(b, session)
+}
+
+// Pin applies a request another replica routed and that is in flight: as
+// for a request routed here, its blocks are pinned on b until Unpin (the
+// engine cannot evict them while it runs, and they become the most recent
+// when it ends, which is when the engine frees them), and its session
+// learnt. It returns the index's handles for Unpin.
+func (s *Scheduler) Pin(b *fleet.Backend, hashes []uint64, session uint64) []int32 {
+	var nodes []int32
+	if len(hashes) > 0 {
+		nodes = s.index.AcquireNodes(b.ID, hashes, nil)
+	}
+	s.learnSession(b, session)
+	return nodes
+}
+
+// Unpin ends a Pin: the peer's request is done.
+func (s *Scheduler) Unpin(b *fleet.Backend, hashes []uint64, nodes []int32) {
+	if len(hashes) > 0 {
+		s.index.ReleaseNodes(b.ID, hashes, nodes)
+	}
+}
+
+func (s *Scheduler) learnSession(b *fleet.Backend, session uint64) {
 	if session != 0 {
 		if l, ok := s.Policy().(policy.SessionLearner); ok {
 			l.LearnSession(session, b.ID)

@@ -60,8 +60,9 @@ type Scheduler struct {
 	// warmKey).
 	picks atomic.Uint64
 	// events, when set, hears of every routing and load change for peer
-	// replicas (replica.go).
-	events Events
+	// replicas (replica.go); requests numbers the routings it hears of.
+	events   Events
+	requests atomic.Uint64
 }
 
 // scratch is one Route's working memory, pooled so that routing allocates
@@ -141,6 +142,7 @@ type Assignment struct {
 
 	ticket *fleet.Ticket
 	events Events
+	id     uint64
 	// index and hashes are the prompt's blocks pinned in the prefix index
 	// for the chosen backend until Done releases them; nodes are the
 	// index's handles for them.
@@ -269,8 +271,8 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes []uint64, exclude
 	a.nodes = s.index.AcquireNodes(b.ID, hashes, nil)
 	a.index, a.hashes = s.index, hashes
 	if s.events != nil {
-		a.events = s.events
-		s.events.Routed(b, hashes, session, a.ticket.Started())
+		a.events, a.id = s.events, s.requests.Add(1)
+		s.events.Routed(a.id, b, hashes, session, a.ticket.Started())
 	}
 
 	if !v.Stream {
@@ -322,7 +324,7 @@ func excluded(ids []int, id int) bool {
 // FirstByte reports that the first response byte arrived.
 func (a *Assignment) FirstByte(now time.Time) {
 	if d := a.ticket.FirstByte(now); a.events != nil && !d.IsZero() {
-		a.events.Changed(a.Backend, d)
+		a.events.Changed(a.id, a.Backend, d)
 	}
 }
 
@@ -331,7 +333,7 @@ func (a *Assignment) FirstByte(now time.Time) {
 // Only the first call counts.
 func (a *Assignment) Done(now time.Time) {
 	if d := a.ticket.Done(now); a.events != nil && !d.IsZero() {
-		a.events.Changed(a.Backend, d)
+		a.events.Changed(a.id, a.Backend, d)
 	}
 	if a.index != nil && a.released.CompareAndSwap(false, true) {
 		a.index.ReleaseNodes(a.Backend.ID, a.hashes, a.nodes)
