@@ -213,3 +213,36 @@ func TestHistoryBounds(t *testing.T) {
 		t.Fatal("a Changed event entered the history")
 	}
 }
+
+// TestPeersPin: a peer's request in flight pins its blocks here until its
+// end, or until the peer is forgotten.
+func TestPeersPin(t *testing.T) {
+	for _, end := range []string{"done", "restart", "timeout"} {
+		t.Run(end, func(t *testing.T) {
+			_, s, p := fixture(t)
+			s.Index().SetCapacity(0, 1)
+			hashes := []uint64{11, 12, 13, 14}
+			p.Apply(&Batch{Kind: Events, Replica: "p", Incarnation: 1, Seq: 1, BlockChars: s.BlockChars(), Events: []Event{
+				{Kind: Routed, Request: 1, Backend: "a:1", Load: fleet.Load{InFlight: 1}, Hashes: hashes},
+			}}, t0)
+			s.Index().SetCapacity(0, 1)
+			if n := s.Index().Len(0); n != 4 {
+				t.Fatalf("a peer's request in flight: %d blocks held, want its 4 pinned", n)
+			}
+			switch end {
+			case "done":
+				p.Apply(&Batch{Kind: Events, Replica: "p", Incarnation: 1, Seq: 2, Events: []Event{
+					{Kind: Changed, Request: 1, Backend: "a:1", Load: fleet.Load{InFlight: -1}},
+				}}, t0)
+			case "restart":
+				p.Apply(&Batch{Kind: Heartbeat, Replica: "p", Incarnation: 2, Seq: 1}, t0)
+			case "timeout":
+				p.Expire(t0.Add(time.Minute))
+			}
+			s.Index().SetCapacity(0, 1)
+			if n := s.Index().Len(0); n != 1 {
+				t.Errorf("after %s: %d blocks held, want 1 (unpinned, evicted to capacity)", end, n)
+			}
+		})
+	}
+}
