@@ -26,8 +26,9 @@ func runCompare(args []string) int {
 	var w fleetFlags
 	w.register(fs, "4")
 	timeScale := fs.Float64("time-scale", 1, "emulated seconds per real second (10 replays a 10-minute workload in one minute)")
+	fs.IntVar(&w.replicas, "replicas", 1, "also run each policy on N router replicas sharing state through an in-process NATS server, each request entering one at random (from --seed)")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--policies a,b,c] [--rate R | --speedup X | --load F] [--limit N | --window START-END] [--seed S] [--time-scale X] [--oracle] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--policies a,b,c] [--rate R | --speedup X | --load F] [--limit N | --window START-END] [--seed S] [--time-scale X] [--replicas N] [--oracle] [--json FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nStarts the emulated engines and one router on loopback, in process, and replays the workload once per policy against fresh engines. Latencies are reported in emulated time.\n\nflags:")
 		fs.PrintDefaults()
 		writeBuiltins(fs.Output())
@@ -91,6 +92,7 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 		TimeScale:   timeScale,
 		Policies:    policies,
 		Seed:        w.seed,
+		Replicas:    w.replicas,
 		OfferedLoad: offered,
 		Progress:    bench.Terminal(),
 		Driver: func(policy string, _ int, st emulator.DriverStats) {

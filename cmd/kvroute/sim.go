@@ -37,11 +37,12 @@ type fleetFlags struct {
 	oracle                              bool
 	seed                                int64
 	jitter                              time.Duration // sim only
-	replicas                            int           // sim only, as are the two below
-	syncDelay                           time.Duration
-	noSync                              bool
-	kvBlocks                            int
-	jsonFile, out                       string
+	replicas                            int           // sim and compare
+	// sim only:
+	syncDelay     time.Duration
+	noSync        bool
+	kvBlocks      int
+	jsonFile, out string
 }
 
 func (w *fleetFlags) register(fs *flag.FlagSet, engines string) {
