@@ -114,7 +114,11 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	}
 	fmt.Fprintf(stdout, "\noffered load %.2f of the fleet's prefill capacity (every prompt token counted uncached)\n", offered)
 	report.WriteTable(stdout, rep)
-	writeDriverSummary(stdout, policies, keeping, span)
+	labels := make([]string, len(rep.Runs)) // the policies, and their replica runs
+	for i, r := range rep.Runs {
+		labels[i] = r.Policy
+	}
+	writeDriverSummary(stdout, labels, keeping, span)
 	// Charts first: they create --out, which --json may point into.
 	if w.out != "" {
 		if err := writeRunCharts(w.out, rep.Runs, len(rep.Runs), false); err != nil {
