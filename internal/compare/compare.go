@@ -1,7 +1,9 @@
 // Package compare runs kvroute's live side-by-side benchmark in process:
 // for each policy, a fresh set of emulated engines (package emulator) and
-// one router (package proxy) on loopback, and the load generator (package
-// bench) replaying the same workload against the router. The results come
+// one router (package proxy) on loopback, or with Replicas several router
+// replicas sharing state through an in-process NATS server, and the load
+// generator (package bench) replaying the same workload against the router
+// (spread over the replicas at random). The results come
 // back as one report.Report, in emulated time.
 //
 // It owns the wiring and the lifetime of those servers and the conversion
