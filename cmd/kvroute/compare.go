@@ -27,8 +27,9 @@ func runCompare(args []string) int {
 	w.register(fs, "4")
 	timeScale := fs.Float64("time-scale", 1, "emulated seconds per real second (10 replays a 10-minute workload in one minute)")
 	fs.BoolVar(&w.kvEvents, "kv-events", false, "also run each policy with the engines publishing their KV cache events over ZMQ and the router routing on them (named POLICY+precise)")
+	fs.IntVar(&w.replicas, "replicas", 1, "also run each policy on N router replicas sharing state through an in-process NATS server, each request entering one at random (from --seed)")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--policies a,b,c] [--rate R | --speedup X | --load F] [--limit N | --window START-END] [--seed S] [--time-scale X] [--kv-events] [--oracle] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--policies a,b,c] [--rate R | --speedup X | --load F] [--limit N | --window START-END] [--seed S] [--time-scale X] [--kv-events] [--replicas N] [--oracle] [--json FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nStarts the emulated engines and one router on loopback, in process, and replays the workload once per policy against fresh engines. Latencies are reported in emulated time.\n\nflags:")
 		fs.PrintDefaults()
 		writeBuiltins(fs.Output())
@@ -94,6 +95,7 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 		Policies:    policies,
 		KVEvents:    w.kvEvents,
 		Seed:        w.seed,
+		Replicas:    w.replicas,
 		OfferedLoad: offered,
 		Progress:    bench.Terminal(),
 		Driver: func(policy string, _ int, st emulator.DriverStats) {
@@ -115,11 +117,11 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	}
 	fmt.Fprintf(stdout, "\noffered load %.2f of the fleet's prefill capacity (every prompt token counted uncached)\n", offered)
 	report.WriteTable(stdout, rep)
-	var names []string
-	for _, r := range rep.Runs {
-		names = append(names, r.Policy)
+	labels := make([]string, len(rep.Runs)) // the policies, and their replica runs
+	for i, r := range rep.Runs {
+		labels[i] = r.Policy
 	}
-	writeDriverSummary(stdout, names, keeping, span)
+	writeDriverSummary(stdout, labels, keeping, span)
 	// Charts first: they create --out, which --json may point into.
 	page := ""
 	if w.out != "" {

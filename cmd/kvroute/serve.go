@@ -34,6 +34,7 @@ func configFlags(fs *flag.FlagSet) func() (*config.Config, error) {
 	listen := fs.String("listen", "", "address to listen on (default "+config.DefaultListen+")")
 	pol := fs.String("policy", "", "routing policy (default "+policy.Default+"): "+strings.Join(policy.Names(), ", "))
 	tracing := fs.Bool("tracing", false, "export OpenTelemetry traces over OTLP (sets tracing.enabled; the OTEL_EXPORTER_OTLP_* variables say where)")
+	syncURL := fs.String("sync", "", "share routing state with other replicas over NATS at this URL, e.g. nats://nats:4222 (sets sync.url)")
 	var backends backendFlags
 	fs.Var(&backends, "backend", "backend base URL, e.g. http://127.0.0.1:8000; repeat for each backend (replaces the file's list)")
 	return func() (*config.Config, error) {
@@ -44,7 +45,7 @@ func configFlags(fs *flag.FlagSet) func() (*config.Config, error) {
 				return nil, err
 			}
 		}
-		c.Apply(config.Overrides{Listen: *listen, Policy: *pol, Backends: backends, Tracing: *tracing})
+		c.Apply(config.Overrides{Listen: *listen, Policy: *pol, Backends: backends, Tracing: *tracing, Sync: *syncURL})
 		if err := c.Validate(); err != nil {
 			return nil, err
 		}
@@ -56,7 +57,7 @@ func runServe(args []string) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	load := configFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: kvroute serve [--config FILE] [--listen ADDR] [--backend URL]... [--policy NAME] [--tracing]
+		fmt.Fprint(fs.Output(), `usage: kvroute serve [--config FILE] [--listen ADDR] [--backend URL]... [--policy NAME] [--tracing] [--sync nats://HOST:4222]
 
 Routes POST /v1/chat/completions and /v1/completions (streaming or not) to
 the backend with the best expected time to first token, keeping

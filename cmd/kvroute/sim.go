@@ -37,9 +37,13 @@ type fleetFlags struct {
 	oracle                              bool
 	seed                                int64
 	jitter                              time.Duration // sim only
-	kvBlocks                            int
-	jsonFile, out                       string
-	kvEvents                            bool // compare only (sim has kvFlags)
+	kvEvents                            bool          // compare only (sim has kvFlags)
+	replicas                            int           // sim and compare
+	// sim only:
+	syncDelay     time.Duration
+	noSync        bool
+	kvBlocks      int
+	jsonFile, out string
 }
 
 func (w *fleetFlags) register(fs *flag.FlagSet, engines string) {
@@ -145,8 +149,11 @@ func runSim(args []string) int {
 	var kv kvFlags
 	kv.register(fs)
 	fs.DurationVar(&w.jitter, "jitter", 0, "delay each arrival by a random 0 to `D` (drawn from --seed), as a live client and network do; several seeds show the spread a live compare has")
+	fs.IntVar(&w.replicas, "replicas", 1, "router replicas in front of the engines, each request entering one at random (drawn from --seed)")
+	fs.DurationVar(&w.syncDelay, "sync-delay", 0, "with --replicas: how long a replica's events take to reach the others, in virtual time")
+	fs.BoolVar(&w.noSync, "no-sync", false, "with --replicas: the replicas share nothing")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--replicas N [--sync-delay D] [--no-sync]] [--json FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nReplays the workload on a simulated fleet in virtual time, with the same scheduler and engine model as kvroute serve and kvroute engine, once per policy.\n\nflags:")
 		fs.PrintDefaults()
 		writeBuiltins(fs.Output())
@@ -215,6 +222,7 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, sweep string, paralle
 				jobs = append(jobs, sim.Job{Reqs: reqs, Config: sim.Config{
 					Engines: engines, KVBlocks: w.kvBlocks, Policy: p, Seed: w.seed, OfferedLoad: offered,
 					Name: p + v.suffix, KVEvents: v.kv, Faults: faults,
+					Replicas: w.replicas, SyncDelay: w.syncDelay, NoSync: w.noSync,
 				}})
 			}
 		}

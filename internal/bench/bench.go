@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
@@ -44,6 +45,11 @@ type Config struct {
 	// Target is the base URL of the OpenAI-compatible server, e.g.
 	// http://127.0.0.1:8080 (a trailing /v1 is accepted).
 	Target string
+	// Spread, when not empty, are more targets (router replicas): each
+	// request goes to Target or one of them, drawn at random from
+	// SpreadSeed, so that a conversation's turns enter any replica.
+	Spread     []string
+	SpreadSeed int64
 	// Model is sent in every body; empty asks GET /v1/models and takes the
 	// first model.
 	Model string
@@ -116,6 +122,9 @@ func Drive(ctx context.Context, cfg Config) ([]report.Sample, time.Duration, err
 	slices.SortStableFunc(reqs, func(a, b *workload.Request) int { return cmp.Compare(a.At, b.At) })
 
 	r := &runner{client: client, base: base, model: model, samples: make([]report.Sample, len(reqs))}
+	if err := r.spread(cfg, len(reqs)); err != nil {
+		return nil, 0, err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stopProgress := r.progress(cfg.Progress, len(reqs))
@@ -151,7 +160,7 @@ dispatch:
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.do(ctx, req, s)
+			r.do(ctx, req, s, r.target(i))
 			r.inflight.Add(-1)
 			if s.Err != "" {
 				r.errors.Add(1)
@@ -167,6 +176,34 @@ dispatch:
 		return samples, wall, fmt.Errorf("run interrupted after %d of %d requests: %w", sent, len(reqs), err)
 	}
 	return samples, wall, nil
+}
+
+// spread draws each of n requests' target from cfg.Spread and cfg.Target.
+func (r *runner) spread(cfg Config, n int) error {
+	if len(cfg.Spread) == 0 {
+		return nil
+	}
+	for _, t := range cfg.Spread {
+		b, err := baseURL(t)
+		if err != nil {
+			return err
+		}
+		r.bases = append(r.bases, b)
+	}
+	rng := rand.New(rand.NewPCG(uint64(cfg.SpreadSeed), 0x59ead))
+	r.via = make([]int, n)
+	for i := range r.via {
+		r.via[i] = rng.IntN(len(r.bases)+1) - 1
+	}
+	return nil
+}
+
+// target is the base URL request i goes to.
+func (r *runner) target(i int) string {
+	if r.via == nil || r.via[i] < 0 {
+		return r.base
+	}
+	return r.bases[r.via[i]]
 }
 
 func (c *Config) maxConcurrency() int {
@@ -243,8 +280,12 @@ func httpError(status int, body []byte) string {
 }
 
 type runner struct {
-	client  *http.Client
-	base    string
+	client *http.Client
+	base   string
+	// bases are the targets of Spread, and via[i] the one request i goes
+	// to (an index into bases, -1 for base); nil without Spread.
+	bases   []string
+	via     []int
 	model   string
 	start   time.Time
 	samples []report.Sample
@@ -254,10 +295,10 @@ type runner struct {
 
 // do sends one request and fills s. Latencies count from the request's
 // intended start, so time lost by a late client is charged to the request.
-func (r *runner) do(ctx context.Context, wr *workload.Request, s *report.Sample) {
+func (r *runner) do(ctx context.Context, wr *workload.Request, s *report.Sample, base string) {
 	start := r.start.Add(wr.At)
 	body := wr.Body(r.model)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.base+wr.Kind.Path(), bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+wr.Kind.Path(), bytes.NewReader(body))
 	if err != nil {
 		s.Err = err.Error()
 		return

@@ -1,7 +1,9 @@
 // Package compare runs kvroute's live side-by-side benchmark in process:
 // for each policy, a fresh set of emulated engines (package emulator) and
-// one router (package proxy) on loopback, and the load generator (package
-// bench) replaying the same workload against the router. The results come
+// one router (package proxy) on loopback, or with Replicas several router
+// replicas sharing state through an in-process NATS server, and the load
+// generator (package bench) replaying the same workload against the router
+// (spread over the replicas at random). The results come
 // back as one report.Report, in emulated time.
 //
 // It owns the wiring and the lifetime of those servers and the conversion
@@ -46,8 +48,13 @@ type Config struct {
 	// the engines publishing their KV cache events over ZMQ on loopback
 	// and the router subscribing and tokenizing on their /tokenize.
 	KVEvents bool
-	// Seed seeds the policies' random choices.
+	// Seed seeds the policies' random choices (and, with Replicas, which
+	// replica each request enters).
 	Seed int64
+	// Replicas > 1 adds, for each policy, a run with that many router
+	// replicas sharing state through an in-process NATS server, the
+	// client's requests spread over them at random (replicas.go).
+	Replicas int
 	// OfferedLoad is copied into every run (see sim.Offered).
 	OfferedLoad float64
 	// Progress, when not nil, receives the load generator's progress bar
@@ -90,15 +97,17 @@ func Run(ctx context.Context, reqs []workload.Request, cfg Config) (*report.Repo
 	rep := &report.Report{}
 	for _, p := range cfg.Policies {
 		for _, precise := range []bool{false, true}[:1+btoi(cfg.KVEvents)] {
-			run, err := runOne(ctx, wall, cfg, p, precise)
-			if err != nil {
-				return nil, fmt.Errorf("compare: %s: %w", RunName(p, precise), err)
-			}
-			run.OfferedLoad = cfg.OfferedLoad
-			rep.Runs = append(rep.Runs, run)
-			if cfg.Progress != nil {
-				fmt.Fprintf(cfg.Progress, "%s: %d completed, %d errors, mean TTFT %.1f ms, hit rate %.1f%%\n",
-					run.Policy, run.Completed, run.Errors, run.TTFT.Mean, 100*run.PrefixHitRate)
+			for _, n := range replicaCounts(cfg.Replicas) {
+				run, err := runOne(ctx, wall, cfg, p, precise, n)
+				if err != nil {
+					return nil, fmt.Errorf("compare: %s: %w", runLabel(p, precise, n), err)
+				}
+				run.OfferedLoad = cfg.OfferedLoad
+				rep.Runs = append(rep.Runs, run)
+				if cfg.Progress != nil {
+					fmt.Fprintf(cfg.Progress, "%s: %d completed, %d errors, mean TTFT %.1f ms, hit rate %.1f%%\n",
+						run.Policy, run.Completed, run.Errors, run.TTFT.Mean, 100*run.PrefixHitRate)
+				}
 			}
 		}
 	}
@@ -113,6 +122,14 @@ func RunName(p string, precise bool) string {
 	return p
 }
 
+// runLabel names a run: RunName, and " xN" for N router replicas.
+func runLabel(p string, precise bool, replicas int) string {
+	if replicas > 1 {
+		return fmt.Sprintf("%s x%d", RunName(p, precise), replicas)
+	}
+	return RunName(p, precise)
+}
+
 func btoi(b bool) int {
 	if b {
 		return 1
@@ -123,9 +140,9 @@ func btoi(b bool) int {
 // runOne starts fresh engines and a router with policy p, replays wall
 // (arrival times on the wall clock) through the router, stops everything
 // and returns the run in emulated time. precise has the engines publish
-// their KV events to the router.
-func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, precise bool) (report.Run, error) {
-	runName := RunName(p, precise)
+// their KV events to the router; replicas above 1 start that many router
+// replicas sharing state through a NATS server.
+func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, precise bool, replicas int) (report.Run, error) {
 	var stack servers
 	defer stack.close()
 
@@ -161,12 +178,56 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 		}
 		cc.Backends = append(cc.Backends, be)
 	}
-	if err := cc.Validate(); err != nil {
-		return report.Run{}, fmt.Errorf("router config: %w", err)
+	var targets []string
+	if replicas > 1 {
+		url, err := stack.nats()
+		if err != nil {
+			return report.Run{}, err
+		}
+		cc.Sync.URL = url
 	}
-	rt, err := proxy.New(cc, cfg.Logger)
+	for r := range max(replicas, 1) {
+		c := *cc
+		if replicas > 1 {
+			c.Sync.ReplicaID = fmt.Sprintf("replica-%d", r)
+		}
+		addr, err := startRouter(&stack, &c, cfg.Logger, engineOf, kv)
+		if err != nil {
+			return report.Run{}, err
+		}
+		targets = append(targets, "http://"+addr)
+	}
+	label := runLabel(p, precise, replicas)
+
+	samples, elapsed, err := bench.Drive(ctx, bench.Config{
+		Target:     targets[0],
+		Spread:     targets[1:],
+		SpreadSeed: cfg.Seed,
+		Model:      cfg.Engines[0].Model,
+		Requests:   wall,
+		Policy:     label,
+		Progress:   cfg.Progress,
+	})
 	if err != nil {
-		return report.Run{}, fmt.Errorf("router: %w", err)
+		return report.Run{}, err
+	}
+	if cfg.Driver != nil {
+		for i, em := range ems {
+			cfg.Driver(label, i, em.Driver())
+		}
+	}
+	return report.Summarize(label, toEmulated(samples, cfg.TimeScale), scale(elapsed, cfg.TimeScale)), nil
+}
+
+// startRouter validates c, starts a router with it, sizes its prefix index
+// from the engines' KV caches and returns its address.
+func startRouter(stack *servers, c *config.Config, logger *slog.Logger, engineOf map[string]int, kv []int) (string, error) {
+	if err := c.Validate(); err != nil {
+		return "", fmt.Errorf("router config: %w", err)
+	}
+	rt, err := proxy.New(c, logger)
+	if err != nil {
+		return "", fmt.Errorf("router: %w", err)
 	}
 	// The router's prefix index holds as much as each engine's KV cache,
 	// exactly as the simulator sets it, from the start (the engine
@@ -177,35 +238,19 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 		// config's list.
 		i, ok := engineOf[b.Name]
 		if !ok {
-			return report.Run{}, fmt.Errorf("router: backend %q is none of the engines", b.Name)
+			return "", fmt.Errorf("router: backend %q is none of the engines", b.Name)
 		}
 		rt.Scheduler().SetKVCapacity(b.ID, int64(kv[i])*engine.BlockSize)
 	}
 	if err := rt.Start(); err != nil {
-		return report.Run{}, fmt.Errorf("router: %w", err)
+		return "", fmt.Errorf("router: %w", err)
 	}
 	stack.closers = append(stack.closers, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		return rt.Shutdown(ctx)
 	})
-
-	samples, elapsed, err := bench.Drive(ctx, bench.Config{
-		Target:   "http://" + rt.Addr(),
-		Model:    cfg.Engines[0].Model,
-		Requests: wall,
-		Policy:   runName,
-		Progress: cfg.Progress,
-	})
-	if err != nil {
-		return report.Run{}, err
-	}
-	if cfg.Driver != nil {
-		for i, em := range ems {
-			cfg.Driver(runName, i, em.Driver())
-		}
-	}
-	return report.Summarize(runName, toEmulated(samples, cfg.TimeScale), scale(elapsed, cfg.TimeScale)), nil
+	return rt.Addr(), nil
 }
 
 // toEmulated converts wall-clock samples to emulated time in place.

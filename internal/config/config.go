@@ -72,6 +72,8 @@ type Config struct {
 	// KVEvents tunes precise prefix routing on the engines' KV cache
 	// events (kvevents.go).
 	KVEvents KVEvents `yaml:"kv_events"`
+	// Sync shares routing state with other replicas over NATS (sync.go).
+	Sync Sync `yaml:"sync"`
 	// ShutdownGrace is how long, on SIGTERM or SIGINT, the router lets
 	// in-flight requests (streams included) finish after it stops accepting
 	// new connections, before it closes them. Default 30s.
@@ -369,6 +371,7 @@ func Default() *Config {
 		Tracing:       defaultTracing(),
 		Passthrough:   defaultPassthrough(),
 		KVEvents:      defaultKVEvents(),
+		Sync:          defaultSync(),
 		ShutdownGrace: DefaultShutdownGrace,
 	}
 }
@@ -431,6 +434,8 @@ type Overrides struct {
 	Backends []string
 	// Tracing, when true, sets tracing.enabled.
 	Tracing bool
+	// Sync, when non-empty, replaces sync.url.
+	Sync string
 }
 
 // Apply applies o to c.
@@ -440,6 +445,9 @@ func (c *Config) Apply(o Overrides) {
 	}
 	if o.Listen != "" {
 		c.Listen = o.Listen
+	}
+	if o.Sync != "" {
+		c.Sync.URL = o.Sync
 	}
 	if o.Policy != "" {
 		c.Policy = o.Policy
@@ -509,6 +517,7 @@ func (c *Config) Validate() error {
 	c.Tracing.validate(bad)
 	c.Passthrough.validate(bad)
 	c.KVEvents.validate(bad)
+	c.Sync.validate(bad)
 	if c.Retry.Attempts < 0 {
 		bad("retry.attempts: %d must not be negative", c.Retry.Attempts)
 	}

@@ -81,6 +81,9 @@ type Backend struct {
 	// predicted to be in its cache, for the per-backend hit rate.
 	routedPrompt, routedCached atomic.Int64
 	engine                     atomic.Pointer[EngineState]
+	// peers is the load other router replicas report on this backend
+	// (peers.go).
+	peers peerLoad
 	// rate holds the float64 bits of the learned prefill rate; 0 until the
 	// first sample.
 	rate atomic.Uint64
@@ -137,8 +140,17 @@ func (b *Backend) Serves(model string) bool {
 // Healthy reports whether b may receive requests.
 func (b *Backend) Healthy() bool { return b.healthy.Load() }
 
-// Load returns the router's accounting of b.
+// Load returns the router's accounting of b: its own requests plus the
+// load its live peer replicas report (AddPeerLoad). Pickers read this.
 func (b *Backend) Load() Load {
+	l := b.OwnLoad()
+	l.add(b.peers.load())
+	return l
+}
+
+// OwnLoad returns the accounting of the requests this router routed to b
+// itself, without its peers'.
+func (b *Backend) OwnLoad() Load {
 	return Load{
 		InFlight:       b.inflight.Load(),
 		PendingPrefill: b.pendingPrefill.Load(),
@@ -226,6 +238,8 @@ const MaxTicketTokens = 1<<31 - 1
 
 // clampTokens is n within [0, MaxTicketTokens].
 func clampTokens(n int64) int64 { return min(max(n, 0), MaxTicketTokens) }
+// Started is the change Start made to the backend's Load for t.
+func (t *Ticket) Started() Load { return Load{InFlight: 1, PendingPrefill: t.uncach} }
 
 // Ticket states: a ticket only moves forward, prefill -> decoding -> done
 // or prefill -> done, each move won by exactly one compare-and-swap.
@@ -254,10 +268,12 @@ func (t *Ticket) NoRateSample() { t.noRate.Store(true) }
 // FirstByte marks the arrival of the first response byte: the request's
 // prefill tokens leave PendingPrefill and it becomes a decoding stream, and
 // the observed TTFT teaches the backend's prefill rate. Only the first call
-// counts; a call after Done does nothing.
-func (t *Ticket) FirstByte(now time.Time) {
+// counts; a call after Done does nothing. It returns the change it made
+// to the backend's Load (zero when it made none), for sharing with peer
+// replicas.
+func (t *Ticket) FirstByte(now time.Time) Load {
 	if !t.state.CompareAndSwap(statePrefill, stateDecoding) {
-		return
+		return Load{}
 	}
 	b := t.b
 	b.decoding.Add(1)
@@ -268,30 +284,36 @@ func (t *Ticket) FirstByte(now time.Time) {
 	if !t.noRate.Load() {
 		b.observeRate(done-t.mark, now.Sub(t.start))
 	}
+	return Load{PendingPrefill: -t.uncach, Decoding: 1, DecodeBudget: t.budget, DecodeTokens: t.prompt}
 }
 
-// Done releases everything the request still holds. Only the first call counts.
-func (t *Ticket) Done(now time.Time) {
+// Done releases everything the request still holds. Only the first call
+// counts. It returns the change it made to the backend's Load (zero when
+// it made none).
+func (t *Ticket) Done(now time.Time) Load {
 	for {
 		s := t.state.Load()
 		if s == stateDone {
-			return
+			return Load{}
 		}
 		if !t.state.CompareAndSwap(s, stateDone) {
 			continue // FirstByte won a race; release what it moved
 		}
 		b := t.b
+		d := Load{InFlight: -1}
 		if s == statePrefill {
 			b.pendingPrefill.Add(-t.uncach)
+			d.PendingPrefill = -t.uncach
 		} else {
 			b.decoding.Add(-1)
 			b.decodeBudget.Add(-t.budget)
 			b.decodeTokens.Add(-t.prompt)
+			d.Decoding, d.DecodeBudget, d.DecodeTokens = -1, -t.budget, -t.prompt
 		}
 		if b.inflight.Add(-1) == 0 && b.removing.Load() {
 			b.fleet.retire(b)
 		}
-		return
+		return d
 	}
 }
 

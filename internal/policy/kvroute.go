@@ -352,8 +352,16 @@ func (p *KVRoute) Routed(in *Input, d Decision) {
 	if in.View == nil || in.View.SessionKey == "" {
 		return
 	}
-	h := in.SessionHash
-	p.last[h&(1<<sessionSlotsLog2-1)].Store(packSession(h, in.Candidates[d.Index].ID))
+	p.LearnSession(in.SessionHash, in.Candidates[d.Index].ID)
+}
+
+// LearnSession implements SessionLearner: the session with key hash h
+// (not 0) last went to backend id.
+func (p *KVRoute) LearnSession(h uint64, id int) {
+	if h == 0 {
+		return
+	}
+	p.last[h&(1<<sessionSlotsLog2-1)].Store(packSession(h, id))
 }
 
 // A session slot packs the key hash's top 44 bits as a tag (the low bits
@@ -378,6 +386,7 @@ func (p *KVRoute) lookupSession(h uint64) int {
 }
 
 var (
-	_ Policy   = (*KVRoute)(nil)
-	_ Observer = (*KVRoute)(nil)
+	_ Policy         = (*KVRoute)(nil)
+	_ Observer       = (*KVRoute)(nil)
+	_ SessionLearner = (*KVRoute)(nil)
 )

@@ -73,6 +73,15 @@ type Observer interface {
 	Routed(in *Input, d Decision)
 }
 
+// SessionLearner is implemented by policies that keep a session table
+// (conversation -> backend). LearnSession records that the conversation
+// whose key hashes to session went to the backend with ID id, as Routed
+// does for a request routed here: the scheduler calls it for requests
+// another router replica routed (package replica).
+type SessionLearner interface {
+	LearnSession(session uint64, id int)
+}
+
 // Options tune the policies; zero values mean the documented defaults.
 type Options struct {
 	// Seed seeds the random choices (random, power-of-two, tie-breaks).

@@ -108,6 +108,8 @@ type fleetCollector struct{ f *fleet.Fleet }
 var (
 	descInflight = prometheus.NewDesc("kvroute_inflight_requests",
 		"Requests routed to the backend and not yet done.", []string{"backend"}, nil)
+	descFleetInflight = prometheus.NewDesc("kvroute_fleet_inflight_requests",
+		"Requests in flight on the backend as this router sees the fleet: its own (kvroute_inflight_requests) plus those its live peer replicas report (sync).", []string{"backend"}, nil)
 	descPending = prometheus.NewDesc("kvroute_pending_prefill_tokens",
 		"Estimated uncached prompt tokens of requests routed to the backend that have not had their first byte.", []string{"backend"}, nil)
 	descDecoding = prometheus.NewDesc("kvroute_decoding_requests",
@@ -119,19 +121,20 @@ var (
 )
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInflight, descPending, descDecoding, descHealthy, descRate} {
+	for _, d := range []*prometheus.Desc{descInflight, descFleetInflight, descPending, descDecoding, descHealthy, descRate} {
 		ch <- d
 	}
 }
 
 func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, b := range c.f.Snapshot().All {
-		l := b.Load()
+		l := b.OwnLoad()
 		healthy := 0.0
 		if b.Healthy() {
 			healthy = 1
 		}
 		ch <- prometheus.MustNewConstMetric(descInflight, prometheus.GaugeValue, float64(l.InFlight), b.Name)
+		ch <- prometheus.MustNewConstMetric(descFleetInflight, prometheus.GaugeValue, float64(l.InFlight+b.PeerLoad().InFlight), b.Name)
 		ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(l.PendingPrefill), b.Name)
 		ch <- prometheus.MustNewConstMetric(descDecoding, prometheus.GaugeValue, float64(l.Decoding), b.Name)
 		ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, healthy, b.Name)

@@ -35,6 +35,7 @@ import (
 	"github.com/kvroute/kvroute/internal/members"
 	"github.com/kvroute/kvroute/internal/monitor"
 	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/peerlink"
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/scheduler"
@@ -87,6 +88,9 @@ type Server struct {
 
 	// modelList is the cached GET /v1/models answer.
 	modelList modelCache
+
+	// peers is the link to the other replicas; nil with sync off.
+	peers *peerlink.Link
 
 	// reload serialises Reload; last is the configuration last applied
 	// (the startup one until the first reload).
@@ -172,6 +176,9 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	if err := s.newMonitor(); err != nil {
 		return nil, err
 	}
+	if err := s.newSync(); err != nil {
+		return nil, err
+	}
 	if s.adminAPI, err = s.newAdmin(); err != nil {
 		return nil, err
 	}
@@ -230,6 +237,14 @@ func (s *Server) Start() error {
 	s.mu.Unlock()
 	s.set.Start(ctx)
 	s.startMonitor(ctx)
+	if err := s.startSync(ctx); err != nil {
+		stop()
+		_ = ln.Close()
+		if aln != nil {
+			_ = aln.Close()
+		}
+		return err
+	}
 	s.serve(srv, ln)
 	if asrv != nil {
 		s.serve(asrv, aln)
@@ -296,6 +311,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if asrv != nil {
 		_ = asrv.Close() // admin calls are short; nothing to wait for
 	}
+	defer s.stopSync() // after the requests: their ends are shared too
 	if srv != nil {
 		if err = srv.Shutdown(ctx); err != nil {
 			_ = srv.Close()

@@ -63,6 +63,10 @@ type Scheduler struct {
 	// picks counts routings whose request has no key for warm-up (see
 	// warmKey).
 	picks atomic.Uint64
+	// events, when set, hears of every routing and load change for peer
+	// replicas (replica.go); requests numbers the routings it hears of.
+	events   Events
+	requests atomic.Uint64
 }
 
 // scratch is one Route's working memory, pooled so that routing allocates
@@ -146,6 +150,8 @@ type Assignment struct {
 	EstTTFT float64
 
 	ticket *fleet.Ticket
+	events Events
+	id     uint64
 	// index and hashes are the prompt's blocks pinned in the prefix index
 	// for the chosen backend until Done releases them; nodes are the
 	// index's handles for them.
@@ -275,6 +281,10 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 	a.nodes = s.index.AcquireNodes(b.ID, hashes, nil)
 	a.index, a.hashes = s.index, hashes
 	s.speculate(b.ID, keys, now)
+	if s.events != nil {
+		a.events, a.id = s.events, s.requests.Add(1)
+		s.events.Routed(a.id, b, hashes, session, a.ticket.Started())
+	}
 
 	if !v.Stream {
 		// The first byte of a non-streaming response comes after the whole
@@ -327,13 +337,19 @@ func excluded(ids []int, id int) bool {
 }
 
 // FirstByte reports that the first response byte arrived.
-func (a *Assignment) FirstByte(now time.Time) { a.ticket.FirstByte(now) }
+func (a *Assignment) FirstByte(now time.Time) {
+	if d := a.ticket.FirstByte(now); a.events != nil && !d.IsZero() {
+		a.events.Changed(a.id, a.Backend, d)
+	}
+}
 
 // Done reports that the request ended (any outcome): its load is released,
 // and its blocks in the prefix index become evictable, most recent first.
 // Only the first call counts.
 func (a *Assignment) Done(now time.Time) {
-	a.ticket.Done(now)
+	if d := a.ticket.Done(now); a.events != nil && !d.IsZero() {
+		a.events.Changed(a.id, a.Backend, d)
+	}
 	if a.index != nil && a.released.CompareAndSwap(false, true) {
 		a.index.ReleaseNodes(a.Backend.ID, a.hashes, a.nodes)
 		a.hashes, a.nodes = nil, nil

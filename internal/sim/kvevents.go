@@ -112,20 +112,21 @@ func (s *sim) bypass() (int, bool) {
 	return int(prefix.Mix64(x) % uint64(len(s.nodes))), true
 }
 
-// route routes v, precisely when the run has events.
-func (s *sim) route(v *request.View, hashes []uint64) (*scheduler.Assignment, error) {
+// route routes v on sched (the replica it entered), precisely when the
+// run has events.
+func (s *sim) route(sched *scheduler.Scheduler, v *request.View, hashes []uint64) (*scheduler.Assignment, error) {
 	now := Epoch.Add(s.now)
 	if s.cfg.KVEvents == nil {
 		if hashes != nil {
-			return s.sched.RouteHashed(v, hashes, nil, now)
+			return sched.RouteHashed(v, hashes, nil, now)
 		}
-		return s.sched.Route(v, nil, now)
+		return sched.Route(v, nil, now)
 	}
 	if hashes == nil {
-		hashes = s.sched.Hashes(v)
+		hashes = sched.Hashes(v)
 	}
 	s.tokens = engine.TokenIDs(s.tokens[:0], v.Prompt)
-	return s.sched.RoutePrecise(v, hashes, s.sched.TokenKeys(s.tokens, ""), nil, now)
+	return sched.RoutePrecise(v, hashes, sched.TokenKeys(s.tokens, ""), nil, now)
 }
 
 // collectKV takes the events of engine i's last step and sends them on

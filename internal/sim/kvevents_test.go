@@ -88,7 +88,7 @@ func TestKVEventsReachTheRouter(t *testing.T) {
 		if perr != nil {
 			t.Fatal(perr)
 		}
-		a, err := s.route(v, h)
+		a, err := s.route(s.sched, v, h)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -69,6 +69,13 @@ type Config struct {
 	KVEvents *KVEvents
 	// Faults are the ways the router's picture can go wrong (kvevents.go).
 	Faults Faults
+	// Replicas is the number of router replicas in front of the engines
+	// (replicas.go); 0 or 1: one router.
+	Replicas int
+	// SyncDelay is how long, in virtual time, a replica's events take to
+	// reach the others; NoSync turns sharing off (independent replicas).
+	SyncDelay time.Duration
+	NoSync    bool
 }
 
 // Run simulates reqs on a fresh fleet under cfg and returns the run's
@@ -213,6 +220,8 @@ type sim struct {
 	nextID      uint64
 	arrivals    uint64   // requests admitted so far, bypassing ones included
 	tokens      []uint32 // the prompt's token ids, scratch of route
+	// rep is the router replicas; nil with one router.
+	rep *replicaSet
 }
 
 func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
@@ -251,6 +260,14 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 		s.sched.SetKVCapacity(s.nodes[i].b.ID, int64(s.nodes[i].kvBlocks)*engine.BlockSize)
 	}
 	s.startKV()
+	if cfg.Replicas > 1 {
+		if cfg.KVEvents != nil {
+			return nil, fmt.Errorf("sim: KV events with several router replicas are not modelled")
+		}
+		if err := s.newReplicas(f); err != nil {
+			return nil, err
+		}
+	}
 	s.order = make([]int, len(reqs))
 	for i := range s.order {
 		s.order[i] = i
@@ -288,6 +305,7 @@ func (s *sim) until(at time.Duration) {
 	arrival := event{at: at, class: evArrival}
 	for len(s.heap) > 0 && (at < 0 || s.heap[0].less(arrival)) {
 		e := s.heap.pop()
+		s.sync(e.at)
 		s.now = e.at
 		switch e.class {
 		case evStepDone:
@@ -301,7 +319,17 @@ func (s *sim) until(at time.Duration) {
 		}
 	}
 	if at >= 0 {
+		s.sync(at)
 		s.now = at
+	} else {
+		s.sync(time.Duration(1 << 62))
+	}
+}
+
+// sync applies the replicas' batches due by at; nothing with one router.
+func (s *sim) sync(at time.Duration) {
+	if s.rep != nil {
+		s.rep.deliverUntil(at)
 	}
 }
 
@@ -338,7 +366,12 @@ func (s *sim) admit(r *workload.Request, v *request.View, hashes []uint64, perr 
 		s.queue(r, v, hashes, nil, e)
 		return
 	}
-	a, err := s.route(v, hashes)
+	sched := s.sched
+	if s.rep != nil {
+		sched = s.rep.route()
+		defer s.rep.collect(s.now)
+	}
+	a, err := s.route(sched, v, hashes)
 	if err != nil {
 		s.fail(r.At, v.PromptTokens, 0, err.Error())
 		return
@@ -427,14 +460,18 @@ func (s *sim) stepStart(i int) {
 	st := n.eng.Stats()
 	// A fresh metrics scrape after every step: the live router scrapes on
 	// an interval, so the simulated one sees engine state at least as fresh.
-	n.b.SetEngine(&fleet.EngineState{
+	es := &fleet.EngineState{
 		At:        Epoch.Add(s.now),
 		Running:   st.Running,
 		Waiting:   st.Waiting,
 		KVUsage:   st.KVUsage,
 		KVBlocks:  n.kvBlocks,
 		BlockSize: engine.BlockSize,
-	})
+	}
+	n.b.SetEngine(es)
+	if s.rep != nil {
+		s.rep.setEngine(i, es)
+	}
 	if d <= 0 {
 		// Nothing could run: the engine waits for the next arrival.
 		n.busy = false
@@ -489,6 +526,9 @@ func (s *sim) deliver(i int) {
 	}
 	clear(n.out)
 	n.out = n.out[:0]
+	if s.rep != nil {
+		s.rep.collect(s.now)
+	}
 }
 
 // Token implements engine.Sink: times are recorded now (they are stamped

@@ -1,0 +1,57 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestSyncSection(t *testing.T) {
+	c := parse(t, "backends: [{url: 'http://127.0.0.1:9000'}]\n")
+	if c.Sync.Enabled() || c.Sync.Subject != "kvroute" || c.Sync.Heartbeat != time.Second ||
+		c.Sync.PeerTimeout != 5*time.Second || c.Sync.QueueSize != 16384 || c.Sync.FlushInterval != 2*time.Millisecond {
+		t.Errorf("sync defaults: %+v", c.Sync)
+	}
+	c.Apply(Overrides{Sync: "nats://127.0.0.1:4222"})
+	if !c.Sync.Enabled() || c.Validate() != nil {
+		t.Errorf("--sync: %+v, %v", c.Sync, c.Validate())
+	}
+	cases := []struct{ yaml, want string }{
+		{"sync: {url: 'nats://a:4222,tls://b:4222', replica_id: r-1, user: u, password: p, tls: {ca_file: ca.pem, cert_file: c.pem, key_file: k.pem}}", ""},
+		{"sync: {url: 'http://a:4222'}", "sync.url"},
+		{"sync: {url: 'nats://'}", "sync.url"},
+		{"sync: {url: 'nats://a:4222', subject: 'a.*'}", "sync.subject"},
+		{"sync: {url: 'nats://a:4222', subject: 'a..b'}", "sync.subject"},
+		{"sync: {url: 'nats://a:4222', replica_id: 'a.b'}", "sync.replica_id"},
+		{"sync: {url: 'nats://a:4222', token: t, user: u}", "sync.token"},
+		{"sync: {url: 'nats://a:4222', password: p}", "sync.password"},
+		{"sync: {url: 'nats://a:4222', tls: {cert_file: c.pem}}", "sync.tls"},
+		{"sync: {url: 'nats://a:4222', heartbeat: 0s}", "sync.heartbeat"},
+		{"sync: {url: 'nats://a:4222', heartbeat: 1s, peer_timeout: 1s}", "sync.peer_timeout"},
+		{"sync: {url: 'nats://a:4222', flush_interval: 0s}", "sync.flush_interval"},
+		{"sync: {url: 'nats://a:4222', queue_size: 0}", "sync.queue_size"},
+		{"sync: {url: 'nats://a:4222', heartbeats: 1s}", "unknown key heartbeats"},
+		// Off, the rest is not checked.
+		{"sync: {heartbeat: 0s}", ""},
+	}
+	for _, tc := range cases {
+		err := validateYAML("backends: [{url: http://127.0.0.1:1}]\n" + tc.yaml)
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: error %v, want %q", tc.yaml, err, tc.want)
+		}
+	}
+}
+
+// validateYAML parses and validates y; Validate must not change the config.
+func validateYAML(y string) error {
+	c, err := Parse([]byte(y))
+	if err != nil {
+		return err
+	}
+	before := c.Sync
+	err = c.Validate()
+	if c.Sync != before {
+		panic("Validate changed the sync section")
+	}
+	return err
+}

@@ -1,0 +1,39 @@
+package proxy
+
+import (
+	"context"
+
+	"github.com/kvroute/kvroute/internal/peerlink"
+)
+
+// newSync builds the link to the other replicas when sync.url is set (its
+// metrics join the router's); it connects in Start. A reload does not
+// change it: the sync section takes effect at the next start.
+func (s *Server) newSync() error {
+	if !s.cfg.Sync.Enabled() {
+		return nil
+	}
+	l, err := peerlink.New(peerlink.Config{Sync: s.cfg.Sync, Fleet: s.fleet, Scheduler: s.sched, Log: s.log, Registerer: s.metrics.reg})
+	if err != nil {
+		return err
+	}
+	s.peers = l
+	return nil
+}
+
+// startSync connects to NATS, or keeps trying in the background.
+func (s *Server) startSync(ctx context.Context) error {
+	if s.peers == nil {
+		return nil
+	}
+	return s.peers.Start(ctx)
+}
+
+func (s *Server) stopSync() {
+	if s.peers != nil {
+		s.peers.Close()
+	}
+}
+
+// Peers returns the link to the other replicas, nil with sync off.
+func (s *Server) Peers() *peerlink.Link { return s.peers }

@@ -1,0 +1,145 @@
+package replica
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/scheduler"
+)
+
+// benchFleet is 8 backends under the kvroute policy, with the replica's
+// outbox (drained by nobody: it drops when full, as a stalled sender's
+// would) and its peer state.
+func benchFleet(b *testing.B) (*scheduler.Scheduler, *Peers, []string) {
+	b.Helper()
+	f := fleet.New()
+	var names []string
+	for i := range 8 {
+		names = append(names, fmt.Sprintf("b%d:8000", i))
+		f.Add(names[i], nil, nil)
+	}
+	s := scheduler.New(f, policy.NewKVRoute(policy.Options{}), scheduler.Config{})
+	s.SetEvents(NewOutbox(0))
+	return s, NewPeers("self", f, s, time.Minute), names
+}
+
+// benchPrompt is a prompt of n characters that no other seed shares.
+func benchPrompt(seed, n int) string {
+	var sb strings.Builder
+	for i := 0; sb.Len() < n; i++ {
+		fmt.Fprintf(&sb, "p%d-%d lorem ipsum dolor sit amet. ", seed, i)
+	}
+	return sb.String()[:n]
+}
+
+// peerBatches returns batches of a peer routing and ending requests of
+// 8,000-character prompts (125 blocks) over names: per batch, 50 requests
+// routed and 50 ended, 100 events.
+func peerBatches(names []string, n int) []Batch {
+	out := make([]Batch, n)
+	req := uint64(0)
+	for k := range out {
+		bt := Batch{Kind: Events, Replica: "peer", Incarnation: 1, Seq: uint64(k + 1), BlockChars: prefix.DefaultBlockChars}
+		for j := range 50 {
+			req++
+			be := names[int(req)%len(names)]
+			hashes := prefix.Hash(nil, benchPrompt(int(req), 8000), prefix.DefaultBlockChars)
+			bt.Events = append(bt.Events,
+				Event{Kind: Routed, Request: req, Backend: be, Load: fleet.Load{InFlight: 1, PendingPrefill: 2000}, Session: uint64(j + 1), Hashes: hashes})
+			if req > 25 {
+				// End the request routed 25 before, so that about 25 are in flight.
+				bt.Events = append(bt.Events, Event{Kind: Changed, Request: req - 25, Backend: names[int(req-25)%len(names)], Load: fleet.Load{InFlight: -1, PendingPrefill: -2000}})
+			}
+		}
+		out[k] = bt
+	}
+	return out
+}
+
+// BenchmarkPickWithPeers is one routing decision (route, first byte,
+// done) of an 8,000-character prompt while the replica applies 0 or
+// 10,000 peer events a second on another goroutine, as peerlink's receiver
+// does.
+func BenchmarkPickWithPeers(b *testing.B) {
+	for _, rate := range []int{0, 10_000} {
+		b.Run(fmt.Sprintf("peer_events_per_s=%d", rate), func(b *testing.B) {
+			s, peers, names := benchFleet(b)
+			batches := peerBatches(names, 200)
+			stop := make(chan struct{})
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				if rate == 0 {
+					return
+				}
+				// 100 events a batch: one batch every 100/rate seconds.
+				tick := time.NewTicker(time.Second * 100 / time.Duration(rate))
+				defer tick.Stop()
+				now := time.Unix(0, 0)
+				for k := 0; ; k++ {
+					select {
+					case <-stop:
+						return
+					case <-tick.C:
+						bt := batches[k%len(batches)]
+						bt.Seq = uint64(k + 1)
+						if k > 0 && k%len(batches) == 0 {
+							// The same request numbers again: a restarted
+							// peer, whose old pins go at once.
+							bt.Incarnation = uint64(k)
+						}
+						peers.Apply(&bt, now)
+					}
+				}
+			}()
+			v := &request.View{Model: "m", Prompt: benchPrompt(-1, 8000), PromptTokens: 2000, Stream: true}
+			b.ReportAllocs()
+			for b.Loop() {
+				a, err := s.Route(v, nil, time.Unix(0, 0))
+				if err != nil {
+					b.Fatal(err)
+				}
+				a.FirstByte(time.Unix(0, 0))
+				a.Done(time.Unix(0, 0))
+			}
+			b.StopTimer()
+			close(stop)
+			<-done
+		})
+	}
+}
+
+// BenchmarkApply is the rate at which one core applies a peer's events:
+// decoding its batches (100 events: 50 routings of 125-block prompts, 50
+// ends) and applying them to the fleet, prefix index and session table.
+func BenchmarkApply(b *testing.B) {
+	_, peers, names := benchFleet(b)
+	batches := peerBatches(names, 200)
+	wire := make([][]byte, len(batches))
+	for k := range batches {
+		wire[k] = Append(nil, &batches[k])
+	}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(wire[0])))
+	events := 0
+	k := 0
+	var bt Batch
+	start := time.Now()
+	for b.Loop() {
+		if err := Decode(wire[k%len(wire)], &bt); err != nil {
+			b.Fatal(err)
+		}
+		bt.Incarnation = uint64(k / len(wire)) // a new run of the peer each round: its pins go
+		bt.Seq = uint64(k + 1)
+		peers.Apply(&bt, time.Unix(0, 0))
+		events += len(bt.Events)
+		k++
+	}
+	b.ReportMetric(float64(events)/time.Since(start).Seconds(), "events/s")
+}

@@ -1,0 +1,286 @@
+package replica
+
+import (
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/scheduler"
+)
+
+// DefaultPeerTimeout is how long a peer may stay silent before its load is
+// forgotten: five heartbeats at the default interval (DefaultHeartbeat).
+const (
+	DefaultHeartbeat   = time.Second
+	DefaultPeerTimeout = 5 * time.Second
+)
+
+// Peers is what this replica knows of the others: for each live peer, the
+// load it holds on each backend (the sum of its events since its last
+// heartbeat, on top of that heartbeat's report), which the fleet adds to
+// every backend's Load. A peer silent for longer than the timeout is
+// forgotten: its load is subtracted at once. Safe for concurrent use (the
+// receiver applies, a ticker expires, metrics read).
+type Peers struct {
+	self       string
+	blockChars int
+	timeout    time.Duration
+	fleet      *fleet.Fleet
+	sched      *scheduler.Scheduler
+
+	mu    sync.Mutex
+	peers map[string]*peer
+	// names resolves backend names, rebuilt when the fleet's snapshot
+	// changes.
+	names     map[string]*fleet.Backend
+	namesSnap *fleet.Snapshot
+	stats     Stats
+}
+
+// peer is one live peer replica.
+type peer struct {
+	incarnation uint64
+	seq         uint64
+	heard       time.Time
+	load        map[*fleet.Backend]fleet.Load
+	// pins are its requests in flight whose blocks are pinned here, by
+	// its request number.
+	pins map[uint64]pin
+}
+
+// pin is a peer's request in flight: its blocks pinned in the prefix index.
+type pin struct {
+	b      *fleet.Backend
+	hashes []uint64
+	nodes  []int32
+	at     time.Time
+}
+
+// MaxPin is how long a peer's request may keep its blocks pinned: its end
+// may have been lost on the way (a full queue, a dropped connection).
+const MaxPin = 10 * time.Minute
+
+// Stats count what Peers applied.
+type Stats struct {
+	// Batches and Events received from peers (own messages excluded).
+	Batches, Events uint64
+	// Streamed counts the events of Events and Heartbeat batches, and
+	// Snapshots the Snapshot batches.
+	Streamed, Snapshots uint64
+	// Unknown counts events naming a backend this replica does not have.
+	Unknown uint64
+	// Gaps counts batches whose sequence number skipped some: lost on the
+	// way (the sender's queue was full, or the connection dropped).
+	Gaps uint64
+	// Mismatched counts batches whose block size differs from this
+	// replica's: their hashes are ignored, their load is not.
+	Mismatched uint64
+	// Expired counts peers forgotten for their silence.
+	Expired uint64
+	// Malformed counts messages Decode refused (counted by the receiver).
+	Malformed uint64
+}
+
+// NewPeers returns the peer state of replica self, applying to f and s;
+// peers are forgotten after timeout of silence (DefaultPeerTimeout if <= 0).
+func NewPeers(self string, f *fleet.Fleet, s *scheduler.Scheduler, timeout time.Duration) *Peers {
+	if timeout <= 0 {
+		timeout = DefaultPeerTimeout
+	}
+	return &Peers{self: self, blockChars: s.BlockChars(), timeout: timeout, fleet: f, sched: s, peers: map[string]*peer{}}
+}
+
+// Applied is what Apply found out about the sender.
+type Applied struct {
+	// New: the sender was not live (first heard, back after its timeout,
+	// or restarted): the receiver should ask it for a snapshot.
+	New bool
+	// Own: the batch is this replica's own, and was ignored.
+	Own bool
+	// Gap: batches of the sender's stream were lost before this one
+	// (its decisions in them are missing here): ask it for a snapshot.
+	Gap bool
+}
+
+// Apply applies a peer's batch received at now.
+func (p *Peers) Apply(b *Batch, now time.Time) Applied {
+	if b.Replica == p.self {
+		return Applied{Own: true}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var a Applied
+	pr := p.peers[b.Replica]
+	if pr != nil && pr.incarnation != b.Incarnation {
+		p.forget(b.Replica, pr)
+		pr = nil
+	}
+	if pr == nil {
+		pr = &peer{incarnation: b.Incarnation, load: map[*fleet.Backend]fleet.Load{}, pins: map[uint64]pin{}}
+		p.peers[b.Replica] = pr
+		a.New = true
+	}
+	pr.heard = now
+	p.stats.Batches++
+	p.stats.Events += uint64(len(b.Events))
+	if b.Kind == Snapshot {
+		p.stats.Snapshots++
+	} else {
+		p.stats.Streamed += uint64(len(b.Events))
+		if pr.seq != 0 && b.Seq != pr.seq+1 {
+			p.stats.Gaps++
+			a.Gap = true
+		}
+		pr.seq = b.Seq
+	}
+	hashesOK := b.BlockChars == p.blockChars
+	if !hashesOK {
+		p.stats.Mismatched++
+	}
+	names := p.resolver()
+	if b.Kind == Heartbeat {
+		p.report(pr, b.Events, names)
+		return a
+	}
+	for i := range b.Events {
+		e := &b.Events[i]
+		be := names[e.Backend]
+		if be == nil {
+			p.stats.Unknown++
+			continue
+		}
+		if b.Kind == Events && (e.Kind == Routed || e.Kind == Changed) {
+			pr.add(be, e.Load)
+		}
+		switch {
+		case e.Kind == Routed && b.Kind == Events:
+			hashes := e.Hashes
+			if !hashesOK {
+				hashes = nil
+			}
+			nodes := p.sched.Pin(be, hashes, e.Session)
+			if len(hashes) > 0 {
+				p.unpin(pr.pins[e.Request]) // a number reused: a bug of the sender's
+				pr.pins[e.Request] = pin{b: be, hashes: hashes, nodes: nodes, at: now}
+			}
+		case e.Kind == Changed && e.Load.InFlight < 0:
+			if pn, ok := pr.pins[e.Request]; ok {
+				p.unpin(pn)
+				delete(pr.pins, e.Request)
+			}
+		case e.Kind == Learned && (hashesOK || e.Session != 0):
+			hashes := e.Hashes
+			if !hashesOK {
+				hashes = nil
+			}
+			p.sched.Learn(be, hashes, e.Session)
+		}
+	}
+	return a
+}
+
+// report replaces pr's load with a heartbeat's.
+func (p *Peers) report(pr *peer, events []Event, names map[string]*fleet.Backend) {
+	seen := make(map[*fleet.Backend]bool, len(events))
+	for i := range events {
+		e := &events[i]
+		be := names[e.Backend]
+		if e.Kind != Report || be == nil {
+			if be == nil {
+				p.stats.Unknown++
+			}
+			continue
+		}
+		seen[be] = true
+		pr.add(be, e.Load.Add(pr.load[be].Neg()))
+	}
+	for be, l := range pr.load {
+		if !seen[be] {
+			pr.add(be, l.Neg())
+		}
+	}
+}
+
+// add changes pr's load on b by d, and the fleet's sum with it.
+func (pr *peer) add(b *fleet.Backend, d fleet.Load) {
+	l := pr.load[b].Add(d)
+	if l.IsZero() {
+		delete(pr.load, b)
+	} else {
+		pr.load[b] = l
+	}
+	b.AddPeerLoad(d)
+}
+
+// forget removes pr, its load and its pins.
+func (p *Peers) forget(id string, pr *peer) {
+	for b, l := range pr.load {
+		b.AddPeerLoad(l.Neg())
+	}
+	for _, pn := range pr.pins {
+		p.unpin(pn)
+	}
+	delete(p.peers, id)
+}
+
+func (p *Peers) unpin(pn pin) {
+	if pn.b != nil {
+		p.sched.Unpin(pn.b, pn.hashes, pn.nodes)
+	}
+}
+
+// Expire forgets the peers not heard from since now minus the timeout,
+// and returns how many are left.
+func (p *Peers) Expire(now time.Time) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id, pr := range p.peers {
+		if now.Sub(pr.heard) > p.timeout {
+			p.forget(id, pr)
+			p.stats.Expired++
+			continue
+		}
+		for n, pn := range pr.pins {
+			if now.Sub(pn.at) > MaxPin {
+				p.unpin(pn)
+				delete(pr.pins, n)
+			}
+		}
+	}
+	return len(p.peers)
+}
+
+// Live returns the number of live peers.
+func (p *Peers) Live() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.peers)
+}
+
+// CountMalformed counts a message the receiver could not decode.
+func (p *Peers) CountMalformed() {
+	p.mu.Lock()
+	p.stats.Malformed++
+	p.mu.Unlock()
+}
+
+// Stats returns the counters.
+func (p *Peers) Stats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stats
+}
+
+// resolver returns the backends by name for the fleet's current snapshot.
+// The caller holds p.mu.
+func (p *Peers) resolver() map[string]*fleet.Backend {
+	snap := p.fleet.Snapshot()
+	if snap != p.namesSnap {
+		m := make(map[string]*fleet.Backend, len(snap.All))
+		for _, b := range snap.All {
+			m[b.Name] = b
+		}
+		p.names, p.namesSnap = m, snap
+	}
+	return p.names
+}
