@@ -82,8 +82,9 @@ type Backend struct {
 	routedPrompt, routedCached atomic.Int64
 	engine                     atomic.Pointer[EngineState]
 	// rate holds the float64 bits of the learned prefill rate; 0 until the
-	// first sample.
-	rate atomic.Uint64
+	// first sample. rateSamples counts the samples folded into it.
+	rate        atomic.Uint64
+	rateSamples atomic.Int64
 }
 
 // Load is the router's own accounting of a backend, read atomically field
@@ -156,6 +157,11 @@ func (b *Backend) PrefillRate() float64 {
 	return DefaultPrefillRate
 }
 
+// PrefillRateSamples is the number of samples the learned prefill rate
+// was taught by, 0 while PrefillRate is the prior: a reader that weighs a
+// rate by the evidence behind it (package policy's kvroute) needs it.
+func (b *Backend) PrefillRateSamples() int64 { return b.rateSamples.Load() }
+
 // observeRate folds one sample of work tokens prefilled in ttft into the
 // learned rate.
 func (b *Backend) observeRate(work int64, ttft time.Duration) {
@@ -171,6 +177,7 @@ func (b *Backend) observeRate(work int64, ttft time.Duration) {
 			next = prev + RateAlpha*(sample-prev)
 		}
 		if b.rate.CompareAndSwap(old, math.Float64bits(next)) {
+			b.rateSamples.Add(1)
 			return
 		}
 	}
