@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -59,6 +60,9 @@ type State struct {
 	PrefixHitRate float64
 	// BlockSize (tokens) and NumGPUBlocks come from vLLM's cache_config_info.
 	BlockSize, NumGPUBlocks int
+	// ContextLen is the context length of one request in tokens
+	// (llama.cpp's /slots n_ctx, per slot), 0 when not reported.
+	ContextLen int
 }
 
 // metric names, exactly as the engines export them.
@@ -107,7 +111,7 @@ func ParseMetrics(r io.Reader, kind Kind) (State, error) {
 		if s.KVUsage < 0 {
 			s.KVUsage = maxOf(fams[vllmKVUsageLegacy])
 		}
-		if h, q := sum(fams[vllmHits]), sum(fams[vllmQueries]); h >= 0 && q > 0 {
+		if h, q := sum(counter(fams, vllmHits)), sum(counter(fams, vllmQueries)); h >= 0 && q > 0 {
 			s.PrefixHitRate = h / q
 		}
 		if f := fams[vllmCacheConfig]; f != nil && len(f.Metric) > 0 {
@@ -153,6 +157,17 @@ func detect(fams map[string]*dto.MetricFamily) Kind {
 		return TGI
 	}
 	return Unknown
+}
+
+// counter is the family of the counter named name, which ends in _total
+// as Prometheus names counters; an exposition that names it without the
+// suffix (llm-d's inference simulator exports vllm:prefix_cache_hits) is
+// read the same.
+func counter(fams map[string]*dto.MetricFamily, name string) *dto.MetricFamily {
+	if f := fams[name]; f != nil {
+		return f
+	}
+	return fams[strings.TrimSuffix(name, "_total")]
 }
 
 func value(m *dto.Metric) float64 {

@@ -43,6 +43,23 @@ func TestParseMetrics(t *testing.T) {
 	}
 }
 
+// llm-d's inference simulator names vLLM's prefix-cache counters without
+// the _total suffix; both spellings read the same.
+func TestParseMetricsCounterSuffix(t *testing.T) {
+	for _, suffix := range []string{"_total", ""} {
+		text := "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n" +
+			"# TYPE vllm:prefix_cache_hits" + suffix + " counter\nvllm:prefix_cache_hits" + suffix + " 30\n" +
+			"# TYPE vllm:prefix_cache_queries" + suffix + " counter\nvllm:prefix_cache_queries" + suffix + " 120\n"
+		got, err := ParseMetrics(strings.NewReader(text), Unknown)
+		if err != nil {
+			t.Fatalf("suffix %q: %v", suffix, err)
+		}
+		if got.PrefixHitRate != 0.25 {
+			t.Errorf("suffix %q: PrefixHitRate = %v, want 0.25", suffix, got.PrefixHitRate)
+		}
+	}
+}
+
 func TestParseMetricsErrors(t *testing.T) {
 	tests := []struct {
 		name, text string

@@ -99,10 +99,12 @@ type Engine struct {
 	ReportedAt time.Time `json:"reported_at"`
 	// AgeSeconds is how old the report was when the API answered.
 	AgeSeconds float64 `json:"age_seconds"`
-	Running    int     `json:"running"`
-	Waiting    int     `json:"waiting"`
-	KVUsage    float64 `json:"kv_usage"`
-	KVBlocks   int     `json:"kv_blocks"`
+	// Running, Waiting and KVUsage are nil (absent) when the engine does
+	// not report them.
+	Running  *int     `json:"running,omitempty"`
+	Waiting  *int     `json:"waiting,omitempty"`
+	KVUsage  *float64 `json:"kv_usage,omitempty"`
+	KVBlocks int      `json:"kv_blocks"`
 }
 
 // Handler serves the admin API.

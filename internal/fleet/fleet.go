@@ -115,13 +115,31 @@ type EngineState struct {
 	KVUsage   float64 // 0..1
 	KVBlocks  int     // capacity in engine blocks, 0 if unknown
 	BlockSize int     // tokens per engine block, 0 if unknown
+	// Missing lists the fields above that the engine does not report
+	// (llama.cpp reports no KV usage, a llama.cpp server without --metrics
+	// no queue): they are unknown, not 0. The zero value says all were
+	// reported.
+	Missing EngineFields
 }
+
+// EngineFields is a set of EngineState fields, for EngineState.Missing.
+type EngineFields uint8
+
+// The EngineState fields an engine may not report.
+const (
+	EngineRunning EngineFields = 1 << iota
+	EngineWaiting
+	EngineKVUsage
+)
+
+// Has reports whether the engine reported every field of f.
+func (e *EngineState) Has(f EngineFields) bool { return e.Missing&f == 0 }
 
 // FreeKVTokens is the KV cache the engine reported free, in tokens, and
 // whether it reported enough to tell. Like vLLM's usage it counts the
 // cached blocks that no request holds as free: they are evicted on demand.
 func (e *EngineState) FreeKVTokens() (float64, bool) {
-	if e == nil || e.KVBlocks <= 0 || e.BlockSize <= 0 {
+	if e == nil || e.KVBlocks <= 0 || e.BlockSize <= 0 || !e.Has(EngineKVUsage) {
 		return 0, false
 	}
 	return (1 - min(max(e.KVUsage, 0), 1)) * float64(e.KVBlocks) * float64(e.BlockSize), true

@@ -348,10 +348,10 @@ func (p *KVRoute) estimate(e *fleet.EngineState, l *fleet.Load, prompt, cached i
 		if decoding > 0 {
 			mean = context / decoding
 		}
-		if extra := int64(e.Waiting) - (l.InFlight - l.Decoding); extra > 0 {
+		if extra := int64(e.Waiting) - (l.InFlight - l.Decoding); extra > 0 && e.Has(fleet.EngineWaiting) {
 			work += extra * mean
 		}
-		if extra := int64(e.Running) - l.InFlight; extra > 0 {
+		if extra := int64(e.Running) - l.InFlight; extra > 0 && e.Has(fleet.EngineRunning) {
 			decoding += extra
 			context += extra * mean
 		}

@@ -279,6 +279,9 @@ func TestKVRouteEngineState(t *testing.T) {
 		{"fresh report of foreign running streams steers away", &fleet.EngineState{At: fxT0, Running: 300}, 1},
 		{"stale report is ignored", &fleet.EngineState{At: fxT0.Add(-time.Minute), Waiting: 20, Running: 300}, 0},
 		{"report of only our own work changes nothing", &fleet.EngineState{At: fxT0}, 0},
+		// A field the engine does not report is unknown, not a value.
+		{"unreported queue is not read", &fleet.EngineState{At: fxT0, Waiting: 20, Running: 300,
+			Missing: fleet.EngineWaiting | fleet.EngineRunning}, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

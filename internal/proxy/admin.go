@@ -74,8 +74,16 @@ func (a adminSource) Backends() []admin.Backend {
 		}
 		ab.RoutedPromptTokens, ab.PredictedCachedTokens = b.Routed()
 		if e := b.Engine(); e != nil {
-			ab.Engine = &admin.Engine{ReportedAt: e.At, AgeSeconds: now.Sub(e.At).Seconds(), Running: e.Running,
-				Waiting: e.Waiting, KVUsage: e.KVUsage, KVBlocks: e.KVBlocks}
+			ab.Engine = &admin.Engine{ReportedAt: e.At, AgeSeconds: now.Sub(e.At).Seconds(), KVBlocks: e.KVBlocks}
+			if e.Has(fleet.EngineRunning) {
+				ab.Engine.Running = &e.Running
+			}
+			if e.Has(fleet.EngineWaiting) {
+				ab.Engine.Waiting = &e.Waiting
+			}
+			if e.Has(fleet.EngineKVUsage) {
+				ab.Engine.KVUsage = &e.KVUsage
+			}
 		}
 		out = append(out, ab)
 	}
