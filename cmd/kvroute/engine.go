@@ -27,9 +27,12 @@ func runEngine(args []string) int {
 	kvBlocks := fs.Int("kv-blocks", 0, "KV cache capacity in blocks of 16 tokens; 0 means the preset's")
 	timeScale := fs.Float64("time-scale", 1.0, "emulated seconds per real second: 10 runs the engine ten times faster than the hardware")
 	model := fs.String("model", "", "served model name; empty means the preset's")
+	maxNumSeqs := fs.Int("max-num-seqs", 0, "cap on running sequences, as vLLM's flag; 0 means the preset's")
+	maxBatched := fs.Int("max-num-batched-tokens", 0, "token budget of one engine step (the prefill chunk), as vLLM's flag; 0 means the preset's")
 	fs.Usage = func() {
 		out := fs.Output()
 		fmt.Fprint(out, `usage: kvroute engine [--listen ADDR] [--preset NAME] [--kv-blocks N] [--time-scale X] [--model NAME]
+                     [--max-num-seqs N] [--max-num-batched-tokens N]
 
 Serves an emulated vLLM engine: POST /v1/chat/completions, POST /v1/completions
 (streaming or not), GET /v1/models, GET /health and GET /metrics in vLLM's
@@ -40,15 +43,15 @@ flags:
 		fs.PrintDefaults()
 		fmt.Fprintln(out, "\npresets:")
 		for _, p := range engine.Presets() {
-			fmt.Fprintf(out, "  %-22s model %s, %d KV blocks, context %d, %.0f prefill tokens/s\n",
-				p.Name, p.Model, p.KVBlocks, p.MaxModelLen, p.PrefillTokensPerSec())
+			fmt.Fprintf(out, "  %-22s model %s, %d KV blocks, context %d, max-num-seqs %d, max-num-batched-tokens %d, %.0f prefill tokens/s\n",
+				p.Name, p.Model, p.KVBlocks, p.MaxModelLen, p.MaxNumSeqs, p.MaxBatchedTokens, p.PrefillTokensPerSec())
 		}
 	}
 	if code, ok := parseFlags(fs, args, true); !ok {
 		return code
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	p, err := engine.LookupPreset(*preset)
+	p, err := enginePreset(*preset, *maxNumSeqs, *maxBatched)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kvroute engine: %v\n", err)
 		return 2
@@ -79,7 +82,8 @@ flags:
 	go func() { errc <- hs.Serve(ln) }()
 	eff := srv.Preset()
 	log.Info("engine listening", "addr", "http://"+ln.Addr().String(), "preset", eff.Name,
-		"model", srv.Model(), "kv_blocks", eff.KVBlocks, "time_scale", *timeScale)
+		"model", srv.Model(), "kv_blocks", eff.KVBlocks, "max_num_seqs", eff.MaxNumSeqs,
+		"max_num_batched_tokens", eff.MaxBatchedTokens, "time_scale", *timeScale)
 	select {
 	case err := <-errc:
 		log.Error("serve", "err", err)
@@ -96,4 +100,14 @@ flags:
 		hs.Close()
 	}
 	return 0
+}
+
+// enginePreset is the named preset with the --max-num-seqs and
+// --max-num-batched-tokens overrides applied (0 keeps the preset's).
+func enginePreset(name string, maxNumSeqs, maxBatchedTokens int) (engine.Preset, error) {
+	p, err := engine.LookupPreset(name)
+	if err != nil {
+		return engine.Preset{}, err
+	}
+	return p.WithLimits(maxNumSeqs, maxBatchedTokens)
 }
