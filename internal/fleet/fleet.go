@@ -85,6 +85,9 @@ type Backend struct {
 	// first sample. rateSamples counts the samples folded into it.
 	rate        atomic.Uint64
 	rateSamples atomic.Int64
+	// engineRate holds the float64 bits of the prefill throughput the
+	// engine itself reports (see ObserveEnginePrefill); 0 until then.
+	engineRate atomic.Uint64
 }
 
 // Load is the router's own accounting of a backend, read atomically field
@@ -186,20 +189,41 @@ func (b *Backend) observeRate(work int64, ttft time.Duration) {
 	if work < MinRateWork || ttft <= 0 {
 		return
 	}
-	sample := min(max(float64(work)/ttft.Seconds(), MinPrefillRate), MaxPrefillRate)
+	foldRate(&b.rate, float64(work)/ttft.Seconds())
+	b.rateSamples.Add(1)
+}
+
+// foldRate folds one sample, clamped, into the moving average whose
+// float64 bits are in avg (0: none yet, and the sample replaces it).
+func foldRate(avg *atomic.Uint64, sample float64) {
+	sample = min(max(sample, MinPrefillRate), MaxPrefillRate)
 	for {
-		old := b.rate.Load()
+		old := avg.Load()
 		next := sample
 		if old != 0 {
 			prev := math.Float64frombits(old)
 			next = prev + RateAlpha*(sample-prev)
 		}
-		if b.rate.CompareAndSwap(old, math.Float64bits(next)) {
-			b.rateSamples.Add(1)
+		if avg.CompareAndSwap(old, math.Float64bits(next)) {
 			return
 		}
 	}
 }
+
+// ObserveEnginePrefill folds the engine's own report of tokens prefilled
+// in seconds of prefill (the growth of its counters between two scrapes)
+// into b's engine-reported prefill rate. Like a TTFT sample it needs at
+// least MinRateWork tokens.
+func (b *Backend) ObserveEnginePrefill(tokens, seconds float64) {
+	if tokens < MinRateWork || seconds <= 0 {
+		return
+	}
+	foldRate(&b.engineRate, tokens/seconds)
+}
+
+// EnginePrefillRate is the prefill rate in tokens per second that the
+// engine's own counters show, 0 when it reports none.
+func (b *Backend) EnginePrefillRate() float64 { return math.Float64frombits(b.engineRate.Load()) }
 
 // Routed is the prompt tokens of every request routed to b since it
 // joined the fleet (each attempt of a retried request counts), and how

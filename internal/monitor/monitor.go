@@ -154,6 +154,9 @@ type watcher struct {
 	lastOK    time.Time
 	capTokens int64 // last KV capacity passed to SetCapacity
 	ctxTokens int   // last context length passed to SetContext
+	// prefillTokens and prefillSeconds are the engine's prefill counters
+	// at the start of the interval not yet taught to the fleet; -1 none.
+	prefillTokens, prefillSeconds float64
 	// lastWarn is when a scrape warning was last logged, unlogged how
 	// many failed or late scrapes went unlogged since (see LogEvery).
 	lastWarn time.Time
@@ -217,7 +220,7 @@ func (m *Monitor) sync(ctx context.Context) {
 		if m.cfg.KindOf != nil {
 			kind = m.cfg.KindOf(b)
 		}
-		w := &watcher{b: b, kind: kind, cancel: cancel, done: make(chan struct{})}
+		w := &watcher{b: b, kind: kind, cancel: cancel, done: make(chan struct{}), prefillTokens: -1, prefillSeconds: -1}
 		m.watchers[b] = w
 		go m.loop(wctx, w)
 	}
@@ -304,6 +307,7 @@ func (m *Monitor) scrapeOnce(ctx context.Context, w *watcher) {
 			"last_ok", w.lastOK)
 	}
 	w.failures, w.lastOK = 0, now
+	w.observePrefill(st)
 	if st.ContextLen > 0 && st.ContextLen != w.ctxTokens && m.cfg.SetContext != nil {
 		w.ctxTokens = st.ContextLen
 		m.cfg.SetContext(w.b, st.ContextLen)
@@ -335,6 +339,26 @@ func (m *Monitor) scrapeOnce(ctx context.Context, w *watcher) {
 		}
 	}
 	w.b.SetEngine(e)
+}
+
+// observePrefill teaches the backend the prefill throughput that the
+// engine's counters show: the tokens it computed over the time it spent
+// prefilling since the last lesson, once that is at least
+// fleet.MinRateWork tokens (smaller growth accumulates). A counter that
+// went back (an engine restart) starts afresh.
+func (w *watcher) observePrefill(st adapter.State) {
+	if st.PrefillTokens < 0 || st.PrefillSeconds < 0 {
+		return
+	}
+	dt, ds := st.PrefillTokens-w.prefillTokens, st.PrefillSeconds-w.prefillSeconds
+	switch {
+	case w.prefillTokens < 0 || dt < 0 || ds < 0:
+	case dt >= fleet.MinRateWork:
+		w.b.ObserveEnginePrefill(dt, ds)
+	default:
+		return
+	}
+	w.prefillTokens, w.prefillSeconds = st.PrefillTokens, st.PrefillSeconds
 }
 
 // warn logs a failed or late scrape of w's backend: the first, then at

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -611,5 +612,43 @@ func TestContextFromSlots(t *testing.T) {
 	defer mu.Unlock()
 	if len(got) != 1 || got[0] != 8192 {
 		t.Errorf("SetContext calls %v, want one of 8192", got)
+	}
+}
+
+// TestEnginePrefillRate: the growth of llama.cpp's prompt counters between
+// scrapes teaches the backend its engine-reported prefill rate; growth
+// below fleet.MinRateWork accumulates, and a counter that went back (a
+// restart) teaches nothing.
+func TestEnginePrefillRate(t *testing.T) {
+	counters := func(tokens, seconds float64) string {
+		return fmt.Sprintf("llamacpp:requests_processing 1\nllamacpp:prompt_tokens_total %g\nllamacpp:prompt_seconds_total %g\n", tokens, seconds)
+	}
+	srv := newEngine(t, counters(4096, 2))
+	b, _, _ := startOne(t, fastConfig(), srv)
+	scraped := func() {
+		t.Helper()
+		n := srv.hits.Load()
+		waitFor(t, "two more scrapes", func() bool { return srv.hits.Load() >= n+2 })
+	}
+	scraped()
+	if r := b.EnginePrefillRate(); r != 0 {
+		t.Fatalf("rate %v from one reading, want none yet", r)
+	}
+	srv.setMetrics(counters(4096+100, 2.1)) // below MinRateWork: not yet
+	scraped()
+	if r := b.EnginePrefillRate(); r != 0 {
+		t.Fatalf("rate %v from 100 tokens, want none yet", r)
+	}
+	srv.setMetrics(counters(4096+2000, 2.5)) // 2,000 tokens in 0.5 s
+	waitFor(t, "engine rate", func() bool { return b.EnginePrefillRate() != 0 })
+	if r := b.EnginePrefillRate(); math.Abs(r-4000) > 1e-6 {
+		t.Fatalf("rate %v, want 4000", r)
+	}
+	srv.setMetrics(counters(10, 0.001)) // restarted
+	scraped()
+	srv.setMetrics(counters(10+1000, 0.001+10)) // 100 tokens/s since the restart
+	waitFor(t, "a second sample", func() bool { return b.EnginePrefillRate() != 4000 })
+	if r, want := b.EnginePrefillRate(), 4000+fleet.RateAlpha*(100-4000); math.Abs(r-want) > 1e-6 {
+		t.Fatalf("rate %v after a restart, want %v", r, want)
 	}
 }

@@ -280,11 +280,17 @@ func (p *KVRoute) Pick(in *Input) Decision {
 	return Decision{Index: best, EstTTFT: bestEst, Note: note}
 }
 
-// learnedRate is b's learned prefill rate weighed against the prior by
-// the evidence behind it: the geometric mean of the two, the prior counting
-// for RatePriorSamples samples and the learned rate for as many as taught
-// it. With no sample it is the prior.
+// learnedRate is the prefill throughput the engine's own counters show
+// when it reports them (vLLM's prefill-time histogram, llama.cpp's prompt
+// seconds): the engine times its prefill without the network, the queue or
+// a cached response in between. Else it is b's rate learned from TTFTs,
+// weighed against the prior by the evidence behind it: the geometric mean
+// of the two, the prior counting for RatePriorSamples samples and the
+// learned rate for as many as taught it. With no sample it is the prior.
 func learnedRate(b *fleet.Backend) float64 {
+	if r := b.EnginePrefillRate(); r > 0 {
+		return r
+	}
 	r, n := b.PrefillRate(), float64(b.PrefillRateSamples())
 	if r <= 0 || n <= 0 {
 		return fleet.DefaultPrefillRate

@@ -629,3 +629,24 @@ func TestKVRouteTieGoesToEmptierCache(t *testing.T) {
 		}
 	}
 }
+
+// The engine's own prefill throughput, when it reports one, is the rate
+// kvroute costs it at, whatever its TTFTs taught: a backend that answers
+// at once (2M tokens/s by TTFT) but whose engine says it prefills 5,000
+// tokens/s loses a cold prompt to an idle peer at the prior.
+func TestKVRouteEngineReportedRate(t *testing.T) {
+	cands := fxBackends(t, fxLoad{rate: 2e6}, fxLoad{})
+	cands[0].ObserveEnginePrefill(5000, 1)
+	if got := learnedRate(cands[0]); got != 5000 {
+		t.Fatalf("learnedRate = %v, want the engine's 5000", got)
+	}
+	// Costed at the fleet's rate sqrt(5000*10000) = 7071 (within RateTrust),
+	// so the two tie and the one with less written wins: backend 1 (the
+	// fixture wrote 100,000-token requests to backend 0).
+	p := fxNew(t, "kvroute", Options{})
+	for range 2 {
+		if d := p.Pick(fxInput(cands, make([]fxLoad, 2), 2000, "")); d.Index != 1 {
+			t.Fatalf("picked %d, want 1", d.Index)
+		}
+	}
+}
