@@ -62,6 +62,9 @@ type Backend struct {
 	// PrefillRate is the learned prefill rate in tokens per second (the
 	// prior until a first byte taught it).
 	PrefillRate float64 `json:"prefill_rate_tokens_per_second"`
+	// EnginePrefillRate is the prefill rate the engine's own counters
+	// show, absent when it reports none.
+	EnginePrefillRate float64 `json:"engine_prefill_rate_tokens_per_second,omitempty"`
 	// Engine is what the engine itself last reported, nil if nothing.
 	Engine *Engine `json:"engine"`
 	// PrefixBlocks is how many prefix blocks the router's index believes

@@ -62,8 +62,9 @@ func (a adminSource) Backends() []admin.Backend {
 			Breaker:  admin.Breaker{State: st.State, ConsecutiveFailures: st.Fails},
 			Load: admin.Load{InFlight: l.InFlight, PendingPrefillTokens: l.PendingPrefill, Decoding: l.Decoding,
 				DecodeBudgetTokens: l.DecodeBudget, DecodeTokens: l.DecodeTokens},
-			PrefillRate:  b.PrefillRate(),
-			PrefixBlocks: s.sched.Index().Len(b.ID),
+			PrefillRate:       b.PrefillRate(),
+			EnginePrefillRate: b.EnginePrefillRate(),
+			PrefixBlocks:      s.sched.Index().Len(b.ID),
 		}
 		if b.URL != nil {
 			ab.URL = b.URL.String()

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -43,5 +44,20 @@ func TestIdleSpreadThenStick(t *testing.T) {
 	}
 	if len(used) != 3 {
 		t.Errorf("four unrelated prompts on idle backends used %d of 3 backends: %v", len(used), used)
+	}
+}
+
+// TestEnginePrefillRateSeries: the engine-reported prefill rate has a
+// series only for a backend whose engine reports one.
+func TestEnginePrefillRateSeries(t *testing.T) {
+	r := newRig(t, "kvroute", 2, nil)
+	const name = "kvroute_engine_prefill_rate_tokens_per_second"
+	if body := string(r.get("/metrics").body); strings.Contains(body, name+"{") {
+		t.Fatalf("%s exported before any engine reported a rate:\n%s", name, body)
+	}
+	r.srv.Fleet().Snapshot().All[1].ObserveEnginePrefill(6000, 2)
+	body := string(r.get("/metrics").body)
+	if !strings.Contains(body, name+`{backend="b1"} 3000`) || strings.Contains(body, name+`{backend="b0"}`) {
+		t.Fatalf("want %s for b1 only, at 3000:\n%s", name, body)
 	}
 }
