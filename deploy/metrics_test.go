@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,15 +27,31 @@ vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
 vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
 `
 
+// prefillExposition is vLLM's prefill counters after n scrapes: 1,000
+// prompt tokens prefilled in 0.1 s between two scrapes, so that the
+// monitor learns the engine's own prefill rate.
+func prefillExposition(n int64) string {
+	return fmt.Sprintf(`# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} %d
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 0
+# TYPE vllm:request_prefill_time_seconds histogram
+vllm:request_prefill_time_seconds_bucket{engine="0",model_name="m",le="+Inf"} %d
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} %g
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} %d
+`, 1000*n, n, 0.1*float64(n), n)
+}
+
 // testEngine is a loopback backend: healthy, with vLLM metrics; its
 // completions take delay, or fail with 500 when fail is set.
 func testEngine(t *testing.T, fail bool, delay time.Duration) *httptest.Server {
 	t.Helper()
 	mux := http.NewServeMux()
+	var scrapes atomic.Int64
 	mux.HandleFunc("GET /health", func(http.ResponseWriter, *http.Request) {})
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		_, _ = io.WriteString(w, vllmExposition)
+		_, _ = io.WriteString(w, vllmExposition+prefillExposition(scrapes.Add(1)))
 	})
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -136,7 +153,8 @@ upstream: {discover_models: false}
 		if err != nil {
 			t.Fatal(err)
 		}
-		if names["kvroute_engine_kv_usage"] && names["kvroute_ejections_total"] && names["kvroute_queue_wait_seconds_count"] {
+		if names["kvroute_engine_kv_usage"] && names["kvroute_ejections_total"] && names["kvroute_queue_wait_seconds_count"] &&
+			names["kvroute_engine_prefill_rate_tokens_per_second"] {
 			return names
 		}
 		if time.Now().After(deadline) {

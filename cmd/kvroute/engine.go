@@ -30,10 +30,13 @@ func runEngine(args []string) int {
 	model := fs.String("model", "", "served model name; empty means the preset's")
 	kvConfig := fs.String("kv-events-config", "", `publish KV cache events as vLLM does: vLLM's JSON, e.g. '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv@pod@model"}'`)
 	kvEncoding := fs.String("kv-events-encoding", "current", "shape of the published events: current (maps with a \"type\" key, vLLM since 2026) or legacy (positional arrays, vLLM up to 0.23 and SGLang)")
+	maxNumSeqs := fs.Int("max-num-seqs", 0, "cap on running sequences, as vLLM's flag; 0 means the preset's")
+	maxBatched := fs.Int("max-num-batched-tokens", 0, "token budget of one engine step (the prefill chunk), as vLLM's flag; 0 means the preset's")
 	fs.Usage = func() {
 		out := fs.Output()
 		fmt.Fprint(out, `usage: kvroute engine [--listen ADDR] [--preset NAME] [--kv-blocks N] [--time-scale X] [--model NAME]
                       [--kv-events-config JSON] [--kv-events-encoding current|legacy]
+                      [--max-num-seqs N] [--max-num-batched-tokens N]
 
 Serves an emulated vLLM engine: POST /v1/chat/completions, POST /v1/completions
 (streaming or not), GET /v1/models, GET /health, GET /metrics in vLLM's
@@ -46,15 +49,15 @@ flags:
 		fs.PrintDefaults()
 		fmt.Fprintln(out, "\npresets:")
 		for _, p := range engine.Presets() {
-			fmt.Fprintf(out, "  %-22s model %s, %d KV blocks, context %d, %.0f prefill tokens/s\n",
-				p.Name, p.Model, p.KVBlocks, p.MaxModelLen, p.PrefillTokensPerSec())
+			fmt.Fprintf(out, "  %-22s model %s, %d KV blocks, context %d, max-num-seqs %d, max-num-batched-tokens %d, %.0f prefill tokens/s\n",
+				p.Name, p.Model, p.KVBlocks, p.MaxModelLen, p.MaxNumSeqs, p.MaxBatchedTokens, p.PrefillTokensPerSec())
 		}
 	}
 	if code, ok := parseFlags(fs, args, true); !ok {
 		return code
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	p, err := engine.LookupPreset(*preset)
+	p, err := enginePreset(*preset, *maxNumSeqs, *maxBatched)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kvroute engine: %v\n", err)
 		return 2
@@ -102,7 +105,8 @@ flags:
 	go func() { errc <- hs.Serve(ln) }()
 	eff := srv.Preset()
 	log.Info("engine listening", "addr", "http://"+ln.Addr().String(), "preset", eff.Name,
-		"model", srv.Model(), "kv_blocks", eff.KVBlocks, "time_scale", *timeScale)
+		"model", srv.Model(), "kv_blocks", eff.KVBlocks, "max_num_seqs", eff.MaxNumSeqs,
+		"max_num_batched_tokens", eff.MaxBatchedTokens, "time_scale", *timeScale)
 	if cfg.KVEvents != nil {
 		log.Info("publishing kv events", "endpoint", cfg.KVEvents.Endpoint, "replay_endpoint", cfg.KVEvents.ReplayEndpoint,
 			"topic", cfg.KVEvents.Topic, "encoding", enc)
@@ -123,4 +127,14 @@ flags:
 		hs.Close()
 	}
 	return 0
+}
+
+// enginePreset is the named preset with the --max-num-seqs and
+// --max-num-batched-tokens overrides applied (0 keeps the preset's).
+func enginePreset(name string, maxNumSeqs, maxBatchedTokens int) (engine.Preset, error) {
+	p, err := engine.LookupPreset(name)
+	if err != nil {
+		return engine.Preset{}, err
+	}
+	return p.WithLimits(maxNumSeqs, maxBatchedTokens)
 }

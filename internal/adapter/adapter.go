@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -59,6 +60,17 @@ type State struct {
 	PrefixHitRate float64
 	// BlockSize (tokens) and NumGPUBlocks come from vLLM's cache_config_info.
 	BlockSize, NumGPUBlocks int
+	// PrefillTokens and PrefillSeconds are the engine's own lifetime
+	// counts of prompt tokens it computed (cached ones excluded) and of
+	// the time it spent prefilling, -1 when not exposed: their ratio
+	// between two scrapes is its prefill throughput. vLLM: the sum of
+	// request_prefill_kv_computed_tokens, else prompt_tokens_total less
+	// prefix_cache_hits_total, over the sum of request_prefill_time_seconds;
+	// llama.cpp: prompt_tokens_total over prompt_seconds_total.
+	PrefillTokens, PrefillSeconds float64
+	// ContextLen is the context length of one request in tokens
+	// (llama.cpp's /slots n_ctx, per slot), 0 when not reported.
+	ContextLen int
 }
 
 // metric names, exactly as the engines export them.
@@ -70,16 +82,21 @@ const (
 	vllmHits          = "vllm:prefix_cache_hits_total"
 	vllmQueries       = "vllm:prefix_cache_queries_total"
 	vllmCacheConfig   = "vllm:cache_config_info"
+	vllmPrompt        = "vllm:prompt_tokens_total"
+	vllmComputed      = "vllm:request_prefill_kv_computed_tokens"
+	vllmPrefillTime   = "vllm:request_prefill_time_seconds"
 
-	sglRunning = "sglang:num_running_reqs"
-	sglWaiting = "sglang:num_queue_reqs"
-	sglTokens  = "sglang:token_usage"
-	sglHitRate = "sglang:cache_hit_rate"
-	llamaProc  = "llamacpp:requests_processing"
-	llamaDefer = "llamacpp:requests_deferred"
-	llamaKV    = "llamacpp:kv_cache_usage_ratio"
-	tgiQueue   = "tgi_queue_size"
-	tgiBatch   = "tgi_batch_current_size"
+	sglRunning      = "sglang:num_running_reqs"
+	sglWaiting      = "sglang:num_queue_reqs"
+	sglTokens       = "sglang:token_usage"
+	sglHitRate      = "sglang:cache_hit_rate"
+	llamaProc       = "llamacpp:requests_processing"
+	llamaDefer      = "llamacpp:requests_deferred"
+	llamaKV         = "llamacpp:kv_cache_usage_ratio"
+	llamaPrompt     = "llamacpp:prompt_tokens_total"
+	llamaPromptTime = "llamacpp:prompt_seconds_total"
+	tgiQueue        = "tgi_queue_size"
+	tgiBatch        = "tgi_batch_current_size"
 )
 
 // ParseMetrics parses a Prometheus text exposition. kind Unknown detects
@@ -98,7 +115,8 @@ func ParseMetrics(r io.Reader, kind Kind) (State, error) {
 			return State{}, fmt.Errorf("parse metrics: no vLLM, SGLang, llama.cpp or TGI metrics found")
 		}
 	}
-	s := State{Kind: kind, Running: -1, Waiting: -1, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1}
+	s := State{Kind: kind, Running: -1, Waiting: -1, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1,
+		PrefillTokens: -1, PrefillSeconds: -1}
 	switch kind {
 	case VLLM:
 		s.Running = sum(fams[vllmRunning])
@@ -107,8 +125,15 @@ func ParseMetrics(r io.Reader, kind Kind) (State, error) {
 		if s.KVUsage < 0 {
 			s.KVUsage = maxOf(fams[vllmKVUsageLegacy])
 		}
-		if h, q := sum(fams[vllmHits]), sum(fams[vllmQueries]); h >= 0 && q > 0 {
-			s.PrefixHitRate = h / q
+		hits := sum(counter(fams, vllmHits))
+		if q := sum(counter(fams, vllmQueries)); hits >= 0 && q > 0 {
+			s.PrefixHitRate = hits / q
+		}
+		if s.PrefillSeconds = histSum(fams[vllmPrefillTime]); s.PrefillSeconds >= 0 {
+			s.PrefillTokens = histSum(fams[vllmComputed])
+			if p := sum(counter(fams, vllmPrompt)); s.PrefillTokens < 0 && p >= 0 && hits >= 0 {
+				s.PrefillTokens = max(p-hits, 0)
+			}
 		}
 		if f := fams[vllmCacheConfig]; f != nil && len(f.Metric) > 0 {
 			for _, lp := range f.Metric[0].Label {
@@ -129,6 +154,8 @@ func ParseMetrics(r io.Reader, kind Kind) (State, error) {
 		s.Running = sum(fams[llamaProc])
 		s.Waiting = sum(fams[llamaDefer])
 		s.KVUsage = maxOf(fams[llamaKV])
+		s.PrefillTokens = sum(counter(fams, llamaPrompt))
+		s.PrefillSeconds = sum(counter(fams, llamaPromptTime))
 	case TGI:
 		s.Running = sum(fams[tgiBatch])
 		s.Waiting = sum(fams[tgiQueue])
@@ -155,6 +182,17 @@ func detect(fams map[string]*dto.MetricFamily) Kind {
 	return Unknown
 }
 
+// counter is the family of the counter named name, which ends in _total
+// as Prometheus names counters; an exposition that names it without the
+// suffix (llm-d's inference simulator exports vllm:prefix_cache_hits) is
+// read the same.
+func counter(fams map[string]*dto.MetricFamily, name string) *dto.MetricFamily {
+	if f := fams[name]; f != nil {
+		return f
+	}
+	return fams[strings.TrimSuffix(name, "_total")]
+}
+
 func value(m *dto.Metric) float64 {
 	switch {
 	case m.Gauge != nil:
@@ -176,6 +214,21 @@ func sum(f *dto.MetricFamily) float64 {
 	var t float64
 	for _, m := range f.Metric {
 		t += value(m)
+	}
+	return t
+}
+
+// histSum adds the sums of a histogram family's series; -1 when absent.
+func histSum(f *dto.MetricFamily) float64 {
+	if f == nil || len(f.Metric) == 0 {
+		return -1
+	}
+	var t float64
+	for _, m := range f.Metric {
+		if m.Histogram == nil {
+			return -1
+		}
+		t += m.Histogram.GetSampleSum()
 	}
 	return t
 }

@@ -23,12 +23,12 @@ func TestParseMetrics(t *testing.T) {
 		kind Kind
 		want State
 	}{
-		{"vllm.prom", Unknown, State{Kind: VLLM, Running: 12, Waiting: 5, KVUsage: 0.42, PrefixHitRate: 0.25, BlockSize: 16, NumGPUBlocks: 27000}},
-		{"vllm.prom", VLLM, State{Kind: VLLM, Running: 12, Waiting: 5, KVUsage: 0.42, PrefixHitRate: 0.25, BlockSize: 16, NumGPUBlocks: 27000}},
-		{"vllm_v0.prom", Unknown, State{Kind: VLLM, Running: 3, Waiting: 0, KVUsage: 0.9, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1}},
-		{"sglang.prom", Unknown, State{Kind: SGLang, Running: 7, Waiting: 2, KVUsage: 0.28, PrefixHitRate: 0.0075, BlockSize: -1, NumGPUBlocks: -1}},
-		{"llamacpp.prom", Unknown, State{Kind: LlamaCpp, Running: 4, Waiting: 9, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1}},
-		{"tgi.prom", TGI, State{Kind: TGI, Running: 32, Waiting: 6, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1}},
+		{"vllm.prom", Unknown, State{Kind: VLLM, Running: 12, Waiting: 5, KVUsage: 0.42, PrefixHitRate: 0.25, BlockSize: 16, NumGPUBlocks: 27000, PrefillTokens: -1, PrefillSeconds: -1}},
+		{"vllm.prom", VLLM, State{Kind: VLLM, Running: 12, Waiting: 5, KVUsage: 0.42, PrefixHitRate: 0.25, BlockSize: 16, NumGPUBlocks: 27000, PrefillTokens: -1, PrefillSeconds: -1}},
+		{"vllm_v0.prom", Unknown, State{Kind: VLLM, Running: 3, Waiting: 0, KVUsage: 0.9, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1}},
+		{"sglang.prom", Unknown, State{Kind: SGLang, Running: 7, Waiting: 2, KVUsage: 0.28, PrefixHitRate: 0.0075, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1}},
+		{"llamacpp.prom", Unknown, State{Kind: LlamaCpp, Running: 4, Waiting: 9, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: 4096, PrefillSeconds: 2.048}},
+		{"tgi.prom", TGI, State{Kind: TGI, Running: 32, Waiting: 6, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.file+"/"+string(tt.kind), func(t *testing.T) {
@@ -40,6 +40,55 @@ func TestParseMetrics(t *testing.T) {
 				t.Fatalf("got %+v, want %+v", got, tt.want)
 			}
 		})
+	}
+}
+
+// llm-d's inference simulator names vLLM's prefix-cache counters without
+// the _total suffix; both spellings read the same.
+func TestParseMetricsCounterSuffix(t *testing.T) {
+	for _, suffix := range []string{"_total", ""} {
+		text := "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n" +
+			"# TYPE vllm:prefix_cache_hits" + suffix + " counter\nvllm:prefix_cache_hits" + suffix + " 30\n" +
+			"# TYPE vllm:prefix_cache_queries" + suffix + " counter\nvllm:prefix_cache_queries" + suffix + " 120\n"
+		got, err := ParseMetrics(strings.NewReader(text), Unknown)
+		if err != nil {
+			t.Fatalf("suffix %q: %v", suffix, err)
+		}
+		if got.PrefixHitRate != 0.25 {
+			t.Errorf("suffix %q: PrefixHitRate = %v, want 0.25", suffix, got.PrefixHitRate)
+		}
+	}
+}
+
+// The engine's own prefill counters: vLLM's computed-token histogram
+// when it has one, else its prompt tokens less its prefix-cache hits, over
+// its prefill-time histogram.
+func TestParseMetricsPrefill(t *testing.T) {
+	const head = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n"
+	const hist = "# TYPE vllm:request_prefill_time_seconds histogram\n" +
+		"vllm:request_prefill_time_seconds_bucket{le=\"+Inf\"} 3\nvllm:request_prefill_time_seconds_sum 0.5\nvllm:request_prefill_time_seconds_count 3\n"
+	const counters = "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total 12000\n" +
+		"# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total 2000\n"
+	const computed = "# TYPE vllm:request_prefill_kv_computed_tokens histogram\n" +
+		"vllm:request_prefill_kv_computed_tokens_bucket{le=\"+Inf\"} 3\nvllm:request_prefill_kv_computed_tokens_sum 9000\nvllm:request_prefill_kv_computed_tokens_count 3\n"
+	tests := []struct {
+		name            string
+		text            string
+		tokens, seconds float64
+	}{
+		{"counters", head + hist + counters, 10000, 0.5},
+		{"computed histogram wins", head + hist + counters + computed, 9000, 0.5},
+		{"no prefill time", head + counters, -1, -1},
+		{"llama.cpp", "llamacpp:requests_processing 1\nllamacpp:prompt_tokens_total 4096\nllamacpp:prompt_seconds_total 2\n", 4096, 2},
+	}
+	for _, tt := range tests {
+		got, err := ParseMetrics(strings.NewReader(tt.text), Unknown)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if got.PrefillTokens != tt.tokens || got.PrefillSeconds != tt.seconds {
+			t.Errorf("%s: prefill %v tokens in %v s, want %v in %v", tt.name, got.PrefillTokens, got.PrefillSeconds, tt.tokens, tt.seconds)
+		}
 	}
 }
 

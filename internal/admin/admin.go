@@ -62,6 +62,9 @@ type Backend struct {
 	// PrefillRate is the learned prefill rate in tokens per second (the
 	// prior until a first byte taught it).
 	PrefillRate float64 `json:"prefill_rate_tokens_per_second"`
+	// EnginePrefillRate is the prefill rate the engine's own counters
+	// show, absent when it reports none.
+	EnginePrefillRate float64 `json:"engine_prefill_rate_tokens_per_second,omitempty"`
 	// Engine is what the engine itself last reported, nil if nothing.
 	Engine *Engine `json:"engine"`
 	// PrefixBlocks is how many prefix blocks the router's index believes
@@ -99,10 +102,12 @@ type Engine struct {
 	ReportedAt time.Time `json:"reported_at"`
 	// AgeSeconds is how old the report was when the API answered.
 	AgeSeconds float64 `json:"age_seconds"`
-	Running    int     `json:"running"`
-	Waiting    int     `json:"waiting"`
-	KVUsage    float64 `json:"kv_usage"`
-	KVBlocks   int     `json:"kv_blocks"`
+	// Running, Waiting and KVUsage are nil (absent) when the engine does
+	// not report them.
+	Running  *int     `json:"running,omitempty"`
+	Waiting  *int     `json:"waiting,omitempty"`
+	KVUsage  *float64 `json:"kv_usage,omitempty"`
+	KVBlocks int      `json:"kv_blocks"`
 }
 
 // Handler serves the admin API.

@@ -495,7 +495,7 @@ func (l Limits) BackendSaturated(b *fleet.Backend, now time.Time) bool {
 		}
 		// A stale or missing report says nothing about now; the router's
 		// own accounting still applies.
-		if es := b.Engine(); es != nil && now.Sub(es.At) <= age && es.Waiting >= l.MaxEngineWaiting {
+		if es := b.Engine(); es != nil && now.Sub(es.At) <= age && es.Has(fleet.EngineWaiting) && es.Waiting >= l.MaxEngineWaiting {
 			return true
 		}
 	}

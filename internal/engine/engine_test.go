@@ -604,3 +604,45 @@ func TestPromptHashesFromDriver(t *testing.T) {
 		t.Errorf("CachedTokens = %d, want 16 (the hashes decide)", r.CachedTokens)
 	}
 }
+
+func TestWithLimits(t *testing.T) {
+	base, err := LookupPreset("h100-llama3-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name                 string
+		seqs, batched        int
+		wantSeqs, wantTokens int
+		wantErr              string
+	}{
+		{"zero keeps the preset's", 0, 0, base.MaxNumSeqs, base.MaxBatchedTokens, ""},
+		{"small cap", 8, 0, 8, base.MaxBatchedTokens, ""},
+		{"small chunk", 0, 512, base.MaxNumSeqs, 512, ""},
+		{"both", 4, 2048, 4, 2048, ""},
+		{"negative cap", -1, 0, 0, 0, "max-num-seqs"},
+		{"negative chunk", 0, -1, 0, 0, "max-num-batched-tokens"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := base.WithLimits(tt.seqs, tt.batched)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want one naming %s", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.MaxNumSeqs != tt.wantSeqs || p.MaxBatchedTokens != tt.wantTokens {
+				t.Fatalf("MaxNumSeqs %d MaxBatchedTokens %d, want %d and %d", p.MaxNumSeqs, p.MaxBatchedTokens, tt.wantSeqs, tt.wantTokens)
+			}
+			// The engine runs with them: a cap of N admits N sequences.
+			e := New(p, 0)
+			if got := e.Preset(); got.MaxNumSeqs != tt.wantSeqs || got.MaxBatchedTokens != tt.wantTokens {
+				t.Fatalf("engine runs with %d seqs and %d tokens, want %d and %d", got.MaxNumSeqs, got.MaxBatchedTokens, tt.wantSeqs, tt.wantTokens)
+			}
+		})
+	}
+}

@@ -95,6 +95,27 @@ func LookupPreset(name string) (Preset, error) {
 	return Preset{}, fmt.Errorf("unknown engine preset %q (known: %s)", name, strings.Join(names, ", "))
 }
 
+// WithLimits returns p with its running-sequence cap and per-step token
+// budget replaced, as vLLM's --max-num-seqs and --max-num-batched-tokens
+// set them; 0 keeps the preset's value. So an emulated engine can be
+// configured unlike the hardware default: a small cap of running sequences
+// or a small chunk.
+func (p Preset) WithLimits(maxNumSeqs, maxBatchedTokens int) (Preset, error) {
+	if maxNumSeqs < 0 {
+		return Preset{}, fmt.Errorf("max-num-seqs must be at least 0, got %d", maxNumSeqs)
+	}
+	if maxBatchedTokens < 0 {
+		return Preset{}, fmt.Errorf("max-num-batched-tokens must be at least 0, got %d", maxBatchedTokens)
+	}
+	if maxNumSeqs > 0 {
+		p.MaxNumSeqs = maxNumSeqs
+	}
+	if maxBatchedTokens > 0 {
+		p.MaxBatchedTokens = maxBatchedTokens
+	}
+	return p, nil
+}
+
 // PrefillTokensPerSec is the preset's prefill capacity when it does nothing
 // but prefill in full steps: the yardstick of offered load. It is
 // MaxBatchedTokens over the time of a step of MaxBatchedTokens prefill

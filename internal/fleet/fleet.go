@@ -85,8 +85,12 @@ type Backend struct {
 	// (peers.go).
 	peers peerLoad
 	// rate holds the float64 bits of the learned prefill rate; 0 until the
-	// first sample.
-	rate atomic.Uint64
+	// first sample. rateSamples counts the samples folded into it.
+	rate        atomic.Uint64
+	rateSamples atomic.Int64
+	// engineRate holds the float64 bits of the prefill throughput the
+	// engine itself reports (see ObserveEnginePrefill); 0 until then.
+	engineRate atomic.Uint64
 }
 
 // Load is the router's own accounting of a backend, read atomically field
@@ -117,13 +121,31 @@ type EngineState struct {
 	KVUsage   float64 // 0..1
 	KVBlocks  int     // capacity in engine blocks, 0 if unknown
 	BlockSize int     // tokens per engine block, 0 if unknown
+	// Missing lists the fields above that the engine does not report
+	// (llama.cpp reports no KV usage, a llama.cpp server without --metrics
+	// no queue): they are unknown, not 0. The zero value says all were
+	// reported.
+	Missing EngineFields
 }
+
+// EngineFields is a set of EngineState fields, for EngineState.Missing.
+type EngineFields uint8
+
+// The EngineState fields an engine may not report.
+const (
+	EngineRunning EngineFields = 1 << iota
+	EngineWaiting
+	EngineKVUsage
+)
+
+// Has reports whether the engine reported every field of f.
+func (e *EngineState) Has(f EngineFields) bool { return e.Missing&f == 0 }
 
 // FreeKVTokens is the KV cache the engine reported free, in tokens, and
 // whether it reported enough to tell. Like vLLM's usage it counts the
 // cached blocks that no request holds as free: they are evicted on demand.
 func (e *EngineState) FreeKVTokens() (float64, bool) {
-	if e == nil || e.KVBlocks <= 0 || e.BlockSize <= 0 {
+	if e == nil || e.KVBlocks <= 0 || e.BlockSize <= 0 || !e.Has(EngineKVUsage) {
 		return 0, false
 	}
 	return (1 - min(max(e.KVUsage, 0), 1)) * float64(e.KVBlocks) * float64(e.BlockSize), true
@@ -168,25 +190,52 @@ func (b *Backend) PrefillRate() float64 {
 	return DefaultPrefillRate
 }
 
+// PrefillRateSamples is the number of samples the learned prefill rate
+// was taught by, 0 while PrefillRate is the prior: a reader that weighs a
+// rate by the evidence behind it (package policy's kvroute) needs it.
+func (b *Backend) PrefillRateSamples() int64 { return b.rateSamples.Load() }
+
 // observeRate folds one sample of work tokens prefilled in ttft into the
 // learned rate.
 func (b *Backend) observeRate(work int64, ttft time.Duration) {
 	if work < MinRateWork || ttft <= 0 {
 		return
 	}
-	sample := min(max(float64(work)/ttft.Seconds(), MinPrefillRate), MaxPrefillRate)
+	foldRate(&b.rate, float64(work)/ttft.Seconds())
+	b.rateSamples.Add(1)
+}
+
+// foldRate folds one sample, clamped, into the moving average whose
+// float64 bits are in avg (0: none yet, and the sample replaces it).
+func foldRate(avg *atomic.Uint64, sample float64) {
+	sample = min(max(sample, MinPrefillRate), MaxPrefillRate)
 	for {
-		old := b.rate.Load()
+		old := avg.Load()
 		next := sample
 		if old != 0 {
 			prev := math.Float64frombits(old)
 			next = prev + RateAlpha*(sample-prev)
 		}
-		if b.rate.CompareAndSwap(old, math.Float64bits(next)) {
+		if avg.CompareAndSwap(old, math.Float64bits(next)) {
 			return
 		}
 	}
 }
+
+// ObserveEnginePrefill folds the engine's own report of tokens prefilled
+// in seconds of prefill (the growth of its counters between two scrapes)
+// into b's engine-reported prefill rate. Like a TTFT sample it needs at
+// least MinRateWork tokens.
+func (b *Backend) ObserveEnginePrefill(tokens, seconds float64) {
+	if tokens < MinRateWork || seconds <= 0 {
+		return
+	}
+	foldRate(&b.engineRate, tokens/seconds)
+}
+
+// EnginePrefillRate is the prefill rate in tokens per second that the
+// engine's own counters show, 0 when it reports none.
+func (b *Backend) EnginePrefillRate() float64 { return math.Float64frombits(b.engineRate.Load()) }
 
 // Routed is the prompt tokens of every request routed to b since it
 // joined the fleet (each attempt of a retried request counts), and how
@@ -238,6 +287,7 @@ const MaxTicketTokens = 1<<31 - 1
 
 // clampTokens is n within [0, MaxTicketTokens].
 func clampTokens(n int64) int64 { return min(max(n, 0), MaxTicketTokens) }
+
 // Started is the change Start made to the backend's Load for t.
 func (t *Ticket) Started() Load { return Load{InFlight: 1, PendingPrefill: t.uncach} }
 

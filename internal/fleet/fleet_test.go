@@ -306,3 +306,23 @@ func TestRouted(t *testing.T) {
 		t.Errorf("Done changed Routed() to %d, %d; it counts routing, not load", p2, c2)
 	}
 }
+
+func TestFreeKVTokens(t *testing.T) {
+	tests := []struct {
+		name string
+		e    *EngineState
+		want float64
+		ok   bool
+	}{
+		{"no report", nil, 0, false},
+		{"half used", &EngineState{KVUsage: 0.5, KVBlocks: 100, BlockSize: 16}, 800, true},
+		{"no capacity", &EngineState{KVUsage: 0.5}, 0, false},
+		// llama.cpp: no usage reported; 0 would read as an empty cache.
+		{"usage not reported", &EngineState{KVBlocks: 100, BlockSize: 16, Missing: EngineKVUsage}, 0, false},
+	}
+	for _, tt := range tests {
+		if got, ok := tt.e.FreeKVTokens(); got != tt.want || ok != tt.ok {
+			t.Errorf("%s: FreeKVTokens = %v, %v; want %v, %v", tt.name, got, ok, tt.want, tt.ok)
+		}
+	}
+}

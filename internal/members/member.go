@@ -25,9 +25,12 @@ type Member struct {
 	Pool string
 
 	// configured is the entry's max_model_len (a reload updates it);
-	// discovered the context lengths its /v1/models reported, by model.
+	// discovered the context lengths its /v1/models reported, by model;
+	// reported the context length per request its engine reports while
+	// serving (llama.cpp's /slots n_ctx), 0 if none.
 	configured atomic.Int64
 	discovered map[string]int
+	reported   atomic.Int64
 
 	// The circuit breaker (see breaker): quiet is set while it is closed
 	// with no failure counted, and notClosed while it is not closed, so
@@ -65,13 +68,24 @@ func newMember(b *fleet.Backend, e config.Entry, pool string, found *ModelList, 
 }
 
 // ContextOf returns the backend's context length for model, 0 when
-// unknown. The configured max_model_len wins over what /v1/models said.
+// unknown. The configured max_model_len wins; else the smaller of what
+// /v1/models said and what the engine reports per request (a llama.cpp
+// server's /v1/models gives the context of all its slots together, its
+// /slots that of one).
 func (m *Member) ContextOf(model string) int {
 	if n := m.configured.Load(); n > 0 {
 		return int(n)
 	}
-	return m.discovered[model]
+	d, r := m.discovered[model], int(m.reported.Load())
+	if d > 0 && r > 0 {
+		return min(d, r)
+	}
+	return max(d, r)
 }
+
+// SetReportedContext records the context length per request, in tokens,
+// that the backend's engine reports (see ContextOf).
+func (m *Member) SetReportedContext(tokens int) { m.reported.Store(int64(max(tokens, 0))) }
 
 // ObserveTTFT records a time to first byte.
 func (m *Member) ObserveTTFT(d time.Duration) {

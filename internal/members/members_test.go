@@ -30,7 +30,7 @@ func newSet(t *testing.T, c *config.Config) (*Set, *fleet.Fleet, *[]int) {
 // unknown context lifts the limit; one serving other models does not count.
 func TestMaxContext(t *testing.T) {
 	models := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = w.Write([]byte(`{"data":[{"id":"m","max_model_len":8192},{"id":"n"}]}`))
+		_, _ = w.Write([]byte(`{"data":[{"id":"m","max_model_len":8192},{"id":"n"},{"id":"llama","meta":{"n_ctx":16384,"n_ctx_train":131072}}]}`))
 	}))
 	defer models.Close()
 	tests := []struct {
@@ -46,6 +46,7 @@ func TestMaxContext(t *testing.T) {
 		{"discovered", []config.Backend{{URL: models.URL}}, "m", 8192, true},
 		{"discovered without a length", []config.Backend{{URL: models.URL}}, "n", 0, false},
 		{"configured wins over discovered", []config.Backend{{URL: models.URL, MaxModelLen: 50}}, "m", 50, true},
+		{"llama.cpp meta.n_ctx", []config.Backend{{URL: models.URL}}, "llama", 16384, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -98,3 +99,30 @@ func TestApplyKeepsRecords(t *testing.T) {
 type errTest struct{}
 
 func (errTest) Error() string { return "test failure" }
+
+// TestReportedContext: the context length the engine reports per request
+// (llama.cpp's /slots n_ctx) counts when nothing is configured, and the
+// smaller of it and /v1/models' wins (llama.cpp's /v1/models gives all
+// slots' context together).
+func TestReportedContext(t *testing.T) {
+	tests := []struct {
+		name                 string
+		configured, reported int
+		discovered           map[string]int
+		want                 int
+	}{
+		{"nothing known", 0, 0, nil, 0},
+		{"reported only", 0, 4096, nil, 4096},
+		{"discovered only", 0, 0, map[string]int{"m": 16384}, 16384},
+		{"smaller of the two", 0, 4096, map[string]int{"m": 16384}, 4096},
+		{"configured wins", 1000, 4096, map[string]int{"m": 16384}, 1000},
+	}
+	for _, tt := range tests {
+		m := &Member{discovered: tt.discovered}
+		m.configured.Store(int64(tt.configured))
+		m.SetReportedContext(tt.reported)
+		if got := m.ContextOf("m"); got != tt.want {
+			t.Errorf("%s: ContextOf = %d, want %d", tt.name, got, tt.want)
+		}
+	}
+}

@@ -19,7 +19,7 @@ type ModelList struct {
 	IDs []string
 	Raw []json.RawMessage
 	// Lens are the context lengths it reported (vLLM's and SGLang's
-	// max_model_len), by model id.
+	// max_model_len, llama.cpp's meta.n_ctx), by model id.
 	Lens map[string]int
 }
 
@@ -53,12 +53,18 @@ func (s *Set) FetchModels(ctx context.Context, base *url.URL) (*ModelList, error
 		var e struct {
 			ID          string `json:"id"`
 			MaxModelLen int    `json:"max_model_len"`
+			Meta        struct {
+				NCtx int `json:"n_ctx"`
+			} `json:"meta"`
 		}
 		if json.Unmarshal(m, &e) == nil && e.ID != "" {
 			l.IDs = append(l.IDs, e.ID)
 			l.Raw = append(l.Raw, m)
-			if e.MaxModelLen > 0 {
+			switch {
+			case e.MaxModelLen > 0:
 				l.Lens[e.ID] = e.MaxModelLen
+			case e.Meta.NCtx > 0: // llama.cpp
+				l.Lens[e.ID] = e.Meta.NCtx
 			}
 		}
 	}

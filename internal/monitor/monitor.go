@@ -17,6 +17,9 @@
 // (SetEngine(nil)), so that every consumer, including those that only test
 // Engine() for nil, stops trusting it. The kvroute policy additionally
 // ignores readings older than policy.EngineStateMaxAge, whichever is sooner.
+// A scrape answered later than Config.LateAfter counts as a failure of that
+// kind: its reading is dropped, not stored as fresh. A field the engine does
+// not expose is marked missing in EngineState, never stored as 0.
 package monitor
 
 import (
@@ -54,6 +57,12 @@ const (
 	// DefaultMaxBodyBytes bounds a /metrics or /slots body. vLLM's
 	// exposition with its histograms is tens of kilobytes per model.
 	DefaultMaxBodyBytes = 8 << 20
+	// LogEvery bounds the scrape warnings of one backend to one per
+	// LogEvery: a llama.cpp server answers /metrics and /slots only
+	// between prefill batches, so under load its scrapes miss the timeout
+	// every few seconds (30-61 times in a 3-minute run, each once a
+	// warning), alternating with good ones.
+	LogEvery = time.Minute
 )
 
 // Config tunes a Monitor. The zero value of each field means its default.
@@ -77,6 +86,19 @@ type Config struct {
 	// MaxBodyBytes bounds a response body; a larger one is a failed
 	// scrape. Default DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// LateAfter is how long a scrape may take and its reading still
+	// count. A later one is dropped (counted in
+	// kvroute_engine_scrape_late_total, the last reading ages as on a
+	// failure): an engine that answers only between batches of work
+	// answers late exactly when it is busy, and its reading, taken at the
+	// idle moment it found, would paint a busy engine idle. Default half
+	// the Timeout.
+	LateAfter time.Duration
+	// SetContext, when set, receives a backend's context length per
+	// request in tokens as the engine reports it (llama.cpp's /slots
+	// n_ctx) whenever it changes. The proxy hands it to the backend's
+	// members record.
+	SetContext func(b *fleet.Backend, tokens int)
 }
 
 func (c Config) withDefaults() Config {
@@ -91,6 +113,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.LateAfter <= 0 {
+		c.LateAfter = c.Timeout / 2
 	}
 	return c
 }
@@ -122,12 +147,20 @@ type watcher struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	errors atomic.Uint64
+	late   atomic.Uint64
 
 	detected  adapter.Kind // latched after the first good scrape
-	failing   bool         // last scrape failed (for logging changes only)
-	failures  int          // consecutive failures
+	failures  int          // consecutive failed or late scrapes
 	lastOK    time.Time
 	capTokens int64 // last KV capacity passed to SetCapacity
+	ctxTokens int   // last context length passed to SetContext
+	// prefillTokens and prefillSeconds are the engine's prefill counters
+	// at the start of the interval not yet taught to the fleet; -1 none.
+	prefillTokens, prefillSeconds float64
+	// lastWarn is when a scrape warning was last logged, unlogged how
+	// many failed or late scrapes went unlogged since (see LogEvery).
+	lastWarn time.Time
+	unlogged int
 }
 
 // New returns a monitor of f's backends. client may be nil (a client of
@@ -187,7 +220,7 @@ func (m *Monitor) sync(ctx context.Context) {
 		if m.cfg.KindOf != nil {
 			kind = m.cfg.KindOf(b)
 		}
-		w := &watcher{b: b, kind: kind, cancel: cancel, done: make(chan struct{})}
+		w := &watcher{b: b, kind: kind, cancel: cancel, done: make(chan struct{}), prefillTokens: -1, prefillSeconds: -1}
 		m.watchers[b] = w
 		go m.loop(wctx, w)
 	}
@@ -245,29 +278,41 @@ func (m *Monitor) loop(ctx context.Context, w *watcher) {
 // failure, ages the last one and withdraws it once stale.
 func (m *Monitor) scrapeOnce(ctx context.Context, w *watcher) {
 	sctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
+	sent := time.Now()
 	st, err := m.read(sctx, w)
 	cancel()
 	if ctx.Err() != nil {
 		return // shutting down: not the engine's failure
 	}
 	now := time.Now()
-	if err != nil {
+	if err == nil && now.Sub(sent) > m.cfg.LateAfter {
+		w.late.Add(1)
+		err = fmt.Errorf("scrape %s: answered after %v, later than %v: reading dropped",
+			w.b.Name, now.Sub(sent).Round(time.Millisecond), m.cfg.LateAfter)
+	} else if err != nil {
 		w.errors.Add(1)
+	}
+	if err != nil {
 		w.failures++
-		if !w.failing {
-			m.log.Warn("engine scrape failing", "backend", w.b.Name, "err", err)
-		}
-		w.failing = true
+		m.warn(w, now, err)
 		if e := w.b.Engine(); e != nil && now.Sub(e.At) > m.cfg.StaleAge() {
 			w.b.SetEngine(nil)
 		}
 		return
 	}
-	if w.failing {
+	if w.failures >= m.cfg.StaleAfter {
+		// An outage long enough to withdraw the reading; a scrape or two
+		// missed now and then is not news.
 		m.log.Info("engine scrape recovered", "backend", w.b.Name, "failures", w.failures,
 			"last_ok", w.lastOK)
 	}
-	w.failing, w.failures, w.lastOK = false, 0, now
+	w.failures, w.lastOK = 0, now
+	w.observePrefill(st)
+	if st.ContextLen > 0 && st.ContextLen != w.ctxTokens && m.cfg.SetContext != nil {
+		w.ctxTokens = st.ContextLen
+		m.cfg.SetContext(w.b, st.ContextLen)
+		m.log.Info("context length from engine", "backend", w.b.Name, "tokens", st.ContextLen)
+	}
 
 	if w.detected != st.Kind {
 		if w.kind == adapter.Unknown {
@@ -275,12 +320,7 @@ func (m *Monitor) scrapeOnce(ctx context.Context, w *watcher) {
 		}
 		w.detected = st.Kind
 	}
-	// Fields the engine does not expose (-1) read as 0: no queue we know
-	// of, no usage we know of.
-	e := &fleet.EngineState{At: now}
-	e.Running = int(max(st.Running, 0))
-	e.Waiting = int(max(st.Waiting, 0))
-	e.KVUsage = min(max(st.KVUsage, 0), 1)
+	e := engineState(st, now)
 	if st.NumGPUBlocks > 0 {
 		e.KVBlocks = st.NumGPUBlocks
 	}
@@ -299,6 +339,57 @@ func (m *Monitor) scrapeOnce(ctx context.Context, w *watcher) {
 		}
 	}
 	w.b.SetEngine(e)
+}
+
+// observePrefill teaches the backend the prefill throughput that the
+// engine's counters show: the tokens it computed over the time it spent
+// prefilling since the last lesson, once that is at least
+// fleet.MinRateWork tokens (smaller growth accumulates). A counter that
+// went back (an engine restart) starts afresh.
+func (w *watcher) observePrefill(st adapter.State) {
+	if st.PrefillTokens < 0 || st.PrefillSeconds < 0 {
+		return
+	}
+	dt, ds := st.PrefillTokens-w.prefillTokens, st.PrefillSeconds-w.prefillSeconds
+	switch {
+	case w.prefillTokens < 0 || dt < 0 || ds < 0:
+	case dt >= fleet.MinRateWork:
+		w.b.ObserveEnginePrefill(dt, ds)
+	default:
+		return
+	}
+	w.prefillTokens, w.prefillSeconds = st.PrefillTokens, st.PrefillSeconds
+}
+
+// warn logs a failed or late scrape of w's backend: the first, then at
+// most one per LogEvery with the count of those not logged since.
+func (m *Monitor) warn(w *watcher, now time.Time, err error) {
+	if !w.lastWarn.IsZero() && now.Sub(w.lastWarn) < LogEvery {
+		w.unlogged++
+		return
+	}
+	m.log.Warn("engine scrape failing", "backend", w.b.Name, "err", err, "unlogged", w.unlogged)
+	w.lastWarn, w.unlogged = now, 0
+}
+
+// engineState is the fleet's form of reading st taken at now. A field the
+// engine does not expose (-1) is marked missing, never read as 0: a
+// llama.cpp server reports no KV usage, and 0 would read as an empty cache.
+func engineState(st adapter.State, now time.Time) *fleet.EngineState {
+	e := &fleet.EngineState{At: now}
+	if st.Running < 0 {
+		e.Missing |= fleet.EngineRunning
+	}
+	if st.Waiting < 0 {
+		e.Missing |= fleet.EngineWaiting
+	}
+	if st.KVUsage < 0 {
+		e.Missing |= fleet.EngineKVUsage
+	}
+	e.Running = int(max(st.Running, 0))
+	e.Waiting = int(max(st.Waiting, 0))
+	e.KVUsage = min(max(st.KVUsage, 0), 1)
+	return e
 }
 
 // read fetches and parses one reading. The kind parsed is the configured
@@ -348,6 +439,7 @@ func (m *Monitor) read(ctx context.Context, w *watcher) (adapter.State, error) {
 		st = adapter.State{Kind: adapter.LlamaCpp, Waiting: -1, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1}
 	}
 	st.Running = float64(slots.Processing)
+	st.ContextLen = slots.NCtx
 	return st, nil
 }
 
@@ -382,12 +474,14 @@ func (m *Monitor) get(ctx context.Context, base *url.URL, path string) ([]byte, 
 var (
 	descErrors = prometheus.NewDesc("kvroute_engine_scrape_errors_total",
 		"Failed scrapes of a backend's engine metrics.", []string{"backend"}, nil)
+	descLate = prometheus.NewDesc("kvroute_engine_scrape_late_total",
+		"Scrapes of a backend's engine metrics answered too late to count (later than half the timeout by default), whose reading was dropped.", []string{"backend"}, nil)
 	descWaiting = prometheus.NewDesc("kvroute_engine_waiting",
-		"Requests waiting in the engine's queue, as it last reported (absent when stale).", []string{"backend"}, nil)
+		"Requests waiting in the engine's queue, as it last reported (absent when stale or not reported).", []string{"backend"}, nil)
 	descRunning = prometheus.NewDesc("kvroute_engine_running",
-		"Requests running in the engine's batch, as it last reported (absent when stale).", []string{"backend"}, nil)
+		"Requests running in the engine's batch, as it last reported (absent when stale or not reported).", []string{"backend"}, nil)
 	descKVUsage = prometheus.NewDesc("kvroute_engine_kv_usage",
-		"Engine KV cache usage 0..1, as it last reported (absent when stale).", []string{"backend"}, nil)
+		"Engine KV cache usage 0..1, as it last reported (absent when stale or not reported).", []string{"backend"}, nil)
 )
 
 // Register registers the monitor's metrics on r.
@@ -401,6 +495,7 @@ func (m *Monitor) Register(r prometheus.Registerer) error {
 // Describe implements prometheus.Collector.
 func (m *Monitor) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descErrors
+	ch <- descLate
 	ch <- descWaiting
 	ch <- descRunning
 	ch <- descKVUsage
@@ -413,9 +508,19 @@ func (m *Monitor) Collect(ch chan<- prometheus.Metric) {
 	defer m.mu.Unlock()
 	for b, w := range m.watchers {
 		ch <- prometheus.MustNewConstMetric(descErrors, prometheus.CounterValue, float64(w.errors.Load()), b.Name)
-		if e := b.Engine(); e != nil {
+		ch <- prometheus.MustNewConstMetric(descLate, prometheus.CounterValue, float64(w.late.Load()), b.Name)
+		e := b.Engine()
+		if e == nil {
+			continue
+		}
+		// A field the engine does not report has no series.
+		if e.Has(fleet.EngineWaiting) {
 			ch <- prometheus.MustNewConstMetric(descWaiting, prometheus.GaugeValue, float64(e.Waiting), b.Name)
+		}
+		if e.Has(fleet.EngineRunning) {
 			ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, float64(e.Running), b.Name)
+		}
+		if e.Has(fleet.EngineKVUsage) {
 			ch <- prometheus.MustNewConstMetric(descKVUsage, prometheus.GaugeValue, e.KVUsage, b.Name)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -30,6 +31,7 @@ type engineServer struct {
 	slots   atomic.Pointer[string] // nil: 404
 	status  atomic.Int32           // non-zero: every response has this status
 	hang    atomic.Bool            // answer nothing until the request is cancelled
+	delay   atomic.Int64           // nanoseconds to wait before answering
 	hits    atomic.Int64
 }
 
@@ -44,6 +46,9 @@ func newEngine(t *testing.T, metrics string) *engineServer {
 		if s.hang.Load() {
 			<-r.Context().Done()
 			return
+		}
+		if d := s.delay.Load(); d > 0 {
+			time.Sleep(time.Duration(d))
 		}
 		if c := s.status.Load(); c != 0 {
 			http.Error(w, "failing", int(c))
@@ -148,6 +153,15 @@ func start(t *testing.T, cfg Config, urls ...string) (*fleet.Fleet, *Monitor, *l
 	return f, m, logs
 }
 
+// startOne runs a monitor of srv alone and waits for its first reading.
+func startOne(t *testing.T, cfg Config, srv *engineServer) (*fleet.Backend, *Monitor, *logBuffer) {
+	t.Helper()
+	f, m, logs := start(t, cfg, srv.URL)
+	b := f.Snapshot().All[0]
+	waitFor(t, "engine state", func() bool { return b.Engine() != nil })
+	return b, m, logs
+}
+
 // waitFor polls cond until it holds or 5 s pass.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -175,12 +189,12 @@ func TestScrapeFixtures(t *testing.T) {
 		{name: "vllm v0 names", metrics: "vllm_v0.prom", want: fleet.EngineState{Running: 3, Waiting: 0, KVUsage: 0.9}},
 		{name: "sglang auto", metrics: "sglang.prom", want: fleet.EngineState{Running: 7, Waiting: 2, KVUsage: 0.28}},
 		{name: "sglang explicit", metrics: "sglang.prom", kind: adapter.SGLang, want: fleet.EngineState{Running: 7, Waiting: 2, KVUsage: 0.28}},
-		{name: "llamacpp metrics", metrics: "llamacpp.prom", slots: true, want: fleet.EngineState{Running: 4, Waiting: 9}},
-		{name: "llamacpp deferred only plus slots", inline: "llamacpp:requests_deferred 9\n", slots: true, want: fleet.EngineState{Running: 2, Waiting: 9}},
-		{name: "llamacpp slots only auto", slots: true, want: fleet.EngineState{Running: 2}},
-		{name: "llamacpp slots only explicit", slots: true, kind: adapter.LlamaCpp, want: fleet.EngineState{Running: 2}},
-		{name: "tgi auto", metrics: "tgi.prom", want: fleet.EngineState{Running: 32, Waiting: 6}},
-		{name: "tgi explicit", metrics: "tgi.prom", kind: adapter.TGI, want: fleet.EngineState{Running: 32, Waiting: 6}},
+		{name: "llamacpp metrics", metrics: "llamacpp.prom", slots: true, want: fleet.EngineState{Running: 4, Waiting: 9, Missing: fleet.EngineKVUsage}},
+		{name: "llamacpp deferred only plus slots", inline: "llamacpp:requests_deferred 9\n", slots: true, want: fleet.EngineState{Running: 2, Waiting: 9, Missing: fleet.EngineKVUsage}},
+		{name: "llamacpp slots only auto", slots: true, want: fleet.EngineState{Running: 2, Missing: fleet.EngineWaiting | fleet.EngineKVUsage}},
+		{name: "llamacpp slots only explicit", slots: true, kind: adapter.LlamaCpp, want: fleet.EngineState{Running: 2, Missing: fleet.EngineWaiting | fleet.EngineKVUsage}},
+		{name: "tgi auto", metrics: "tgi.prom", want: fleet.EngineState{Running: 32, Waiting: 6, Missing: fleet.EngineKVUsage}},
+		{name: "tgi explicit", metrics: "tgi.prom", kind: adapter.TGI, want: fleet.EngineState{Running: 32, Waiting: 6, Missing: fleet.EngineKVUsage}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -327,9 +341,7 @@ func TestTimeoutGoesStale(t *testing.T) {
 	srv := newEngine(t, vllmMetrics(0, 3, 0.1, 16, 1000))
 	cfg := fastConfig()
 	cfg.Timeout = 20 * time.Millisecond
-	f, m, _ := start(t, cfg, srv.URL)
-	b := f.Snapshot().All[0]
-	waitFor(t, "engine state", func() bool { return b.Engine() != nil })
+	b, m, _ := startOne(t, cfg, srv)
 	srv.hang.Store(true)
 	waitFor(t, "stale reading withdrawn", func() bool { return b.Engine() == nil })
 	if scrapeErrors(t, m)[b.Name] == 0 {
@@ -518,5 +530,125 @@ func BenchmarkScrape(b *testing.B) {
 				b.Fatalf("scrapes failed: %d errors", w.errors.Load())
 			}
 		})
+	}
+}
+
+// TestMissingFieldsHaveNoSeries: llama.cpp reports no KV usage, so its
+// backend has no kvroute_engine_kv_usage series (a 0 would read as an
+// empty cache), while the fields it does report are exported.
+func TestMissingFieldsHaveNoSeries(t *testing.T) {
+	srv := newEngine(t, fixture(t, "llamacpp.prom"))
+	b, m, _ := startOne(t, fastConfig(), srv)
+	if e := b.Engine(); e.Has(fleet.EngineKVUsage) || !e.Has(fleet.EngineRunning|fleet.EngineWaiting) {
+		t.Fatalf("Missing = %b, want only the KV usage", e.Missing)
+	}
+	g := gather(t, m)
+	if _, ok := g["kvroute_engine_kv_usage"][b.Name]; ok {
+		t.Errorf("kvroute_engine_kv_usage exported for an engine that does not report it: %v", g["kvroute_engine_kv_usage"])
+	}
+	if g["kvroute_engine_waiting"][b.Name] != 9 || g["kvroute_engine_running"][b.Name] != 4 {
+		t.Errorf("waiting %v running %v, want 9 and 4", g["kvroute_engine_waiting"], g["kvroute_engine_running"])
+	}
+}
+
+// TestLateScrapesDropped: an engine that answers later than LateAfter
+// (as llama.cpp does between prefill batches under load) has its readings
+// dropped, not stored as fresh: the last good one ages and is withdrawn,
+// the late scrapes are counted, and they are logged once.
+func TestLateScrapesDropped(t *testing.T) {
+	srv := newEngine(t, vllmMetrics(1, 7, 0.5, 16, 1000))
+	cfg := fastConfig()
+	cfg.LateAfter = 20 * time.Millisecond
+	b, m, logs := startOne(t, cfg, srv)
+	srv.delay.Store(int64(40 * time.Millisecond))
+	srv.setMetrics(vllmMetrics(0, 0, 0.5, 16, 1000)) // the idle moment it answers at
+	slowAt := time.Now()
+	waitFor(t, "stale reading withdrawn", func() bool { return b.Engine() == nil })
+	late := func() float64 { return gather(t, m)["kvroute_engine_scrape_late_total"][b.Name] }
+	waitFor(t, "several late scrapes", func() bool { return late() >= 5 })
+	if e := b.Engine(); e != nil && e.At.After(slowAt) {
+		t.Fatalf("a late reading was stored: %+v", e)
+	}
+	if n := scrapeErrors(t, m)[b.Name]; n != 0 {
+		t.Errorf("late scrapes counted as %v errors, want 0", n)
+	}
+	if n := logs.count("engine scrape failing"); n != 1 {
+		t.Errorf("%d log lines for %v late scrapes, want 1:\n%s", n, late(), logs)
+	}
+	srv.delay.Store(0)
+	waitFor(t, "fresh reading", func() bool { e := b.Engine(); return e != nil && e.Waiting == 0 })
+}
+
+// TestFlappingLogsOnce: scrapes that fail and succeed in turn (an engine
+// that times out now and then) log one warning, not one per failure.
+func TestFlappingLogsOnce(t *testing.T) {
+	srv := newEngine(t, vllmMetrics(1, 7, 0.5, 16, 1000))
+	b, m, logs := startOne(t, fastConfig(), srv)
+	for i := range 5 {
+		srv.status.Store(http.StatusInternalServerError)
+		waitFor(t, "a failed scrape", func() bool { return scrapeErrors(t, m)[b.Name] > float64(i) })
+		srv.status.Store(0)
+		at := time.Now()
+		waitFor(t, "a good scrape", func() bool { e := b.Engine(); return e != nil && e.At.After(at) })
+	}
+	if n := logs.count("engine scrape failing"); n != 1 {
+		t.Errorf("%d failing log lines over 5 short failures, want 1:\n%s", n, logs)
+	}
+}
+
+// TestContextFromSlots: a llama.cpp server's /slots n_ctx reaches
+// SetContext once, however many scrapes report it.
+func TestContextFromSlots(t *testing.T) {
+	srv := newEngine(t, "")
+	srv.setSlots(fixture(t, "slots.json")) // n_ctx 8192
+	var mu sync.Mutex
+	var got []int
+	cfg := fastConfig()
+	cfg.SetContext = func(_ *fleet.Backend, n int) { mu.Lock(); got = append(got, n); mu.Unlock() }
+	startOne(t, cfg, srv)
+	hits := srv.hits.Load()
+	waitFor(t, "more scrapes", func() bool { return srv.hits.Load() > hits+6 })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 1 || got[0] != 8192 {
+		t.Errorf("SetContext calls %v, want one of 8192", got)
+	}
+}
+
+// TestEnginePrefillRate: the growth of llama.cpp's prompt counters between
+// scrapes teaches the backend its engine-reported prefill rate; growth
+// below fleet.MinRateWork accumulates, and a counter that went back (a
+// restart) teaches nothing.
+func TestEnginePrefillRate(t *testing.T) {
+	counters := func(tokens, seconds float64) string {
+		return fmt.Sprintf("llamacpp:requests_processing 1\nllamacpp:prompt_tokens_total %g\nllamacpp:prompt_seconds_total %g\n", tokens, seconds)
+	}
+	srv := newEngine(t, counters(4096, 2))
+	b, _, _ := startOne(t, fastConfig(), srv)
+	scraped := func() {
+		t.Helper()
+		n := srv.hits.Load()
+		waitFor(t, "two more scrapes", func() bool { return srv.hits.Load() >= n+2 })
+	}
+	scraped()
+	if r := b.EnginePrefillRate(); r != 0 {
+		t.Fatalf("rate %v from one reading, want none yet", r)
+	}
+	srv.setMetrics(counters(4096+100, 2.1)) // below MinRateWork: not yet
+	scraped()
+	if r := b.EnginePrefillRate(); r != 0 {
+		t.Fatalf("rate %v from 100 tokens, want none yet", r)
+	}
+	srv.setMetrics(counters(4096+2000, 2.5)) // 2,000 tokens in 0.5 s
+	waitFor(t, "engine rate", func() bool { return b.EnginePrefillRate() != 0 })
+	if r := b.EnginePrefillRate(); math.Abs(r-4000) > 1e-6 {
+		t.Fatalf("rate %v, want 4000", r)
+	}
+	srv.setMetrics(counters(10, 0.001)) // restarted
+	scraped()
+	srv.setMetrics(counters(10+1000, 0.001+10)) // 100 tokens/s since the restart
+	waitFor(t, "a second sample", func() bool { return b.EnginePrefillRate() != 4000 })
+	if r, want := b.EnginePrefillRate(), 4000+fleet.RateAlpha*(100-4000); math.Abs(r-want) > 1e-6 {
+		t.Fatalf("rate %v after a restart, want %v", r, want)
 	}
 }

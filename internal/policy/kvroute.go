@@ -61,6 +61,25 @@ const (
 	// an H100 on Llama-3-8B) or a throttled server still shows.
 	RateTrust = 3.0
 
+	// RateCap bounds the rate kvroute costs a backend at to within a factor
+	// RateCap of the fleet's, whatever it learned (so a backend reaches the
+	// cap at 9x the fleet's learned rate). A server whose TTFT does not grow
+	// with the prompt (a fast server, a small model, a cached response)
+	// learns a rate as high as its samples are long: 2,000 tokens answered
+	// in 1 ms teach 2M tokens/s, 200x the prior, and without a bound that
+	// backend would look so fast that every new prompt went there. At 3x,
+	// it draws new work until its queue is about three times the others'.
+	RateCap = 3.0
+
+	// RatePriorSamples is how many samples the prior counts for when a
+	// backend's learned rate is weighed (in log space, see learnedRate):
+	// the one sample of that same 1 ms server moves its rate to
+	// 200^(1/5) = 2.9x the prior, inside RateTrust's band, so that idle
+	// backends still tie and new prompts spread; with 12 samples the
+	// learned rate carries three quarters of the weight. In the simulator
+	// every engine has that many within its first seconds.
+	RatePriorSamples = 4
+
 	// MissCostPerWaiter and FreeWaiters price the fleet-wide cost of
 	// recomputing a prompt. When the fleet is backlogged, every token one
 	// backend computes that another had cached delays the requests queued
@@ -186,11 +205,11 @@ func (p *KVRoute) Pick(in *Input) Decision {
 	start := p.rot.start(n)
 	best, holder := -1, -1
 	var bestScore, bestEst, holderScore, holderEst float64
-	var bestLoad, holderLoad, total int64
+	var bestLoad, bestWritten, holderLoad, total int64
 	var holderMatch int32
 	fit := -1
 	var fitScore, fitEst float64
-	var fitLoad int64
+	var fitLoad, fitWritten int64
 	for k := range n {
 		i := start + k
 		if i >= n {
@@ -208,14 +227,17 @@ func (p *KVRoute) Pick(in *Input) Decision {
 		// It is priced at the fleet's rate: the capacity lost is the
 		// fleet's, and a backend's own rate would amplify its deviations.
 		score := est + missCost*float64(max(prompt-cached, 1))/fleetRate
-		// Exact float ties happen (idle, equal rates, no cache): break them
-		// by fewer in flight, then by the rotating scan order.
-		if best < 0 || score < bestScore || (score == bestScore && l.InFlight < bestLoad) {
-			best, bestScore, bestEst, bestLoad = i, score, est, l.InFlight
+		// Exact float ties happen (idle, rates within RateTrust's band,
+		// equal matches, none at all say): break them by fewer in flight,
+		// then by the emptier cache, then by the rotating scan order (see
+		// emptier).
+		w := written(b)
+		if best < 0 || score < bestScore || (score == bestScore && emptier(l.InFlight, w, bestLoad, bestWritten)) {
+			best, bestScore, bestEst, bestLoad, bestWritten = i, score, est, l.InFlight, w
 		}
 		if fitsKV(e, &l, prompt-cached) &&
-			(fit < 0 || score < fitScore || (score == fitScore && l.InFlight < fitLoad)) {
-			fit, fitScore, fitEst, fitLoad = i, score, est, l.InFlight
+			(fit < 0 || score < fitScore || (score == fitScore && emptier(l.InFlight, w, fitLoad, fitWritten))) {
+			fit, fitScore, fitEst, fitLoad, fitWritten = i, score, est, l.InFlight, w
 		}
 		// The holder: the longest match for this prompt; on equal matches
 		// (none at all, say) the backend the session last went to, then the
@@ -258,25 +280,57 @@ func (p *KVRoute) Pick(in *Input) Decision {
 	return Decision{Index: best, EstTTFT: bestEst, Note: note}
 }
 
-// learnedRate is b's learned prefill rate, or the prior if it has none.
+// learnedRate is the prefill throughput the engine's own counters show
+// when it reports them (vLLM's prefill-time histogram, llama.cpp's prompt
+// seconds): the engine times its prefill without the network, the queue or
+// a cached response in between. Else it is b's rate learned from TTFTs,
+// weighed against the prior by the evidence behind it: the geometric mean
+// of the two, the prior counting for RatePriorSamples samples and the
+// learned rate for as many as taught it. With no sample it is the prior.
 func learnedRate(b *fleet.Backend) float64 {
-	if r := b.PrefillRate(); r > 0 {
+	if r := b.EnginePrefillRate(); r > 0 {
 		return r
 	}
-	return fleet.DefaultPrefillRate
+	r, n := b.PrefillRate(), float64(b.PrefillRateSamples())
+	if r <= 0 || n <= 0 {
+		return fleet.DefaultPrefillRate
+	}
+	w := n / (n + RatePriorSamples)
+	return math.Exp(w*math.Log(r) + (1-w)*math.Log(fleet.DefaultPrefillRate))
 }
 
 // trustedRate is the rate kvroute costs a backend at: the fleet's rate
 // unless the backend's own strays beyond a factor RateTrust, and then its
-// own shrunk by that factor (continuous at the band's edges).
+// own shrunk by that factor (continuous at the band's edges), within a
+// factor RateCap of the fleet's.
 func trustedRate(own, fleetRate float64) float64 {
 	switch r := own / fleetRate; {
 	case r > RateTrust:
-		return fleetRate * r / RateTrust
+		return fleetRate * min(r/RateTrust, RateCap)
 	case r < 1/RateTrust:
-		return fleetRate * r * RateTrust
+		return fleetRate * max(r*RateTrust, 1/RateCap)
 	}
 	return fleetRate
+}
+
+// written is the prompt tokens b has computed for the requests routed to
+// it since it joined, by the router's estimate: what it has written into
+// its KV cache.
+func written(b *fleet.Backend) int64 {
+	prompt, cached := b.Routed()
+	return prompt - cached
+}
+
+// emptier reports whether a candidate with inFlight requests that has
+// written w tokens into its cache beats one with (bestLoad, bestWritten)
+// on an exact tie of scores: fewer in flight first, then fewer written.
+// On an idle fleet, a prompt no backend holds then goes where the router
+// has written the least: with the cache evicting its least recently used
+// blocks, a prefix lives there until a cache's worth is written after it,
+// so that is where it survives longest, and unrelated prompts spread over
+// the backends instead of piling onto whichever the scan reached first.
+func emptier(inFlight, w, bestLoad, bestWritten int64) bool {
+	return inFlight < bestLoad || (inFlight == bestLoad && w < bestWritten)
 }
 
 // estimate is a candidate's estimated TTFT in seconds for a request of
@@ -300,10 +354,10 @@ func (p *KVRoute) estimate(e *fleet.EngineState, l *fleet.Load, prompt, cached i
 		if decoding > 0 {
 			mean = context / decoding
 		}
-		if extra := int64(e.Waiting) - (l.InFlight - l.Decoding); extra > 0 {
+		if extra := int64(e.Waiting) - (l.InFlight - l.Decoding); extra > 0 && e.Has(fleet.EngineWaiting) {
 			work += extra * mean
 		}
-		if extra := int64(e.Running) - l.InFlight; extra > 0 {
+		if extra := int64(e.Running) - l.InFlight; extra > 0 && e.Has(fleet.EngineRunning) {
 			decoding += extra
 			context += extra * mean
 		}

@@ -14,12 +14,15 @@ import (
 // fxT0 is the fixtures' clock.
 var fxT0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
+// fxRateSamples is how many samples teach a fixture's rate.
+const fxRateSamples = 16.0
+
 // fxLoad describes one hand-built backend.
 type fxLoad struct {
 	pending  []int64 // uncached tokens of each request awaiting its first byte
 	decoding int     // decoding streams
 	ctx      int64   // prompt tokens of each decoding stream
-	rate     float64 // learned prefill rate; 0 leaves the prior
+	rate     float64 // learned prefill rate as kvroute weighs it; 0 leaves the prior
 	matched  int32   // prefix blocks of the request held
 	// kvTokens > 0 gives the backend an engine report: a KV cache of that
 	// many tokens, kvUsage of it in use, at kvAt (fxT0 when zero), with
@@ -38,12 +41,18 @@ func fxBackends(t testing.TB, loads ...fxLoad) []*fleet.Backend {
 	for i, l := range loads {
 		b := f.Add(fmt.Sprintf("b%d", i), nil, nil)
 		if l.rate > 0 {
-			// One observed TTFT on an idle backend teaches the rate outright.
+			// fxRateSamples observed TTFTs on an idle backend, each at the
+			// raw rate that the prior's weight (see learnedRate) turns into
+			// l.rate.
 			const work = 100000
-			tk := b.Start(work, work, 0, fxT0)
-			tk.FirstByte(fxT0.Add(time.Duration(float64(work) / l.rate * float64(time.Second))))
-			tk.Done(fxT0)
-			if got := b.PrefillRate(); math.Abs(got-l.rate) > l.rate*1e-6 {
+			w := fxRateSamples / (fxRateSamples + RatePriorSamples)
+			raw := math.Exp((math.Log(l.rate) - (1-w)*math.Log(fleet.DefaultPrefillRate)) / w)
+			for range int(fxRateSamples) {
+				tk := b.Start(work, work, 0, fxT0)
+				tk.FirstByte(fxT0.Add(time.Duration(float64(work) / raw * float64(time.Second))))
+				tk.Done(fxT0)
+			}
+			if got := learnedRate(b); math.Abs(got-l.rate) > l.rate*1e-6 {
 				t.Fatalf("fixture: backend %d learned rate %v, want %v", i, got, l.rate)
 			}
 		}
@@ -224,18 +233,19 @@ func TestKVRouteFit(t *testing.T) {
 func TestKVRouteEstimateByHand(t *testing.T) {
 	loads := []fxLoad{{pending: []int64{2000}, decoding: 2, ctx: 1000, matched: 100, rate: 20000}}
 	cands := fxBackends(t, loads...)
+	// The rate is taught through nanosecond TTFTs: equal to 1e-9.
 	d := fxNew(t, "kvroute", Options{}).Pick(fxInput(cands, loads, 4000, ""))
 	// uncached = 4000 - 100 blocks * 64 chars / 4 = 2400; work = 2000 + 2400;
 	// one step; decode = 2*DecodeSeqCost + 2000*DecodeContextCost.
 	want := (4400 + 2*DecodeSeqCost + 2000*DecodeContextCost) / 20000
-	if math.Abs(d.EstTTFT-want) > 1e-12 {
+	if math.Abs(d.EstTTFT-want) > want*1e-9 {
 		t.Fatalf("EstTTFT = %v, want %v", d.EstTTFT, want)
 	}
 	// A prompt shorter than its match clamps uncached at the one token the
 	// engine always recomputes rather than crediting negative work.
 	d = fxNew(t, "kvroute", Options{}).Pick(fxInput(cands, loads, 1000, ""))
 	want = (2001 + 2*DecodeSeqCost + 2000*DecodeContextCost) / 20000
-	if math.Abs(d.EstTTFT-want) > 1e-12 {
+	if math.Abs(d.EstTTFT-want) > want*1e-9 {
 		t.Fatalf("short prompt: EstTTFT = %v, want %v", d.EstTTFT, want)
 	}
 }
@@ -269,6 +279,9 @@ func TestKVRouteEngineState(t *testing.T) {
 		{"fresh report of foreign running streams steers away", &fleet.EngineState{At: fxT0, Running: 300}, 1},
 		{"stale report is ignored", &fleet.EngineState{At: fxT0.Add(-time.Minute), Waiting: 20, Running: 300}, 0},
 		{"report of only our own work changes nothing", &fleet.EngineState{At: fxT0}, 0},
+		// A field the engine does not report is unknown, not a value.
+		{"unreported queue is not read", &fleet.EngineState{At: fxT0, Waiting: 20, Running: 300,
+			Missing: fleet.EngineWaiting | fleet.EngineRunning}, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -494,6 +507,11 @@ func TestKVRouteTrustedRate(t *testing.T) {
 		{30000, 10000},
 		{60000, 20000},
 		{2000, 6000},
+		// RateCap: at most 3x the fleet's either way.
+		{90000, 30000},
+		{2e6, 30000},
+		{1000, 10000.0 / 3},
+		{100, 10000.0 / 3},
 	}
 	for _, tc := range tests {
 		if got := trustedRate(tc.own, 10000); math.Abs(got-tc.want) > 1e-9 {
@@ -512,5 +530,123 @@ func TestKVRouteMissCost(t *testing.T) {
 	want := 12001.0 / fleet.DefaultPrefillRate
 	if d.Index != 0 || math.Abs(d.EstTTFT-want) > 1e-12 {
 		t.Fatalf("picked %d est %v, want 0 est %v", d.Index, d.EstTTFT, want)
+	}
+}
+
+func TestKVRouteLearnedRateWeighsEvidence(t *testing.T) {
+	// One backend, taught n samples of 2,000 tokens in 1 ms (2M tokens/s,
+	// 200x the prior): a server whose TTFT does not grow with the prompt.
+	tests := []struct {
+		samples int
+		want    float64
+	}{
+		{0, fleet.DefaultPrefillRate},
+		{1, fleet.DefaultPrefillRate * math.Pow(200, 1.0/5)},
+		{4, fleet.DefaultPrefillRate * math.Pow(200, 4.0/8)},
+		{12, fleet.DefaultPrefillRate * math.Pow(200, 12.0/16)},
+	}
+	for _, tc := range tests {
+		b := fleet.New().Add("b", nil, nil)
+		for range tc.samples {
+			tk := b.Start(2000, 2000, 1, fxT0)
+			tk.FirstByte(fxT0.Add(time.Millisecond))
+			tk.Done(fxT0)
+		}
+		if got := learnedRate(b); math.Abs(got-tc.want) > tc.want*1e-9 {
+			t.Errorf("%d samples: learnedRate = %v, want %v", tc.samples, got, tc.want)
+		}
+	}
+}
+
+// TestKVRouteSpreadThenStick replays, on a hand-built fleet of three idle
+// backends, four unrelated prompts of 2,000 tokens sent one after another,
+// each followed by five questions on it (no session key): backend 0 answers
+// every first byte in 1 ms whatever the prompt, the others prefill at
+// 100k tokens/s. The prompts must use all three backends, and the questions
+// stay with their prompt.
+func TestKVRouteSpreadThenStick(t *testing.T) {
+	const prompt, question, blockChars = 2000, 20, 64
+	blocks := int32(prompt * request.BytesPerToken / blockChars)
+	cands := fxBackends(t, fxLoad{}, fxLoad{}, fxLoad{})
+	p := fxNew(t, "kvroute", Options{})
+	now := fxT0
+	// holds[i] lists the prompts backend i holds.
+	holds := make([]map[int]bool, len(cands))
+	for i := range holds {
+		holds[i] = map[int]bool{}
+	}
+	route := func(doc, tokens int) int {
+		in := fxInput(cands, make([]fxLoad, len(cands)), tokens, "")
+		in.Now = now
+		for i := range cands {
+			if holds[i][doc] {
+				in.Matched[i] = blocks
+			}
+		}
+		d := p.Pick(in)
+		i := d.Index
+		uncached := int64(tokens)
+		if holds[i][doc] {
+			uncached = question
+		}
+		ttft := time.Millisecond
+		if i > 0 {
+			ttft = time.Duration(float64(uncached) / 100000 * float64(time.Second))
+		}
+		tk := cands[i].Start(int64(tokens), uncached, 16, now)
+		now = now.Add(ttft)
+		tk.FirstByte(now)
+		now = now.Add(10 * time.Millisecond)
+		tk.Done(now)
+		holds[i][doc] = true
+		return i
+	}
+	used := map[int]bool{}
+	for doc := range 4 {
+		home := route(doc, prompt)
+		used[home] = true
+		for q := range 5 {
+			if got := route(doc, prompt+question); got != home {
+				t.Errorf("prompt %d question %d went to %d, the prompt to %d", doc, q, got, home)
+			}
+		}
+	}
+	if len(used) != 3 {
+		t.Errorf("four unrelated prompts used backends %v, want all three", used)
+	}
+}
+
+func TestKVRouteTieGoesToEmptierCache(t *testing.T) {
+	// Idle and equal but for what each has written into its cache.
+	cands := fxBackends(t, fxLoad{}, fxLoad{}, fxLoad{})
+	for i, tokens := range []int64{5000, 100, 3000} {
+		cands[i].Start(tokens, tokens, 0, fxT0).Done(fxT0)
+	}
+	p := fxNew(t, "kvroute", Options{})
+	for range len(cands) {
+		if d := p.Pick(fxInput(cands, make([]fxLoad, 3), 2000, "")); d.Index != 1 {
+			t.Fatalf("picked %d (%q), want 1, the emptiest cache", d.Index, d.Note)
+		}
+	}
+}
+
+// The engine's own prefill throughput, when it reports one, is the rate
+// kvroute costs it at, whatever its TTFTs taught: a backend that answers
+// at once (2M tokens/s by TTFT) but whose engine says it prefills 5,000
+// tokens/s loses a cold prompt to an idle peer at the prior.
+func TestKVRouteEngineReportedRate(t *testing.T) {
+	cands := fxBackends(t, fxLoad{rate: 2e6}, fxLoad{})
+	cands[0].ObserveEnginePrefill(5000, 1)
+	if got := learnedRate(cands[0]); got != 5000 {
+		t.Fatalf("learnedRate = %v, want the engine's 5000", got)
+	}
+	// Costed at the fleet's rate sqrt(5000*10000) = 7071 (within RateTrust),
+	// so the two tie and the one with less written wins: backend 1 (the
+	// fixture wrote 100,000-token requests to backend 0).
+	p := fxNew(t, "kvroute", Options{})
+	for range 2 {
+		if d := p.Pick(fxInput(cands, make([]fxLoad, 2), 2000, "")); d.Index != 1 {
+			t.Fatalf("picked %d, want 1", d.Index)
+		}
 	}
 }

@@ -62,8 +62,9 @@ func (a adminSource) Backends() []admin.Backend {
 			Breaker:  admin.Breaker{State: st.State, ConsecutiveFailures: st.Fails},
 			Load: admin.Load{InFlight: l.InFlight, PendingPrefillTokens: l.PendingPrefill, Decoding: l.Decoding,
 				DecodeBudgetTokens: l.DecodeBudget, DecodeTokens: l.DecodeTokens},
-			PrefillRate:  b.PrefillRate(),
-			PrefixBlocks: s.sched.Index().Len(b.ID),
+			PrefillRate:       b.PrefillRate(),
+			EnginePrefillRate: b.EnginePrefillRate(),
+			PrefixBlocks:      s.sched.Index().Len(b.ID),
 		}
 		if b.URL != nil {
 			ab.URL = b.URL.String()
@@ -74,8 +75,16 @@ func (a adminSource) Backends() []admin.Backend {
 		}
 		ab.RoutedPromptTokens, ab.PredictedCachedTokens = b.Routed()
 		if e := b.Engine(); e != nil {
-			ab.Engine = &admin.Engine{ReportedAt: e.At, AgeSeconds: now.Sub(e.At).Seconds(), Running: e.Running,
-				Waiting: e.Waiting, KVUsage: e.KVUsage, KVBlocks: e.KVBlocks}
+			ab.Engine = &admin.Engine{ReportedAt: e.At, AgeSeconds: now.Sub(e.At).Seconds(), KVBlocks: e.KVBlocks}
+			if e.Has(fleet.EngineRunning) {
+				ab.Engine.Running = &e.Running
+			}
+			if e.Has(fleet.EngineWaiting) {
+				ab.Engine.Waiting = &e.Waiting
+			}
+			if e.Has(fleet.EngineKVUsage) {
+				ab.Engine.KVUsage = &e.KVUsage
+			}
 		}
 		out = append(out, ab)
 	}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/monitor"
 )
 
@@ -31,6 +32,11 @@ func (s *Server) newMonitor() error {
 		StaleAfter:  ec.StaleAfter,
 		KindOf:      s.set.KindOf,
 		SetCapacity: s.sched.SetKVCapacity,
+		SetContext: func(b *fleet.Backend, tokens int) {
+			if m := s.set.Of(b); m != nil {
+				m.SetReportedContext(tokens)
+			}
+		},
 	}, client, s.log)
 	return s.monitor.Register(s.metrics.reg)
 }

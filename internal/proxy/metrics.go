@@ -118,10 +118,12 @@ var (
 		"1 when the backend receives requests, 0 when it is ejected.", []string{"backend"}, nil)
 	descRate = prometheus.NewDesc("kvroute_prefill_rate_tokens_per_second",
 		"The backend's prefill rate as learned from observed TTFTs.", []string{"backend"}, nil)
+	descEngineRate = prometheus.NewDesc("kvroute_engine_prefill_rate_tokens_per_second",
+		"The backend's prefill rate as its engine's own counters show it (absent when the engine reports none); kvroute prefers it.", []string{"backend"}, nil)
 )
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInflight, descFleetInflight, descPending, descDecoding, descHealthy, descRate} {
+	for _, d := range []*prometheus.Desc{descInflight, descFleetInflight, descPending, descDecoding, descHealthy, descRate, descEngineRate} {
 		ch <- d
 	}
 }
@@ -139,5 +141,8 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descDecoding, prometheus.GaugeValue, float64(l.Decoding), b.Name)
 		ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, healthy, b.Name)
 		ch <- prometheus.MustNewConstMetric(descRate, prometheus.GaugeValue, b.PrefillRate(), b.Name)
+		if r := b.EnginePrefillRate(); r > 0 {
+			ch <- prometheus.MustNewConstMetric(descEngineRate, prometheus.GaugeValue, r, b.Name)
+		}
 	}
 }
