@@ -83,11 +83,14 @@ flags:
 		log.Error("start", "err", err)
 		return 1
 	}
+	// The signals are caught before the listener opens: a SIGTERM that
+	// comes as soon as the router serves must drain it, not kill it.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
 	if err := srv.Start(); err != nil {
 		log.Error("start", "err", err)
 		return 1
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	go watchReloads(ctx, fs.Lookup("config").Value.String(), cfg.Fleet.ConfigPoll, srv, load, log)
 	<-ctx.Done()
 	stop() // a second signal kills the process at once
