@@ -28,8 +28,9 @@ func runCompare(args []string) int {
 	timeScale := fs.Float64("time-scale", 1, "emulated seconds per real second (10 replays a 10-minute workload in one minute)")
 	fs.BoolVar(&w.kvEvents, "kv-events", false, "also run each policy with the engines publishing their KV cache events over ZMQ and the router routing on them (named POLICY+precise)")
 	fs.IntVar(&w.replicas, "replicas", 1, "also run each policy on N router replicas sharing state through an in-process NATS server, each request entering one at random (from --seed)")
+	fs.DurationVar(&w.killReplicaAt, "kill-replica-at", 0, "with --replicas: kill the last replica this long (wall clock) into its run, as a crash would; the client sends the requests it refuses to the next replica")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--policies a,b,c] [--rate R | --speedup X | --load F] [--limit N | --window START-END] [--seed S] [--time-scale X] [--kv-events] [--replicas N] [--oracle] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--policies a,b,c] [--rate R | --speedup X | --load F] [--limit N | --window START-END] [--seed S] [--time-scale X] [--kv-events] [--replicas N [--kill-replica-at D]] [--oracle] [--json FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nStarts the emulated engines and one router on loopback, in process, and replays the workload once per policy against fresh engines. Latencies are reported in emulated time.\n\nflags:")
 		fs.PrintDefaults()
 		writeBuiltins(fs.Output())
@@ -58,6 +59,9 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	}
 	if timeScale <= 0 {
 		return nil, "", errors.New("--time-scale must be positive")
+	}
+	if w.killReplicaAt < 0 || (w.killReplicaAt > 0 && w.replicas < 2) {
+		return nil, "", errors.New("--kill-replica-at takes a positive duration and --replicas 2 or more")
 	}
 	engines, err := sim.ParseEngines(w.engines, w.preset)
 	if err != nil {
@@ -88,14 +92,19 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 		}
 	}
 	keeping := map[string]*driverSummary{}
+	var kills []string
 	rep, err := compare.Run(ctx, reqs, compare.Config{
-		Engines:     engines,
-		KVBlocks:    w.kvBlocks,
-		TimeScale:   timeScale,
-		Policies:    policies,
-		KVEvents:    w.kvEvents,
-		Seed:        w.seed,
-		Replicas:    w.replicas,
+		Engines:       engines,
+		KVBlocks:      w.kvBlocks,
+		TimeScale:     timeScale,
+		Policies:      policies,
+		KVEvents:      w.kvEvents,
+		Seed:          w.seed,
+		Replicas:      w.replicas,
+		KillReplicaAt: w.killReplicaAt,
+		Killed: func(run string, k compare.Kill) {
+			kills = append(kills, describeKill(run, k))
+		},
 		OfferedLoad: offered,
 		Progress:    bench.Terminal(),
 		Driver: func(policy string, _ int, st emulator.DriverStats) {
@@ -122,6 +131,9 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 		labels[i] = r.Policy
 	}
 	writeDriverSummary(stdout, labels, keeping, span)
+	for _, k := range kills {
+		fmt.Fprint(stdout, k)
+	}
 	// Charts first: they create --out, which --json may point into.
 	page := ""
 	if w.out != "" {
@@ -176,4 +188,19 @@ func writeDriverSummary(w io.Writer, policies []string, keeping map[string]*driv
 	if worst > slipWarn {
 		fmt.Fprintf(w, "warning: the emulated engines fell behind the real clock by up to %.1f%% of the run: the machine was too busy for this time scale; use a lower --time-scale\n", 100*worst)
 	}
+}
+
+// describeKill reports a run that lost a replica: what it lost, how the
+// requests that entered the others fared, and when they forgot it.
+func describeKill(run string, k compare.Kill) string {
+	forgot := "not within the peer timeout and three heartbeats"
+	if k.Forgotten > 0 {
+		forgot = fmt.Sprintf("%v after the kill", k.Forgotten.Round(time.Millisecond))
+	}
+	s := k.Survivors
+	return fmt.Sprintf("\n%s: replica %d killed %v (wall clock) into the run with %d requests in flight: %d requests lost with it, %d refused by it and sent to another replica\n"+
+		"  requests that entered the other replicas: %d completed, %d errors, TTFT mean %.1f ms, p50 %.1f ms, p99 %.1f ms, hit rate %.1f%%\n"+
+		"  its peers stopped counting it (and its load) %s; peers' in-flight requests still counted after the run: %d\n",
+		run, k.Replica, k.At, k.InFlight, k.Lost, k.FailedOver,
+		s.Completed, s.Errors, s.TTFT.Mean, s.TTFT.P50, s.TTFT.P99, 100*s.PrefixHitRate, forgot, k.PeerLoadLeft)
 }

@@ -106,3 +106,19 @@ func checkReportPage(t *testing.T, page, dir string) {
 		}
 	}
 }
+
+// TestKillReplicaAtNeedsReplicas: --kill-replica-at is refused without a
+// replica run to kill one of, and when negative, before anything starts.
+func TestKillReplicaAtNeedsReplicas(t *testing.T) {
+	for _, tc := range []struct {
+		replicas int
+		at       time.Duration
+	}{{1, time.Second}, {3, -time.Second}} {
+		w := fleetFlags{engines: "2", preset: "h100-llama3-8b", workload: "chat", policies: "kvroute",
+			rate: 4, duration: 3 * time.Second, seed: 1, replicas: tc.replicas, killReplicaAt: tc.at}
+		var out strings.Builder
+		if _, _, err := compareMain(t.Context(), &out, &w, 10); err == nil || !strings.Contains(err.Error(), "--kill-replica-at") {
+			t.Errorf("--replicas %d --kill-replica-at %v: err %v, want a --kill-replica-at error", tc.replicas, tc.at, err)
+		}
+	}
+}

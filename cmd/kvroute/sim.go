@@ -39,6 +39,7 @@ type fleetFlags struct {
 	jitter                              time.Duration // sim only
 	kvEvents                            bool          // compare only (sim has kvFlags)
 	replicas                            int           // sim and compare
+	killReplicaAt                       time.Duration // compare only
 	// sim only:
 	syncDelay     time.Duration
 	noSync        bool

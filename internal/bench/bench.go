@@ -24,6 +24,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/openai"
@@ -47,7 +48,12 @@ type Config struct {
 	Target string
 	// Spread, when not empty, are more targets (router replicas): each
 	// request goes to Target or one of them, drawn at random from
-	// SpreadSeed, so that a conversation's turns enter any replica.
+	// SpreadSeed, so that a conversation's turns enter any replica. A
+	// request whose connection its target refuses (the target is down and
+	// nothing was sent) goes to the next target in order, as a load
+	// balancer in front of replicas retries a refused connection; a
+	// request a target accepted and then failed is an error, as it is
+	// behind a load balancer (a stream cannot be replayed).
 	Spread     []string
 	SpreadSeed int64
 	// Model is sent in every body; empty asks GET /v1/models and takes the
@@ -160,7 +166,7 @@ dispatch:
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.do(ctx, req, s, r.target(i))
+			r.do(ctx, req, s, r.entry(i))
 			r.inflight.Add(-1)
 			if s.Err != "" {
 				r.errors.Add(1)
@@ -178,8 +184,9 @@ dispatch:
 	return samples, wall, nil
 }
 
-// spread draws each of n requests' target from cfg.Spread and cfg.Target.
+// spread draws each of n requests' target from cfg.Target and cfg.Spread.
 func (r *runner) spread(cfg Config, n int) error {
+	r.bases = []string{r.base}
 	if len(cfg.Spread) == 0 {
 		return nil
 	}
@@ -193,17 +200,17 @@ func (r *runner) spread(cfg Config, n int) error {
 	rng := rand.New(rand.NewPCG(uint64(cfg.SpreadSeed), 0x59ead))
 	r.via = make([]int, n)
 	for i := range r.via {
-		r.via[i] = rng.IntN(len(r.bases)+1) - 1
+		r.via[i] = rng.IntN(len(r.bases))
 	}
 	return nil
 }
 
-// target is the base URL request i goes to.
-func (r *runner) target(i int) string {
-	if r.via == nil || r.via[i] < 0 {
-		return r.base
+// entry is the index in bases of the target request i goes to first.
+func (r *runner) entry(i int) int {
+	if r.via == nil {
+		return 0
 	}
-	return r.bases[r.via[i]]
+	return r.via[i]
 }
 
 func (c *Config) maxConcurrency() int {
@@ -282,8 +289,8 @@ func httpError(status int, body []byte) string {
 type runner struct {
 	client *http.Client
 	base   string
-	// bases are the targets of Spread, and via[i] the one request i goes
-	// to (an index into bases, -1 for base); nil without Spread.
+	// bases are base and the targets of Spread, and via[i] the one
+	// request i goes to first (an index into bases); nil without Spread.
 	bases   []string
 	via     []int
 	model   string
@@ -293,25 +300,34 @@ type runner struct {
 	inflight, done, errors atomic.Int64
 }
 
-// do sends one request and fills s. Latencies count from the request's
-// intended start, so time lost by a late client is charged to the request.
-func (r *runner) do(ctx context.Context, wr *workload.Request, s *report.Sample, base string) {
+// do sends one request, to bases[entry] or, when that refuses the
+// connection, the next target, and fills s. Latencies count from the
+// request's intended start, so time lost by a late client (or a refused
+// connection) is charged to the request.
+func (r *runner) do(ctx context.Context, wr *workload.Request, s *report.Sample, entry int) {
 	start := r.start.Add(wr.At)
 	body := wr.Body(r.model)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+wr.Kind.Path(), bytes.NewReader(body))
-	if err != nil {
-		s.Err = err.Error()
-		return
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "text/event-stream")
-	if wr.Session != "" {
-		req.Header.Set(SessionHeader, wr.Session)
-	}
-	resp, err := r.client.Do(req)
-	if err != nil {
-		s.Err = err.Error()
-		return
+	var resp *http.Response
+	for k := range r.bases {
+		s.Entry, s.Refused = (entry+k)%len(r.bases), k
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.bases[s.Entry]+wr.Kind.Path(), bytes.NewReader(body))
+		if err != nil {
+			s.Err = err.Error()
+			return
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "text/event-stream")
+		if wr.Session != "" {
+			req.Header.Set(SessionHeader, wr.Session)
+		}
+		resp, err = r.client.Do(req)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) || k == len(r.bases)-1 {
+			s.Err = err.Error()
+			return
+		}
 	}
 	defer resp.Body.Close()
 	s.Backend = resp.Header.Get(BackendHeader)

@@ -330,3 +330,32 @@ func BenchmarkParseChunk(b *testing.B) {
 		}
 	}
 }
+
+// TestSpreadFailsOver: with a target down (its connections refused), the
+// requests drawn for it go to the next target and complete; those drawn for
+// the live one enter it first; without another target, a refusal is an
+// error.
+func TestSpreadFailsOver(t *testing.T) {
+	srv := httptest.NewServer(&fake{})
+	defer srv.Close()
+	dead := httptest.NewServer(http.NotFoundHandler())
+	dead.Close()
+	run, err := Run(context.Background(), Config{Target: srv.URL, Spread: []string{dead.URL}, SpreadSeed: 1, Model: "fake-model", Requests: traceRequests(t, 20, 2, time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := 0
+	for _, s := range run.Samples {
+		if s.Entry != 0 || s.Err != "" {
+			t.Errorf("sample entered target %d, err %q; want 0 and none", s.Entry, s.Err)
+		}
+		refused += s.Refused
+	}
+	if run.Completed != 20 || refused == 0 || refused == 20 {
+		t.Errorf("completed %d, %d refused by the dead target; want 20 and some of them", run.Completed, refused)
+	}
+	run, err = Run(context.Background(), Config{Target: dead.URL, Model: "fake-model", Requests: traceRequests(t, 2, 1, time.Millisecond)})
+	if err != nil || run.Errors != 2 || !strings.Contains(run.Samples[0].Err, "refused") {
+		t.Errorf("one dead target: err %v, %d errors, first %q", err, run.Errors, run.Samples[0].Err)
+	}
+}

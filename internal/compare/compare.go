@@ -55,6 +55,15 @@ type Config struct {
 	// replicas sharing state through an in-process NATS server, the
 	// client's requests spread over them at random (replicas.go).
 	Replicas int
+	// KillReplicaAt > 0 kills the last replica of the replica run that
+	// long (wall clock) after the run starts, as a crash would (see
+	// proxy.Server.Kill); the client then sends the requests it refuses
+	// to the next replica (see bench.Config.Spread), and Killed hears
+	// what happened.
+	KillReplicaAt time.Duration
+	Killed        func(run string, k Kill)
+	// PeerTimeout, when positive, overrides the replicas' sync.peer_timeout.
+	PeerTimeout time.Duration
 	// OfferedLoad is copied into every run (see sim.Offered).
 	OfferedLoad float64
 	// Progress, when not nil, receives the load generator's progress bar
@@ -178,26 +187,39 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 		}
 		cc.Backends = append(cc.Backends, be)
 	}
-	var targets []string
+	var (
+		targets []string
+		routers []*proxy.Server
+	)
 	if replicas > 1 {
 		url, err := stack.nats()
 		if err != nil {
 			return report.Run{}, err
 		}
 		cc.Sync.URL = url
+		if cfg.PeerTimeout > 0 {
+			cc.Sync.PeerTimeout = cfg.PeerTimeout
+		}
 	}
 	for r := range max(replicas, 1) {
 		c := *cc
 		if replicas > 1 {
 			c.Sync.ReplicaID = fmt.Sprintf("replica-%d", r)
 		}
-		addr, err := startRouter(&stack, &c, cfg.Logger, engineOf, kv)
+		rt, err := startRouter(&stack, &c, cfg.Logger, engineOf, kv)
 		if err != nil {
 			return report.Run{}, err
 		}
-		targets = append(targets, "http://"+addr)
+		routers = append(routers, rt)
+		targets = append(targets, "http://"+rt.Addr())
 	}
 	label := runLabel(p, precise, replicas)
+	var kill *killer
+	if replicas > 1 && cfg.KillReplicaAt > 0 {
+		label += " kill"
+		kill = &killer{at: cfg.KillReplicaAt, routers: routers, sync: cc.Sync}
+		kill.arm()
+	}
 
 	samples, elapsed, err := bench.Drive(ctx, bench.Config{
 		Target:     targets[0],
@@ -208,6 +230,12 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 		Policy:     label,
 		Progress:   cfg.Progress,
 	})
+	if kill != nil {
+		k := kill.result(samples, label, cfg.TimeScale)
+		if err == nil && cfg.Killed != nil {
+			cfg.Killed(label, k)
+		}
+	}
 	if err != nil {
 		return report.Run{}, err
 	}
@@ -219,15 +247,15 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 	return report.Summarize(label, toEmulated(samples, cfg.TimeScale), scale(elapsed, cfg.TimeScale)), nil
 }
 
-// startRouter validates c, starts a router with it, sizes its prefix index
-// from the engines' KV caches and returns its address.
-func startRouter(stack *servers, c *config.Config, logger *slog.Logger, engineOf map[string]int, kv []int) (string, error) {
+// startRouter validates c, starts a router with it and sizes its prefix
+// index from the engines' KV caches.
+func startRouter(stack *servers, c *config.Config, logger *slog.Logger, engineOf map[string]int, kv []int) (*proxy.Server, error) {
 	if err := c.Validate(); err != nil {
-		return "", fmt.Errorf("router config: %w", err)
+		return nil, fmt.Errorf("router config: %w", err)
 	}
 	rt, err := proxy.New(c, logger)
 	if err != nil {
-		return "", fmt.Errorf("router: %w", err)
+		return nil, fmt.Errorf("router: %w", err)
 	}
 	// The router's prefix index holds as much as each engine's KV cache,
 	// exactly as the simulator sets it, from the start (the engine
@@ -238,19 +266,19 @@ func startRouter(stack *servers, c *config.Config, logger *slog.Logger, engineOf
 		// config's list.
 		i, ok := engineOf[b.Name]
 		if !ok {
-			return "", fmt.Errorf("router: backend %q is none of the engines", b.Name)
+			return nil, fmt.Errorf("router: backend %q is none of the engines", b.Name)
 		}
 		rt.Scheduler().SetKVCapacity(b.ID, int64(kv[i])*engine.BlockSize)
 	}
 	if err := rt.Start(); err != nil {
-		return "", fmt.Errorf("router: %w", err)
+		return nil, fmt.Errorf("router: %w", err)
 	}
 	stack.closers = append(stack.closers, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		return rt.Shutdown(ctx)
 	})
-	return rt.Addr(), nil
+	return rt, nil
 }
 
 // toEmulated converts wall-clock samples to emulated time in place.

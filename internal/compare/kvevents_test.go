@@ -4,26 +4,13 @@ import (
 	"context"
 	"testing"
 
-	"github.com/kvroute/kvroute/internal/engine"
-	"github.com/kvroute/kvroute/internal/sim"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
 // TestKVEventsRuns: with KVEvents, each policy runs twice, approximately
 // and on the engines' events, and both runs complete every request.
 func TestKVEventsRuns(t *testing.T) {
-	if testing.Short() {
-		t.Skip("live run")
-	}
-	p, err := engine.LookupPreset("h100-llama3-8b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	engines := []engine.Preset{p, p}
-	reqs, _, err := sim.LoadAt("chat", workload.Options{Limit: 40, Seed: 3}, 0.5, sim.Capacity(engines))
-	if err != nil {
-		t.Fatal(err)
-	}
+	engines, reqs := twoEngineChat(t, workload.Options{Limit: 40, Seed: 3}, 0.5)
 	rep, err := Run(context.Background(), reqs, Config{Engines: engines, TimeScale: 4, Policies: []string{"kvroute"}, KVEvents: true})
 	if err != nil {
 		t.Fatal(err)

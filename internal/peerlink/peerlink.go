@@ -240,6 +240,18 @@ func (l *Link) Close() {
 	l.nc.Close()
 }
 
+// Abort stops the link as a crash would: the connection closes first,
+// unflushed, so that peers hear nothing more (not even the ends of the
+// requests still in flight) and must time this replica out.
+func (l *Link) Abort() {
+	if l.stop == nil {
+		return
+	}
+	l.nc.Close()
+	l.stop()
+	l.done.Wait()
+}
+
 func (l *Link) wake(nc *nats.Conn, what string) {
 	l.log.Info("sync: "+what+" to NATS", "url", nc.ConnectedUrlRedacted())
 	select {

@@ -37,3 +37,25 @@ func (s *Server) stopSync() {
 
 // Peers returns the link to the other replicas, nil with sync off.
 func (s *Server) Peers() *peerlink.Link { return s.peers }
+
+// Kill stops the router as a crash would, for tests and benchmarks of a
+// lost replica: its link to the peers closes unflushed (Link.Abort), then
+// its listeners and every connection close at once, with no drain; the
+// requests in flight fail. Shutdown afterwards releases the rest.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	srv, stop, asrv := s.httpSrv, s.stop, s.adminSrv
+	s.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+	if s.peers != nil {
+		s.peers.Abort()
+	}
+	if asrv != nil {
+		_ = asrv.Close()
+	}
+	if srv != nil {
+		_ = srv.Close()
+	}
+}

@@ -36,6 +36,10 @@ type Sample struct {
 	Backend string
 	// Status is the HTTP status of the response, 0 when none arrived.
 	Status int
+	// Entry is the target the request entered (with several targets, see
+	// bench.Config.Spread): 0 for the first, i for the i-th of the others.
+	// Refused counts the targets that refused its connection before.
+	Entry, Refused int
 }
 
 // Dist summarises a latency distribution in milliseconds.
