@@ -154,12 +154,14 @@ func noRelease() {}
 // is admitted, so that one freed slot admits one request and not the whole
 // queue. Further calls of release do nothing.
 func (c *Controller) Admit(ctx context.Context, model string, priority int, tenant string) (release func(), err error) {
-	return c.AdmitCost(ctx, model, priority, tenant, 0)
+	return c.AdmitCost(ctx, model, priority, tenant, nil)
 }
 
-// AdmitCost is Admit for a request whose own work is cost (see Cost), by
-// which the Deadline order takes it.
-func (c *Controller) AdmitCost(ctx context.Context, model string, priority int, tenant string, cost time.Duration) (release func(), err error) {
+// AdmitCost is Admit for a request whose own work cost returns (see Cost),
+// by which the Deadline order takes it. cost is called only when the
+// request may have to wait and the order is Deadline, outside the
+// controller's lock; nil is a cost of 0.
+func (c *Controller) AdmitCost(ctx context.Context, model string, priority int, tenant string, cost func() time.Duration) (release func(), err error) {
 	if c == nil {
 		return noRelease, nil
 	}
@@ -167,6 +169,10 @@ func (c *Controller) AdmitCost(ctx context.Context, model string, priority int, 
 	// once; the limits are soft by that much.
 	if c.queued.Load() == 0 && !c.saturated(model) {
 		return noRelease, nil
+	}
+	var own time.Duration
+	if cost != nil && c.cfg.Order == Deadline {
+		own = cost()
 	}
 	c.mu.Lock()
 	if !c.q.WaitingAtOrAbove(priority) && c.transit == 0 && !c.saturated(model) {
@@ -181,7 +187,7 @@ func (c *Controller) AdmitCost(ctx context.Context, model string, priority int, 
 			Message: fmt.Sprintf("every backend for model %q is saturated and the router's queue is full (%d waiting); retry later", model, c.cfg.MaxQueue)}
 	}
 	now := time.Now()
-	w := &waiter{entry: Entry{Model: model, Priority: priority, Tenant: tenant, Enqueued: now, Cost: cost}, enqueued: now, ready: make(chan struct{})}
+	w := &waiter{entry: Entry{Model: model, Priority: priority, Tenant: tenant, Enqueued: now, Cost: own}, enqueued: now, ready: make(chan struct{})}
 	w.entry.Value = w
 	c.enqueueLocked(w)
 	// Capacity may already be free for this model (the waiters ahead may be

@@ -28,7 +28,7 @@ const (
 
 // DefaultSlack is the Deadline order's slack: measured on the Mooncake
 // trace and the built-in workloads (docs/routing.md, "Late binding").
-const DefaultSlack = 1.0
+const DefaultSlack = 2.0
 
 // ParseOrder reads an order's name: "fcfs" or "deadline".
 func ParseOrder(s string) (Order, error) {
