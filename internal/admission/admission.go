@@ -2,7 +2,8 @@
 // that could serve a request is saturated, the request waits here instead
 // of being piled onto an engine that is already behind. The queue is
 // ordered by priority (higher first) and, within one priority, fair across
-// tenants (round robin between the tenants' FIFO queues). A waiter leaves
+// tenants (round robin between the tenants' queues, each first come first
+// served or earliest deadline first; see Queue). A waiter leaves
 // when capacity frees up, when it has waited its limit (429), or when its
 // client goes away; a request that finds the queue full gets 429 at once.
 //
@@ -13,6 +14,13 @@
 //
 // A nil *Controller admits everything at no cost, which is how the proxy
 // runs when no limit is configured.
+//
+// The order of the waiters (Queue) and the rule that holds a request
+// (Limits.SaturatedAt) are pure code, with the time given: the Controller
+// wraps them with a lock, timers and its waiters' channels for the live
+// router, and the simulator drives them in virtual time (late binding:
+// hold while every backend has two steps of prefill queued, bind as one
+// frees up).
 package admission
 
 import (

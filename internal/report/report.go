@@ -417,6 +417,10 @@ func writeSlowdowns(w io.Writer, runs []Run) {
 	for _, r := range runs {
 		row := []string{r.Policy}
 		for _, sd := range r.Slowdown {
+			if sd.N == 0 {
+				row = append(row, "0", "-", "-")
+				continue
+			}
 			row = append(row, fmt.Sprint(sd.N), fmt.Sprintf("%.1fx", sd.P50), fmt.Sprintf("%.1fx", sd.P99))
 		}
 		if len(r.Slowdown) == 0 {
