@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/sim"
@@ -15,6 +16,7 @@ type lateFlags struct {
 	tokens int64
 	order  string
 	slack  float64
+	cap    time.Duration
 }
 
 // lateMode is --late-binding: off, on (the flag alone), or both (each
@@ -46,6 +48,7 @@ func (l *lateFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&l.tokens, "hold-tokens", admission.DefaultHoldTokens, "with --late-binding: the per-engine bound of queued prefill tokens (admission.max_pending_prefill_tokens_per_backend)")
 	fs.StringVar(&l.order, "hold-order", admission.DefaultHoldOrder.String(), "with --late-binding: the order of held requests, fcfs or deadline (arrival + slack x own prefill cost)")
 	fs.Float64Var(&l.slack, "hold-slack", admission.DefaultSlack, "with --late-binding and --hold-order deadline: the slack")
+	fs.DurationVar(&l.cap, "hold-cap", admission.DefaultCap, "with --late-binding and --hold-order deadline: the most a deadline lies after its arrival")
 }
 
 // hold is one run per policy: its name's suffix and its hold (nil: none).
@@ -62,14 +65,17 @@ func (l *lateFlags) holds() ([]hold, error) {
 	if l.tokens <= 0 {
 		return nil, errors.New("--hold-tokens must be positive")
 	}
-	if l.slack <= 0 {
+	if !(l.slack > 0) {
 		return nil, errors.New("--hold-slack must be positive")
+	}
+	if l.cap <= 0 {
+		return nil, errors.New("--hold-cap must be positive")
 	}
 	o, err := admission.ParseOrder(l.order)
 	if err != nil {
 		return nil, fmt.Errorf("--hold-order: %w", err)
 	}
-	on := hold{"+late", &sim.Hold{Tokens: l.tokens, Order: o, Slack: l.slack}}
+	on := hold{"+late", &sim.Hold{Tokens: l.tokens, Order: o, Slack: l.slack, Cap: l.cap}}
 	if l.mode == "on" {
 		return []hold{on}, nil
 	}

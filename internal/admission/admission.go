@@ -71,9 +71,11 @@ type Config struct {
 	// saturated while the queue is not empty.
 	Recheck time.Duration
 	// Order is how one tenant's waiters at one priority are taken: FCFS
-	// (the zero value) or Deadline, with Slack (see Order).
+	// (the zero value) or Deadline, with Slack and Cap (see Order; zero:
+	// DefaultSlack and DefaultCap).
 	Order Order
 	Slack float64
+	Cap   time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -135,7 +137,7 @@ func New(cfg Config, saturated func(model string) bool, reg prometheus.Registere
 	if saturated == nil {
 		return nil, fmt.Errorf("admission: nil saturated function")
 	}
-	c := &Controller{cfg: cfg.withDefaults(), saturated: saturated, m: newMetrics(), q: NewQueue(cfg.Order, cfg.Slack)}
+	c := &Controller{cfg: cfg.withDefaults(), saturated: saturated, m: newMetrics(), q: NewQueue(cfg.Order, cfg.Slack, cfg.Cap)}
 	if reg != nil {
 		if err := c.m.register(reg); err != nil {
 			return nil, fmt.Errorf("admission: register metrics: %w", err)

@@ -23,12 +23,13 @@ type arrival struct {
 	cost   time.Duration
 }
 
-// drainQueue pushes arrivals into a fresh queue of order o and slack, then takes
-// every entry with ready, and returns their names in the order taken.
-func drainQueue(t *testing.T, o Order, slack float64, arrivals []arrival, ready func(string) bool) []string {
+// drainQueue pushes arrivals into a fresh queue of order o, slack and cap
+// limit, then takes every entry with ready, and returns their names in the
+// order taken.
+func drainQueue(t *testing.T, o Order, slack float64, limit time.Duration, arrivals []arrival, ready func(string) bool) []string {
 	t.Helper()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	q := NewQueue(o, slack)
+	q := NewQueue(o, slack, limit)
 	for _, a := range arrivals {
 		q.Push(&Entry{Model: a.model, Priority: a.prio, Tenant: a.tenant, Enqueued: t0.Add(a.at), Cost: a.cost, Value: a.name})
 	}
@@ -54,53 +55,63 @@ func TestQueueOrder(t *testing.T) {
 		name     string
 		order    Order
 		slack    float64
+		limit    time.Duration // the cap; 0: an hour, out of the way
 		arrivals []arrival
 		ready    func(string) bool
 		want     string
 	}{
-		{"fcfs ignores cost", FCFS, 1, []arrival{
+		{"fcfs ignores cost", FCFS, 1, 0, []arrival{
 			{name: "long", at: 0, cost: 4000 * ms},
 			{name: "short", at: 10 * ms, cost: 10 * ms},
 		}, all, "long short"},
-		{"deadline: a short prompt overtakes a long one that arrived within slack x its cost", Deadline, 1, []arrival{
+		{"deadline: a short prompt overtakes a long one that arrived within slack x its cost", Deadline, 1, 0, []arrival{
 			{name: "long", at: 0, cost: 4000 * ms},
 			{name: "short", at: 10 * ms, cost: 10 * ms},
 		}, all, "short long"},
-		{"deadline: but not one that waited longer than that", Deadline, 1, []arrival{
+		{"deadline: but not one that waited longer than that", Deadline, 1, 0, []arrival{
 			{name: "long", at: 0, cost: 4000 * ms},
 			{name: "short", at: 4000 * ms, cost: 10 * ms},
 		}, all, "long short"},
-		{"deadline: the slack scales the bound", Deadline, 4, []arrival{
+		{"deadline: the slack scales the bound", Deadline, 4, 0, []arrival{
 			{name: "long", at: 0, cost: 1000 * ms},
 			{name: "short", at: 3000 * ms, cost: 10 * ms},
 		}, all, "short long"},
-		{"deadline: equal deadlines keep arrival order", Deadline, 1, []arrival{
+		{"deadline: equal deadlines keep arrival order", Deadline, 1, 0, []arrival{
 			{name: "a", at: 0, cost: 20 * ms},
 			{name: "b", at: 10 * ms, cost: 10 * ms},
 			{name: "c", at: 20 * ms, cost: 0},
 		}, all, "a b c"},
-		{"priority beats deadline", Deadline, 1, []arrival{
+		{"priority beats deadline", Deadline, 1, 0, []arrival{
 			{name: "short", at: 0, cost: 1 * ms},
 			{name: "long-high", prio: 1, at: 10 * ms, cost: 9000 * ms},
 		}, all, "long-high short"},
-		{"tenants take turns whatever their costs", Deadline, 1, []arrival{
+		{"tenants take turns whatever their costs", Deadline, 1, 0, []arrival{
 			{name: "a-long1", tenant: "a", at: 0, cost: 5000 * ms},
 			{name: "a-long2", tenant: "a", at: 1 * ms, cost: 5000 * ms},
 			{name: "b-short1", tenant: "b", at: 2 * ms, cost: 1 * ms},
 			{name: "b-short2", tenant: "b", at: 3 * ms, cost: 1 * ms},
 		}, all, "a-long1 b-short1 a-long2 b-short2"},
-		{"within a tenant, its own deadline order", Deadline, 1, []arrival{
+		{"within a tenant, its own deadline order", Deadline, 1, 0, []arrival{
 			{name: "a-long", tenant: "a", at: 0, cost: 5000 * ms},
 			{name: "a-short", tenant: "a", at: 1 * ms, cost: 1 * ms},
 			{name: "b-short", tenant: "b", at: 2 * ms, cost: 1 * ms},
 		}, all, "a-short b-short a-long"},
-		{"a saturated model does not hold up another", Deadline, 1, []arrival{
+		{"the cap bounds how long a long prompt can be passed", Deadline, 4, 5 * time.Second, []arrival{
+			{name: "long", at: 0, cost: 10000 * ms},
+			{name: "short-in-time", at: 4990 * ms, cost: 1 * ms},
+			{name: "short-too-late", at: 5010 * ms, cost: 1 * ms},
+		}, all, "short-in-time long short-too-late"},
+		{"a saturated model does not hold up another", Deadline, 1, 0, []arrival{
 			{name: "x", model: "busy", at: 0, cost: 1 * ms},
 			{name: "y", model: "free", at: 1 * ms, cost: 5000 * ms},
 		}, func(m string) bool { return m == "free" }, "y"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := strings.Join(drainQueue(t, tc.order, tc.slack, tc.arrivals, tc.ready), " ")
+			limit := tc.limit
+			if limit == 0 {
+				limit = time.Hour
+			}
+			got := strings.Join(drainQueue(t, tc.order, tc.slack, limit, tc.arrivals, tc.ready), " ")
 			if got != tc.want {
 				t.Errorf("taken %q, want %q", got, tc.want)
 			}
@@ -109,13 +120,14 @@ func TestQueueOrder(t *testing.T) {
 }
 
 // TestQueueDeadlineBound checks the Deadline order's promise on random
-// arrivals: nobody that arrived after a waiter's deadline is taken before
-// it, within one priority and tenant.
+// arrivals: nobody that arrived after a waiter's deadline (arrival +
+// min(slack x cost, cap)) is taken before it, within one priority and
+// tenant.
 func TestQueueDeadlineBound(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	const slack = 2
-	q := NewQueue(Deadline, slack)
+	const slack, limit = 2, 3 * time.Second
+	q := NewQueue(Deadline, slack, limit)
 	var taken []*Entry
 	at := time.Duration(0)
 	for i := range 2000 {
@@ -131,7 +143,7 @@ func TestQueueDeadlineBound(t *testing.T) {
 		taken = append(taken, q.Next(all))
 	}
 	for i, e := range taken {
-		deadline := e.Enqueued.Add(slack * e.Cost)
+		deadline := e.Enqueued.Add(min(slack*e.Cost, limit))
 		for _, before := range taken[:i] {
 			if before.Enqueued.After(deadline) {
 				t.Fatalf("entry %v (arrived %v, deadline %v) taken after entry %v that arrived at %v",
@@ -145,7 +157,7 @@ func TestQueueDeadlineBound(t *testing.T) {
 // order and the round robin intact, and that removing twice is harmless.
 func TestQueueRemove(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	q := NewQueue(FCFS, 0)
+	q := NewQueue(FCFS, 0, 0)
 	es := map[string]*Entry{}
 	for i, name := range []string{"a1", "b1", "a2", "c1", "b2"} {
 		e := &Entry{Tenant: name[:1], Enqueued: t0.Add(time.Duration(i)), Value: name}

@@ -59,13 +59,16 @@ type Admission struct {
 	LateBinding bool `yaml:"late_binding"`
 	// Order is how the waiters of one tenant at one priority are taken:
 	// "fcfs" (first come, first served) or "deadline" (earliest of arrival
-	// + deadline_slack x the request's own uncached prefill time first: a
-	// short prompt passes a long one, which is delayed by at most that
-	// slack times its own cost). Default "": deadline with late_binding,
+	// + min(deadline_slack x the request's own uncached prefill time,
+	// deadline_cap) first: a short prompt passes a long one that arrived
+	// less than that before it). Default "": deadline with late_binding,
 	// else fcfs.
 	Order string `yaml:"order"`
-	// DeadlineSlack is the deadline order's slack. Default 2.
+	// DeadlineSlack is the deadline order's slack. Default 4.
 	DeadlineSlack float64 `yaml:"deadline_slack"`
+	// DeadlineCap bounds how far after its arrival a deadline lies, so
+	// that requests arriving later than that never pass it. Default 5s.
+	DeadlineCap time.Duration `yaml:"deadline_cap"`
 }
 
 // KeyPriority is the priority of one API key.
@@ -126,7 +129,8 @@ const (
 	// under late_binding when max_pending_prefill_tokens_per_backend is 0:
 	// two steps of chunked prefill of 8,192 tokens (admission.DefaultHoldTokens).
 	DefaultLateBindingTokens = 2 * 8192
-	DefaultDeadlineSlack     = 2.0 // admission.DefaultSlack
+	DefaultDeadlineSlack     = 4.0             // admission.DefaultSlack
+	DefaultDeadlineCap       = 5 * time.Second // admission.DefaultCap
 )
 
 // Enabled reports whether any saturation limit is set, or late binding.
@@ -156,7 +160,7 @@ func (a Admission) QueueOrder() string {
 }
 
 func defaultAdmission() Admission {
-	return Admission{MaxQueue: DefaultAdmissionMaxQueue, MaxWait: DefaultAdmissionMaxWait, DeadlineSlack: DefaultDeadlineSlack}
+	return Admission{MaxQueue: DefaultAdmissionMaxQueue, MaxWait: DefaultAdmissionMaxWait, DeadlineSlack: DefaultDeadlineSlack, DeadlineCap: DefaultDeadlineCap}
 }
 
 // validate reports the admission section's errors through bad.
@@ -177,6 +181,9 @@ func (a Admission) validate(bad func(format string, args ...any)) {
 	}
 	if !(a.DeadlineSlack > 0) || a.DeadlineSlack > 1e6 {
 		bad("admission.deadline_slack: %v must be positive (and at most 1e6)", a.DeadlineSlack)
+	}
+	if a.DeadlineCap <= 0 {
+		bad("admission.deadline_cap: %v must be positive", a.DeadlineCap)
 	}
 	if a.MaxQueue <= 0 {
 		bad("admission.max_queue: %d must be positive", a.MaxQueue)

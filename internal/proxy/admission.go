@@ -35,7 +35,7 @@ func newAdmission(cfg *config.Config, f *fleet.Fleet, reg prometheus.Registerer)
 		// trusts the report.
 		EngineMaxAge: cfg.Engines.Interval * time.Duration(cfg.Engines.StaleAfter),
 	}
-	return admission.New(admission.Config{MaxQueue: a.MaxQueue, MaxWait: a.MaxWait, Order: order, Slack: a.DeadlineSlack}, lim.Saturated(f), reg)
+	return admission.New(admission.Config{MaxQueue: a.MaxQueue, MaxWait: a.MaxWait, Order: order, Slack: a.DeadlineSlack, Cap: a.DeadlineCap}, lim.Saturated(f), reg)
 }
 
 // admit reads the request's priority (from trusted sources only, see

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"time"
+
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/request"
 )
@@ -14,9 +16,10 @@ import (
 type Hold struct {
 	// Tokens is the per-engine bound of queued prefill, in tokens.
 	Tokens int64
-	// Order and Slack order the held requests (admission.Queue).
+	// Order, Slack and Cap order the held requests (admission.Queue).
 	Order admission.Order
 	Slack float64
+	Cap   time.Duration
 }
 
 // held is one request the router holds.

@@ -286,7 +286,7 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 		}
 	}
 	if cfg.Hold != nil {
-		s.held = admission.NewQueue(cfg.Hold.Order, cfg.Hold.Slack)
+		s.held = admission.NewQueue(cfg.Hold.Order, cfg.Hold.Slack, cfg.Hold.Cap)
 	}
 	s.order = make([]int, len(reqs))
 	for i := range s.order {
