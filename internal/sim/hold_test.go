@@ -136,3 +136,12 @@ func TestHoldOffChangesNothing(t *testing.T) {
 		t.Errorf("unreachable bound changed the run: %s against %s", b, a)
 	}
 }
+
+// TestHoldWithReplicasRefused: late binding with several router replicas
+// is not modelled, and says so rather than running something else.
+func TestHoldWithReplicasRefused(t *testing.T) {
+	engines, reqs := fixture(t, "chat", 2, 10, 0.5)
+	if _, err := newSim(reqs, Config{Engines: engines, Policy: "kvroute", Replicas: 2, Hold: &Hold{Tokens: 1}}); err == nil {
+		t.Error("late binding with 2 replicas accepted")
+	}
+}
