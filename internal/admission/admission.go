@@ -19,7 +19,7 @@
 // (Limits.SaturatedAt) are pure code, with the time given: the Controller
 // wraps them with a lock, timers and its waiters' channels for the live
 // router, and the simulator drives them in virtual time (late binding:
-// hold while every backend has two steps of prefill queued, bind as one
+// hold while every backend has four steps of prefill queued, bind as one
 // frees up).
 package admission
 

@@ -49,7 +49,7 @@ type Admission struct {
 	// priority, unless a trusted front set the header. Default [].
 	KeyPriorities []KeyPriority `yaml:"key_priorities"`
 	// LateBinding holds a request in the router while every backend has
-	// at least max_pending_prefill_tokens_per_backend (16384, two steps of
+	// at least max_pending_prefill_tokens_per_backend (32768, four steps of
 	// chunked prefill, when that is 0) of prefill routed to it and not
 	// yet started, and binds held requests to a backend, through the
 	// policy's usual pick, when a first byte or a completion frees one;
@@ -127,8 +127,8 @@ const (
 	DefaultAdmissionMaxWait  = 30 * time.Second
 	// DefaultLateBindingTokens is the per-backend bound of queued prefill
 	// under late_binding when max_pending_prefill_tokens_per_backend is 0:
-	// two steps of chunked prefill of 8,192 tokens (admission.DefaultHoldTokens).
-	DefaultLateBindingTokens = 2 * 8192
+	// four steps of chunked prefill of 8,192 tokens (admission.DefaultHoldTokens).
+	DefaultLateBindingTokens = 4 * 8192
 	DefaultDeadlineSlack     = 4.0             // admission.DefaultSlack
 	DefaultDeadlineCap       = 5 * time.Second // admission.DefaultCap
 )

@@ -78,7 +78,7 @@ func TestAdmissionValidate(t *testing.T) {
 }
 
 // TestLateBindingDefaults: late_binding alone turns admission on with a
-// bound of two prefill steps and the deadline order; an explicit bound and
+// bound of four prefill steps and the deadline order; an explicit bound and
 // order win.
 func TestLateBindingDefaults(t *testing.T) {
 	c := parse(t, "backends: [{url: 'http://127.0.0.1:9000'}]\nadmission: {late_binding: true}\n")
@@ -86,7 +86,7 @@ func TestLateBindingDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := c.Admission
-	if !a.Enabled() || a.PendingPrefillLimit() != 16384 || a.QueueOrder() != "deadline" || a.DeadlineSlack != 4 || a.DeadlineCap != 5*time.Second {
+	if !a.Enabled() || a.PendingPrefillLimit() != 32768 || a.QueueOrder() != "deadline" || a.DeadlineSlack != 4 || a.DeadlineCap != 5*time.Second {
 		t.Errorf("late_binding alone: enabled %v, bound %d, order %q, slack %v", a.Enabled(), a.PendingPrefillLimit(), a.QueueOrder(), a.DeadlineSlack)
 	}
 	c = parse(t, "backends: [{url: 'http://127.0.0.1:9000'}]\nadmission: {late_binding: true, max_pending_prefill_tokens_per_backend: 4096, order: fcfs}\n")

@@ -45,7 +45,8 @@ func holdTrace(t *testing.T) []workload.Request {
 }
 
 // TestHeldRequestsBindWhenCapacityFrees runs the trace above on two engines
-// with late binding: the first two long prompts go one to each engine,
+// with late binding at a bound of 16,384 tokens: the first two long
+// prompts go one to each engine,
 // which puts both at the bound, so the other five are held; they bind only
 // when a first token frees an engine, and every request completes with the
 // accounting back to zero. In deadline order the short prompts bind before
@@ -60,7 +61,7 @@ func TestHeldRequestsBindWhenCapacityFrees(t *testing.T) {
 	for _, order := range []admission.Order{admission.Deadline, admission.FCFS} {
 		t.Run(order.String(), func(t *testing.T) {
 			s, err := newSim(reqs, Config{Engines: engines, Policy: "kvroute", Seed: 1,
-				Hold: &Hold{Tokens: admission.DefaultHoldTokens, Order: order, Slack: 1}})
+				Hold: &Hold{Tokens: 16384, Order: order, Slack: 1}})
 			if err != nil {
 				t.Fatal(err)
 			}
