@@ -151,8 +151,10 @@ func noRelease() {}
 
 // Admit returns when the request may be routed. It returns at once when
 // the model's backends are not all saturated and nobody of equal or higher
-// priority waits (a newcomer never overtakes a waiter of its priority).
-// Otherwise the request waits for capacity.
+// priority waits (a newcomer never skips the queue past a waiter of its
+// priority). Otherwise the request waits for capacity, and is taken in the
+// queue's order (see Queue: in the Deadline order a short newcomer may be
+// taken before a long request that arrived shortly before it).
 //
 // The error is an *openai.Error with status 429 when the queue is full or
 // the request waited Config.MaxWait, or the context's error when the client
