@@ -370,3 +370,26 @@ func (a *Assignment) Done(now time.Time) {
 		a.hashes, a.nodes = nil, nil
 	}
 }
+
+// Uncached is the router's estimate of how many of v's prompt tokens no
+// healthy backend serving its model holds: the prompt less the longest
+// match among them in the prefix index (approximate). hashes are the
+// prompt's blocks as Hashes returns them. The admission queue orders held
+// requests by this work (admission.Cost); it changes nothing.
+func (s *Scheduler) Uncached(v *request.View, hashes []uint64) int {
+	sc := s.scratch.Get().(*scratch)
+	defer s.put(sc)
+	snap := s.fleet.Snapshot()
+	if cap(sc.all) < snap.IDs {
+		sc.all = make([]int32, snap.IDs)
+	}
+	sc.all = sc.all[:snap.IDs]
+	s.index.Match(hashes, sc.all)
+	var best int32
+	for _, b := range snap.Healthy {
+		if b.Serves(v.Model) && b.ID < len(sc.all) {
+			best = max(best, sc.all[b.ID])
+		}
+	}
+	return max(v.PromptTokens-int(best)*s.blockCh/request.BytesPerToken, 0)
+}
