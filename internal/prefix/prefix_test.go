@@ -198,11 +198,17 @@ func TestSharedBlocks(t *testing.T) {
 // mask (IDs below 64), beyond it, and both.
 func TestRandomAgainstModel(t *testing.T) {
 	for _, ids := range [][]int{{0, 1, 2, 3}, {64, 65, 100, 130}, {0, 5, 63, 64, 65, 127, 128}} {
-		t.Run(fmt.Sprint(ids), func(t *testing.T) { randomAgainstModel(t, ids) })
+		t.Run(fmt.Sprint(ids), func(t *testing.T) { randomAgainstModel(t, ids, 8, false) })
+	}
+	// Prompts longer than YieldChunk, written half the time through the
+	// yielding writer, which inserts them a chunk per hold of the lock:
+	// the result must be the same.
+	for _, ids := range [][]int{{0, 1, 2, 3}, {0, 5, 63, 64, 65, 127, 128}} {
+		t.Run(fmt.Sprint("yielding", ids), func(t *testing.T) { randomAgainstModel(t, ids, 3*YieldChunk, true) })
 	}
 }
 
-func randomAgainstModel(t *testing.T, ids []int) {
+func randomAgainstModel(t *testing.T, ids []int, maxBlocks int, yielding bool) {
 	const capacity = 10
 	backends := ids[len(ids)-1] + 1
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -264,7 +270,7 @@ func randomAgainstModel(t *testing.T, ids []int) {
 	var inflight []flight
 	prompts := make([][]uint64, 6)
 	for i := range prompts {
-		prompts[i] = hs(uint64(i)*1000, 1+rng.IntN(8))
+		prompts[i] = hs(uint64(i)*1000, 1+rng.IntN(maxBlocks))
 	}
 	for step := range 3000 {
 		b := ids[rng.IntN(len(ids))]
@@ -280,9 +286,12 @@ func randomAgainstModel(t *testing.T, ids []int) {
 			evict(b)
 		case r < 10:
 			var nodes []int32
-			if step%2 == 0 {
+			switch {
+			case yielding && step%4 == 1:
+				nodes = ix.Yielding().AcquireNodes(b, p, nil)
+			case step%2 == 0:
 				nodes = ix.AcquireNodes(b, p, nil)
-			} else {
+			default:
 				ix.Acquire(b, p)
 			}
 			insert(b, p, true)
@@ -291,14 +300,21 @@ func randomAgainstModel(t *testing.T, ids []int) {
 			k := rng.IntN(len(inflight))
 			f := inflight[k]
 			inflight = slices.Delete(inflight, k, k+1)
-			if f.nodes != nil {
+			switch {
+			case yielding && step%2 == 1:
+				ix.Yielding().ReleaseNodes(f.b, f.p, f.nodes)
+			case f.nodes != nil:
 				ix.ReleaseNodes(f.b, f.p, f.nodes)
-			} else {
+			default:
 				ix.Release(f.b, f.p)
 			}
 			release(f.b, f.p)
 		default:
-			ix.Insert(b, p)
+			if yielding && step%2 == 1 {
+				ix.Yielding().Insert(b, p)
+			} else {
+				ix.Insert(b, p)
+			}
 			insert(b, p, false)
 		}
 		compareModel(t, ix, step, prompts[rng.IntN(len(prompts))], ids,
