@@ -431,6 +431,8 @@ func (l *Link) register(r prometheus.Registerer) error {
 		l.lag,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvroute_sync_peers", Help: "Live peer replicas: heard from within sync.peer_timeout."},
 			func() float64 { return float64(l.peers.Live()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvroute_sync_blind_window_seconds", Help: "How long this replica presumes its peers' decisions take to arrive (a moving average of their batches' lag), during which it presumes each peer routes as it does."},
+			func() float64 { return l.peers.BlindWindow().Seconds() }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvroute_sync_connected", Help: "1 while the replica is connected to NATS."},
 			func() float64 {
 				if l.Connected() {

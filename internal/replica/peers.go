@@ -252,6 +252,14 @@ func (p *Peers) observeLag(d time.Duration) {
 	p.sched.SetBlindWindow(p.lag)
 }
 
+// BlindWindow returns the lag this replica presumes its peers' decisions
+// take (see observeLag).
+func (p *Peers) BlindWindow() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lag
+}
+
 // place tells the scheduler how many replicas are live and where this one
 // stands among them, in the order of their IDs, which every replica sees
 // alike: they then spread their picks over the fleet instead of all
