@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -251,6 +252,17 @@ func TestSyncPeerLoad(t *testing.T) {
 		if !slices.Contains(strings.Split(string(metrics), "\n"), want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+	// The blind window is the peer batches' lag on loopback: above 0 (a
+	// batch takes some time to arrive), far below the 100 ms bound.
+	var window float64
+	for _, line := range strings.Split(string(metrics), "\n") {
+		if v, ok := strings.CutPrefix(line, "kvroute_sync_blind_window_seconds "); ok {
+			window, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	if window <= 0 || window >= 0.1 {
+		t.Errorf("kvroute_sync_blind_window_seconds = %v, want in (0, 0.1)", window)
 	}
 	// Replica 0 dies (its link closes, its streams never end as far as its
 	// peers know): within the peer timeout and a heartbeat, its load is gone.
