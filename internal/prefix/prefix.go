@@ -18,7 +18,6 @@ package prefix
 
 import (
 	"math/bits"
-	"runtime"
 	"slices"
 	"sync"
 
@@ -249,7 +248,7 @@ func (ix *Index) Match(hashes []uint64, out []int32) {
 // deepest blocks of a prompt first (as vLLM frees a sequence's blocks in
 // reverse order).
 func (ix *Index) Insert(backend int, hashes []uint64) {
-	ix.insert(backend, hashes, false, nil, false)
+	ix.insert(backend, hashes, false, nil)
 }
 
 // Acquire is Insert for a request routed to backend: its blocks are pinned
@@ -257,7 +256,7 @@ func (ix *Index) Insert(backend int, hashes []uint64) {
 // request is queued or running there. The caller must call Release with
 // the same hashes exactly once.
 func (ix *Index) Acquire(backend int, hashes []uint64) {
-	ix.insert(backend, hashes, true, nil, false)
+	ix.insert(backend, hashes, true, nil)
 }
 
 // AcquireNodes is Acquire that also returns where each block is held:
@@ -267,36 +266,20 @@ func (ix *Index) Acquire(backend int, hashes []uint64) {
 // removing the backend in between is harmless.
 func (ix *Index) AcquireNodes(backend int, hashes []uint64, nodes []int32) []int32 {
 	nodes = slices.Grow(nodes[:0], len(hashes))[:len(hashes)]
-	ix.insert(backend, hashes, true, nodes, false)
+	ix.insert(backend, hashes, true, nodes)
 	return nodes
 }
 
 // insert records hashes for backend, pinned if pin, and sets nodes[i] (when
-// nodes is not nil) to the node of hashes[i], the deepest first; a
-// yielding writer (see lock) does so YieldChunk blocks per hold of the
-// lock.
-func (ix *Index) insert(backend int, hashes []uint64, pin bool, nodes []int32, yield bool) {
+// nodes is not nil) to the node of hashes[i].
+func (ix *Index) insert(backend int, hashes []uint64, pin bool, nodes []int32) {
 	if backend < 0 || len(hashes) == 0 {
 		for i := range nodes {
 			nodes[i] = nilNode
 		}
 		return
 	}
-	chunk := len(hashes)
-	if yield {
-		chunk = YieldChunk
-	}
-	for hi := len(hashes); hi > 0; hi -= chunk {
-		ix.insertRange(backend, hashes, max(hi-chunk, 0), hi, pin, nodes, yield)
-	}
-}
-
-// insertRange records hashes[lo:hi] as insert does, under one hold of the
-// lock. Eviction after each chunk takes what eviction after the whole
-// insert would: the least recent blocks, which the later (shallower)
-// chunks are not.
-func (ix *Index) insertRange(backend int, hashes []uint64, lo, hi int, pin bool, nodes []int32, yield bool) {
-	ix.lock(yield)
+	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	l := ix.backend(backend)
 	b := int32(backend)
@@ -304,7 +287,7 @@ func (ix *Index) insertRange(backend int, hashes []uint64, lo, hi int, pin bool,
 	if backend < maskBackends {
 		bit = 1 << backend
 	}
-	for i := hi - 1; i >= lo; i-- {
+	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
 		// A block the backend holds needs only its recency refreshed (or
 		// its pin count raised): the block map is not touched.
@@ -362,18 +345,13 @@ func (ix *Index) Release(backend int, hashes []uint64) {
 // table. A handle whose node no longer holds its block for backend (the
 // backend was removed, the node reused) is looked up again.
 func (ix *Index) ReleaseNodes(backend int, hashes []uint64, nodes []int32) {
-	ix.release(backend, hashes, nodes, false)
-}
-
-// release is ReleaseNodes, taking the lock as lock(yield) does.
-func (ix *Index) release(backend int, hashes []uint64, nodes []int32, yield bool) {
 	if backend < 0 || len(hashes) == 0 {
 		return
 	}
 	if len(nodes) != len(hashes) {
 		nodes = nil
 	}
-	ix.lock(yield)
+	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	if backend >= len(ix.backends) {
 		return
@@ -409,62 +387,6 @@ func (ix *Index) release(backend int, hashes []uint64, nodes []int32, yield bool
 		}
 	}
 	ix.evict(l)
-}
-
-// YieldTries is how many times a yielding writer (see Yielding) finds the
-// lock taken and lets other goroutines run before it queues for it like
-// any writer: under a stream of picks it must not wait for ever.
-const YieldTries = 64
-
-// lock takes the write lock. A yielding writer never queues while the lock
-// is taken: a queued writer makes every new reader (a pick's Match) wait
-// behind it, and the handoffs between a pick and a writer that records a
-// peer replica's routing every few microseconds cost more than either's
-// work (BenchmarkPickWithPeers: a pick took twice as long beside 10,000
-// peer events a second). It tries, and yields the processor while the
-// lock is held, up to YieldTries times.
-func (ix *Index) lock(yield bool) {
-	if yield {
-		for range YieldTries {
-			if ix.mu.TryLock() {
-				return
-			}
-			runtime.Gosched()
-		}
-	}
-	ix.mu.Lock()
-}
-
-// YieldChunk is how many blocks a yielding writer inserts per hold of the
-// lock: a pick that finds it taken waits for that many, not for a whole
-// prompt's (125 blocks for 8,000 characters held the lock as long as a
-// pick takes). Between chunks a Match may see the tail of a chain without
-// its head, which matches nothing: a match counts leading blocks only.
-const YieldChunk = 16
-
-// Yielding is the index for a writer off the routing path: a peer
-// replica's routings and ends (scheduler.Pin, Unpin, Learn). Its writes
-// are the index's own, taking the lock as lock(true) does.
-type Yielding struct{ ix *Index }
-
-// Yielding returns the index's yielding writer.
-func (ix *Index) Yielding() Yielding { return Yielding{ix} }
-
-// Insert is Index.Insert.
-func (y Yielding) Insert(backend int, hashes []uint64) {
-	y.ix.insert(backend, hashes, false, nil, true)
-}
-
-// AcquireNodes is Index.AcquireNodes.
-func (y Yielding) AcquireNodes(backend int, hashes []uint64, nodes []int32) []int32 {
-	nodes = slices.Grow(nodes[:0], len(hashes))[:len(hashes)]
-	y.ix.insert(backend, hashes, true, nodes, true)
-	return nodes
-}
-
-// ReleaseNodes is Index.ReleaseNodes.
-func (y Yielding) ReleaseNodes(backend int, hashes []uint64, nodes []int32) {
-	y.ix.release(backend, hashes, nodes, true)
 }
 
 // RemoveBackend forgets everything backend holds (it crashed, was removed,

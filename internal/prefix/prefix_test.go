@@ -198,17 +198,11 @@ func TestSharedBlocks(t *testing.T) {
 // mask (IDs below 64), beyond it, and both.
 func TestRandomAgainstModel(t *testing.T) {
 	for _, ids := range [][]int{{0, 1, 2, 3}, {64, 65, 100, 130}, {0, 5, 63, 64, 65, 127, 128}} {
-		t.Run(fmt.Sprint(ids), func(t *testing.T) { randomAgainstModel(t, ids, 8, false) })
-	}
-	// Prompts longer than YieldChunk, written half the time through the
-	// yielding writer, which inserts them a chunk per hold of the lock:
-	// the result must be the same.
-	for _, ids := range [][]int{{0, 1, 2, 3}, {0, 5, 63, 64, 65, 127, 128}} {
-		t.Run(fmt.Sprint("yielding", ids), func(t *testing.T) { randomAgainstModel(t, ids, 3*YieldChunk, true) })
+		t.Run(fmt.Sprint(ids), func(t *testing.T) { randomAgainstModel(t, ids) })
 	}
 }
 
-func randomAgainstModel(t *testing.T, ids []int, maxBlocks int, yielding bool) {
+func randomAgainstModel(t *testing.T, ids []int) {
 	const capacity = 10
 	backends := ids[len(ids)-1] + 1
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -270,7 +264,7 @@ func randomAgainstModel(t *testing.T, ids []int, maxBlocks int, yielding bool) {
 	var inflight []flight
 	prompts := make([][]uint64, 6)
 	for i := range prompts {
-		prompts[i] = hs(uint64(i)*1000, 1+rng.IntN(maxBlocks))
+		prompts[i] = hs(uint64(i)*1000, 1+rng.IntN(8))
 	}
 	for step := range 3000 {
 		b := ids[rng.IntN(len(ids))]
@@ -286,12 +280,9 @@ func randomAgainstModel(t *testing.T, ids []int, maxBlocks int, yielding bool) {
 			evict(b)
 		case r < 10:
 			var nodes []int32
-			switch {
-			case yielding && step%4 == 1:
-				nodes = ix.Yielding().AcquireNodes(b, p, nil)
-			case step%2 == 0:
+			if step%2 == 0 {
 				nodes = ix.AcquireNodes(b, p, nil)
-			default:
+			} else {
 				ix.Acquire(b, p)
 			}
 			insert(b, p, true)
@@ -300,21 +291,14 @@ func randomAgainstModel(t *testing.T, ids []int, maxBlocks int, yielding bool) {
 			k := rng.IntN(len(inflight))
 			f := inflight[k]
 			inflight = slices.Delete(inflight, k, k+1)
-			switch {
-			case yielding && step%2 == 1:
-				ix.Yielding().ReleaseNodes(f.b, f.p, f.nodes)
-			case f.nodes != nil:
+			if f.nodes != nil {
 				ix.ReleaseNodes(f.b, f.p, f.nodes)
-			default:
+			} else {
 				ix.Release(f.b, f.p)
 			}
 			release(f.b, f.p)
 		default:
-			if yielding && step%2 == 1 {
-				ix.Yielding().Insert(b, p)
-			} else {
-				ix.Insert(b, p)
-			}
+			ix.Insert(b, p)
 			insert(b, p, false)
 		}
 		compareModel(t, ix, step, prompts[rng.IntN(len(prompts))], ids,

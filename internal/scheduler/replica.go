@@ -116,7 +116,7 @@ func (s *Scheduler) Replicas() (n int, arc float64) {
 // that keeps one.
 func (s *Scheduler) Learn(b *fleet.Backend, hashes []uint64, session uint64) {
 	if len(hashes) > 0 {
-		s.index.Yielding().Insert(b.ID, hashes)
+		s.index.Insert(b.ID, hashes)
 	}
 	s.learnSession(b, session)
 }
@@ -129,7 +129,7 @@ func (s *Scheduler) Learn(b *fleet.Backend, hashes []uint64, session uint64) {
 func (s *Scheduler) Pin(b *fleet.Backend, hashes []uint64, session uint64) []int32 {
 	var nodes []int32
 	if len(hashes) > 0 {
-		nodes = s.index.Yielding().AcquireNodes(b.ID, hashes, nil)
+		nodes = s.index.AcquireNodes(b.ID, hashes, nil)
 	}
 	s.learnSession(b, session)
 	return nodes
@@ -138,7 +138,7 @@ func (s *Scheduler) Pin(b *fleet.Backend, hashes []uint64, session uint64) []int
 // Unpin ends a Pin: the peer's request is done.
 func (s *Scheduler) Unpin(b *fleet.Backend, hashes []uint64, nodes []int32) {
 	if len(hashes) > 0 {
-		s.index.Yielding().ReleaseNodes(b.ID, hashes, nodes)
+		s.index.ReleaseNodes(b.ID, hashes, nodes)
 	}
 }
 
