@@ -45,6 +45,9 @@ type fleetFlags struct {
 	noSync        bool
 	kvBlocks      int
 	jsonFile, out string
+	// limits override every engine's --max-num-seqs and
+	// --max-num-batched-tokens (sim and compare).
+	limits limitFlags
 }
 
 func (w *fleetFlags) register(fs *flag.FlagSet, engines string) {
@@ -63,6 +66,17 @@ func (w *fleetFlags) register(fs *flag.FlagSet, engines string) {
 	fs.StringVar(&w.jsonFile, "json", "", "write {\"runs\":[...]} to this file")
 	fs.StringVar(&w.out, "out", "", "write report.html (tables and charts in one self-contained page) and SVG charts into this directory")
 	fs.BoolVar(&w.oracle, "oracle", false, "also compute the workload's bounds: infinite-cache hit rate, and mean and p99 TTFT with that cache and no queueing")
+	w.limits.register(fs)
+}
+
+// fleet is the engines --engines and --preset name, with the
+// --max-num-seqs and --max-num-batched-tokens overrides applied.
+func (w *fleetFlags) fleet() ([]engine.Preset, error) {
+	engines, err := sim.ParseEngines(w.engines, w.preset)
+	if err != nil {
+		return nil, err
+	}
+	return w.limits.apply(engines)
 }
 
 // check validates the flags that do not depend on the command.
@@ -154,7 +168,7 @@ func runSim(args []string) int {
 	fs.DurationVar(&w.syncDelay, "sync-delay", 0, "with --replicas: how long a replica's events take to reach the others, in virtual time")
 	fs.BoolVar(&w.noSync, "no-sync", false, "with --replicas: the replicas share nothing")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--replicas N [--sync-delay D] [--no-sync]] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--max-num-seqs N] [--max-num-batched-tokens N] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--replicas N [--sync-delay D] [--no-sync]] [--json FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nReplays the workload on a simulated fleet in virtual time, with the same scheduler and engine model as kvroute serve and kvroute engine, once per policy.\n\nflags:")
 		fs.PrintDefaults()
 		writeBuiltins(fs.Output())
@@ -177,7 +191,7 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, sweep string, paralle
 		return err
 	}
 	variants := kv.variants(w.oracle)
-	engines, err := sim.ParseEngines(w.engines, w.preset)
+	engines, err := w.fleet()
 	if err != nil {
 		return err
 	}
@@ -258,8 +272,8 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, sweep string, paralle
 
 	// Charts first: they create --out, which --json may point into.
 	if w.out != "" {
-		notes := []string{fmt.Sprintf("kvroute sim --engines %s --preset %s --workload %s --seed %d: %d engines, prefill capacity %.0f prompt tokens/s",
-			w.engines, w.preset, w.workload, w.seed, len(engines), capacity)}
+		notes := []string{fmt.Sprintf("kvroute sim --engines %s --preset %s%s --workload %s --seed %d: %d engines, prefill capacity %.0f prompt tokens/s",
+			w.engines, w.preset, &w.limits, w.workload, w.seed, len(engines), capacity)}
 		if _, err := writeRunCharts(w.out, rep, perLoad, sweep != "", notes); err != nil {
 			return err
 		}
