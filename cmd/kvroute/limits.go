@@ -33,7 +33,6 @@ func (l *limitFlags) apply(presets []engine.Preset) ([]engine.Preset, error) {
 	return out, nil
 }
 
-
 // String renders the overrides as flags, for a report's notes ("" when none).
 func (l *limitFlags) String() string {
 	s := ""

@@ -118,11 +118,15 @@ func TestReportedContext(t *testing.T) {
 		{"configured wins", 1000, 4096, map[string]int{"m": 16384}, 1000},
 	}
 	for _, tt := range tests {
-		m := &Member{discovered: tt.discovered}
+		m := &Member{B: fleet.New().Add("b", nil, nil), discovered: tt.discovered}
 		m.configured.Store(int64(tt.configured))
 		m.SetReportedContext(tt.reported)
 		if got := m.ContextOf("m"); got != tt.want {
 			t.Errorf("%s: ContextOf = %d, want %d", tt.name, got, tt.want)
+		}
+		// The fleet's copy, which the kvroute policy reads.
+		if got := m.B.Limits().ContextLen; got != tt.want {
+			t.Errorf("%s: fleet context length %d, want %d", tt.name, got, tt.want)
 		}
 	}
 }
