@@ -154,6 +154,7 @@ type watcher struct {
 	lastOK    time.Time
 	capTokens int64 // last KV capacity passed to SetCapacity
 	ctxTokens int   // last context length passed to SetContext
+	seqCap    int   // last running-sequence cap logged
 	// prefill and decode are the engine's prefill counters and its
 	// inter-token latency counters at the start of the interval not yet
 	// taught to the fleet.
@@ -317,6 +318,10 @@ func (m *Monitor) scrapeOnce(ctx context.Context, w *watcher) {
 	}
 	if st.Running >= 0 && st.Waiting >= 0 {
 		w.b.ObserveRunning(int(st.Running), int(st.Waiting), st.KVUsage)
+	}
+	if c := w.b.Limits().MaxNumSeqs; c != w.seqCap {
+		w.seqCap = c
+		m.log.Info("running-sequence cap", "backend", w.b.Name, "max_num_seqs", c)
 	}
 	if st.ContextLen > 0 && st.ContextLen != w.ctxTokens && m.cfg.SetContext != nil {
 		w.ctxTokens = st.ContextLen
