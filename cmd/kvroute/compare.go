@@ -30,7 +30,7 @@ func runCompare(args []string) int {
 	fs.IntVar(&w.replicas, "replicas", 1, "also run each policy on N router replicas sharing state through an in-process NATS server, each request entering one at random (from --seed)")
 	fs.DurationVar(&w.killReplicaAt, "kill-replica-at", 0, "with --replicas: kill the last replica this long (wall clock) into its run, as a crash would; the client sends the requests it refuses to the next replica")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--max-num-seqs N] [--max-num-batched-tokens N] [--policies a,b,c] [--rate R | --speedup X | --load F] [--limit N | --window START-END] [--seed S] [--time-scale X] [--kv-events] [--replicas N [--kill-replica-at D]] [--oracle] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--max-num-seqs N] [--max-num-batched-tokens N] [--configure-limits] [--policies a,b,c] [--rate R | --speedup X | --load F] [--limit N | --window START-END] [--seed S] [--time-scale X] [--kv-events] [--replicas N [--kill-replica-at D]] [--oracle] [--json FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nStarts the emulated engines and one router on loopback, in process, and replays the workload once per policy against fresh engines. Latencies are reported in emulated time.\n\nflags:")
 		fs.PrintDefaults()
 		writeBuiltins(fs.Output())
@@ -94,14 +94,15 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	keeping := map[string]*driverSummary{}
 	var kills []string
 	rep, err := compare.Run(ctx, reqs, compare.Config{
-		Engines:       engines,
-		KVBlocks:      w.kvBlocks,
-		TimeScale:     timeScale,
-		Policies:      policies,
-		KVEvents:      w.kvEvents,
-		Seed:          w.seed,
-		Replicas:      w.replicas,
-		KillReplicaAt: w.killReplicaAt,
+		Engines:         engines,
+		KVBlocks:        w.kvBlocks,
+		ConfigureLimits: w.configureLimits,
+		TimeScale:       timeScale,
+		Policies:        policies,
+		KVEvents:        w.kvEvents,
+		Seed:            w.seed,
+		Replicas:        w.replicas,
+		KillReplicaAt:   w.killReplicaAt,
 		Killed: func(run string, k compare.Kill) {
 			kills = append(kills, describeKill(run, k))
 		},

@@ -46,8 +46,10 @@ type fleetFlags struct {
 	kvBlocks      int
 	jsonFile, out string
 	// limits override every engine's --max-num-seqs and
-	// --max-num-batched-tokens (sim and compare).
-	limits limitFlags
+	// --max-num-batched-tokens (sim and compare); configureLimits tells
+	// the router those limits as backends[] keys.
+	limits          limitFlags
+	configureLimits bool
 }
 
 func (w *fleetFlags) register(fs *flag.FlagSet, engines string) {
@@ -67,6 +69,7 @@ func (w *fleetFlags) register(fs *flag.FlagSet, engines string) {
 	fs.StringVar(&w.out, "out", "", "write report.html (tables and charts in one self-contained page) and SVG charts into this directory")
 	fs.BoolVar(&w.oracle, "oracle", false, "also compute the workload's bounds: infinite-cache hit rate, and mean and p99 TTFT with that cache and no queueing")
 	w.limits.register(fs)
+	fs.BoolVar(&w.configureLimits, "configure-limits", false, "give the router every engine's max-num-seqs and max-num-batched-tokens as backends[].max_num_seqs and max_num_batched_tokens; without it the router learns the cap from the engines' running and waiting counts (vLLM exports neither)")
 }
 
 // fleet is the engines --engines and --preset name, with the
@@ -168,7 +171,7 @@ func runSim(args []string) int {
 	fs.DurationVar(&w.syncDelay, "sync-delay", 0, "with --replicas: how long a replica's events take to reach the others, in virtual time")
 	fs.BoolVar(&w.noSync, "no-sync", false, "with --replicas: the replicas share nothing")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--max-num-seqs N] [--max-num-batched-tokens N] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--replicas N [--sync-delay D] [--no-sync]] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--max-num-seqs N] [--max-num-batched-tokens N [--configure-limits]] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--replicas N [--sync-delay D] [--no-sync]] [--json FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nReplays the workload on a simulated fleet in virtual time, with the same scheduler and engine model as kvroute serve and kvroute engine, once per policy.\n\nflags:")
 		fs.PrintDefaults()
 		writeBuiltins(fs.Output())
@@ -235,7 +238,7 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, sweep string, paralle
 		for _, p := range policies {
 			for _, v := range variants {
 				jobs = append(jobs, sim.Job{Reqs: reqs, Config: sim.Config{
-					Engines: engines, KVBlocks: w.kvBlocks, Policy: p, Seed: w.seed, OfferedLoad: offered,
+					Engines: engines, KVBlocks: w.kvBlocks, ConfigureLimits: w.configureLimits, Policy: p, Seed: w.seed, OfferedLoad: offered,
 					Name: p + v.suffix, KVEvents: v.kv, Faults: faults,
 					Replicas: w.replicas, SyncDelay: w.syncDelay, NoSync: w.noSync,
 				}})

@@ -343,7 +343,10 @@ func (s *Server) deliver() {
 			s.ttft.Observe((p.r.FirstTokenAt - p.r.Arrival).Seconds())
 		}
 		if p.stepITL > 0 {
-			s.itl.Observe(p.stepITL.Seconds())
+			// On the real clock, as the engine's clients see it: the router
+			// weighs it against the TTFTs it measures itself, so an engine
+			// run at --time-scale 10 must look ten times faster in both.
+			s.itl.Observe(p.stepITL.Seconds() / s.scale)
 			p.stepITL = 0
 		}
 		if p.stepFin {

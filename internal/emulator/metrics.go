@@ -65,7 +65,10 @@ func (s *Server) initMetrics() {
 	s.ttft = ttft
 	// vLLM v1's inter-token latency (time_per_output_token_seconds before
 	// it), one observation per output token after the first: the router
-	// learns the engine's decode time from it.
+	// learns the engine's decode time from it. Unlike the TTFT histogram
+	// (emulated time, for reports), it is on the real clock: at a time
+	// scale other than 1 the router, which times everything else on the
+	// real clock, must see one consistent engine.
 	itl := hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITLBuckets)
 	s.itl = itl
 	s.reg = prometheus.NewRegistry()

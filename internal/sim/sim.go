@@ -48,6 +48,11 @@ type Config struct {
 	Engines []engine.Preset
 	// KVBlocks > 0 overrides every engine's KV cache capacity.
 	KVBlocks int
+	// ConfigureLimits tells the router each engine's running-sequence cap
+	// and token budget per step, as backends[].max_num_seqs and
+	// max_num_batched_tokens do; without it the router learns the cap from
+	// the engine's running and waiting counts, as it must from vLLM.
+	ConfigureLimits bool
 	// Policy is the routing policy's name (see policy.Names).
 	Policy string
 	// Seed seeds the policy's random choices.
@@ -276,11 +281,18 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 	for i := range s.nodes {
 		// The context length, as the engine's /v1/models reports it
 		// (max_model_len). Its cap on running sequences and its token
-		// budget per step are not reported (vLLM exports neither): the
-		// router learns the cap from the engine's running and waiting
-		// counts, as the live one does (see stepStart).
-		ctx := s.nodes[i].eng.Preset().MaxModelLen
-		s.forBackends(i, func(b *fleet.Backend) { b.SetContextLen(ctx) })
+		// budget per step are not reported (vLLM exports neither): they
+		// are configured (ConfigureLimits), or the router learns the cap
+		// from the engine's running and waiting counts, as the live one
+		// does (see stepStart).
+		p := s.nodes[i].eng.Preset()
+		s.forBackends(i, func(b *fleet.Backend) {
+			b.SetContextLen(p.MaxModelLen)
+			if cfg.ConfigureLimits {
+				b.SetMaxNumSeqs(p.MaxNumSeqs)
+				b.SetMaxBatchedTokens(p.MaxBatchedTokens)
+			}
+		})
 	}
 	s.order = make([]int, len(reqs))
 	for i := range s.order {
