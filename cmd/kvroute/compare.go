@@ -87,7 +87,7 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	fmt.Fprintf(stdout, "workload: %d requests over %.0fs emulated (%.0fs of wall clock per policy)\n", len(reqs), span, span/timeScale)
 	var oracle *report.Oracle
 	if w.oracle {
-		if oracle, err = workloadOracle(stdout, reqs, engines, offered); err != nil {
+		if oracle, _, err = workloadOracle(stdout, reqs, engines, offered); err != nil {
 			return nil, "", err
 		}
 	}

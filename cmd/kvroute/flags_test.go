@@ -80,7 +80,7 @@ func TestOracleBoundsCompareAndSim(t *testing.T) {
 
 	out.Reset()
 	w.out = t.TempDir()
-	if err := simMain(&out, &w, &kvFlags{}, "", 1); err != nil {
+	if err := simMain(&out, &w, &kvFlags{}, &lateFlags{}, "", 1); err != nil {
 		t.Fatal(err)
 	}
 	checkReportPage(t, filepath.Join(w.out, "report.html"), w.out)

@@ -170,8 +170,10 @@ func runSim(args []string) int {
 	fs.IntVar(&w.replicas, "replicas", 1, "router replicas in front of the engines, each request entering one at random (drawn from --seed)")
 	fs.DurationVar(&w.syncDelay, "sync-delay", 0, "with --replicas: how long a replica's events take to reach the others, in virtual time")
 	fs.BoolVar(&w.noSync, "no-sync", false, "with --replicas: the replicas share nothing")
+	var lb lateFlags
+	lb.register(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--max-num-seqs N] [--max-num-batched-tokens N [--configure-limits]] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--replicas N [--sync-delay D] [--no-sync]] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--max-num-seqs N] [--max-num-batched-tokens N [--configure-limits]] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--replicas N [--sync-delay D] [--no-sync]] [--late-binding[=both] [--hold-tokens N] [--hold-order fcfs|deadline] [--hold-slack X] [--hold-cap D]] [--json FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nReplays the workload on a simulated fleet in virtual time, with the same scheduler and engine model as kvroute serve and kvroute engine, once per policy.\n\nflags:")
 		fs.PrintDefaults()
 		writeBuiltins(fs.Output())
@@ -179,18 +181,22 @@ func runSim(args []string) int {
 	if code, ok := parseFlags(fs, args, false); !ok {
 		return code
 	}
-	if err := simMain(os.Stdout, &w, &kv, *sweep, *parallel); err != nil {
+	if err := simMain(os.Stdout, &w, &kv, &lb, *sweep, *parallel); err != nil {
 		fmt.Fprintf(os.Stderr, "kvroute sim: %v\n", err)
 		return 1
 	}
 	return 0
 }
 
-func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, sweep string, parallel int) error {
+func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, lb *lateFlags, sweep string, parallel int) error {
 	if err := w.check(); err != nil {
 		return err
 	}
 	if err := kv.check(); err != nil {
+		return err
+	}
+	holds, err := lb.holds()
+	if err != nil {
 		return err
 	}
 	variants := kv.variants(w.oracle)
@@ -224,8 +230,10 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, sweep string, paralle
 		if err != nil {
 			return err
 		}
+		var own []time.Duration
 		if w.oracle {
-			o, err := workloadOracle(stdout, reqs, engines, load)
+			var o *report.Oracle
+			o, own, err = workloadOracle(stdout, reqs, engines, load)
 			if err != nil {
 				return err
 			}
@@ -236,12 +244,15 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, sweep string, paralle
 			return err
 		}
 		for _, p := range policies {
-			for _, v := range variants {
-				jobs = append(jobs, sim.Job{Reqs: reqs, Config: sim.Config{
-					Engines: engines, KVBlocks: w.kvBlocks, ConfigureLimits: w.configureLimits, Policy: p, Seed: w.seed, OfferedLoad: offered,
-					Name: p + v.suffix, KVEvents: v.kv, Faults: faults,
-					Replicas: w.replicas, SyncDelay: w.syncDelay, NoSync: w.noSync,
-				}})
+			for _, h := range holds {
+				for _, v := range variants {
+					jobs = append(jobs, sim.Job{Reqs: reqs, Config: sim.Config{
+						Engines: engines, KVBlocks: w.kvBlocks, ConfigureLimits: w.configureLimits, Policy: p, Seed: w.seed, OfferedLoad: offered,
+						Name: p + h.suffix + v.suffix, KVEvents: v.kv, Faults: faults,
+						Replicas: w.replicas, SyncDelay: w.syncDelay, NoSync: w.noSync,
+						Hold: h.hold, OracleTTFT: own,
+					}})
+				}
 			}
 		}
 	}
@@ -254,7 +265,7 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, sweep string, paralle
 		return err
 	}
 	elapsed := time.Since(start)
-	perLoad := len(policies) * len(variants)
+	perLoad := len(policies) * len(holds) * len(variants)
 	if w.oracle {
 		for i := 0; i < len(runs); i += perLoad {
 			applyOracle(runs[i:i+perLoad], oracles[i/perLoad])
@@ -293,15 +304,16 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, sweep string, paralle
 // TTFT bound assumes the best engine.
 // workloadOracle computes the bounds of reqs (sim.Oracle) on the fleet's
 // fastest preset, which bounds every engine of a mixed fleet, and prints them.
-func workloadOracle(stdout io.Writer, reqs []workload.Request, engines []engine.Preset, load float64) (*report.Oracle, error) {
+// It also returns each request's own oracle TTFT (sim.OracleTTFTs).
+func workloadOracle(stdout io.Writer, reqs []workload.Request, engines []engine.Preset, load float64) (*report.Oracle, []time.Duration, error) {
 	p := fastestPreset(engines)
-	o, err := sim.Oracle(reqs, p, request.Options{})
+	o, own, err := sim.OracleTTFTs(reqs, p, request.Options{})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	fmt.Fprintf(stdout, "oracle at load %.2f: hit rate %.1f%% (one server, infinite cache), TTFT mean >= %.1f ms, p99 >= %.1f ms (cached prefix, no queueing, %s)\n",
 		load, 100*o.HitRate, o.MeanTTFTms, o.P99TTFTms, p.Name)
-	return &o, nil
+	return &o, own, nil
 }
 
 // applyOracle sets each run's hit rate as a share of the oracle's.

@@ -50,7 +50,7 @@ func TestSimKVEvents(t *testing.T) {
 	var out bytes.Buffer
 	w := fleetFlags{engines: "2", preset: "h100-llama3-8b", workload: "chat", policies: "kvroute", limit: 60, seed: 1, oracle: true}
 	kv := kvFlags{events: true, delay: 10 * time.Millisecond, fault: "bypass"}
-	if err := simMain(&out, &w, &kv, "", 1); err != nil {
+	if err := simMain(&out, &w, &kv, &lateFlags{}, "", 1); err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range []string{" kvroute ", " kvroute+precise ", " kvroute+truth "} {

@@ -2,7 +2,8 @@
 // that could serve a request is saturated, the request waits here instead
 // of being piled onto an engine that is already behind. The queue is
 // ordered by priority (higher first) and, within one priority, fair across
-// tenants (round robin between the tenants' FIFO queues). A waiter leaves
+// tenants (round robin between the tenants' queues, each first come first
+// served or earliest deadline first; see Queue). A waiter leaves
 // when capacity frees up, when it has waited its limit (429), or when its
 // client goes away; a request that finds the queue full gets 429 at once.
 //
@@ -13,6 +14,13 @@
 //
 // A nil *Controller admits everything at no cost, which is how the proxy
 // runs when no limit is configured.
+//
+// The order of the waiters (Queue) and the rule that holds a request
+// (Limits.SaturatedAt) are pure code, with the time given: the Controller
+// wraps them with a lock, timers and its waiters' channels for the live
+// router, and the simulator drives them in virtual time (late binding:
+// hold while every backend has four steps of prefill queued, bind as one
+// frees up).
 package admission
 
 import (
@@ -22,7 +30,6 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -63,6 +70,12 @@ type Config struct {
 	// Recheck is the period at which waiters are re-checked against
 	// saturated while the queue is not empty.
 	Recheck time.Duration
+	// Order is how one tenant's waiters at one priority are taken: FCFS
+	// (the zero value) or Deadline, with Slack and Cap (see Order; zero:
+	// DefaultSlack and DefaultCap).
+	Order Order
+	Slack float64
+	Cap   time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -90,8 +103,8 @@ type Controller struct {
 	queued atomic.Int64
 
 	mu sync.Mutex
-	// levels are the non-empty priority levels, highest first.
-	levels []*level
+	// q is the waiters, in the order they are taken.
+	q *Queue
 	// transit counts waiters granted admission that have not released it
 	// yet: their load is not visible to saturated, so granting more would
 	// admit the whole queue on one freed slot.
@@ -105,26 +118,9 @@ type Controller struct {
 	lastGrant  time.Time
 }
 
-// level is the waiters of one priority.
-type level struct {
-	prio    int
-	tenants map[string]*tenantQueue
-	// ring is the tenants with waiters, served round robin from next.
-	ring []*tenantQueue
-	next int
-}
-
-// tenantQueue is one tenant's waiters at one priority, first in first out.
-type tenantQueue struct {
-	name    string
-	waiters []*waiter
-}
-
 // waiter is one queued request.
 type waiter struct {
-	model    string
-	prio     int
-	tenant   string
+	entry    Entry
 	enqueued time.Time
 	// ready is closed when the waiter is granted; granted is set under
 	// Controller.mu at the same moment.
@@ -141,7 +137,7 @@ func New(cfg Config, saturated func(model string) bool, reg prometheus.Registere
 	if saturated == nil {
 		return nil, fmt.Errorf("admission: nil saturated function")
 	}
-	c := &Controller{cfg: cfg.withDefaults(), saturated: saturated, m: newMetrics()}
+	c := &Controller{cfg: cfg.withDefaults(), saturated: saturated, m: newMetrics(), q: NewQueue(cfg.Order, cfg.Slack, cfg.Cap)}
 	if reg != nil {
 		if err := c.m.register(reg); err != nil {
 			return nil, fmt.Errorf("admission: register metrics: %w", err)
@@ -155,8 +151,10 @@ func noRelease() {}
 
 // Admit returns when the request may be routed. It returns at once when
 // the model's backends are not all saturated and nobody of equal or higher
-// priority waits (a newcomer never overtakes a waiter of its priority).
-// Otherwise the request waits for capacity.
+// priority waits (a newcomer never skips the queue past a waiter of its
+// priority). Otherwise the request waits for capacity, and is taken in the
+// queue's order (see Queue: in the Deadline order a short newcomer may be
+// taken before a long request that arrived shortly before it).
 //
 // The error is an *openai.Error with status 429 when the queue is full or
 // the request waited Config.MaxWait, or the context's error when the client
@@ -168,6 +166,14 @@ func noRelease() {}
 // is admitted, so that one freed slot admits one request and not the whole
 // queue. Further calls of release do nothing.
 func (c *Controller) Admit(ctx context.Context, model string, priority int, tenant string) (release func(), err error) {
+	return c.AdmitCost(ctx, model, priority, tenant, nil)
+}
+
+// AdmitCost is Admit for a request whose own work cost returns (see Cost),
+// by which the Deadline order takes it. cost is called only when the
+// request may have to wait and the order is Deadline, outside the
+// controller's lock; nil is a cost of 0.
+func (c *Controller) AdmitCost(ctx context.Context, model string, priority int, tenant string, cost func() time.Duration) (release func(), err error) {
 	if c == nil {
 		return noRelease, nil
 	}
@@ -176,8 +182,12 @@ func (c *Controller) Admit(ctx context.Context, model string, priority int, tena
 	if c.queued.Load() == 0 && !c.saturated(model) {
 		return noRelease, nil
 	}
+	var own time.Duration
+	if cost != nil && c.cfg.Order == Deadline {
+		own = cost()
+	}
 	c.mu.Lock()
-	if !c.waitingAtOrAbove(priority) && c.transit == 0 && !c.saturated(model) {
+	if !c.q.WaitingAtOrAbove(priority) && c.transit == 0 && !c.saturated(model) {
 		c.mu.Unlock()
 		return noRelease, nil
 	}
@@ -188,7 +198,9 @@ func (c *Controller) Admit(ctx context.Context, model string, priority int, tena
 		return nil, &openai.Error{Status: http.StatusTooManyRequests, Type: openai.TypeRateLimit, Code: "queue_full", RetryAfter: ra,
 			Message: fmt.Sprintf("every backend for model %q is saturated and the router's queue is full (%d waiting); retry later", model, c.cfg.MaxQueue)}
 	}
-	w := &waiter{model: model, prio: priority, tenant: tenant, enqueued: time.Now(), ready: make(chan struct{})}
+	now := time.Now()
+	w := &waiter{entry: Entry{Model: model, Priority: priority, Tenant: tenant, Enqueued: now, Cost: own}, enqueued: now, ready: make(chan struct{})}
+	w.entry.Value = w
 	c.enqueueLocked(w)
 	// Capacity may already be free for this model (the waiters ahead may be
 	// for another one).
@@ -281,115 +293,38 @@ func (c *Controller) tick() {
 	}
 }
 
-// waitingAtOrAbove reports whether a waiter of priority p or higher waits.
-func (c *Controller) waitingAtOrAbove(p int) bool {
-	return len(c.levels) > 0 && c.levels[0].prio >= p
-}
-
 func (c *Controller) enqueueLocked(w *waiter) {
-	i, found := slices.BinarySearchFunc(c.levels, w.prio, func(l *level, p int) int { return p - l.prio })
-	if !found {
-		c.levels = slices.Insert(c.levels, i, &level{prio: w.prio, tenants: map[string]*tenantQueue{}})
-	}
-	l := c.levels[i]
-	tq := l.tenants[w.tenant]
-	if tq == nil {
-		tq = &tenantQueue{name: w.tenant}
-		l.tenants[w.tenant] = tq
-	}
-	if len(tq.waiters) == 0 {
-		// A tenant that joins the ring goes last in the current round, so
-		// it cannot cut ahead of tenants already waiting their turn.
-		if l.next == 0 {
-			l.ring = append(l.ring, tq)
-		} else {
-			l.ring = slices.Insert(l.ring, l.next, tq)
-			l.next++
-		}
-	}
-	tq.waiters = append(tq.waiters, w)
+	c.q.Push(&w.entry)
 	c.queued.Add(1)
 	c.m.length.Inc()
 }
 
 // removeLocked takes w out of the queue wherever it is.
 func (c *Controller) removeLocked(w *waiter) {
-	li := slices.IndexFunc(c.levels, func(l *level) bool { return l.prio == w.prio })
-	if li < 0 {
-		return
-	}
-	l := c.levels[li]
-	tq := l.tenants[w.tenant]
-	if tq == nil {
-		return
-	}
-	i := slices.Index(tq.waiters, w)
-	if i < 0 {
-		return
-	}
-	tq.waiters = slices.Delete(tq.waiters, i, i+1)
-	c.queued.Add(-1)
-	c.m.length.Dec()
-	if len(tq.waiters) > 0 {
-		return
-	}
-	delete(l.tenants, tq.name)
-	ri := slices.Index(l.ring, tq)
-	l.ring = slices.Delete(l.ring, ri, ri+1)
-	if ri < l.next {
-		l.next--
-	}
-	if l.next >= len(l.ring) {
-		l.next = 0
-	}
-	if len(l.ring) == 0 {
-		c.levels = slices.Delete(c.levels, li, li+1)
+	if c.q.Remove(&w.entry) {
+		c.queued.Add(-1)
+		c.m.length.Dec()
 	}
 }
 
-// dispatchLocked grants the first waiter, in queue order, whose model is
-// not saturated, unless a grant is still in transit. Waiters are taken by
-// priority, then round robin across tenants, then first come first served;
-// a waiter whose model is saturated does not hold up waiters of another
-// model behind it.
+// dispatchLocked grants the first waiter, in queue order (see Queue), whose
+// model is not saturated, unless a grant is still in transit.
 func (c *Controller) dispatchLocked() {
 	if c.transit > 0 || c.queued.Load() == 0 {
 		return
 	}
-	var sat map[string]bool // per pass: one call of saturated per model
-	isSat := func(model string) bool {
-		if s, ok := sat[model]; ok {
-			return s
-		}
-		if sat == nil {
-			sat = map[string]bool{}
-		}
-		s := c.saturated(model)
-		sat[model] = s
-		return s
+	e := c.q.Next(func(model string) bool { return !c.saturated(model) })
+	if e == nil {
+		return
 	}
-	for _, l := range c.levels {
-		for k := range len(l.ring) {
-			ri := (l.next + k) % len(l.ring)
-			tq := l.ring[ri]
-			for _, w := range tq.waiters {
-				if isSat(w.model) {
-					continue
-				}
-				// The next turn goes to the tenant after this one.
-				l.next = ri + 1
-				if l.next >= len(l.ring) {
-					l.next = 0
-				}
-				c.grantLocked(w)
-				return
-			}
-		}
-	}
+	c.queued.Add(-1)
+	c.m.length.Dec()
+	c.grantLocked(e.Value.(*waiter))
 }
 
+// grantLocked admits w, which Next has taken out of the queue.
 func (c *Controller) grantLocked(w *waiter) {
-	c.removeLocked(w)
+	c.m.admitted.Inc()
 	now := time.Now()
 	if !c.lastGrant.IsZero() {
 		// Intervals longer than MaxWait are idle gaps, not drain rate.
@@ -502,23 +437,29 @@ func (l Limits) BackendSaturated(b *fleet.Backend, now time.Time) bool {
 	return false
 }
 
-// Saturated returns the function New takes: a model's backends are
-// saturated when every healthy backend serving it has reached a limit. A
-// model that no healthy backend serves is not saturated, so that the
-// request goes on to get its 404 or 503 from the scheduler.
+// Saturated returns the function New takes: SaturatedAt over the fleet's
+// healthy backends, at the wall clock's now.
 func (l Limits) Saturated(f *fleet.Fleet) func(model string) bool {
 	return func(model string) bool {
-		now := time.Now()
-		any := false
-		for _, b := range f.Snapshot().Healthy {
-			if !b.Serves(model) {
-				continue
-			}
-			if !l.BackendSaturated(b, now) {
-				return false
-			}
-			any = true
-		}
-		return any
+		return l.SaturatedAt(f.Snapshot().Healthy, model, time.Now())
 	}
+}
+
+// SaturatedAt reports whether a model's backends are saturated at now:
+// every one of backends serving it has reached a limit. A model that none
+// of them serves is not saturated, so that the request goes on to get its
+// 404 or 503 from the scheduler. The live router and the simulator (late
+// binding) decide to hold a request with it.
+func (l Limits) SaturatedAt(backends []*fleet.Backend, model string, now time.Time) bool {
+	any := false
+	for _, b := range backends {
+		if !b.Serves(model) {
+			continue
+		}
+		if !l.BackendSaturated(b, now) {
+			return false
+		}
+		any = true
+	}
+	return any
 }

@@ -9,6 +9,7 @@ type metrics struct {
 	length     prometheus.Gauge
 	wait       *prometheus.HistogramVec
 	rejections *prometheus.CounterVec
+	admitted   prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -26,6 +27,10 @@ func newMetrics() *metrics {
 			Name: "kvroute_queue_rejections_total",
 			Help: "Requests answered 429 by the admission queue: full (the queue was full on arrival) or timeout (waited the limit).",
 		}, []string{"reason"}),
+		admitted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_queue_admitted_total",
+			Help: "Requests admitted from the admission queue after waiting (bound to a backend when one freed up). Requests admitted without waiting are not counted.",
+		}),
 	}
 	// Known label values are created up front so that rates start at 0.
 	for _, r := range []string{"full", "timeout"} {
@@ -35,7 +40,7 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.length, m.wait, m.rejections} {
+	for _, c := range []prometheus.Collector{m.length, m.wait, m.rejections, m.admitted} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

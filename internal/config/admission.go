@@ -48,6 +48,27 @@ type Admission struct {
 	// Authorization): a request with one of these keys gets its
 	// priority, unless a trusted front set the header. Default [].
 	KeyPriorities []KeyPriority `yaml:"key_priorities"`
+	// LateBinding holds a request in the router while every backend has
+	// at least max_pending_prefill_tokens_per_backend (32768, four steps of
+	// chunked prefill, when that is 0) of prefill routed to it and not
+	// yet started, and binds held requests to a backend, through the
+	// policy's usual pick, when a first byte or a completion frees one;
+	// held requests are taken in deadline order unless order says fcfs.
+	// It turns admission on. Default false (docs/routing.md, "Late
+	// binding", has the measurements).
+	LateBinding bool `yaml:"late_binding"`
+	// Order is how the waiters of one tenant at one priority are taken:
+	// "fcfs" (first come, first served) or "deadline" (earliest of arrival
+	// + min(deadline_slack x the request's own uncached prefill time,
+	// deadline_cap) first: a short prompt passes a long one that arrived
+	// less than that before it). Default "": deadline with late_binding,
+	// else fcfs.
+	Order string `yaml:"order"`
+	// DeadlineSlack is the deadline order's slack. Default 4.
+	DeadlineSlack float64 `yaml:"deadline_slack"`
+	// DeadlineCap bounds how far after its arrival a deadline lies, so
+	// that requests arriving later than that never pass it. Default 5s.
+	DeadlineCap time.Duration `yaml:"deadline_cap"`
 }
 
 // KeyPriority is the priority of one API key.
@@ -104,15 +125,42 @@ func (a Admission) KeyPriorityDigests() (map[[32]byte]int, error) {
 const (
 	DefaultAdmissionMaxQueue = 1024
 	DefaultAdmissionMaxWait  = 30 * time.Second
+	// DefaultLateBindingTokens is the per-backend bound of queued prefill
+	// under late_binding when max_pending_prefill_tokens_per_backend is 0:
+	// four steps of chunked prefill of 8,192 tokens (admission.DefaultHoldTokens).
+	DefaultLateBindingTokens = 4 * 8192
+	DefaultDeadlineSlack     = 4.0             // admission.DefaultSlack
+	DefaultDeadlineCap       = 5 * time.Second // admission.DefaultCap
 )
 
-// Enabled reports whether any saturation limit is set.
+// Enabled reports whether any saturation limit is set, or late binding.
 func (a Admission) Enabled() bool {
-	return a.MaxInFlightPerBackend > 0 || a.MaxPendingPrefillTokensPerBackend > 0 || a.MaxEngineWaiting > 0
+	return a.MaxInFlightPerBackend > 0 || a.MaxPendingPrefillTokensPerBackend > 0 || a.MaxEngineWaiting > 0 || a.LateBinding
+}
+
+// PendingPrefillLimit is the per-backend bound of queued prefill tokens in
+// force: max_pending_prefill_tokens_per_backend, or under late_binding
+// DefaultLateBindingTokens when that is 0.
+func (a Admission) PendingPrefillLimit() int64 {
+	if a.LateBinding && a.MaxPendingPrefillTokensPerBackend == 0 {
+		return DefaultLateBindingTokens
+	}
+	return a.MaxPendingPrefillTokensPerBackend
+}
+
+// QueueOrder is the order in force: order, or its default.
+func (a Admission) QueueOrder() string {
+	if a.Order == "" && a.LateBinding {
+		return "deadline"
+	}
+	if a.Order == "" {
+		return "fcfs"
+	}
+	return a.Order
 }
 
 func defaultAdmission() Admission {
-	return Admission{MaxQueue: DefaultAdmissionMaxQueue, MaxWait: DefaultAdmissionMaxWait}
+	return Admission{MaxQueue: DefaultAdmissionMaxQueue, MaxWait: DefaultAdmissionMaxWait, DeadlineSlack: DefaultDeadlineSlack, DeadlineCap: DefaultDeadlineCap}
 }
 
 // validate reports the admission section's errors through bad.
@@ -125,6 +173,17 @@ func (a Admission) validate(bad func(format string, args ...any)) {
 	}
 	if a.MaxEngineWaiting < 0 {
 		bad("admission.max_engine_waiting: %d must not be negative (0 is off)", a.MaxEngineWaiting)
+	}
+	switch a.Order {
+	case "", "fcfs", "deadline":
+	default:
+		bad("admission.order: %q must be fcfs or deadline", a.Order)
+	}
+	if !(a.DeadlineSlack > 0) || a.DeadlineSlack > 1e6 {
+		bad("admission.deadline_slack: %v must be positive (and at most 1e6)", a.DeadlineSlack)
+	}
+	if a.DeadlineCap <= 0 {
+		bad("admission.deadline_cap: %v must be positive", a.DeadlineCap)
 	}
 	if a.MaxQueue <= 0 {
 		bad("admission.max_queue: %d must be positive", a.MaxQueue)

@@ -44,7 +44,10 @@ type Sync struct {
 	// forgotten; at least twice heartbeat. Default 5s.
 	PeerTimeout time.Duration `yaml:"peer_timeout"`
 	// FlushInterval is the longest an event waits to be batched with
-	// others before it is sent. Default 2ms.
+	// others before it is sent; 0 sends at once (what queued while the
+	// last batch was being sent goes out together). Default 0: peers that
+	// see a decision later pile onto the same backend within a burst
+	// (docs/routing.md, "With several replicas").
 	FlushInterval time.Duration `yaml:"flush_interval"`
 	// QueueSize is how many events wait to be sent before new ones are
 	// dropped (counted in kvroute_sync_events_dropped_total); routing never
@@ -66,7 +69,7 @@ const (
 	DefaultSyncSubject       = "kvroute"
 	DefaultSyncHeartbeat     = time.Second
 	DefaultSyncPeerTimeout   = 5 * time.Second
-	DefaultSyncFlushInterval = 2 * time.Millisecond
+	DefaultSyncFlushInterval = 0
 	DefaultSyncQueueSize     = 16384
 )
 
@@ -115,8 +118,8 @@ func (s *Sync) validate(bad func(string, ...any)) {
 	if s.PeerTimeout < 2*s.Heartbeat {
 		bad("sync.peer_timeout: %v must be at least twice sync.heartbeat (%v)", s.PeerTimeout, s.Heartbeat)
 	}
-	if s.FlushInterval <= 0 || s.FlushInterval > s.Heartbeat {
-		bad("sync.flush_interval: %v must be positive and at most sync.heartbeat", s.FlushInterval)
+	if s.FlushInterval < 0 || s.FlushInterval > s.Heartbeat {
+		bad("sync.flush_interval: %v must be 0 or positive and at most sync.heartbeat", s.FlushInterval)
 	}
 	if s.QueueSize <= 0 {
 		bad("sync.queue_size: %d must be positive", s.QueueSize)

@@ -9,7 +9,7 @@ import (
 func TestSyncSection(t *testing.T) {
 	c := parse(t, "backends: [{url: 'http://127.0.0.1:9000'}]\n")
 	if c.Sync.Enabled() || c.Sync.Subject != "kvroute" || c.Sync.Heartbeat != time.Second ||
-		c.Sync.PeerTimeout != 5*time.Second || c.Sync.QueueSize != 16384 || c.Sync.FlushInterval != 2*time.Millisecond {
+		c.Sync.PeerTimeout != 5*time.Second || c.Sync.QueueSize != 16384 || c.Sync.FlushInterval != 0 {
 		t.Errorf("sync defaults: %+v", c.Sync)
 	}
 	c.Apply(Overrides{Sync: "nats://127.0.0.1:4222"})
@@ -28,7 +28,7 @@ func TestSyncSection(t *testing.T) {
 		{"sync: {url: 'nats://a:4222', tls: {cert_file: c.pem}}", "sync.tls"},
 		{"sync: {url: 'nats://a:4222', heartbeat: 0s}", "sync.heartbeat"},
 		{"sync: {url: 'nats://a:4222', heartbeat: 1s, peer_timeout: 1s}", "sync.peer_timeout"},
-		{"sync: {url: 'nats://a:4222', flush_interval: 0s}", "sync.flush_interval"},
+		{"sync: {url: 'nats://a:4222', flush_interval: -1ms}", "sync.flush_interval"},
 		{"sync: {url: 'nats://a:4222', queue_size: 0}", "sync.queue_size"},
 		{"sync: {url: 'nats://a:4222', heartbeats: 1s}", "unknown key heartbeats"},
 		// Off, the rest is not checked.

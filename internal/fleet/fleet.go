@@ -18,6 +18,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // DefaultPrefillRate is the prior prefill rate in tokens per second, used
@@ -57,6 +59,11 @@ type Backend struct {
 	ID int
 	// Name is a human-readable label (host:port, or engine-3 in the simulator).
 	Name string
+	// Arc is Name's place on a circle of circumference 1, in [0, 1): a hash
+	// of Name, so the same backend has the same Arc in every router
+	// replica although its ID differs. Replicas order backends by it when
+	// they must not all prefer the same one (policy.Input.Replicas).
+	Arc float64
 	// URL is the base URL; nil in the simulator.
 	URL *url.URL
 	// Models served; empty means any model.
@@ -84,6 +91,9 @@ type Backend struct {
 	// peers is the load other router replicas report on this backend
 	// (peers.go).
 	peers peerLoad
+	// presumed is the load this router presumes its peers add while it
+	// cannot yet hear of it (peers.go).
+	presumed peerLoad
 	// rate holds the float64 bits of the learned prefill rate; 0 until the
 	// first sample. rateSamples counts the samples folded into it.
 	rate        atomic.Uint64
@@ -169,6 +179,7 @@ func (b *Backend) Healthy() bool { return b.healthy.Load() }
 func (b *Backend) Load() Load {
 	l := b.OwnLoad()
 	l.add(b.peers.load())
+	l.add(b.presumed.load())
 	return l
 }
 
@@ -404,11 +415,16 @@ func New() *Fleet {
 func (f *Fleet) Add(name string, u *url.URL, models []string) *Backend {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	b := &Backend{ID: len(f.backends), Name: name, URL: u, Models: slices.Clone(models), fleet: f}
+	b := &Backend{ID: len(f.backends), Name: name, Arc: arcOf(name), URL: u, Models: slices.Clone(models), fleet: f}
 	b.healthy.Store(true)
 	f.backends = append(f.backends, b)
 	f.publish()
 	return b
+}
+
+// arcOf places a backend named name on the unit circle (Backend.Arc).
+func arcOf(name string) float64 {
+	return float64(xxhash.Sum64String(name)>>11) / (1 << 53)
 }
 
 // SetHealthy changes b's health and publishes a new snapshot if it changed.

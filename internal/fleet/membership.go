@@ -29,7 +29,7 @@ import (
 func (f *Fleet) AddWarm(name string, u *url.URL, models []string, now time.Time, warmup time.Duration) *Backend {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	b := &Backend{ID: len(f.backends), Name: name, URL: u, Models: slices.Clone(models), fleet: f, added: now, warmup: max(warmup, 0)}
+	b := &Backend{ID: len(f.backends), Name: name, Arc: arcOf(name), URL: u, Models: slices.Clone(models), fleet: f, added: now, warmup: max(warmup, 0)}
 	b.healthy.Store(true)
 	f.backends = append(f.backends, b)
 	f.publish()

@@ -28,19 +28,38 @@ func (p *peerLoad) load() Load {
 	}
 }
 
+// add adds d to the sum.
+func (p *peerLoad) add(d Load) {
+	p.inflight.Add(d.InFlight)
+	p.pendingPrefill.Add(d.PendingPrefill)
+	p.decoding.Add(d.Decoding)
+	p.decodeBudget.Add(d.DecodeBudget)
+	p.decodeTokens.Add(d.DecodeTokens)
+}
+
 // AddPeerLoad adds d, a change in the load peer replicas hold on b, to
 // what Load reports. Prefill finished by a peer's request (a negative
 // PendingPrefill with a new decoding stream, its first byte) also counts
 // toward the prefill work against which b's rate samples are measured.
 func (b *Backend) AddPeerLoad(d Load) {
-	b.peers.inflight.Add(d.InFlight)
-	b.peers.pendingPrefill.Add(d.PendingPrefill)
-	b.peers.decoding.Add(d.Decoding)
-	b.peers.decodeBudget.Add(d.DecodeBudget)
-	b.peers.decodeTokens.Add(d.DecodeTokens)
+	b.peers.add(d)
 	if d.Decoding > 0 && d.PendingPrefill < 0 {
 		b.prefilled.Add(-d.PendingPrefill)
 	}
+}
+
+// AddPresumedLoad adds d to the load this router presumes its peers are
+// adding to b right now, before their events can reach it: Load counts it,
+// PeerLoad does not. The scheduler adds a routing's load for each peer
+// and takes it back once the peers' own events would have arrived
+// (scheduler.SetBlindWindow).
+func (b *Backend) AddPresumedLoad(d Load) {
+	b.presumed.add(d)
+}
+
+// Scale returns l with every field multiplied by k.
+func (l Load) Scale(k int64) Load {
+	return Load{l.InFlight * k, l.PendingPrefill * k, l.Decoding * k, l.DecodeBudget * k, l.DecodeTokens * k}
 }
 
 // PeerLoad returns the load b's live peer replicas hold on it, as Load adds it.

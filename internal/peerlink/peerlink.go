@@ -360,7 +360,7 @@ func (l *Link) send(ctx context.Context) {
 		}
 	}
 	add := func(e replica.Event) {
-		if len(batch.Events) == 0 {
+		if len(batch.Events) == 0 && l.cfg.FlushInterval > 0 {
 			flush.Reset(l.cfg.FlushInterval)
 		}
 		l.history.Add(e)
@@ -403,6 +403,9 @@ func (l *Link) send(ctx context.Context) {
 			add(e)
 			for _, e := range l.outbox.Drain(nil, 256) {
 				add(e)
+			}
+			if l.cfg.FlushInterval == 0 {
+				flushEvents()
 			}
 		case <-flush.C:
 			flushEvents()

@@ -151,6 +151,22 @@ const (
 	// (docs/routing.md).
 	FitRatio = 1.2
 
+	// ReplicaSkew keeps router replicas from herding. Each replica sees
+	// its peers' decisions only after the sync delay (batching and the
+	// NATS hop), and requests come in bursts (the Mooncake trace releases
+	// about nine at the same millisecond): replicas that read the same
+	// fleet rank the backends alike, so within a burst each sends its
+	// first request to the same best backend. With Input.Replicas > 1,
+	// each replica ranks candidates by score * (1 + ReplicaSkew * d), d
+	// the candidate's clockwise distance in [0, 1) from the replica's
+	// place on the circle of backends (fleet.Backend.Arc,
+	// Input.ReplicaArc): among backends within a factor 1+ReplicaSkew of
+	// each other, replicas start from different ones. Stickiness, the
+	// cache rule and room in the KV cache still compare unskewed scores.
+	// On one router it does nothing. docs/routing.md ("With several
+	// replicas") gives the figures behind the value.
+	ReplicaSkew = 0.25
+
 	// EngineStateMaxAge is how old an engine report may be and still count.
 	// Metric scrapes arrive every 250 ms by default (engines.interval); an
 	// older report describes a queue that has long since moved.
@@ -230,11 +246,11 @@ func (p *KVRoute) Pick(in *Input) Decision {
 
 	start := p.rot.start(n)
 	best, holder := -1, -1
-	var bestScore, bestEst, holderScore, holderEst float64
+	var bestKey, bestScore, bestEst, holderScore, holderEst float64
 	var bestLoad, bestWritten, holderLoad, total int64
 	var holderMatch int32
 	fit := -1
-	var fitScore, fitEst float64
+	var fitKey, fitScore, fitEst float64
 	var fitLoad, fitWritten int64
 	for k := range n {
 		i := start + k
@@ -253,17 +269,24 @@ func (p *KVRoute) Pick(in *Input) Decision {
 		// It is priced at the fleet's rate: the capacity lost is the
 		// fleet's, and a backend's own rate would amplify its deviations.
 		score := est + missCost*float64(max(prompt-cached, 1))/fleetRate
+		// With several replicas, each one ranks the candidates by a score
+		// skewed towards its own arc of the fleet (see ReplicaSkew); the
+		// rules below still weigh the unskewed score.
+		key := score
+		if in.Replicas > 1 && in.Burst {
+			key *= 1 + ReplicaSkew*arcDistance(in.ReplicaArc, evenArc(cands, b))
+		}
 		// Exact float ties happen (idle, rates within RateTrust's band,
 		// equal matches, none at all say): break them by fewer in flight,
 		// then by the emptier cache, then by the rotating scan order (see
 		// emptier).
 		w := written(b)
-		if best < 0 || score < bestScore || (score == bestScore && emptier(l.InFlight, w, bestLoad, bestWritten)) {
-			best, bestScore, bestEst, bestLoad, bestWritten = i, score, est, l.InFlight, w
+		if best < 0 || key < bestKey || (key == bestKey && emptier(l.InFlight, w, bestLoad, bestWritten)) {
+			best, bestKey, bestScore, bestEst, bestLoad, bestWritten = i, key, score, est, l.InFlight, w
 		}
 		if fitsKV(e, &l, prompt-cached) &&
-			(fit < 0 || score < fitScore || (score == fitScore && emptier(l.InFlight, w, fitLoad, fitWritten))) {
-			fit, fitScore, fitEst, fitLoad, fitWritten = i, score, est, l.InFlight, w
+			(fit < 0 || key < fitKey || (key == fitKey && emptier(l.InFlight, w, fitLoad, fitWritten))) {
+			fit, fitKey, fitScore, fitEst, fitLoad, fitWritten = i, key, score, est, l.InFlight, w
 		}
 		// The holder: the longest match for this prompt; on equal matches
 		// (none at all, say) the backend the session last went to, then the
@@ -305,6 +328,28 @@ func (p *KVRoute) Pick(in *Input) Decision {
 		note = "cache"
 	}
 	return Decision{Index: best, EstTTFT: bestEst, Note: note}
+}
+
+// arcDistance is how far clockwise backend arc b lies from replica arc r on
+// the unit circle, in [0, 1).
+func arcDistance(r, b float64) float64 {
+	d := b - r
+	if d < 0 {
+		d++
+	}
+	return d
+}
+
+// evenArc is b's place among cands in the order of their Arc, spaced
+// evenly on the circle: hashes cluster, places do not.
+func evenArc(cands []*fleet.Backend, b *fleet.Backend) float64 {
+	k := 0
+	for _, c := range cands {
+		if c.Arc < b.Arc {
+			k++
+		}
+	}
+	return float64(k) / float64(len(cands))
 }
 
 // learnedRate is the prefill throughput the engine's own counters show

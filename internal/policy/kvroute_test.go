@@ -650,3 +650,57 @@ func TestKVRouteEngineReportedRate(t *testing.T) {
 		}
 	}
 }
+
+// Router replicas that see the same fleet and do not yet see each other's
+// picks must not all send a burst's requests to the same backend: within
+// a burst each ranks candidates skewed towards its own arc of the circle
+// of backends (ReplicaSkew). One router, a replica outside a burst, and
+// the rules that weigh real scores (a long cached prefix) are unaffected.
+func TestKVRouteReplicaSkew(t *testing.T) {
+	const n = 8
+	loads := make([]fxLoad, n)
+	// Nearly equal queues (within ReplicaSkew of each other): one router
+	// picks the shortest, backend 3.
+	for i := range loads {
+		loads[i].pending = []int64{20000 + int64(i*37%n)*200}
+	}
+	loads[3].pending = []int64{19000}
+	cands := fxBackends(t, loads...)
+
+	pick := func(replicas, rank int, burst bool, matched int32) int {
+		in := fxInput(cands, loads, 2000, "")
+		if matched > 0 {
+			in.Matched[5] = matched
+		}
+		in.Replicas, in.Burst = replicas, burst
+		if replicas > 1 {
+			in.ReplicaArc = float64(rank) / float64(replicas)
+		}
+		return fxNew(t, "kvroute", Options{}).Pick(in).Index
+	}
+	if got := pick(1, 0, false, 0); got != 3 {
+		t.Fatalf("one router picked %d, want 3 (the shortest queue)", got)
+	}
+	// Outside a burst, every replica picks as one router does.
+	for rank := range 4 {
+		if got := pick(4, rank, false, 0); got != 3 {
+			t.Errorf("replica %d of 4 outside a burst picked %d, want 3", rank, got)
+		}
+	}
+	for _, replicas := range []int{2, 4} {
+		seen := map[int]bool{}
+		for rank := range replicas {
+			seen[pick(replicas, rank, true, 0)] = true
+		}
+		if len(seen) < replicas {
+			t.Errorf("%d replicas picked %d distinct backends (%v), want %d", replicas, len(seen), seen, replicas)
+		}
+	}
+	// A cached prefix of two prefill chunks on backend 5 keeps the prompt
+	// there from every replica (the rule weighs unskewed scores).
+	for rank := range 4 {
+		if got := pick(4, rank, true, int32(2*CacheStickyTokens/16)); got != 5 {
+			t.Errorf("replica %d of 4 picked %d for a prompt cached on 5, want 5", rank, got)
+		}
+	}
+}

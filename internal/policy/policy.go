@@ -38,6 +38,17 @@ type Input struct {
 	// SessionHash is HashSession(View.SessionKey), hashed once per
 	// request by the scheduler; 0 when the request has no session key.
 	SessionHash uint64
+	// Replicas is how many live router replicas (this one included) route
+	// over the same fleet, each seeing the others' decisions only after a
+	// delay; 0 or 1 for one router. ReplicaArc is this replica's place
+	// among them on the circle of fleet.Backend.Arc, in [0, 1): replicas
+	// sorted by ID take evenly spaced places. Burst is set when this
+	// replica has routed another request within that delay: arrivals come
+	// in bursts, and its peers are then likely routing blind beside it.
+	// See kvroute's ReplicaSkew.
+	Replicas   int
+	ReplicaArc float64
+	Burst      bool
 }
 
 // HashSession is the one hash of a session key that the scheduler and the

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/request"
 )
 
 // newAdmission builds the admission queue from the admission section, or
@@ -21,23 +23,29 @@ func newAdmission(cfg *config.Config, f *fleet.Fleet, reg prometheus.Registerer)
 	if !a.Enabled() {
 		return nil, nil
 	}
+	order, err := admission.ParseOrder(a.QueueOrder())
+	if err != nil {
+		return nil, fmt.Errorf("admission.order: %w", err)
+	}
 	lim := admission.Limits{
 		MaxInFlight:       int64(a.MaxInFlightPerBackend),
-		MaxPendingPrefill: a.MaxPendingPrefillTokensPerBackend,
+		MaxPendingPrefill: a.PendingPrefillLimit(),
 		MaxEngineWaiting:  a.MaxEngineWaiting,
 		// An engine's queue counts as long as the engine reader itself
 		// trusts the report.
 		EngineMaxAge: cfg.Engines.Interval * time.Duration(cfg.Engines.StaleAfter),
 	}
-	return admission.New(admission.Config{MaxQueue: a.MaxQueue, MaxWait: a.MaxWait}, lim.Saturated(f), reg)
+	return admission.New(admission.Config{MaxQueue: a.MaxQueue, MaxWait: a.MaxWait, Order: order, Slack: a.DeadlineSlack, Cap: a.DeadlineCap}, lim.Saturated(f), reg)
 }
 
 // admit reads the request's priority (from trusted sources only, see
-// priorities) and waits for admission. On success release must be called
-// once the request is routed. Otherwise the error is the answer: 400 for a
-// trusted front's bad priority, 429 from the queue, or status 499 when the
-// client left while queued.
-func (s *Server) admit(r *http.Request, model string) (release func(), e *openai.Error) {
+// priorities) and waits for admission. cost returns the request's own work
+// (admission.Cost; nil: none), by which the deadline order takes it; see
+// costOf. On
+// success release must be called once the request is routed. Otherwise the
+// error is the answer: 400 for a trusted front's bad priority, 429 from the
+// queue, or status 499 when the client left while queued.
+func (s *Server) admit(r *http.Request, model string, cost func() time.Duration) (release func(), e *openai.Error) {
 	prio, perr := s.creds.Load().prio.of(r)
 	if perr != nil {
 		return nil, perr
@@ -45,7 +53,7 @@ func (s *Server) admit(r *http.Request, model string) (release func(), e *openai
 	if s.adm == nil {
 		return func() {}, nil
 	}
-	release, err := s.adm.Admit(r.Context(), model, prio, admission.Tenant(r.Header, s.cfg.Admission.TenantHeader))
+	release, err := s.adm.AdmitCost(r.Context(), model, prio, admission.Tenant(r.Header, s.cfg.Admission.TenantHeader), cost)
 	if err != nil {
 		if oe, isOE := errors.AsType[*openai.Error](err); isOE {
 			return nil, oe
@@ -53,4 +61,11 @@ func (s *Server) admit(r *http.Request, model string) (release func(), e *openai
 		return nil, &openai.Error{Status: statusClientGone, Code: "client_gone", Message: err.Error()}
 	}
 	return release, nil
+}
+
+// costOf returns the cost function admit takes for a request of view v
+// whose prompt hashes to hashes: its uncached tokens at the fleet's best
+// match (Scheduler.Uncached), as the simulator computes it.
+func (s *Server) costOf(v *request.View, hashes []uint64) func() time.Duration {
+	return func() time.Duration { return admission.Cost(s.sched.Uncached(v, hashes)) }
 }

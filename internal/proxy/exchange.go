@@ -126,14 +126,14 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 		ex.reject(w, e)
 		return
 	}
+	ex.hashes = s.sched.Hashes(v)
 	_, span := ex.child("admission", trace.SpanKindInternal)
-	release, e := s.admit(r, v.Model)
+	release, e := s.admit(r, v.Model, s.costOf(v, ex.hashes))
 	endSpan(span, errorOf(e))
 	if e != nil {
 		ex.reject(w, e)
 		return
 	}
-	ex.hashes = s.sched.Hashes(v)
 	ex.keys = s.tokenKeys(r.Context(), v, body)
 	_, span = ex.child("route", trace.SpanKindInternal)
 	a, err := s.sched.RoutePrecise(v, ex.hashes, ex.keys, nil, ex.start)

@@ -44,7 +44,7 @@ func (s *Server) passthrough(w http.ResponseWriter, r *http.Request) {
 	v := &request.View{Model: model, MaxTokens: 1}
 	ex.view, ex.body = v, body
 	_, span := ex.child("admission", trace.SpanKindInternal)
-	release, e := s.admit(r, model)
+	release, e := s.admit(r, model, nil)
 	endSpan(span, errorOf(e))
 	if e != nil {
 		ex.reject(w, e)

@@ -35,6 +35,10 @@ type Peers struct {
 	names     map[string]*fleet.Backend
 	namesSnap *fleet.Snapshot
 	stats     Stats
+	// lag is the moving average of the peers' batches' delay, lagN how
+	// many of the first batches it has seen (observeLag).
+	lag  time.Duration
+	lagN int
 }
 
 // peer is one live peer replica.
@@ -119,8 +123,12 @@ func (p *Peers) Apply(b *Batch, now time.Time) Applied {
 		pr = &peer{incarnation: b.Incarnation, load: map[*fleet.Backend]fleet.Load{}, pins: map[uint64]pin{}}
 		p.peers[b.Replica] = pr
 		a.New = true
+		p.place()
 	}
 	pr.heard = now
+	if b.Kind == Events {
+		p.observeLag(now.Sub(time.Unix(0, b.SentAt)))
+	}
 	p.stats.Batches++
 	p.stats.Events += uint64(len(b.Events))
 	if b.Kind == Snapshot {
@@ -221,6 +229,42 @@ func (p *Peers) forget(id string, pr *peer) {
 		p.unpin(pn)
 	}
 	delete(p.peers, id)
+	p.place()
+}
+
+// MaxBlindWindow bounds the sync delay a replica presumes its peers'
+// decisions take (scheduler.SetBlindWindow): a lag beyond it is a clock
+// skew between hosts or a stalled receiver, not a delay to plan picks by.
+const MaxBlindWindow = 100 * time.Millisecond
+
+// observeLag folds one batch's lag, from its sender's clock to this
+// replica's, into the blind window the scheduler presumes peers' decisions
+// for: a moving average over about 8 batches. The caller holds p.mu.
+func (p *Peers) observeLag(d time.Duration) {
+	d = min(max(d, 0), MaxBlindWindow)
+	p.lag += (d - p.lag) / 8
+	if p.lagN < 8 {
+		// The first batches set it outright: an average from 0 would
+		// presume too little at the start.
+		p.lagN++
+		p.lag = max(p.lag, d)
+	}
+	p.sched.SetBlindWindow(p.lag)
+}
+
+// place tells the scheduler how many replicas are live and where this one
+// stands among them, in the order of their IDs, which every replica sees
+// alike: they then spread their picks over the fleet instead of all
+// preferring the same backend while they do not yet see each other's
+// (scheduler.SetReplicas). The caller holds p.mu.
+func (p *Peers) place() {
+	rank := 0
+	for id := range p.peers {
+		if id < p.self {
+			rank++
+		}
+	}
+	p.sched.SetReplicas(rank, len(p.peers)+1)
 }
 
 func (p *Peers) unpin(pn pin) {

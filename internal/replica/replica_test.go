@@ -246,3 +246,63 @@ func TestPeersPin(t *testing.T) {
 		})
 	}
 }
+
+// The scheduler learns how many replicas are live and where this one
+// stands among them in the order of their IDs, as peers come, restart and
+// go silent.
+func TestPeersPlace(t *testing.T) {
+	_, s, p := fixture(t) // this replica is "self"
+	hb := func(id string, inc uint64) *Batch {
+		return &Batch{Kind: Heartbeat, Replica: id, Incarnation: inc, Seq: 1}
+	}
+	steps := []struct {
+		name  string
+		apply *Batch
+		at    time.Duration
+		n     int
+		arc   float64
+	}{
+		{"alone", nil, 0, 1, 0},
+		{"a peer after us", hb("west", 1), 0, 2, 0},
+		{"a peer before us", hb("east", 1), time.Second, 3, 1.0 / 3},
+		{"a restart keeps the count", hb("west", 2), 2 * time.Second, 3, 1.0 / 3},
+		{"east silent past its timeout", nil, 6500 * time.Millisecond, 2, 0},
+		{"west silent too", nil, 8 * time.Second, 1, 0},
+	}
+	for _, st := range steps {
+		if st.apply != nil {
+			p.Apply(st.apply, t0.Add(st.at))
+		} else {
+			p.Expire(t0.Add(st.at))
+		}
+		if n, arc := s.Replicas(); n != st.n || arc != st.arc {
+			t.Errorf("%s: %d replicas, arc %v; want %d, %v", st.name, n, arc, st.n, st.arc)
+		}
+	}
+}
+
+// The blind window the scheduler presumes peers' decisions for is the lag
+// of their event batches (sender's clock to arrival), bounded.
+func TestPeersBlindWindow(t *testing.T) {
+	_, s, p := fixture(t)
+	send := func(seq uint64, lag time.Duration) {
+		at := t0.Add(time.Duration(seq) * time.Second)
+		p.Apply(&Batch{Kind: Events, Replica: "peer", Incarnation: 1, Seq: seq, SentAt: at.Add(-lag).UnixNano()}, at)
+	}
+	send(1, 3*time.Millisecond)
+	if got := s.BlindWindow(); got != 3*time.Millisecond {
+		t.Fatalf("after one batch 3 ms late: %v", got)
+	}
+	for k := uint64(2); k < 60; k++ {
+		send(k, time.Millisecond)
+	}
+	if got := s.BlindWindow(); got < 900*time.Microsecond || got > 1100*time.Microsecond {
+		t.Fatalf("after many batches 1 ms late: %v, want about 1 ms", got)
+	}
+	for k := uint64(60); k < 120; k++ {
+		send(k, time.Hour) // a skewed clock, not a delay
+	}
+	if got := s.BlindWindow(); got > MaxBlindWindow {
+		t.Fatalf("window %v beyond MaxBlindWindow", got)
+	}
+}

@@ -40,6 +40,24 @@ type Sample struct {
 	// bench.Config.Spread): 0 for the first, i for the i-th of the others.
 	// Refused counts the targets that refused its connection before.
 	Entry, Refused int
+	// OracleTTFT is the request's TTFT alone on an idle engine with an
+	// infinite cache (the simulator's --oracle), 0 when unknown; its
+	// slowdown is TTFT over it.
+	OracleTTFT time.Duration
+}
+
+// LongPromptTokens divides the request classes of the slowdown: a prompt of
+// at least this many tokens is long. It is one step of chunked prefill
+// (vLLM's max_num_batched_tokens, policy.PrefillChunkTokens): a short
+// prompt prefills within one engine step, a long one takes several.
+const LongPromptTokens = 8192
+
+// Slowdown is one request class's slowdown: TTFT over the oracle TTFT.
+type Slowdown struct {
+	Class string  `json:"class"`
+	N     int     `json:"n"`
+	P50   float64 `json:"p50"`
+	P99   float64 `json:"p99"`
 }
 
 // Dist summarises a latency distribution in milliseconds.
@@ -73,6 +91,9 @@ type Run struct {
 	EngineShare        []float64 `json:"engine_share,omitempty"`
 	// OfOracle is PrefixHitRate as a fraction of the oracle bound, when known.
 	OfOracle float64 `json:"hit_rate_of_oracle,omitempty"`
+	// Slowdown is the slowdown of short and long prompts (see
+	// LongPromptTokens), when the samples carry their oracle TTFT.
+	Slowdown []Slowdown `json:"slowdown,omitempty"`
 
 	// Samples are kept for charts; not serialised.
 	Samples []Sample `json:"-"`
@@ -139,7 +160,42 @@ func Summarize(policy string, samples []Sample, wall time.Duration) Run {
 	if prompt > 0 {
 		r.PrefixHitRate = float64(cached) / float64(prompt)
 	}
+	r.Slowdown = slowdowns(samples)
 	return r
+}
+
+// slowdowns summarises the completed samples' TTFT over their oracle TTFT,
+// short prompts then long; nil when no sample has an oracle TTFT.
+func slowdowns(samples []Sample) []Slowdown {
+	var short, long []float64
+	for i := range samples {
+		s := &samples[i]
+		if s.Err != "" || s.OracleTTFT <= 0 {
+			continue
+		}
+		x := float64(s.TTFT) / float64(s.OracleTTFT)
+		if s.PromptTokens >= LongPromptTokens {
+			long = append(long, x)
+		} else {
+			short = append(short, x)
+		}
+	}
+	if len(short)+len(long) == 0 {
+		return nil
+	}
+	out := make([]Slowdown, 0, 2)
+	for _, c := range []struct {
+		name string
+		xs   []float64
+	}{{"short", short}, {"long", long}} {
+		sd := Slowdown{Class: c.name, N: len(c.xs)}
+		if len(c.xs) > 0 {
+			slices.Sort(c.xs)
+			sd.P50, sd.P99 = Percentile(c.xs, 50), Percentile(c.xs, 99)
+		}
+		out = append(out, sd)
+	}
+	return out
 }
 
 // itlBuckets is the number of buckets of gapBucket.
@@ -307,6 +363,7 @@ func WriteTable(w io.Writer, rep *Report) {
 	if rr != nil {
 		fmt.Fprintln(w, "vs rr: ratio to round-robin (p99 TTFT: lower is better; hit rate: higher is better)")
 	}
+	writeSlowdowns(w, rep.Runs)
 	if rep.Oracle != nil {
 		fmt.Fprintf(w, "oracle: hit rate %s (one server, infinite cache), TTFT bounds: mean %s, p99 %s\n",
 			pct(rep.Oracle.HitRate), msec(rep.Oracle.MeanTTFTms), msec(rep.Oracle.P99TTFTms))
@@ -343,4 +400,33 @@ type SweepPoint struct {
 	Policy string
 	Load   float64
 	P99ms  float64
+}
+
+// writeSlowdowns writes the runs' slowdown by class, when they have one.
+func writeSlowdowns(w io.Writer, runs []Run) {
+	have := false
+	for _, r := range runs {
+		have = have || len(r.Slowdown) > 0
+	}
+	if !have {
+		return
+	}
+	fmt.Fprintf(w, "slowdown (TTFT over the request's oracle TTFT), short < %d prompt tokens <= long:\n", LongPromptTokens)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tshort n\tshort p50\tshort p99\tlong n\tlong p50\tlong p99\t")
+	for _, r := range runs {
+		row := []string{r.Policy}
+		for _, sd := range r.Slowdown {
+			if sd.N == 0 {
+				row = append(row, "0", "-", "-")
+				continue
+			}
+			row = append(row, fmt.Sprint(sd.N), fmt.Sprintf("%.1fx", sd.P50), fmt.Sprintf("%.1fx", sd.P99))
+		}
+		if len(r.Slowdown) == 0 {
+			row = append(row, "", "", "", "", "", "")
+		}
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+	}
+	tw.Flush()
 }

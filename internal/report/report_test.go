@@ -462,3 +462,30 @@ func TestSeriesStylesDiffer(t *testing.T) {
 		lines[lineStyle(i)], bars[fillStyle(i)] = true, true
 	}
 }
+
+// TestSlowdownByClass: TTFT over the oracle TTFT, split at
+// LongPromptTokens; failed samples and samples without an oracle TTFT are
+// left out, and a class without samples prints as "-".
+func TestSlowdownByClass(t *testing.T) {
+	ms := time.Millisecond
+	samples := []Sample{
+		{PromptTokens: 100, TTFT: 20 * ms, OracleTTFT: 10 * ms},                // short 2x
+		{PromptTokens: 8191, TTFT: 300 * ms, OracleTTFT: 100 * ms},             // short 3x
+		{PromptTokens: 8192, TTFT: 5000 * ms, OracleTTFT: 1000 * ms},           // long 5x
+		{PromptTokens: 100, TTFT: 90 * ms, OracleTTFT: 0},                      // no oracle
+		{PromptTokens: 100, TTFT: 90 * ms, OracleTTFT: 1 * ms, Err: "refused"}, // failed
+	}
+	r := Summarize("p", samples, time.Second)
+	want := []Slowdown{{Class: "short", N: 2, P50: 2, P99: 3}, {Class: "long", N: 1, P50: 5, P99: 5}}
+	if !slices.Equal(r.Slowdown, want) {
+		t.Errorf("slowdown %+v, want %+v", r.Slowdown, want)
+	}
+	if s := Summarize("p", samples[3:4], time.Second).Slowdown; s != nil {
+		t.Errorf("no oracle TTFT: slowdown %+v, want none", s)
+	}
+	var out strings.Builder
+	WriteTable(&out, &Report{Runs: []Run{Summarize("p", samples[:2], time.Second)}})
+	if !strings.Contains(out.String(), "3.0x") || !strings.Contains(out.String(), "-") {
+		t.Errorf("table lacks the slowdowns:\n%s", out.String())
+	}
+}

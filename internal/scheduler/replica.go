@@ -1,6 +1,8 @@
 package scheduler
 
 import (
+	"time"
+
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/policy"
 )
@@ -29,6 +31,84 @@ type Events interface {
 // SetEvents makes e hear of every routing from now on. Call it before the
 // first Route.
 func (s *Scheduler) SetEvents(e Events) { s.events = e }
+
+// replicaPlace is what SetReplicas stores.
+type replicaPlace struct {
+	n   int
+	arc float64
+}
+
+// SetReplicas tells the policy that n live router replicas (this one
+// included) route over the fleet and that this one is the rank-th of them
+// in the order of their IDs (0 <= rank < n): see policy.Input.Replicas.
+// The owner of the peers' liveness (replica.Peers) calls it whenever a
+// peer comes or goes.
+func (s *Scheduler) SetReplicas(rank, n int) {
+	if n <= 1 || rank < 0 || rank >= n {
+		s.replicas.Store(nil)
+		return
+	}
+	s.replicas.Store(&replicaPlace{n: n, arc: float64(rank) / float64(n)})
+}
+
+// SetBlindWindow tells the scheduler how long its peers' decisions take
+// to reach it (the sync delay: batching, the NATS hop, the receiver). A
+// routing here is presumed to be matched by one of each peer's for that
+// long: replicas that read the same fleet within a burst of arrivals make
+// the same choices, each unaware of the others', and presuming them is
+// what keeps each replica from piling its share of the burst onto the
+// backend that looked best to all of them. 0 presumes nothing.
+func (s *Scheduler) SetBlindWindow(d time.Duration) { s.blind.Store(int64(max(d, 0))) }
+
+// BlindWindow returns what SetBlindWindow last set.
+func (s *Scheduler) BlindWindow() time.Duration { return time.Duration(s.blind.Load()) }
+
+// presumption is a routing's load presumed on b for each peer, until at.
+type presumption struct {
+	b     *fleet.Backend
+	d     fleet.Load
+	until time.Time
+}
+
+// presume presumes, for the blind window (see SetBlindWindow), that each
+// of the replicas-1 peers is routing a request like this one, which a
+// routing to b made at now with load d, to the same backend: replicas
+// that read the same fleet in the same instant choose alike. The caller
+// holds s.decide.
+func (s *Scheduler) presume(b *fleet.Backend, d fleet.Load, replicas int, now time.Time) {
+	w := time.Duration(s.blind.Load())
+	if replicas <= 1 || w <= 0 {
+		return
+	}
+	// Only what the request adds before its first byte: the peers' own
+	// events replace the presumption long before it would decode.
+	d = fleet.Load{InFlight: d.InFlight, PendingPrefill: d.PendingPrefill}.Scale(int64(replicas - 1))
+	b.AddPresumedLoad(d)
+	s.presumed = append(s.presumed, presumption{b: b, d: d, until: now.Add(w)})
+}
+
+// forgetPresumed takes back the presumptions whose window has passed by
+// now: the peers' own events have arrived by then. The caller holds
+// s.decide.
+func (s *Scheduler) forgetPresumed(now time.Time) {
+	k := 0
+	for ; k < len(s.presumed) && !now.Before(s.presumed[k].until); k++ {
+		s.presumed[k].b.AddPresumedLoad(s.presumed[k].d.Neg())
+	}
+	if k > 0 {
+		clear(s.presumed[:k])
+		s.presumed = s.presumed[k:]
+	}
+}
+
+// Replicas returns what SetReplicas last set: the live replicas (1 for
+// one router) and this one's place among them in [0, 1).
+func (s *Scheduler) Replicas() (n int, arc float64) {
+	if rp := s.replicas.Load(); rp != nil {
+		return rp.n, rp.arc
+	}
+	return 1, 0
+}
 
 // Learn applies a past decision another replica made: b now holds
 // hashes, most recent first (evictable), and the conversation with key

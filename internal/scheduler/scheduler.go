@@ -67,6 +67,15 @@ type Scheduler struct {
 	// replicas (replica.go); requests numbers the routings it hears of.
 	events   Events
 	requests atomic.Uint64
+	// replicas is the live router replicas and this one's place among
+	// them (SetReplicas); nil for one router. blind is how long a peer's
+	// decision takes to reach this replica, in nanoseconds
+	// (SetBlindWindow); presumed are this replica's routings of the last
+	// blind window, whose like each peer is presumed to be making
+	// (replica.go), guarded by decide.
+	replicas atomic.Pointer[replicaPlace]
+	blind    atomic.Int64
+	presumed []presumption
 }
 
 // scratch is one Route's working memory, pooled so that routing allocates
@@ -247,6 +256,9 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		Now:         now,
 		SessionHash: session,
 	}
+	if rp := s.replicas.Load(); rp != nil {
+		sc.in.Replicas, sc.in.ReplicaArc = rp.n, rp.arc
+	}
 	budget := v.MaxTokens
 	if budget <= 0 {
 		budget = DefaultOutputBudget
@@ -257,6 +269,8 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 	// all land on the one backend that looked best (a herd). The lock
 	// covers only the pick (no I/O, a few microseconds) and the counters.
 	s.decide.Lock()
+	s.forgetPresumed(now)
+	sc.in.Burst = len(s.presumed) > 0
 	d := act.policy.Pick(&sc.in)
 	if d.Index < 0 || d.Index >= len(sc.cands) {
 		// A policy bug must not take the router down; the first candidate
@@ -272,6 +286,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		EstTTFT:       d.EstTTFT,
 		ticket:        b.Start(int64(v.PromptTokens), int64(v.PromptTokens-matchedTok), int64(budget), now),
 	}
+	s.presume(b, a.ticket.Started(), sc.in.Replicas, now)
 	s.decide.Unlock()
 	if act.observer != nil {
 		act.observer.Routed(&sc.in, d)
@@ -354,4 +369,27 @@ func (a *Assignment) Done(now time.Time) {
 		a.index.ReleaseNodes(a.Backend.ID, a.hashes, a.nodes)
 		a.hashes, a.nodes = nil, nil
 	}
+}
+
+// Uncached is the router's estimate of how many of v's prompt tokens no
+// healthy backend serving its model holds: the prompt less the longest
+// match among them in the prefix index (approximate). hashes are the
+// prompt's blocks as Hashes returns them. The admission queue orders held
+// requests by this work (admission.Cost); it changes nothing.
+func (s *Scheduler) Uncached(v *request.View, hashes []uint64) int {
+	sc := s.scratch.Get().(*scratch)
+	defer s.put(sc)
+	snap := s.fleet.Snapshot()
+	if cap(sc.all) < snap.IDs {
+		sc.all = make([]int32, snap.IDs)
+	}
+	sc.all = sc.all[:snap.IDs]
+	s.index.Match(hashes, sc.all)
+	var best int32
+	for _, b := range snap.Healthy {
+		if b.Serves(v.Model) && b.ID < len(sc.all) {
+			best = max(best, sc.all[b.ID])
+		}
+	}
+	return max(v.PromptTokens-int(best)*s.blockCh/request.BytesPerToken, 0)
 }

@@ -447,3 +447,34 @@ func TestInFlightBlocksArePinned(t *testing.T) {
 		t.Errorf("index holds %d blocks, want its capacity 10", got)
 	}
 }
+
+// TestUncached: the prompt less the longest match among the healthy
+// backends serving the model, which the admission queue orders held
+// requests by; an unhealthy holder or one of another model does not count,
+// and it changes nothing in the index or the accounting.
+func TestUncached(t *testing.T) {
+	f := fleet.New()
+	a := f.Add("a", nil, []string{"m"})
+	b := f.Add("b", nil, []string{"m"})
+	other := f.Add("other", nil, []string{"x"})
+	s := New(f, longestPrefix{}, Config{BlockChars: 64})
+	doc := text(1, 64*10)
+	s.Index().Insert(a.ID, prefix.Hash(nil, doc[:64*4], 64))
+	s.Index().Insert(b.ID, prefix.Hash(nil, doc[:64*6], 64))
+	s.Index().Insert(other.ID, prefix.Hash(nil, doc, 64))
+	v := view("m", doc+text(2, 100))
+	blockTok := 64 / request.BytesPerToken
+	if got, want := s.Uncached(v, s.Hashes(v)), v.PromptTokens-6*blockTok; got != want {
+		t.Errorf("Uncached %d, want %d (b holds 6 blocks; other serves another model)", got, want)
+	}
+	f.SetHealthy(b, false)
+	if got, want := s.Uncached(v, s.Hashes(v)), v.PromptTokens-4*blockTok; got != want {
+		t.Errorf("with b unhealthy: Uncached %d, want %d", got, want)
+	}
+	if got := s.Uncached(view("m", text(3, 500)), s.Hashes(view("m", text(3, 500)))); got != request.EstimateTokens(text(3, 500)) {
+		t.Errorf("a prompt nobody holds: Uncached %d, want all its tokens", got)
+	}
+	if l := a.Load(); l != (fleet.Load{}) {
+		t.Errorf("Uncached changed the accounting: %+v", l)
+	}
+}

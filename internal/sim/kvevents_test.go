@@ -95,7 +95,7 @@ func TestKVEventsReachTheRouter(t *testing.T) {
 		if strings.Contains(a.Reason, "match=precise") {
 			precise++
 		}
-		s.queue(r, v, h, a, a.Backend.ID)
+		s.queue(k, v, h, a, a.Backend.ID)
 	}
 	if precise == 0 {
 		t.Error("no request was matched precisely")

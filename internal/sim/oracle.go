@@ -30,7 +30,16 @@ import (
 // Requests the engine rejects (over the context length) are left out of
 // both, as they are out of every run's hit rate.
 func Oracle(reqs []workload.Request, p engine.Preset, opt request.Options) (report.Oracle, error) {
+	o, _, err := OracleTTFTs(reqs, p, opt)
+	return o, err
+}
+
+// OracleTTFTs is Oracle that also returns each request's own TTFT there,
+// indexed as reqs (0 for a request the engine rejects): the denominator of
+// its slowdown in a run (Config.OracleTTFT).
+func OracleTTFTs(reqs []workload.Request, p engine.Preset, opt request.Options) (report.Oracle, []time.Duration, error) {
 	s := oracleSink{}
+	own := make([]time.Duration, len(reqs))
 	order := make([]int, len(reqs))
 	for i := range order {
 		order[i] = i
@@ -72,16 +81,17 @@ func Oracle(reqs []workload.Request, p engine.Preset, opt request.Options) (repo
 		for !eng.Idle() {
 			d := eng.Step(now, &s)
 			if d <= 0 {
-				return report.Oracle{}, fmt.Errorf("oracle: engine stalled on request %d", i)
+				return report.Oracle{}, nil, fmt.Errorf("oracle: engine stalled on request %d", i)
 			}
 			now += d
 		}
 		if r.Generated == 0 {
-			return report.Oracle{}, fmt.Errorf("oracle: request %d finished without a token", i)
+			return report.Oracle{}, nil, fmt.Errorf("oracle: request %d finished without a token", i)
 		}
 		prompt += int64(r.PromptTokens)
 		cached += int64(r.CachedTokens)
-		ttfts = append(ttfts, float64(r.FirstTokenAt-r.Arrival)/float64(time.Millisecond))
+		own[i] = r.FirstTokenAt - r.Arrival
+		ttfts = append(ttfts, float64(own[i])/float64(time.Millisecond))
 	}
 	var o report.Oracle
 	if prompt > 0 {
@@ -96,7 +106,7 @@ func Oracle(reqs []workload.Request, p engine.Preset, opt request.Options) (repo
 		slices.Sort(ttfts)
 		o.P99TTFTms = report.Percentile(ttfts, 99)
 	}
-	return o, nil
+	return o, own, nil
 }
 
 // oracleSink ignores events: the oracle reads the request's own outputs.

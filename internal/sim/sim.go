@@ -26,6 +26,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/openai"
@@ -81,6 +82,13 @@ type Config struct {
 	// reach the others; NoSync turns sharing off (independent replicas).
 	SyncDelay time.Duration
 	NoSync    bool
+	// Hold, when set, holds requests in the router while every engine is
+	// busy and binds them as engines free up (late binding, hold.go).
+	Hold *Hold
+	// OracleTTFT is each request's TTFT alone on an idle engine with an
+	// infinite cache, indexed as the run's requests (OracleTTFTs); when
+	// set, samples carry it, for the slowdown by class.
+	OracleTTFT []time.Duration
 }
 
 // Run simulates reqs on a fresh fleet under cfg and returns the run's
@@ -180,6 +188,7 @@ type flight struct {
 	last    time.Duration
 	itl     []time.Duration
 	backend int32
+	oracle  time.Duration
 }
 
 // delivery is an engine event waiting for the end of the step that made it.
@@ -232,6 +241,10 @@ type sim struct {
 	tokens      []uint32 // the prompt's token ids, scratch of route
 	// rep is the router replicas; nil with one router.
 	rep *replicaSet
+	// fleet is the router's fleet; held the requests held for late
+	// binding, nil without Config.Hold (hold.go).
+	fleet *fleet.Fleet
+	held  *admission.Queue
 }
 
 func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
@@ -243,7 +256,11 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
 	f := fleet.New()
+	if cfg.Hold != nil && cfg.Replicas > 1 {
+		return nil, fmt.Errorf("sim: late binding with several router replicas is not modelled")
+	}
 	s := &sim{
+		fleet:   f,
 		cfg:     cfg,
 		reqs:    reqs,
 		nodes:   make([]node, len(cfg.Engines)),
@@ -294,6 +311,9 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 			}
 		})
 	}
+	if cfg.Hold != nil {
+		s.held = admission.NewQueue(cfg.Hold.Order, cfg.Hold.Slack, cfg.Hold.Cap)
+	}
 	s.order = make([]int, len(reqs))
 	for i := range s.order {
 		s.order[i] = i
@@ -331,9 +351,10 @@ func (s *sim) loop() {
 	for _, k := range s.order {
 		r := &s.reqs[k]
 		s.until(r.At)
-		s.arrive(r)
+		s.arrive(k)
 	}
 	s.until(-1)
+	s.finish()
 }
 
 // until handles, in order, the events that come before an arrival at at
@@ -385,24 +406,36 @@ func (s *sim) view(r *workload.Request) (*request.View, []uint64, *openai.Error)
 	return v, hashes, nil
 }
 
-// arrive routes one request and queues it on its engine.
-func (s *sim) arrive(r *workload.Request) {
+// arrive routes the k-th request and queues it on its engine.
+func (s *sim) arrive(k int) {
+	r := &s.reqs[k]
 	v, hashes, perr := s.view(r)
-	s.admit(r, v, hashes, perr)
+	s.admit(k, v, hashes, perr)
 }
 
-// admit routes a parsed request (see view) and queues it on its engine. v
-// and hashes are only read, so runs in lockstep may share them.
-func (s *sim) admit(r *workload.Request, v *request.View, hashes []uint64, perr *openai.Error) {
+// admit routes the k-th request, parsed (see view), and queues it on its
+// engine, or holds it (hold.go). v and hashes are only read, so runs in
+// lockstep may share them.
+func (s *sim) admit(k int, v *request.View, hashes []uint64, perr *openai.Error) {
+	r := &s.reqs[k]
 	if perr != nil {
 		s.fail(r.At, 0, 0, "parse: "+perr.Message)
 		return
 	}
 	s.arrivals++
 	if e, ok := s.bypass(); ok {
-		s.queue(r, v, hashes, nil, e)
+		s.queue(k, v, hashes, nil, e)
 		return
 	}
+	if s.hold(k, v, hashes) {
+		return
+	}
+	s.bind(k, v, hashes)
+}
+
+// bind routes the k-th request and queues it on the chosen engine.
+func (s *sim) bind(k int, v *request.View, hashes []uint64) {
+	r := &s.reqs[k]
 	sched := s.sched
 	if s.rep != nil {
 		sched = s.rep.route()
@@ -414,16 +447,20 @@ func (s *sim) admit(r *workload.Request, v *request.View, hashes []uint64, perr 
 		return
 	}
 	s.nodes[a.Backend.ID].routed++
-	s.queue(r, v, hashes, a, a.Backend.ID)
+	s.queue(k, v, hashes, a, a.Backend.ID)
 }
 
 // queue puts a request on engine e; a is its routing, nil for a request
 // that reached the engine without the router (Faults.Bypass), which is
 // left out of the run's samples.
-func (s *sim) queue(r *workload.Request, v *request.View, hashes []uint64, a *scheduler.Assignment, e int) {
+func (s *sim) queue(k int, v *request.View, hashes []uint64, a *scheduler.Assignment, e int) {
+	r := &s.reqs[k]
 	n := &s.nodes[e]
 	s.nextID++
 	f := &flight{a: a, arrival: r.At, backend: int32(e)}
+	if k < len(s.cfg.OracleTTFT) {
+		f.oracle = s.cfg.OracleTTFT[k]
+	}
 	f.ID = s.nextID
 	f.Prompt = v.Prompt
 	f.PromptHashes = hashes
@@ -564,6 +601,7 @@ func (s *sim) deliver(i int) {
 			CachedTokens: f.CachedTokens,
 			OutputTokens: f.Generated,
 			Backend:      n.b.Name,
+			OracleTTFT:   f.oracle,
 		}
 		if f.Generated > 0 {
 			smp.TTFT = f.first - f.arrival
@@ -578,6 +616,8 @@ func (s *sim) deliver(i int) {
 	if s.rep != nil {
 		s.rep.collect(s.now)
 	}
+	// First tokens and completions are what free an engine's queue.
+	s.bindHeld()
 }
 
 // Token implements engine.Sink: times are recorded now (they are stamped
@@ -739,6 +779,7 @@ func lockstep(sims []*sim) {
 	}
 	first := sims[0]
 	type parsed struct {
+		k      int
 		r      *workload.Request
 		v      *request.View
 		hashes []uint64
@@ -750,17 +791,18 @@ func lockstep(sims []*sim) {
 		for _, k := range first.order[w:min(w+lockstepWindow, len(first.order))] {
 			r := &first.reqs[k]
 			v, hashes, perr := first.view(r)
-			window = append(window, parsed{r, v, hashes, perr})
+			window = append(window, parsed{k, r, v, hashes, perr})
 		}
 		for _, s := range sims {
 			for _, p := range window {
 				s.until(p.r.At)
-				s.admit(p.r, p.v, p.hashes, p.perr)
+				s.admit(p.k, p.v, p.hashes, p.perr)
 			}
 		}
 	}
 	for _, s := range sims {
 		s.until(-1)
+		s.finish()
 	}
 }
 
