@@ -30,7 +30,7 @@ func runCompare(args []string) int {
 	fs.IntVar(&w.replicas, "replicas", 1, "also run each policy on N router replicas sharing state through an in-process NATS server, each request entering one at random (from --seed)")
 	fs.DurationVar(&w.killReplicaAt, "kill-replica-at", 0, "with --replicas: kill the last replica this long (wall clock) into its run, as a crash would; the client sends the requests it refuses to the next replica")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--policies a,b,c] [--rate R | --speedup X | --load F] [--limit N | --window START-END] [--seed S] [--time-scale X] [--kv-events] [--replicas N [--kill-replica-at D]] [--oracle] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--max-num-seqs N] [--max-num-batched-tokens N] [--configure-limits] [--policies a,b,c] [--rate R | --speedup X | --load F] [--limit N | --window START-END] [--seed S] [--time-scale X] [--kv-events] [--replicas N [--kill-replica-at D]] [--oracle] [--json FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nStarts the emulated engines and one router on loopback, in process, and replays the workload once per policy against fresh engines. Latencies are reported in emulated time.\n\nflags:")
 		fs.PrintDefaults()
 		writeBuiltins(fs.Output())
@@ -63,7 +63,7 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	if w.killReplicaAt < 0 || (w.killReplicaAt > 0 && w.replicas < 2) {
 		return nil, "", errors.New("--kill-replica-at takes a positive duration and --replicas 2 or more")
 	}
-	engines, err := sim.ParseEngines(w.engines, w.preset)
+	engines, err := w.fleet()
 	if err != nil {
 		return nil, "", err
 	}
@@ -94,14 +94,15 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	keeping := map[string]*driverSummary{}
 	var kills []string
 	rep, err := compare.Run(ctx, reqs, compare.Config{
-		Engines:       engines,
-		KVBlocks:      w.kvBlocks,
-		TimeScale:     timeScale,
-		Policies:      policies,
-		KVEvents:      w.kvEvents,
-		Seed:          w.seed,
-		Replicas:      w.replicas,
-		KillReplicaAt: w.killReplicaAt,
+		Engines:         engines,
+		KVBlocks:        w.kvBlocks,
+		ConfigureLimits: w.configureLimits,
+		TimeScale:       timeScale,
+		Policies:        policies,
+		KVEvents:        w.kvEvents,
+		Seed:            w.seed,
+		Replicas:        w.replicas,
+		KillReplicaAt:   w.killReplicaAt,
 		Killed: func(run string, k compare.Kill) {
 			kills = append(kills, describeKill(run, k))
 		},
@@ -137,8 +138,8 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	// Charts first: they create --out, which --json may point into.
 	page := ""
 	if w.out != "" {
-		notes := []string{fmt.Sprintf("kvroute compare --engines %s --preset %s --workload %s --seed %d --time-scale %g: %d emulated engines; offered load %.2f of the fleet's prefill capacity (every prompt token counted uncached)",
-			w.engines, w.preset, w.workload, w.seed, timeScale, len(engines), offered)}
+		notes := []string{fmt.Sprintf("kvroute compare --engines %s --preset %s%s --workload %s --seed %d --time-scale %g: %d emulated engines; offered load %.2f of the fleet's prefill capacity (every prompt token counted uncached)",
+			w.engines, w.preset, &w.limits, w.workload, w.seed, timeScale, len(engines), offered)}
 		if w.kvBlocks > 0 {
 			notes = append(notes, fmt.Sprintf("KV cache of every engine: %d blocks", w.kvBlocks))
 		}

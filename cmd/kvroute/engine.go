@@ -30,8 +30,8 @@ func runEngine(args []string) int {
 	model := fs.String("model", "", "served model name; empty means the preset's")
 	kvConfig := fs.String("kv-events-config", "", `publish KV cache events as vLLM does: vLLM's JSON, e.g. '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv@pod@model"}'`)
 	kvEncoding := fs.String("kv-events-encoding", "current", "shape of the published events: current (maps with a \"type\" key, vLLM since 2026) or legacy (positional arrays, vLLM up to 0.23 and SGLang)")
-	maxNumSeqs := fs.Int("max-num-seqs", 0, "cap on running sequences, as vLLM's flag; 0 means the preset's")
-	maxBatched := fs.Int("max-num-batched-tokens", 0, "token budget of one engine step (the prefill chunk), as vLLM's flag; 0 means the preset's")
+	var limits limitFlags
+	limits.register(fs)
 	fs.Usage = func() {
 		out := fs.Output()
 		fmt.Fprint(out, `usage: kvroute engine [--listen ADDR] [--preset NAME] [--kv-blocks N] [--time-scale X] [--model NAME]
@@ -57,7 +57,7 @@ flags:
 		return code
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	p, err := enginePreset(*preset, *maxNumSeqs, *maxBatched)
+	p, err := enginePreset(*preset, limits)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kvroute engine: %v\n", err)
 		return 2
@@ -127,14 +127,4 @@ flags:
 		hs.Close()
 	}
 	return 0
-}
-
-// enginePreset is the named preset with the --max-num-seqs and
-// --max-num-batched-tokens overrides applied (0 keeps the preset's).
-func enginePreset(name string, maxNumSeqs, maxBatchedTokens int) (engine.Preset, error) {
-	p, err := engine.LookupPreset(name)
-	if err != nil {
-		return engine.Preset{}, err
-	}
-	return p.WithLimits(maxNumSeqs, maxBatchedTokens)
 }

@@ -5,7 +5,7 @@ import (
 )
 
 func TestEnginePresetFlags(t *testing.T) {
-	p, err := enginePreset("h100-llama3-8b", 8, 1024)
+	p, err := enginePreset("h100-llama3-8b", limitFlags{maxNumSeqs: 8, maxBatchedTokens: 1024})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,6 +45,11 @@ type fleetFlags struct {
 	noSync        bool
 	kvBlocks      int
 	jsonFile, out string
+	// limits override every engine's --max-num-seqs and
+	// --max-num-batched-tokens (sim and compare); configureLimits tells
+	// the router those limits as backends[] keys.
+	limits          limitFlags
+	configureLimits bool
 }
 
 func (w *fleetFlags) register(fs *flag.FlagSet, engines string) {
@@ -63,6 +68,18 @@ func (w *fleetFlags) register(fs *flag.FlagSet, engines string) {
 	fs.StringVar(&w.jsonFile, "json", "", "write {\"runs\":[...]} to this file")
 	fs.StringVar(&w.out, "out", "", "write report.html (tables and charts in one self-contained page) and SVG charts into this directory")
 	fs.BoolVar(&w.oracle, "oracle", false, "also compute the workload's bounds: infinite-cache hit rate, and mean and p99 TTFT with that cache and no queueing")
+	w.limits.register(fs)
+	fs.BoolVar(&w.configureLimits, "configure-limits", false, "give the router every engine's max-num-seqs and max-num-batched-tokens as backends[].max_num_seqs and max_num_batched_tokens; without it the router learns the cap from the engines' running and waiting counts (vLLM exports neither)")
+}
+
+// fleet is the engines --engines and --preset name, with the
+// --max-num-seqs and --max-num-batched-tokens overrides applied.
+func (w *fleetFlags) fleet() ([]engine.Preset, error) {
+	engines, err := sim.ParseEngines(w.engines, w.preset)
+	if err != nil {
+		return nil, err
+	}
+	return w.limits.apply(engines)
 }
 
 // check validates the flags that do not depend on the command.
@@ -156,7 +173,7 @@ func runSim(args []string) int {
 	var lb lateFlags
 	lb.register(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--replicas N [--sync-delay D] [--no-sync]] [--late-binding[=both] [--hold-tokens N] [--hold-order fcfs|deadline] [--hold-slack X] [--hold-cap D]] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--max-num-seqs N] [--max-num-batched-tokens N [--configure-limits]] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--replicas N [--sync-delay D] [--no-sync]] [--late-binding[=both] [--hold-tokens N] [--hold-order fcfs|deadline] [--hold-slack X] [--hold-cap D]] [--json FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nReplays the workload on a simulated fleet in virtual time, with the same scheduler and engine model as kvroute serve and kvroute engine, once per policy.\n\nflags:")
 		fs.PrintDefaults()
 		writeBuiltins(fs.Output())
@@ -183,7 +200,7 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, lb *lateFlags, sweep 
 		return err
 	}
 	variants := kv.variants(w.oracle)
-	engines, err := sim.ParseEngines(w.engines, w.preset)
+	engines, err := w.fleet()
 	if err != nil {
 		return err
 	}
@@ -230,7 +247,7 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, lb *lateFlags, sweep 
 			for _, h := range holds {
 				for _, v := range variants {
 					jobs = append(jobs, sim.Job{Reqs: reqs, Config: sim.Config{
-						Engines: engines, KVBlocks: w.kvBlocks, Policy: p, Seed: w.seed, OfferedLoad: offered,
+						Engines: engines, KVBlocks: w.kvBlocks, ConfigureLimits: w.configureLimits, Policy: p, Seed: w.seed, OfferedLoad: offered,
 						Name: p + h.suffix + v.suffix, KVEvents: v.kv, Faults: faults,
 						Replicas: w.replicas, SyncDelay: w.syncDelay, NoSync: w.noSync,
 						Hold: h.hold, OracleTTFT: own,
@@ -269,8 +286,8 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, lb *lateFlags, sweep 
 
 	// Charts first: they create --out, which --json may point into.
 	if w.out != "" {
-		notes := []string{fmt.Sprintf("kvroute sim --engines %s --preset %s --workload %s --seed %d: %d engines, prefill capacity %.0f prompt tokens/s",
-			w.engines, w.preset, w.workload, w.seed, len(engines), capacity)}
+		notes := []string{fmt.Sprintf("kvroute sim --engines %s --preset %s%s --workload %s --seed %d: %d engines, prefill capacity %.0f prompt tokens/s",
+			w.engines, w.preset, &w.limits, w.workload, w.seed, len(engines), capacity)}
 		if _, err := writeRunCharts(w.out, rep, perLoad, sweep != "", notes); err != nil {
 			return err
 		}

@@ -71,6 +71,17 @@ type State struct {
 	// ContextLen is the context length of one request in tokens
 	// (llama.cpp's /slots n_ctx, per slot), 0 when not reported.
 	ContextLen int
+	// MaxNumSeqs is the engine's cap on running sequences (llama.cpp's
+	// /slots count), 0 when not reported: vLLM and SGLang export none.
+	MaxNumSeqs int
+	// DecodeTokens and DecodeSeconds are the engine's own lifetime counts
+	// of output tokens after each request's first and of the time between
+	// them, -1 when not exposed: their ratio between two scrapes is its
+	// time per output token. vLLM and SGLang: the count and sum of the
+	// inter_token_latency_seconds histogram (vLLM before it:
+	// time_per_output_token_seconds); llama.cpp: tokens_predicted_total
+	// over tokens_predicted_seconds_total.
+	DecodeTokens, DecodeSeconds float64
 }
 
 // metric names, exactly as the engines export them.
@@ -85,16 +96,21 @@ const (
 	vllmPrompt        = "vllm:prompt_tokens_total"
 	vllmComputed      = "vllm:request_prefill_kv_computed_tokens"
 	vllmPrefillTime   = "vllm:request_prefill_time_seconds"
+	vllmITL           = "vllm:inter_token_latency_seconds"
+	vllmTPOT          = "vllm:time_per_output_token_seconds"
 
 	sglRunning      = "sglang:num_running_reqs"
 	sglWaiting      = "sglang:num_queue_reqs"
 	sglTokens       = "sglang:token_usage"
 	sglHitRate      = "sglang:cache_hit_rate"
+	sglITL          = "sglang:inter_token_latency_seconds"
 	llamaProc       = "llamacpp:requests_processing"
 	llamaDefer      = "llamacpp:requests_deferred"
 	llamaKV         = "llamacpp:kv_cache_usage_ratio"
 	llamaPrompt     = "llamacpp:prompt_tokens_total"
 	llamaPromptTime = "llamacpp:prompt_seconds_total"
+	llamaGen        = "llamacpp:tokens_predicted_total"
+	llamaGenTime    = "llamacpp:tokens_predicted_seconds_total"
 	tgiQueue        = "tgi_queue_size"
 	tgiBatch        = "tgi_batch_current_size"
 )
@@ -116,7 +132,7 @@ func ParseMetrics(r io.Reader, kind Kind) (State, error) {
 		}
 	}
 	s := State{Kind: kind, Running: -1, Waiting: -1, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1,
-		PrefillTokens: -1, PrefillSeconds: -1}
+		PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1}
 	switch kind {
 	case VLLM:
 		s.Running = sum(fams[vllmRunning])
@@ -135,6 +151,11 @@ func ParseMetrics(r io.Reader, kind Kind) (State, error) {
 				s.PrefillTokens = max(p-hits, 0)
 			}
 		}
+		if f := fams[vllmITL]; f != nil {
+			s.DecodeTokens, s.DecodeSeconds = hist(f)
+		} else {
+			s.DecodeTokens, s.DecodeSeconds = hist(fams[vllmTPOT])
+		}
 		if f := fams[vllmCacheConfig]; f != nil && len(f.Metric) > 0 {
 			for _, lp := range f.Metric[0].Label {
 				switch lp.GetName() {
@@ -150,12 +171,15 @@ func ParseMetrics(r io.Reader, kind Kind) (State, error) {
 		s.Waiting = sum(fams[sglWaiting])
 		s.KVUsage = maxOf(fams[sglTokens])
 		s.PrefixHitRate = maxOf(fams[sglHitRate])
+		s.DecodeTokens, s.DecodeSeconds = hist(fams[sglITL])
 	case LlamaCpp:
 		s.Running = sum(fams[llamaProc])
 		s.Waiting = sum(fams[llamaDefer])
 		s.KVUsage = maxOf(fams[llamaKV])
 		s.PrefillTokens = sum(counter(fams, llamaPrompt))
 		s.PrefillSeconds = sum(counter(fams, llamaPromptTime))
+		s.DecodeTokens = sum(counter(fams, llamaGen))
+		s.DecodeSeconds = sum(counter(fams, llamaGenTime))
 	case TGI:
 		s.Running = sum(fams[tgiBatch])
 		s.Waiting = sum(fams[tgiQueue])
@@ -220,17 +244,24 @@ func sum(f *dto.MetricFamily) float64 {
 
 // histSum adds the sums of a histogram family's series; -1 when absent.
 func histSum(f *dto.MetricFamily) float64 {
+	_, sum := hist(f)
+	return sum
+}
+
+// hist adds the sample counts and the sums of a histogram family's
+// series; -1 and -1 when absent.
+func hist(f *dto.MetricFamily) (count, sum float64) {
 	if f == nil || len(f.Metric) == 0 {
-		return -1
+		return -1, -1
 	}
-	var t float64
 	for _, m := range f.Metric {
 		if m.Histogram == nil {
-			return -1
+			return -1, -1
 		}
-		t += m.Histogram.GetSampleSum()
+		count += float64(m.Histogram.GetSampleCount())
+		sum += m.Histogram.GetSampleSum()
 	}
-	return t
+	return count, sum
 }
 
 // maxOf takes the fullest rank's value; -1 when absent.

@@ -1,6 +1,7 @@
 package adapter
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,12 +24,13 @@ func TestParseMetrics(t *testing.T) {
 		kind Kind
 		want State
 	}{
-		{"vllm.prom", Unknown, State{Kind: VLLM, Running: 12, Waiting: 5, KVUsage: 0.42, PrefixHitRate: 0.25, BlockSize: 16, NumGPUBlocks: 27000, PrefillTokens: -1, PrefillSeconds: -1}},
-		{"vllm.prom", VLLM, State{Kind: VLLM, Running: 12, Waiting: 5, KVUsage: 0.42, PrefixHitRate: 0.25, BlockSize: 16, NumGPUBlocks: 27000, PrefillTokens: -1, PrefillSeconds: -1}},
-		{"vllm_v0.prom", Unknown, State{Kind: VLLM, Running: 3, Waiting: 0, KVUsage: 0.9, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1}},
-		{"sglang.prom", Unknown, State{Kind: SGLang, Running: 7, Waiting: 2, KVUsage: 0.28, PrefixHitRate: 0.0075, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1}},
-		{"llamacpp.prom", Unknown, State{Kind: LlamaCpp, Running: 4, Waiting: 9, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: 4096, PrefillSeconds: 2.048}},
-		{"tgi.prom", TGI, State{Kind: TGI, Running: 32, Waiting: 6, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1}},
+		{"vllm.prom", Unknown, State{Kind: VLLM, Running: 12, Waiting: 5, KVUsage: 0.42, PrefixHitRate: 0.25, BlockSize: 16, NumGPUBlocks: 27000, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1}},
+		{"vllm.prom", VLLM, State{Kind: VLLM, Running: 12, Waiting: 5, KVUsage: 0.42, PrefixHitRate: 0.25, BlockSize: 16, NumGPUBlocks: 27000, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1}},
+		{"vllm_v0.prom", Unknown, State{Kind: VLLM, Running: 3, Waiting: 0, KVUsage: 0.9, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1}},
+		{"sglang.prom", Unknown, State{Kind: SGLang, Running: 7, Waiting: 2, KVUsage: 0.28, PrefixHitRate: 0.0075, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1}},
+		{"llamacpp.prom", Unknown, State{Kind: LlamaCpp, Running: 4, Waiting: 9, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: 4096, PrefillSeconds: 2.048, DecodeTokens: -1, DecodeSeconds: -1}},
+		{"vllm_itl.prom", Unknown, State{Kind: VLLM, Running: 8, Waiting: 3, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: 400, DecodeSeconds: 6.5}},
+		{"tgi.prom", TGI, State{Kind: TGI, Running: 32, Waiting: 6, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.file+"/"+string(tt.kind), func(t *testing.T) {
@@ -71,25 +73,53 @@ func TestParseMetricsPrefill(t *testing.T) {
 		"# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total 2000\n"
 	const computed = "# TYPE vllm:request_prefill_kv_computed_tokens histogram\n" +
 		"vllm:request_prefill_kv_computed_tokens_bucket{le=\"+Inf\"} 3\nvllm:request_prefill_kv_computed_tokens_sum 9000\nvllm:request_prefill_kv_computed_tokens_count 3\n"
-	tests := []struct {
-		name            string
-		text            string
-		tokens, seconds float64
-	}{
+	checkCounterPairs(t, "prefill", []counterCase{
 		{"counters", head + hist + counters, 10000, 0.5},
 		{"computed histogram wins", head + hist + counters + computed, 9000, 0.5},
 		{"no prefill time", head + counters, -1, -1},
 		{"llama.cpp", "llamacpp:requests_processing 1\nllamacpp:prompt_tokens_total 4096\nllamacpp:prompt_seconds_total 2\n", 4096, 2},
-	}
+	}, func(s State) (float64, float64) { return s.PrefillTokens, s.PrefillSeconds })
+}
+
+// counterCase is an exposition and the pair of lifetime counters (tokens,
+// seconds) it should give.
+type counterCase struct {
+	name            string
+	text            string
+	tokens, seconds float64
+}
+
+// checkCounterPairs parses each case, detecting the engine, and compares
+// the pair of counters that pair reads off the State.
+func checkCounterPairs(t *testing.T, what string, tests []counterCase, pair func(State) (float64, float64)) {
+	t.Helper()
 	for _, tt := range tests {
 		got, err := ParseMetrics(strings.NewReader(tt.text), Unknown)
 		if err != nil {
 			t.Fatalf("%s: %v", tt.name, err)
 		}
-		if got.PrefillTokens != tt.tokens || got.PrefillSeconds != tt.seconds {
-			t.Errorf("%s: prefill %v tokens in %v s, want %v in %v", tt.name, got.PrefillTokens, got.PrefillSeconds, tt.tokens, tt.seconds)
+		if tokens, seconds := pair(got); tokens != tt.tokens || seconds != tt.seconds {
+			t.Errorf("%s: %s %v tokens in %v s, want %v in %v", tt.name, what, tokens, seconds, tt.tokens, tt.seconds)
 		}
 	}
+}
+
+// The engine's own decode timing: vLLM's and SGLang's inter-token latency
+// histogram (vLLM's older time_per_output_token_seconds when it has no
+// other), llama.cpp's predicted-token counters.
+func TestParseMetricsDecode(t *testing.T) {
+	const head = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n"
+	hist := func(name string, sum float64, count int) string {
+		return fmt.Sprintf("# TYPE %[1]s histogram\n%[1]s_bucket{le=\"+Inf\"} %[3]d\n%[1]s_sum %[2]g\n%[1]s_count %[3]d\n", name, sum, count)
+	}
+	checkCounterPairs(t, "decode", []counterCase{
+		{"vLLM inter-token latency", head + hist("vllm:inter_token_latency_seconds", 2.5, 250), 250, 2.5},
+		{"vLLM time per output token, older", head + hist("vllm:time_per_output_token_seconds", 1.5, 100), 100, 1.5},
+		{"vLLM inter-token latency wins", head + hist("vllm:time_per_output_token_seconds", 1.5, 100) + hist("vllm:inter_token_latency_seconds", 2.5, 250), 250, 2.5},
+		{"vLLM without either", head, -1, -1},
+		{"SGLang", "sglang:num_running_reqs 2\n" + hist("sglang:inter_token_latency_seconds", 0.8, 40), 40, 0.8},
+		{"llama.cpp", "llamacpp:requests_processing 1\nllamacpp:tokens_predicted_total 300\nllamacpp:tokens_predicted_seconds_total 6\n", 300, 6},
+	}, func(s State) (float64, float64) { return s.DecodeTokens, s.DecodeSeconds })
 }
 
 func TestParseMetricsErrors(t *testing.T) {
@@ -144,7 +174,7 @@ func TestParseSlots(t *testing.T) {
 // FuzzParseMetrics: whatever an engine (or something pretending to be one)
 // serves on /metrics, parsing never panics.
 func FuzzParseMetrics(f *testing.F) {
-	for _, name := range []string{"vllm.prom", "vllm_v0.prom", "sglang.prom", "llamacpp.prom", "tgi.prom"} {
+	for _, name := range []string{"vllm.prom", "vllm_v0.prom", "vllm_itl.prom", "sglang.prom", "llamacpp.prom", "tgi.prom"} {
 		b, err := os.ReadFile(filepath.Join("testdata", name))
 		if err != nil {
 			f.Fatal(err)

@@ -37,6 +37,11 @@ type Config struct {
 	Engines []engine.Preset
 	// KVBlocks > 0 overrides every engine's KV cache capacity.
 	KVBlocks int
+	// ConfigureLimits gives the router each engine's running-sequence cap
+	// and token budget per step as backends[].max_num_seqs and
+	// max_num_batched_tokens; without it the router learns the cap from
+	// the engines' metrics, as it must from vLLM, which exports neither.
+	ConfigureLimits bool
 	// TimeScale is emulated seconds per wall-clock second (see
 	// emulator.Config); 0 means 1. The workload's arrival times are in
 	// emulated time and are replayed TimeScale times faster, so the load
@@ -182,6 +187,9 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 		name := fmt.Sprintf("engine-%d", i)
 		engineOf[name] = i
 		be := config.Backend{URL: url, Name: name}
+		if cfg.ConfigureLimits {
+			be.MaxNumSeqs, be.MaxNumBatchedTokens = pr.MaxNumSeqs, pr.MaxBatchedTokens
+		}
 		if precise {
 			be.KVEvents = "tcp://" + em.KVEventsAddr().String()
 		}

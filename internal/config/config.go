@@ -124,6 +124,17 @@ type Backend struct {
 	// limits.reject_over_context. Default 0: what its /v1/models says
 	// (vLLM's max_model_len), else unknown.
 	MaxModelLen int `yaml:"max_model_len"`
+	// MaxNumSeqs is the engine's cap on running sequences (vLLM's
+	// --max-num-seqs, SGLang's --max-running-requests), which the kvroute
+	// policy uses to cost the wait for a slot. Default 0: what the engine
+	// reports (llama.cpp's /slots), else learned from its metrics (the
+	// running count it holds while requests wait; docs/routing.md).
+	MaxNumSeqs int `yaml:"max_num_seqs"`
+	// MaxNumBatchedTokens is the engine's token budget per step (vLLM's
+	// --max-num-batched-tokens, SGLang's --chunked-prefill-size), which
+	// the kvroute policy uses as the prefill chunk. Default 0: unknown
+	// (8,192 assumed).
+	MaxNumBatchedTokens int `yaml:"max_num_batched_tokens"`
 	// KVEvents is the backend's KV cache event endpoint (vLLM's
 	// kv-events-config endpoint), tcp://host:port; for a dns entry, a
 	// port ("5557") on each discovered address, or a template such as

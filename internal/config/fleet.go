@@ -130,6 +130,12 @@ func (c *Config) entries(bad func(string, ...any)) []Entry {
 		if e.MaxModelLen < 0 {
 			bad("backends[%d].max_model_len: %d must not be negative", i, e.MaxModelLen)
 		}
+		if e.MaxNumSeqs < 0 {
+			bad("backends[%d].max_num_seqs: %d must not be negative", i, e.MaxNumSeqs)
+		}
+		if e.MaxNumBatchedTokens < 0 {
+			bad("backends[%d].max_num_batched_tokens: %d must not be negative", i, e.MaxNumBatchedTokens)
+		}
 		e.validateKVEvents(i, bad)
 		out = append(out, e)
 	}

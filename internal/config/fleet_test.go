@@ -39,6 +39,13 @@ func TestDiscoveryConfig(t *testing.T) {
 				t.Errorf("fleet %+v", c.Fleet)
 			}
 		}},
+		{"engine limits", "backends: [{url: http://a:1, max_num_seqs: 8, max_num_batched_tokens: 512}]", "", func(t *testing.T, c *Config) {
+			if b := firstEntry(t, c); b.MaxNumSeqs != 8 || b.MaxNumBatchedTokens != 512 {
+				t.Errorf("backend %+v", b)
+			}
+		}},
+		{"negative max_num_seqs", "backends: [{url: http://a:1, max_num_seqs: -1}]", "backends[0].max_num_seqs", nil},
+		{"negative max_num_batched_tokens", "backends: [{url: http://a:1, max_num_batched_tokens: -1}]", "backends[0].max_num_batched_tokens", nil},
 		{"bad discovery", "backends: [{url: http://a:1, discovery: consul}]", "backends[0].discovery", nil},
 		{"srv on static", "backends: [{url: http://a:1, discovery: static, srv: _x._tcp.a}]", "backends[0].srv", nil},
 		{"interval on static", "backends: [{url: http://a:1, dns_interval: 1s}]", "backends[0].dns_interval", nil},

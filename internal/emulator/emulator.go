@@ -86,6 +86,7 @@ type Server struct {
 	slip    atomic.Int64
 	reg     *prometheus.Registry
 	ttft    prometheus.Observer
+	itl     prometheus.Observer
 	handler http.Handler
 }
 
@@ -208,6 +209,9 @@ type pending struct {
 	buffered   bool // r is in the sink's buffer
 	engineDone bool // the engine has finished r (no Abort needed)
 	sawFirst   bool // TTFT observed
+	// lastTok is the emulated time of r's last token, and stepITL the gap
+	// to it from the buffered step's token (0 for none or a first token).
+	lastTok, stepITL time.Duration
 
 	// Published by the driver when the emulated clock reaches the end of
 	// the step that produced them; the handler reads them without the
@@ -232,9 +236,13 @@ func (k *sink) touch(p *pending) {
 }
 
 // Token implements engine.Sink.
-func (k *sink) Token(r *engine.Request, _ time.Duration) {
+func (k *sink) Token(r *engine.Request, at time.Duration) {
 	p := r.Tag.(*pending)
 	p.stepGen = r.Generated
+	if r.Generated > 1 {
+		p.stepITL = at - p.lastTok
+	}
+	p.lastTok = at
 	k.touch(p)
 }
 
@@ -333,6 +341,13 @@ func (s *Server) deliver() {
 		if !p.sawFirst && p.stepGen > 0 {
 			p.sawFirst = true
 			s.ttft.Observe((p.r.FirstTokenAt - p.r.Arrival).Seconds())
+		}
+		if p.stepITL > 0 {
+			// On the real clock, as the engine's clients see it: the router
+			// weighs it against the TTFTs it measures itself, so an engine
+			// run at --time-scale 10 must look ten times faster in both.
+			s.itl.Observe(p.stepITL.Seconds() / s.scale)
+			p.stepITL = 0
 		}
 		if p.stepFin {
 			p.promptTokens = p.r.PromptTokens

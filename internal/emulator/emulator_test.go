@@ -379,6 +379,7 @@ func TestMetrics(t *testing.T) {
 		{"vllm:prompt_tokens_total", "COUNTER", float64(st.PromptTokens)},
 		{"vllm:generation_tokens_total", "COUNTER", 6},
 		{"vllm:time_to_first_token_seconds", "HISTOGRAM", -1},
+		{"vllm:inter_token_latency_seconds", "HISTOGRAM", -1},
 		{"vllm:cache_config_info", "GAUGE", 1},
 	}
 	for _, w := range want {
@@ -428,6 +429,15 @@ func TestMetrics(t *testing.T) {
 			}
 			if h.GetSampleCount() != 2 || !slices.Equal(bounds, TTFTBuckets) {
 				t.Errorf("TTFT histogram: %d samples, buckets %v", h.GetSampleCount(), bounds)
+			}
+		case "vllm:inter_token_latency_seconds":
+			// Two requests of 3 tokens: 2 gaps each, every one a whole
+			// engine step (at least its fixed overhead), on the real clock
+			// (the server runs 50 times faster than emulated time).
+			h := m.Histogram
+			step := s.Preset().StepOverhead.Seconds() / 50
+			if h.GetSampleCount() != 4 || h.GetSampleSum() < 4*step || h.GetSampleSum() > 4*50*step {
+				t.Errorf("ITL histogram: %d samples summing %gs, want 4 of a step or more on the real clock (%gs)", h.GetSampleCount(), h.GetSampleSum(), step)
 			}
 		}
 	}

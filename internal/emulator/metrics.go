@@ -18,6 +18,12 @@ var TTFTBuckets = []float64{
 	0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 }
 
+// ITLBuckets are vLLM v1's buckets for vllm:inter_token_latency_seconds.
+var ITLBuckets = []float64{
+	0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+	1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+}
+
 // collector exports engine.Stats under vLLM's names, read under the engine
 // lock at scrape time, so that a scrape sees one consistent state.
 type collector struct {
@@ -52,15 +58,21 @@ func (s *Server) initMetrics() {
 			[]string{"block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype", "engine", "model_name"}, nil),
 		cacheLabels: []string{strconv.Itoa(engine.BlockSize), strconv.Itoa(p.KVBlocks), "True", "auto", engineIndex, s.model},
 	}
-	ttft := prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:        "vllm:time_to_first_token_seconds",
-		Help:        "Histogram of time to first token in seconds.",
-		Buckets:     TTFTBuckets,
-		ConstLabels: labels,
-	})
+	hist := func(name, help string, buckets []float64) prometheus.Histogram {
+		return prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets, ConstLabels: labels})
+	}
+	ttft := hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFTBuckets)
 	s.ttft = ttft
+	// vLLM v1's inter-token latency (time_per_output_token_seconds before
+	// it), one observation per output token after the first: the router
+	// learns the engine's decode time from it. Unlike the TTFT histogram
+	// (emulated time, for reports), it is on the real clock: at a time
+	// scale other than 1 the router, which times everything else on the
+	// real clock, must see one consistent engine.
+	itl := hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITLBuckets)
+	s.itl = itl
 	s.reg = prometheus.NewRegistry()
-	s.reg.MustRegister(c, ttft)
+	s.reg.MustRegister(c, ttft, itl)
 }
 
 // Describe implements prometheus.Collector.

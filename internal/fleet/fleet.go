@@ -101,6 +101,8 @@ type Backend struct {
 	// engineRate holds the float64 bits of the prefill throughput the
 	// engine itself reports (see ObserveEnginePrefill); 0 until then.
 	engineRate atomic.Uint64
+	// limits are the engine's limits and decode time (limits.go).
+	limits engineLimits
 }
 
 // Load is the router's own accounting of a backend, read atomically field

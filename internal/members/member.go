@@ -57,6 +57,7 @@ func newMember(b *fleet.Backend, e config.Entry, pool string, found *ModelList, 
 	if found != nil {
 		m.discovered = found.Lens
 	}
+	m.setLimits(e)
 	m.quiet.Store(true)
 	if se.TTFT != nil {
 		m.ttft = se.TTFT.WithLabelValues(b.Name)
@@ -85,7 +86,38 @@ func (m *Member) ContextOf(model string) int {
 
 // SetReportedContext records the context length per request, in tokens,
 // that the backend's engine reports (see ContextOf).
-func (m *Member) SetReportedContext(tokens int) { m.reported.Store(int64(max(tokens, 0))) }
+func (m *Member) SetReportedContext(tokens int) {
+	m.reported.Store(int64(max(tokens, 0)))
+	m.B.SetContextLen(m.contextLen())
+}
+
+// setLimits hands the backend's configured limits (entry e) and its
+// context length to the fleet, where the kvroute policy reads them.
+func (m *Member) setLimits(e config.Entry) {
+	m.configured.Store(int64(e.MaxModelLen))
+	m.B.SetMaxNumSeqs(e.MaxNumSeqs)
+	m.B.SetMaxBatchedTokens(e.MaxNumBatchedTokens)
+	m.B.SetContextLen(m.contextLen())
+}
+
+// contextLen is the backend's context length for all its models: the
+// configured one, else the smallest that ContextOf gives a model it
+// reported, 0 when unknown.
+func (m *Member) contextLen() int {
+	if n := m.configured.Load(); n > 0 {
+		return int(n)
+	}
+	c := 0
+	for model := range m.discovered {
+		if n := m.ContextOf(model); n > 0 && (c == 0 || n < c) {
+			c = n
+		}
+	}
+	if c == 0 {
+		c = int(m.reported.Load())
+	}
+	return c
+}
 
 // ObserveTTFT records a time to first byte.
 func (m *Member) ObserveTTFT(d time.Duration) {

@@ -289,13 +289,14 @@ func (s *Set) Apply(entries []config.Entry, fs config.Fleet) {
 	}
 	for k, e := range want {
 		if m, ok := s.static[k]; ok {
-			m.configured.Store(int64(e.MaxModelLen))
+			m.setLimits(*e)
 			continue
 		}
 		if p, ok := s.pools[k]; ok {
 			p.entry.MaxModelLen = e.MaxModelLen
+			p.entry.MaxNumSeqs, p.entry.MaxNumBatchedTokens = e.MaxNumSeqs, e.MaxNumBatchedTokens
 			for _, m := range p.members {
-				m.configured.Store(int64(e.MaxModelLen))
+				m.setLimits(*e)
 			}
 			continue
 		}

@@ -96,6 +96,28 @@ func TestApplyKeepsRecords(t *testing.T) {
 	}
 }
 
+// TestLimitsToFleet: an entry's max_num_seqs, max_num_batched_tokens and
+// max_model_len reach the fleet, where the kvroute policy reads them, and a
+// reload updates them in place.
+func TestLimitsToFleet(t *testing.T) {
+	c := config.Default()
+	c.Backends = []config.Backend{{URL: "http://a:1", Name: "a", Models: []string{"m"}, MaxNumSeqs: 8, MaxNumBatchedTokens: 512, MaxModelLen: 4096}}
+	s, _, _ := newSet(t, c)
+	a := s.ByName("a")
+	if got, want := a.B.Limits(), (fleet.Limits{MaxNumSeqs: 8, MaxBatchedTokens: 512, ContextLen: 4096}); got != want {
+		t.Fatalf("limits %+v, want %+v", got, want)
+	}
+	c.Backends[0].MaxNumSeqs, c.Backends[0].MaxNumBatchedTokens, c.Backends[0].MaxModelLen = 16, 0, 0
+	es, err := c.Entries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Apply(es, c.Fleet)
+	if got, want := a.B.Limits(), (fleet.Limits{MaxNumSeqs: 16}); got != want {
+		t.Fatalf("after a reload: limits %+v, want %+v", got, want)
+	}
+}
+
 type errTest struct{}
 
 func (errTest) Error() string { return "test failure" }
@@ -118,11 +140,15 @@ func TestReportedContext(t *testing.T) {
 		{"configured wins", 1000, 4096, map[string]int{"m": 16384}, 1000},
 	}
 	for _, tt := range tests {
-		m := &Member{discovered: tt.discovered}
+		m := &Member{B: fleet.New().Add("b", nil, nil), discovered: tt.discovered}
 		m.configured.Store(int64(tt.configured))
 		m.SetReportedContext(tt.reported)
 		if got := m.ContextOf("m"); got != tt.want {
 			t.Errorf("%s: ContextOf = %d, want %d", tt.name, got, tt.want)
+		}
+		// The fleet's copy, which the kvroute policy reads.
+		if got := m.B.Limits().ContextLen; got != tt.want {
+			t.Errorf("%s: fleet context length %d, want %d", tt.name, got, tt.want)
 		}
 	}
 }

@@ -154,9 +154,11 @@ type watcher struct {
 	lastOK    time.Time
 	capTokens int64 // last KV capacity passed to SetCapacity
 	ctxTokens int   // last context length passed to SetContext
-	// prefillTokens and prefillSeconds are the engine's prefill counters
-	// at the start of the interval not yet taught to the fleet; -1 none.
-	prefillTokens, prefillSeconds float64
+	seqCap    int   // last running-sequence cap logged
+	// prefill and decode are the engine's prefill counters and its
+	// inter-token latency counters at the start of the interval not yet
+	// taught to the fleet.
+	prefill, decode counters
 	// lastWarn is when a scrape warning was last logged, unlogged how
 	// many failed or late scrapes went unlogged since (see LogEvery).
 	lastWarn time.Time
@@ -220,7 +222,7 @@ func (m *Monitor) sync(ctx context.Context) {
 		if m.cfg.KindOf != nil {
 			kind = m.cfg.KindOf(b)
 		}
-		w := &watcher{b: b, kind: kind, cancel: cancel, done: make(chan struct{}), prefillTokens: -1, prefillSeconds: -1}
+		w := &watcher{b: b, kind: kind, cancel: cancel, done: make(chan struct{}), prefill: none, decode: none}
 		m.watchers[b] = w
 		go m.loop(wctx, w)
 	}
@@ -308,6 +310,19 @@ func (m *Monitor) scrapeOnce(ctx context.Context, w *watcher) {
 	}
 	w.failures, w.lastOK = 0, now
 	w.observePrefill(st)
+	w.observeDecode(st)
+	// The running-sequence cap: the engine's word (llama.cpp's slots),
+	// else what its running and waiting counts teach (fleet.CapConfirmations).
+	if st.MaxNumSeqs > 0 {
+		w.b.SetEngineMaxNumSeqs(st.MaxNumSeqs)
+	}
+	if st.Running >= 0 && st.Waiting >= 0 {
+		w.b.ObserveRunning(int(st.Running), int(st.Waiting), st.KVUsage)
+	}
+	if c := w.b.Limits().MaxNumSeqs; c != w.seqCap {
+		w.seqCap = c
+		m.log.Info("running-sequence cap", "backend", w.b.Name, "max_num_seqs", c)
+	}
 	if st.ContextLen > 0 && st.ContextLen != w.ctxTokens && m.cfg.SetContext != nil {
 		w.ctxTokens = st.ContextLen
 		m.cfg.SetContext(w.b, st.ContextLen)
@@ -341,24 +356,49 @@ func (m *Monitor) scrapeOnce(ctx context.Context, w *watcher) {
 	w.b.SetEngine(e)
 }
 
+// counters are an engine's lifetime count of tokens and of the seconds
+// they took, as last taught to the fleet; -1 for none yet.
+type counters struct{ tokens, seconds float64 }
+
+var none = counters{-1, -1}
+
+// take returns the growth of the engine's counters (tokens, seconds) since
+// the last lesson once it is at least least tokens (smaller growth
+// accumulates), and whether it makes a lesson. A counter that went back
+// (an engine restart) or a first reading starts afresh without one.
+func (c *counters) take(tokens, seconds, least float64) (dt, ds float64, ok bool) {
+	if tokens < 0 || seconds < 0 {
+		return 0, 0, false
+	}
+	dt, ds = tokens-c.tokens, seconds-c.seconds
+	switch {
+	case c.tokens < 0 || dt < 0 || ds < 0:
+	case dt >= least:
+		ok = true
+	default:
+		return 0, 0, false
+	}
+	c.tokens, c.seconds = tokens, seconds
+	return dt, ds, ok
+}
+
 // observePrefill teaches the backend the prefill throughput that the
 // engine's counters show: the tokens it computed over the time it spent
 // prefilling since the last lesson, once that is at least
-// fleet.MinRateWork tokens (smaller growth accumulates). A counter that
-// went back (an engine restart) starts afresh.
+// fleet.MinRateWork tokens.
 func (w *watcher) observePrefill(st adapter.State) {
-	if st.PrefillTokens < 0 || st.PrefillSeconds < 0 {
-		return
-	}
-	dt, ds := st.PrefillTokens-w.prefillTokens, st.PrefillSeconds-w.prefillSeconds
-	switch {
-	case w.prefillTokens < 0 || dt < 0 || ds < 0:
-	case dt >= fleet.MinRateWork:
+	if dt, ds, ok := w.prefill.take(st.PrefillTokens, st.PrefillSeconds, fleet.MinRateWork); ok {
 		w.b.ObserveEnginePrefill(dt, ds)
-	default:
-		return
 	}
-	w.prefillTokens, w.prefillSeconds = st.PrefillTokens, st.PrefillSeconds
+}
+
+// observeDecode teaches the backend the time per output token that the
+// engine's inter-token latency shows: the growth of its sum over that of
+// its count since the last lesson, once at least one token came.
+func (w *watcher) observeDecode(st adapter.State) {
+	if dt, ds, ok := w.decode.take(st.DecodeTokens, st.DecodeSeconds, 1); ok {
+		w.b.ObserveEngineDecode(dt, ds)
+	}
 }
 
 // warn logs a failed or late scrape of w's backend: the first, then at
@@ -436,10 +476,12 @@ func (m *Monitor) read(ctx context.Context, w *watcher) (adapter.State, error) {
 		return adapter.State{}, errors.Join(err, serr)
 	}
 	if err != nil { // no usable metrics: the slots alone
-		st = adapter.State{Kind: adapter.LlamaCpp, Waiting: -1, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1}
+		st = adapter.State{Kind: adapter.LlamaCpp, Waiting: -1, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1,
+			PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1}
 	}
 	st.Running = float64(slots.Processing)
 	st.ContextLen = slots.NCtx
+	st.MaxNumSeqs = slots.Total
 	return st, nil
 }
 

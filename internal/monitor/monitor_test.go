@@ -652,3 +652,29 @@ func TestEnginePrefillRate(t *testing.T) {
 		t.Fatalf("rate %v after a restart, want %v", r, want)
 	}
 }
+
+// TestEngineDecodeAndCap: the growth of vLLM's inter-token latency
+// histogram between scrapes teaches the backend its time per output
+// token, and a running count held at its maximum while requests wait (KV
+// cache mostly free) teaches its cap; llama.cpp's /slots count is its cap.
+func TestEngineDecodeAndCap(t *testing.T) {
+	itl := func(count int, sum float64) string {
+		return vllmMetrics(8, 3, 0.2, 16, 1000) + fmt.Sprintf("# TYPE vllm:inter_token_latency_seconds histogram\n"+
+			"vllm:inter_token_latency_seconds_bucket{le=\"+Inf\"} %[1]d\nvllm:inter_token_latency_seconds_sum %[2]g\nvllm:inter_token_latency_seconds_count %[1]d\n", count, sum)
+	}
+	srv := newEngine(t, itl(100, 1))
+	b, _, _ := startOne(t, fastConfig(), srv)
+	n := srv.hits.Load()
+	waitFor(t, "two scrapes", func() bool { return srv.hits.Load() >= n+2 })
+	srv.setMetrics(itl(300, 5)) // 200 tokens in 4 s
+	waitFor(t, "decode time", func() bool { return b.EngineDecodeTime() != 0 })
+	if d := b.EngineDecodeTime(); math.Abs(d-0.02) > 1e-12 {
+		t.Fatalf("decode time %v, want 0.02", d)
+	}
+	waitFor(t, "learned cap", func() bool { return b.Limits().MaxNumSeqs == 8 })
+
+	slots := newEngine(t, "")
+	slots.setSlots(fixture(t, "slots.json")) // 3 slots
+	sb, _, _ := startOne(t, fastConfig(), slots)
+	waitFor(t, "cap from /slots", func() bool { return sb.Limits().MaxNumSeqs == 3 })
+}

@@ -108,8 +108,29 @@ const (
 	// 10-minute window at load 0.7 with a p99 as low or lower, +3 points on
 	// 32 engines; the built-in workloads do not change (docs/routing.md).
 	// Ratios of 1.5 and 2 kept fewer hits.
+	// The lead is scaled to the engines (see stickyTokens): one prefill
+	// chunk of theirs when they report it, and at most a quarter of their
+	// context, so that the rule can fire on engines whose whole context is
+	// smaller than this constant.
 	CacheStickyTokens = PrefillChunkTokens
 	CacheStickyRatio  = 3.0
+	// StickyContextShare is the share of an engine's context length that
+	// the stickiness lead may not exceed (see CacheStickyTokens).
+	StickyContextShare = 0.25
+
+	// DecodeStepTokens is the fixed cost of one engine step in
+	// prefill-token equivalents: reading the weights once (16 GB for
+	// Llama-3-8B in bf16, 6.0 ms at 80% of the H100's 3.35 TB/s) against
+	// 41 ns of compute per prefill token: 147. With the decode terms above
+	// it prices a step, and so the time per output token, when the engine
+	// reports no inter-token latency (see decodeTime).
+	DecodeStepTokens = 147
+
+	// FallbackOutputTokens is the output length assumed of the sequences
+	// that hold an engine's slots when none of them is a decoding stream
+	// of the router's (whose output budgets it knows) and the request has
+	// no max_tokens: the scheduler's default output budget.
+	FallbackOutputTokens = 256
 
 	// FitRatio makes room in the KV cache part of the estimate: among the
 	// candidates whose score is at most FitRatio times the best, a request
@@ -169,9 +190,14 @@ const (
 // For candidate i, with all token counts estimated by the router:
 //
 //	work_i  = PendingPrefill_i + external waiting_i + uncached_i
-//	steps_i = max(1, ceil(work_i / PrefillChunkTokens))
+//	steps_i = max(1, ceil(work_i / chunk_i))
 //	dec_i   = DecodeSeqCost*Decoding_i + DecodeContextCost*DecodeTokens_i
 //	est_i   = (work_i + steps_i*dec_i) / PrefillRate_i
+//
+// chunk_i is the engine's token budget per step when known, else
+// PrefillChunkTokens. When the engine's running-sequence cap is known and
+// the requests there fill it, the request first waits for a slot (see
+// slotWait), and est_i is at least that wait plus its own prefill.
 //
 // See docs/routing.md for the reasoning behind each term.
 type KVRoute struct {
@@ -196,10 +222,10 @@ func (*KVRoute) Name() string { return "kvroute" }
 func (p *KVRoute) Pick(in *Input) Decision {
 	cands := in.Candidates
 	n := len(cands)
-	prompt := int64(0)
+	prompt, budget := int64(0), int64(0)
 	lastID, keyed := -1, false
 	if in.View != nil {
-		prompt = int64(in.View.PromptTokens)
+		prompt, budget = int64(in.View.PromptTokens), int64(in.View.MaxTokens)
 		if keyed = in.View.SessionKey != ""; keyed {
 			lastID = p.lookupSession(in.SessionHash)
 		}
@@ -237,7 +263,7 @@ func (p *KVRoute) Pick(in *Input) Decision {
 		cached := int64(float64(in.Matched[i]) * tokensPerBlock)
 		rate := trustedRate(learnedRate(b), fleetRate)
 		e := freshEngine(b, in.Now)
-		est := p.estimate(e, &l, prompt, cached, rate)
+		est := p.estimate(b, e, &l, prompt, cached, budget, rate)
 		// The score adds the fleet's share of the recomputation to this
 		// request's TTFT; it equals est when the fleet is not backlogged.
 		// It is priced at the fleet's rate: the capacity lost is the
@@ -287,11 +313,12 @@ func (p *KVRoute) Pick(in *Input) Decision {
 		return Decision{Index: best, EstTTFT: bestEst, Note: "spill"}
 	}
 	// Without a session key, a prompt stays with the holder of its longest
-	// match when that holds at least one prefill chunk more than the best
+	// match when that holds at least one prefill chunk (of the engines')
+	// more than the best
 	// candidate, within CacheStickyRatio of the best score and CHWBL's bound
 	// (see CacheStickyTokens).
 	if holder != best &&
-		float64(holderMatch-in.Matched[best])*tokensPerBlock >= CacheStickyTokens &&
+		float64(holderMatch-in.Matched[best])*tokensPerBlock >= stickyTokens(cands[holder], cands[best]) &&
 		holderScore <= CacheStickyRatio*bestScore &&
 		holderLoad+1 <= boundedLoadCap(p.loadFactor, total, n)+AffinitySlots {
 		return Decision{Index: holder, EstTTFT: holderEst, Note: "cache"}
@@ -379,15 +406,19 @@ func emptier(inFlight, w, bestLoad, bestWritten int64) bool {
 }
 
 // estimate is a candidate's estimated TTFT in seconds for a request of
-// prompt tokens of which cached are in its prefix cache, at rate tokens/s,
-// given the router's load l there and the engine's fresh report e (nil if
+// prompt tokens of which cached are in its prefix cache and of an output
+// budget of budget tokens (0 unknown), at rate tokens/s, given the
+// router's load l on backend b and the engine's fresh report e (nil if
 // none; see freshEngine).
-func (p *KVRoute) estimate(e *fleet.EngineState, l *fleet.Load, prompt, cached int64, rate float64) float64 {
+func (p *KVRoute) estimate(b *fleet.Backend, e *fleet.EngineState, l *fleet.Load, prompt, cached, budget int64, rate float64) float64 {
 	// The engine computes at least the last prompt token even on a full
 	// hit (it needs its logits), so the uncached work is never zero.
 	uncached := max(prompt-cached, 1)
 	work := l.PendingPrefill + uncached
 	decoding, context := l.Decoding, l.DecodeTokens
+	// queued is every request at the engine, running or waiting: the
+	// router's own, or the engine's count when that is larger.
+	queued := l.InFlight
 
 	// Work the engine holds that the router did not route itself (another
 	// router, a direct client, requests it is still finishing after a
@@ -406,11 +437,92 @@ func (p *KVRoute) estimate(e *fleet.EngineState, l *fleet.Load, prompt, cached i
 			decoding += extra
 			context += extra * mean
 		}
+		if e.Has(fleet.EngineRunning | fleet.EngineWaiting) {
+			queued = max(queued, int64(e.Running+e.Waiting))
+		}
 	}
 
-	steps := max((work+PrefillChunkTokens-1)/PrefillChunkTokens, 1)
+	lim := b.Limits()
+	chunk := int64(PrefillChunkTokens)
+	if lim.MaxBatchedTokens > 0 {
+		chunk = int64(lim.MaxBatchedTokens)
+	}
+	steps := max((work+chunk-1)/chunk, 1)
 	dec := DecodeSeqCost*float64(decoding) + DecodeContextCost*float64(context)
-	return (float64(work) + float64(steps)*dec) / rate
+	est := (float64(work) + float64(steps)*dec) / rate
+	if lim.MaxNumSeqs <= 0 {
+		return est
+	}
+	// Waiting for a slot: the request starts its prefill once enough
+	// running sequences have finished, and then computes its own prompt
+	// alone (those queued ahead of it have started theirs by then).
+	mean := budget
+	if l.Decoding > 0 {
+		mean = l.DecodeBudget / l.Decoding
+	}
+	if mean <= 0 {
+		mean = FallbackOutputTokens
+	}
+	wait := slotWait(queued, int64(lim.MaxNumSeqs), decoding, mean, decodeTime(b, dec, rate))
+	if wait <= 0 {
+		return est
+	}
+	own := (float64(uncached) + float64(max((uncached+chunk-1)/chunk, 1))*dec) / rate
+	return max(est, wait+own)
+}
+
+// slotWait is how long, in seconds, a request arriving at an engine that
+// holds queued requests (running and waiting) waits for a sequence slot
+// when the engine runs at most limit sequences at once: 0 while a slot is
+// free, else the time for queued - limit + 1 sequences to finish. They
+// finish as the decoding streams end. Each of the decoding streams has an
+// output of mean tokens and is, seen at a random moment, uniformly far
+// through it, so the k-th of them to finish has k*mean/(decoding+1) tokens
+// left on average; at one token per step of tokenTime seconds:
+//
+//	wait = (queued - limit + 1) * mean / (decoding + 1) * tokenTime
+//
+// Past the decoding streams (the slots are held by requests still in
+// their prefill, or more must finish than are decoding) the same rate,
+// decoding streams per mean tokens, carries on.
+func slotWait(queued, limit, decoding, mean int64, tokenTime float64) float64 {
+	need := queued - limit + 1
+	if need <= 0 || limit <= 0 {
+		return 0
+	}
+	return float64(need) * float64(mean) / float64(max(decoding, 0)+1) * tokenTime
+}
+
+// decodeTime is b's time per output token in seconds: the engine's own
+// inter-token latency when it reports it, else the time of a step that
+// runs the decoding batch, which costs dec prefill-token equivalents
+// besides its fixed DecodeStepTokens, at rate tokens/s.
+func decodeTime(b *fleet.Backend, dec, rate float64) float64 {
+	if t := b.EngineDecodeTime(); t > 0 {
+		return t
+	}
+	return (DecodeStepTokens + dec) / rate
+}
+
+// stickyTokens is the lead in cached tokens that keeps a request without
+// a session key on the holder of its longest cached prefix instead of the
+// best candidate (see CacheStickyTokens): for each of the two engines, its
+// token budget per step, else PrefillChunkTokens, at most
+// StickyContextShare of its context when known; the smaller of the two.
+func stickyTokens(holder, best *fleet.Backend) float64 {
+	t := math.Inf(1)
+	for _, b := range [2]*fleet.Backend{holder, best} {
+		lim := b.Limits()
+		c := float64(CacheStickyTokens)
+		if lim.MaxBatchedTokens > 0 {
+			c = float64(lim.MaxBatchedTokens)
+		}
+		if lim.ContextLen > 0 {
+			c = min(c, StickyContextShare*float64(lim.ContextLen))
+		}
+		t = min(t, c)
+	}
+	return t
 }
 
 // freshEngine is b's engine report if it is at most EngineStateMaxAge old,

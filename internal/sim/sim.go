@@ -49,6 +49,11 @@ type Config struct {
 	Engines []engine.Preset
 	// KVBlocks > 0 overrides every engine's KV cache capacity.
 	KVBlocks int
+	// ConfigureLimits tells the router each engine's running-sequence cap
+	// and token budget per step, as backends[].max_num_seqs and
+	// max_num_batched_tokens do; without it the router learns the cap from
+	// the engine's running and waiting counts, as it must from vLLM.
+	ConfigureLimits bool
 	// Policy is the routing policy's name (see policy.Names).
 	Policy string
 	// Seed seeds the policy's random choices.
@@ -204,6 +209,11 @@ type node struct {
 	kv []kvBatch
 	// kvBlocks is the KV capacity the engine reports (Faults).
 	kvBlocks int
+	// itlN and itlSum count the output tokens after each request's first
+	// since the last step began and the time between them: the engine's
+	// inter-token latency histogram.
+	itlN   int
+	itlSum time.Duration
 }
 
 // sim is one run's state.
@@ -285,6 +295,22 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 			return nil, err
 		}
 	}
+	for i := range s.nodes {
+		// The context length, as the engine's /v1/models reports it
+		// (max_model_len). Its cap on running sequences and its token
+		// budget per step are not reported (vLLM exports neither): they
+		// are configured (ConfigureLimits), or the router learns the cap
+		// from the engine's running and waiting counts, as the live one
+		// does (see stepStart).
+		p := s.nodes[i].eng.Preset()
+		s.forBackends(i, func(b *fleet.Backend) {
+			b.SetContextLen(p.MaxModelLen)
+			if cfg.ConfigureLimits {
+				b.SetMaxNumSeqs(p.MaxNumSeqs)
+				b.SetMaxBatchedTokens(p.MaxBatchedTokens)
+			}
+		})
+	}
 	if cfg.Hold != nil {
 		s.held = admission.NewQueue(cfg.Hold.Order, cfg.Hold.Slack, cfg.Hold.Cap)
 	}
@@ -294,6 +320,17 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 	}
 	sortByArrival(s.order, reqs)
 	return s, nil
+}
+
+// forBackends calls fn with node i's backend in every router replica's
+// fleet.
+func (s *sim) forBackends(i int, fn func(*fleet.Backend)) {
+	fn(s.nodes[i].b)
+	if s.rep != nil {
+		for r := 1; r < len(s.rep.backends); r++ {
+			fn(s.rep.backends[r][i])
+		}
+	}
 }
 
 // sortByArrival sorts order, indices into reqs, by arrival time; equal
@@ -509,6 +546,18 @@ func (s *sim) stepStart(i int) {
 	if s.rep != nil {
 		s.rep.setEngine(i, es)
 	}
+	// What the live monitor teaches from each scrape: the running and
+	// waiting counts, and the inter-token latency since the last reading.
+	itlN, itl := n.itlN, n.itlSum.Seconds()
+	n.itlN, n.itlSum = 0, 0
+	n.b.ObserveRunning(st.Running, st.Waiting, st.KVUsage)
+	n.b.ObserveEngineDecode(float64(itlN), itl)
+	if s.rep != nil {
+		for r := 1; r < len(s.rep.backends); r++ {
+			s.rep.backends[r][i].ObserveRunning(st.Running, st.Waiting, st.KVUsage)
+			s.rep.backends[r][i].ObserveEngineDecode(float64(itlN), itl)
+		}
+	}
 	if d <= 0 {
 		// Nothing could run: the engine waits for the next arrival.
 		n.busy = false
@@ -582,9 +631,13 @@ func (s *sim) Token(r *engine.Request, at time.Duration) {
 		n.out = append(n.out, delivery{f: f, first: true})
 		return
 	}
-	if gap := at - f.last; len(f.itl) < cap(f.itl) {
+	gap := at - f.last
+	if len(f.itl) < cap(f.itl) {
 		f.itl = append(f.itl, gap)
 	}
+	n := &s.nodes[s.cur]
+	n.itlN++
+	n.itlSum += gap
 	f.last = at
 }
 

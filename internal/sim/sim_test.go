@@ -376,3 +376,39 @@ func TestRunAllLockstep(t *testing.T) {
 		}
 	}
 }
+
+// TestEngineLimitsReachRouter: the router learns a small cap on running
+// sequences from the engines' running and waiting counts, and their time
+// per output token from their inter-token latency, as the live monitor
+// does from /metrics; with ConfigureLimits it is told the cap and chunk
+// from the start. The context length is always the engine's.
+func TestEngineLimitsReachRouter(t *testing.T) {
+	engines, reqs := fixture(t, "chat", 2, 300, 0.7)
+	for i := range engines {
+		engines[i], _ = engines[i].WithLimits(4, 512)
+	}
+	for _, configured := range []bool{false, true} {
+		s, err := newSim(reqs, Config{Engines: engines, Policy: policy.Default, Seed: 1, ConfigureLimits: configured})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := fleet.Limits{ContextLen: engines[0].MaxModelLen}
+		if configured {
+			want.MaxNumSeqs, want.MaxBatchedTokens = 4, 512
+		}
+		if got := s.nodes[0].b.Limits(); got != want {
+			t.Fatalf("configured %v: limits before the run %+v, want %+v", configured, got, want)
+		}
+		s.loop()
+		want.MaxNumSeqs = 4
+		for i := range s.nodes {
+			b := s.nodes[i].b
+			if got := b.Limits(); got != want {
+				t.Errorf("configured %v: engine %d limits after the run %+v, want %+v", configured, i, got, want)
+			}
+			if b.EngineDecodeTime() <= 0 {
+				t.Errorf("engine %d: no decode time learned", i)
+			}
+		}
+	}
+}
