@@ -129,8 +129,8 @@ const (
 	// FallbackOutputTokens is the output length assumed of the sequences
 	// that hold an engine's slots when none of them is a decoding stream
 	// of the router's (whose output budgets it knows) and the request has
-	// no max_tokens: the scheduler's default output budget.
-	FallbackOutputTokens = 256
+	// no max_tokens: the one default the scheduler accounts too.
+	FallbackOutputTokens = request.DefaultOutputBudget
 
 	// FitRatio makes room in the KV cache part of the estimate: among the
 	// candidates whose score is at most FitRatio times the best, a request

@@ -54,6 +54,12 @@ func (k Kind) Path() string {
 // engine's tokenizer.
 const BytesPerToken = 4
 
+// DefaultOutputBudget is the output length, in tokens, assumed of a
+// request that set no max_tokens: about one chat answer. The router uses
+// it only to weigh decode load (the scheduler's accounting, the kvroute
+// policy's slot wait); it never limits the response.
+const DefaultOutputBudget = 256
+
 // MaxBytesPerToken bounds the UTF-8 bytes of text one token of a real
 // vocabulary stands for, so that len(text)/MaxBytesPerToken is a lower
 // bound of the token count whatever the tokenizer (see MinPromptTokens).

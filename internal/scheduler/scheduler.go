@@ -31,9 +31,8 @@ var (
 )
 
 // DefaultOutputBudget is the output budget, in tokens, accounted for a
-// request that set no max_tokens: about one chat answer. It only weighs the
-// decode load; it never limits the response.
-const DefaultOutputBudget = 256
+// request that set no max_tokens (request.DefaultOutputBudget).
+const DefaultOutputBudget = request.DefaultOutputBudget
 
 // Config tunes a Scheduler.
 type Config struct {
