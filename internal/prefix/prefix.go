@@ -18,8 +18,10 @@ package prefix
 
 import (
 	"math/bits"
+	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -54,7 +56,21 @@ func Hash(dst []uint64, text string, blockChars int) []uint64 {
 }
 
 // Index maps block hashes to the backends believed to hold them. It is safe
-// for concurrent use; Match takes only a read lock.
+// for concurrent use, and built so that the router's own path never waits
+// for another goroutine's write (a peer replica's routings, hundreds of
+// blocks each, applied at thousands a second):
+//
+//   - Match, the pick's one read, takes no lock for fleets of up to 64
+//     backends. It reads only the block map, whose slots change by atomic
+//     stores and are never moved while in use (see blockTable).
+//   - Writes take the write lock. The router's own acquire and release
+//     (AcquireNodesNoWait, ReleaseNodesNoWait) only try it: when another
+//     goroutine holds it, they queue the write for that goroutine, which
+//     applies the queue before letting go. Every holder applies the queue
+//     before its own write, so a goroutine's writes apply in the order it
+//     made them, and with one goroutine (the simulator) nothing is ever
+//     queued. A queued acquire is not visible to a Match until applied:
+//     microseconds, as between a pick and its acquire already.
 //
 // A backend's blocks are of two kinds, as in the engine's paged KV cache.
 // Blocks of requests still in flight there (Acquire without its Release)
@@ -96,6 +112,32 @@ type Index struct {
 	free       int32 // head of the free-node list (see node.stamp), or nilNode
 	backends   []lru
 	pairs      pairTable
+
+	// Writes posted while another goroutine held mu (see post), in order:
+	// ops with their hashes in arena, under pmu; queued counts them.
+	pmu    sync.Mutex
+	ops    []op
+	arena  []uint64
+	queued atomic.Int32
+	// The buffers the last drain emptied, for the next swap (under mu).
+	spareOps   []op
+	spareArena []uint64
+}
+
+// opKind is a write that can wait in the queue.
+type opKind uint8
+
+const (
+	opInsert opKind = iota
+	opAcquire
+	opRelease
+)
+
+// op is one queued write: kind on backend of arena[lo:hi].
+type op struct {
+	kind    opKind
+	backend int32
+	lo, hi  int
 }
 
 // nilNode ends the free-node list, marks a free node and an empty pair slot.
@@ -184,8 +226,8 @@ func (ix *Index) SetCapacity(backend int, blocks int) {
 	if blocks < 0 {
 		blocks = 0
 	}
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
+	ix.lock()
+	defer ix.unlock()
 	l := ix.backend(backend)
 	l.capacity = blocks
 	ix.evict(l)
@@ -193,9 +235,29 @@ func (ix *Index) SetCapacity(backend int, blocks int) {
 
 // Match sets out[b] to the number of leading blocks of hashes that backend
 // b holds, for every b < len(out) (0 for a backend that holds none). It does
-// not change recency and does not allocate.
+// not change recency and does not allocate. For up to 64 backends it takes
+// no lock and never waits for a writer (see Index).
 func (ix *Index) Match(hashes []uint64, out []int32) {
+	if len(out) > maskBackends {
+		// The backends past the mask are found in the pair table, which
+		// only a lock guards.
+		ix.mu.RLock()
+		ix.match(hashes, out)
+		ix.runlock()
+		return
+	}
+	ix.match(hashes, out)
+}
+
+// match is Match; the caller holds the read lock if out has backends past
+// maskBackends.
+func (ix *Index) match(hashes []uint64, out []int32) {
 	clear(out)
+	a := ix.blocks.arr.Load()
+	if a == nil {
+		return
+	}
+	slots := len(a.slots) - 1
 	// alive is the set of backends below maskBackends that hold every block
 	// so far; a backend leaving it at block i held exactly i blocks.
 	alive := ^uint64(0)
@@ -205,13 +267,27 @@ func (ix *Index) Match(hashes []uint64, out []int32) {
 	// Backends from maskBackends up keep their count in out as they go:
 	// out[b] == i means b holds blocks 0..i-1 and may hold block i.
 	wideAlive := max(0, len(out)-maskBackends)
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
 	i := 0
 	for ; i < len(hashes); i++ {
 		h := hashes[i]
-		e, ok := ix.blocks.get(h)
-		if !ok {
+		// a.get(h), with probe's first try written out: called, it costs
+		// Match a quarter more.
+		var e entry
+		for j := a.home(h); ; j = (j + 1) & slots {
+			sl := &a.slots[j]
+			v := sl.ver.Load()
+			if v == 0 {
+				break
+			}
+			if sl.hash.Load() == h {
+				e = entry{mask: sl.mask.Load(), wide: sl.wide.Load()}
+				if v&1 != 0 || sl.ver.Load() != v {
+					e, _ = a.getTorn(h)
+				}
+				break
+			}
+		}
+		if e.mask == 0 && e.wide == 0 {
 			break
 		}
 		for gone := alive &^ e.mask; gone != 0; gone &= gone - 1 {
@@ -248,7 +324,12 @@ func (ix *Index) Match(hashes []uint64, out []int32) {
 // deepest blocks of a prompt first (as vLLM frees a sequence's blocks in
 // reverse order).
 func (ix *Index) Insert(backend int, hashes []uint64) {
+	if backend < 0 || len(hashes) == 0 {
+		return
+	}
+	ix.lock()
 	ix.insert(backend, hashes, false, nil)
+	ix.unlock()
 }
 
 // Acquire is Insert for a request routed to backend: its blocks are pinned
@@ -256,7 +337,7 @@ func (ix *Index) Insert(backend int, hashes []uint64) {
 // request is queued or running there. The caller must call Release with
 // the same hashes exactly once.
 func (ix *Index) Acquire(backend int, hashes []uint64) {
-	ix.insert(backend, hashes, true, nil)
+	ix.AcquireNodes(backend, hashes, nil)
 }
 
 // AcquireNodes is Acquire that also returns where each block is held:
@@ -266,21 +347,43 @@ func (ix *Index) Acquire(backend int, hashes []uint64) {
 // removing the backend in between is harmless.
 func (ix *Index) AcquireNodes(backend int, hashes []uint64, nodes []int32) []int32 {
 	nodes = slices.Grow(nodes[:0], len(hashes))[:len(hashes)]
-	ix.insert(backend, hashes, true, nodes)
-	return nodes
-}
-
-// insert records hashes for backend, pinned if pin, and sets nodes[i] (when
-// nodes is not nil) to the node of hashes[i].
-func (ix *Index) insert(backend int, hashes []uint64, pin bool, nodes []int32) {
 	if backend < 0 || len(hashes) == 0 {
 		for i := range nodes {
 			nodes[i] = nilNode
 		}
-		return
+		return nodes
 	}
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
+	ix.lock()
+	ix.insert(backend, hashes, true, nodes)
+	ix.unlock()
+	return nodes
+}
+
+// AcquireNodesNoWait is AcquireNodes for the request's own path: it never
+// waits for the index. When another goroutine holds it (a peer's or an
+// engine's write), the acquire is queued for that goroutine to apply
+// before it lets go, and the result is nil (no handles: ReleaseNodes looks
+// the blocks up). Either way, a later write by the same goroutine applies
+// after it.
+func (ix *Index) AcquireNodesNoWait(backend int, hashes []uint64, nodes []int32) []int32 {
+	if backend < 0 || len(hashes) == 0 {
+		return nil
+	}
+	if !ix.mu.TryLock() {
+		ix.post(opAcquire, backend, hashes)
+		return nil
+	}
+	ix.drain()
+	nodes = slices.Grow(nodes[:0], len(hashes))[:len(hashes)]
+	ix.insert(backend, hashes, true, nodes)
+	ix.unlock()
+	return nodes
+}
+
+// insert records hashes for backend, pinned if pin, and sets nodes[i] (when
+// nodes is not nil) to the node of hashes[i]. The caller holds the write
+// lock.
+func (ix *Index) insert(backend int, hashes []uint64, pin bool, nodes []int32) {
 	l := ix.backend(backend)
 	b := int32(backend)
 	var bit uint64
@@ -315,10 +418,10 @@ func (ix *Index) insert(backend int, hashes []uint64, pin bool, nodes []int32) {
 		}
 		ix.nodes[n] = node{hash: h, backend: b}
 		ix.pairs.add(ix.nodes, n)
-		if e := ix.blocks.upsert(h); bit != 0 {
-			e.mask |= bit
+		if sl := ix.blocks.upsert(h); bit != 0 {
+			sl.mask.Or(bit)
 		} else {
-			e.wide++
+			sl.wide.Add(1)
 		}
 		if pin {
 			ix.nodes[n].pins = 1
@@ -348,11 +451,32 @@ func (ix *Index) ReleaseNodes(backend int, hashes []uint64, nodes []int32) {
 	if backend < 0 || len(hashes) == 0 {
 		return
 	}
+	ix.lock()
+	ix.release(backend, hashes, nodes)
+	ix.unlock()
+}
+
+// ReleaseNodesNoWait is ReleaseNodes for the request's own path: like
+// AcquireNodesNoWait, it never waits, and queues the release (without the
+// handles) when another goroutine holds the index.
+func (ix *Index) ReleaseNodesNoWait(backend int, hashes []uint64, nodes []int32) {
+	if backend < 0 || len(hashes) == 0 {
+		return
+	}
+	if !ix.mu.TryLock() {
+		ix.post(opRelease, backend, hashes)
+		return
+	}
+	ix.drain()
+	ix.release(backend, hashes, nodes)
+	ix.unlock()
+}
+
+// release is ReleaseNodes under the write lock.
+func (ix *Index) release(backend int, hashes []uint64, nodes []int32) {
 	if len(nodes) != len(hashes) {
 		nodes = nil
 	}
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
 	if backend >= len(ix.backends) {
 		return
 	}
@@ -389,12 +513,83 @@ func (ix *Index) ReleaseNodes(backend int, hashes []uint64, nodes []int32) {
 	ix.evict(l)
 }
 
+// lock takes the write lock, waiting for it, and applies the writes
+// queued before it (see post).
+func (ix *Index) lock() {
+	ix.mu.Lock()
+	ix.drain()
+}
+
+// unlock applies the writes queued while the caller held the write lock
+// and lets go of it; if more were queued after the last look, and nobody
+// else has taken the lock meanwhile, it takes it back to apply them.
+func (ix *Index) unlock() {
+	for {
+		ix.drain()
+		ix.mu.Unlock()
+		if ix.queued.Load() == 0 || !ix.mu.TryLock() {
+			return
+		}
+	}
+}
+
+// runlock ends a read, applying the writes queued meanwhile if no writer
+// has taken the lock to do so.
+func (ix *Index) runlock() {
+	ix.mu.RUnlock()
+	if ix.queued.Load() != 0 && ix.mu.TryLock() {
+		ix.unlock()
+	}
+}
+
+// post queues a write that found the lock held, for its holder to apply
+// in unlock or runlock. The holder may have let go between the caller's
+// failed TryLock and the queueing: then nobody would, so post tries once
+// more itself. Whoever fails that try fails it because another holds the
+// lock, and that holder looks at the queue after letting go.
+func (ix *Index) post(kind opKind, backend int, hashes []uint64) {
+	ix.pmu.Lock()
+	lo := len(ix.arena)
+	ix.arena = append(ix.arena, hashes...)
+	ix.ops = append(ix.ops, op{kind: kind, backend: int32(backend), lo: lo, hi: len(ix.arena)})
+	ix.queued.Add(1)
+	ix.pmu.Unlock()
+	if ix.mu.TryLock() {
+		ix.unlock()
+	}
+}
+
+// drain applies the queued writes in the order they were queued. The
+// caller holds the write lock.
+func (ix *Index) drain() {
+	if ix.queued.Load() == 0 {
+		return
+	}
+	ix.pmu.Lock()
+	ops, arena := ix.ops, ix.arena
+	ix.ops, ix.arena = ix.spareOps[:0], ix.spareArena[:0]
+	ix.queued.Store(0)
+	ix.pmu.Unlock()
+	for _, o := range ops {
+		hashes := arena[o.lo:o.hi]
+		switch o.kind {
+		case opAcquire:
+			ix.insert(int(o.backend), hashes, true, nil)
+		case opRelease:
+			ix.release(int(o.backend), hashes, nil)
+		default:
+			ix.insert(int(o.backend), hashes, false, nil)
+		}
+	}
+	ix.spareOps, ix.spareArena = ops[:0], arena[:0]
+}
+
 // RemoveBackend forgets everything backend holds (it crashed, was removed,
 // or restarted with an empty cache). It walks the whole slab, as pinned
 // blocks are on no list: a rare event pays for the hot path's saving.
 func (ix *Index) RemoveBackend(backend int) {
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
+	ix.lock()
+	defer ix.unlock()
 	if backend < 0 || backend >= len(ix.backends) {
 		return
 	}
@@ -414,7 +609,7 @@ func (ix *Index) RemoveBackend(backend int) {
 // Len returns the number of blocks backend holds.
 func (ix *Index) Len(backend int) int {
 	ix.mu.RLock()
-	defer ix.mu.RUnlock()
+	defer ix.runlock()
 	if l := ix.known(backend); l != nil {
 		return l.n
 	}
@@ -470,15 +665,15 @@ func (ix *Index) drop(l *lru, n int32) {
 	l.n--
 	ix.pairs.remove(ix.nodes, n)
 	h, b := ix.nodes[n].hash, ix.nodes[n].backend
-	i := ix.blocks.slot(h)
-	e := &ix.blocks.slots[i].entry
+	sl := ix.blocks.find(h)
+	var left bool
 	if b < maskBackends {
-		e.mask &^= 1 << b
+		left = sl.mask.And(^(uint64(1)<<b)) != uint64(1)<<b || sl.wide.Load() != 0
 	} else {
-		e.wide--
+		left = sl.wide.Add(-1) != 0 || sl.mask.Load() != 0
 	}
-	if e.mask == 0 && e.wide == 0 {
-		ix.blocks.remove(i)
+	if !left {
+		ix.blocks.n--
 	}
 	ix.nodes[n] = node{stamp: uint32(ix.free), backend: nilNode}
 	ix.free = n
@@ -592,108 +787,190 @@ func (t *pairTable) remove(nodes []node, n int32) {
 	t.n--
 }
 
-// blockTable is the block map: each held block's hash and its holders, in
-// open addressing with linear probing, at most three quarters full (its
-// slots are 24 bytes, and a fuller table touches fewer fresh pages as it
-// grows, which cost more than the longer probes), deleting by
-// shifting the following run back (no tombstones). An entry with no holder
-// is never kept, so a zero entry marks an empty slot. It replaces a
-// map[uint64]entry: inserting a new block took a lookup and an assignment
-// there, and Match's lookups were a tenth of the simulator's routing.
+// blockTable is the block map: each block's hash and its holders, in
+// open addressing with linear probing. It is the one part of the index that
+// Match reads, and Match reads it without any lock (see Index), so slots
+// never move while a reader may be on them:
+//
+//   - A block that loses its last holder leaves a tombstone (a used slot
+//     with no holder) rather than shifting the slots after it back, which
+//     a reader probing past them could miss. The block finds its own
+//     tombstone if it comes back; a new block takes the first tombstone on
+//     its probe path, so that churn does not fill the table.
+//   - Holders change with atomic stores. A slot's hash changes only when a
+//     tombstone is taken, and then inside a version bump (a seqlock per
+//     slot): a reader that saw the version change reads the slot again.
+//   - The table grows (or, when mostly tombstones, is rebuilt at its size)
+//     into a new array, published atomically once complete: a reader still
+//     on the old one reads a picture a few writes old, never a torn one.
+//
+// Used slots, tombstones included, stay under three quarters. It replaces
+// a map[uint64]entry: inserting a new block took a lookup and an
+// assignment there, and Match's lookups were a tenth of the simulator's
+// routing.
 type blockTable struct {
-	slots []blockSlot // len is a power of two
-	shift uint        // 64 - log2(len(slots)): home = mixed hash >> shift
-	n     int
+	arr  atomic.Pointer[blockArray]
+	n    int // slots with a holder
+	used int // slots used in the current array, tombstones included
 }
 
+// blockArray is one generation of the table's slots.
+type blockArray struct {
+	slots []blockSlot // len is a power of two
+	shift uint        // 64 - log2(len(slots)): home = mixed hash >> shift
+}
+
+// blockSlot is one slot. ver is 0 while the slot was never used (the end
+// of a probe), odd while its hash is being changed.
 type blockSlot struct {
-	hash uint64
-	entry
+	hash atomic.Uint64
+	// mask has bit b set when backend b < maskBackends holds the block.
+	mask atomic.Uint64
+	// wide counts the holders with IDs >= maskBackends.
+	wide atomic.Int32
+	ver  atomic.Uint32
 }
 
 // home is h's first slot. Block hashes are uniform already, but tests and
 // callers may pass plain numbers; the multiply spreads any key.
-func (t *blockTable) home(h uint64) int {
-	return int(((h ^ h>>31) * 0xbf58476d1ce4e5b9) >> t.shift)
+func (a *blockArray) home(h uint64) int {
+	return int(((h ^ h>>31) * 0xbf58476d1ce4e5b9) >> a.shift)
 }
 
-// get returns h's entry, if h is held.
-func (t *blockTable) get(h uint64) (entry, bool) {
-	if t.n == 0 {
-		return entry{}, false
+// get returns h's holders, if it has any. It takes no lock.
+func (a *blockArray) get(h uint64) (entry, bool) {
+	e, ok, torn := a.probe(h)
+	if torn {
+		return a.getTorn(h)
 	}
-	mask := len(t.slots) - 1
-	for i := t.home(h); ; i = (i + 1) & mask {
-		sl := &t.slots[i]
-		if sl.mask == 0 && sl.wide == 0 {
-			return entry{}, false
+	return e, ok
+}
+
+// probe is get's one try: torn when h's slot was being rewritten as it
+// was read (see blockTable), and the read must be tried again.
+func (a *blockArray) probe(h uint64) (e entry, ok, torn bool) {
+	mask := len(a.slots) - 1
+	for i := a.home(h); ; i = (i + 1) & mask {
+		sl := &a.slots[i]
+		v := sl.ver.Load()
+		if v == 0 {
+			return entry{}, false, false
 		}
-		if sl.hash == h {
-			return sl.entry, true
+		// A slot whose hash is not h may be changing to h, but h had no
+		// slot then: it was not held as the read began.
+		if sl.hash.Load() == h {
+			e = entry{mask: sl.mask.Load(), wide: sl.wide.Load()}
+			return e, e.mask != 0 || e.wide != 0, v&1 != 0 || sl.ver.Load() != v
 		}
 	}
 }
 
-// slot returns the slot of h, which the table holds.
-func (t *blockTable) slot(h uint64) int {
-	mask := len(t.slots) - 1
-	i := t.home(h)
-	for t.slots[i].hash != h || (t.slots[i].mask == 0 && t.slots[i].wide == 0) {
-		i = (i + 1) & mask
+// getTorn is get after a torn read: the writer is three stores from
+// done, unless it was descheduled in between, so it is let run.
+func (a *blockArray) getTorn(h uint64) (entry, bool) {
+	for tries := 0; ; tries++ {
+		if tries > 8 {
+			runtime.Gosched()
+		}
+		if e, ok, torn := a.probe(h); !torn {
+			return e, ok
+		}
 	}
-	return i
 }
 
-// upsert returns h's entry to update, adding an empty one if h is not held;
-// the caller must give it a holder before the table is used again.
-func (t *blockTable) upsert(h uint64) *entry {
-	if 4*(t.n+1) > 3*len(t.slots) {
-		t.grow()
+// find returns h's slot, nil if h has none. The caller holds the write
+// lock.
+func (t *blockTable) find(h uint64) *blockSlot {
+	a := t.arr.Load()
+	if a == nil {
+		return nil
 	}
-	mask := len(t.slots) - 1
-	i := t.home(h)
-	for ; t.slots[i].mask != 0 || t.slots[i].wide != 0; i = (i + 1) & mask {
-		if t.slots[i].hash == h {
-			return &t.slots[i].entry
+	mask := len(a.slots) - 1
+	for i := a.home(h); ; i = (i + 1) & mask {
+		sl := &a.slots[i]
+		if sl.ver.Load() == 0 {
+			return nil
+		}
+		if sl.hash.Load() == h {
+			return sl
+		}
+	}
+}
+
+// upsert returns h's slot to add a holder to, giving it one if it has
+// none: its own tombstone, else the first tombstone on its probe path,
+// else the empty slot that ends it. The caller holds the write lock and
+// must give the slot a holder.
+func (t *blockTable) upsert(h uint64) *blockSlot {
+	a := t.arr.Load()
+	if a == nil || 4*(t.used+1) > 3*len(a.slots) {
+		a = t.rebuild()
+	}
+	mask := len(a.slots) - 1
+	var tomb *blockSlot
+	i := a.home(h)
+	for ; a.slots[i].ver.Load() != 0; i = (i + 1) & mask {
+		sl := &a.slots[i]
+		empty := sl.mask.Load() == 0 && sl.wide.Load() == 0
+		if sl.hash.Load() == h {
+			if empty {
+				t.n++
+			}
+			return sl
+		}
+		if empty && tomb == nil {
+			tomb = sl
 		}
 	}
 	t.n++
-	t.slots[i] = blockSlot{hash: h}
-	return &t.slots[i].entry
+	if tomb != nil {
+		tomb.ver.Add(1)
+		tomb.hash.Store(h)
+		tomb.ver.Add(1)
+		return tomb
+	}
+	sl := &a.slots[i]
+	sl.hash.Store(h)
+	sl.ver.Store(2)
+	t.used++
+	return sl
 }
 
-func (t *blockTable) grow() {
-	old := t.slots
-	size := max(minPairSlots, 2*len(old))
-	t.slots = make([]blockSlot, size)
-	t.shift = uint(64 - bits.TrailingZeros(uint(size)))
+// rebuild copies the live slots into a new array, twice the size if more
+// than half of the current one is live, else the same size, and publishes
+// it. The caller holds the write lock.
+func (t *blockTable) rebuild() *blockArray {
+	size := minPairSlots
+	if old := t.arr.Load(); old != nil {
+		size = len(old.slots)
+	}
+	for 2*(t.n+1) > size {
+		size *= 2
+	}
+	a := &blockArray{slots: make([]blockSlot, size), shift: uint(64 - bits.TrailingZeros(uint(size)))}
 	mask := size - 1
-	for _, sl := range old {
-		if sl.mask == 0 && sl.wide == 0 {
-			continue
-		}
-		i := t.home(sl.hash)
-		for t.slots[i].mask != 0 || t.slots[i].wide != 0 {
-			i = (i + 1) & mask
-		}
-		t.slots[i] = sl
-	}
-}
-
-// remove empties slot i, whose entry has no holder left.
-func (t *blockTable) remove(i int) {
-	mask := len(t.slots) - 1
-	for j := (i + 1) & mask; t.slots[j].mask != 0 || t.slots[j].wide != 0; j = (j + 1) & mask {
-		// The entry at j may move to the hole at i if its home is not in
-		// the cyclic range (i, j].
-		k := t.home(t.slots[j].hash)
-		if (j-k)&mask >= (j-i)&mask {
-			t.slots[i] = t.slots[j]
-			i = j
+	if old := t.arr.Load(); old != nil {
+		for k := range old.slots {
+			sl := &old.slots[k]
+			m, w := sl.mask.Load(), sl.wide.Load()
+			if m == 0 && w == 0 {
+				continue
+			}
+			h := sl.hash.Load()
+			i := a.home(h)
+			for a.slots[i].ver.Load() != 0 {
+				i = (i + 1) & mask
+			}
+			d := &a.slots[i]
+			d.hash.Store(h)
+			d.mask.Store(m)
+			d.wide.Store(w)
+			d.ver.Store(2)
 		}
 	}
-	t.slots[i] = blockSlot{}
-	t.n--
+	t.used = t.n
+	t.arr.Store(a)
+	return a
 }
 
 // Gamma is SplitMix64's increment, the odd integer closest to 2^64 divided

@@ -467,17 +467,29 @@ func checkInvariants(t *testing.T, ix *Index) {
 	if ix.blocks.n != len(want) {
 		t.Fatalf("block map has %d entries, want %d", ix.blocks.n, len(want))
 	}
-	held := 0
-	for _, sl := range ix.blocks.slots {
-		if sl.mask != 0 || sl.wide != 0 {
-			held++
+	held, used := 0, 0
+	if a := ix.blocks.arr.Load(); a != nil {
+		for k := range a.slots {
+			sl := &a.slots[k]
+			if sl.ver.Load() != 0 {
+				used++
+			}
+			if sl.mask.Load() != 0 || sl.wide.Load() != 0 {
+				held++
+				if sl.ver.Load() == 0 {
+					t.Fatalf("block map slot %d has holders but is unused", k)
+				}
+			}
+		}
+		if 4*used > 3*len(a.slots) {
+			t.Fatalf("block map uses %d of %d slots, over three quarters", used, len(a.slots))
 		}
 	}
-	if held != ix.blocks.n {
-		t.Fatalf("block map has %d full slots, counts %d", held, ix.blocks.n)
+	if held != ix.blocks.n || used != ix.blocks.used {
+		t.Fatalf("block map has %d full slots and %d used, counts %d and %d", held, used, ix.blocks.n, ix.blocks.used)
 	}
 	for h, e := range want {
-		if got, ok := ix.blocks.get(h); !ok || got != e {
+		if got, ok := ix.blocks.arr.Load().get(h); !ok || got != e {
 			t.Fatalf("block %x: entry %+v (%v), want %+v", h, got, ok, e)
 		}
 	}

@@ -3,8 +3,8 @@ package prefix
 // Remove forgets that backend holds hashes (the engine reported evicting
 // them), pinned or not. Blocks it does not hold are skipped.
 func (ix *Index) Remove(backend int, hashes ...uint64) {
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
+	ix.lock()
+	defer ix.unlock()
 	l := ix.known(backend)
 	if l == nil {
 		return
@@ -19,7 +19,7 @@ func (ix *Index) Remove(backend int, hashes ...uint64) {
 // Holds reports whether backend holds the block hash.
 func (ix *Index) Holds(backend int, hash uint64) bool {
 	ix.mu.RLock()
-	defer ix.mu.RUnlock()
+	defer ix.runlock()
 	return backend >= 0 && ix.pairs.find(ix.nodes, hash, int32(backend)) != nilNode
 }
 
@@ -27,7 +27,7 @@ func (ix *Index) Holds(backend int, hash uint64) bool {
 // capacity, ever (RemoveBackend and Remove are not evictions).
 func (ix *Index) Evicted(backend int) uint64 {
 	ix.mu.RLock()
-	defer ix.mu.RUnlock()
+	defer ix.runlock()
 	if l := ix.known(backend); l != nil {
 		return l.evicted
 	}

@@ -2,6 +2,7 @@ package replica
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -82,8 +83,11 @@ func BenchmarkPickWithPeers(b *testing.B) {
 		elsewhere bool
 	}{{0, false}, {10_000, false}, {10_000, true}} {
 		name := fmt.Sprintf("peer_events_per_s=%d", bc.rate)
-		if bc.elsewhere {
+		switch {
+		case bc.elsewhere:
 			name += "/elsewhere"
+		case bc.rate > 0:
+			name += "/same"
 		}
 		rate := bc.rate
 		b.Run(name, func(b *testing.B) {
@@ -114,6 +118,9 @@ func BenchmarkPickWithPeers(b *testing.B) {
 					apply(k)
 				}
 			}
+			// The fill's garbage, and an earlier case's, is collected
+			// before timing rather than during it.
+			runtime.GC()
 			stop := make(chan struct{})
 			done := make(chan struct{})
 			go func() {

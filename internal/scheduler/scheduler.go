@@ -292,7 +292,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 	}
 	// The blocks stay pinned while the request is in flight there, as the
 	// engine cannot evict the blocks of a queued or running request.
-	a.nodes = s.index.AcquireNodes(b.ID, hashes, nil)
+	a.nodes = s.index.AcquireNodesNoWait(b.ID, hashes, nil)
 	a.index, a.hashes = s.index, hashes
 	s.speculate(b.ID, keys, now)
 	if s.events != nil {
@@ -365,7 +365,7 @@ func (a *Assignment) Done(now time.Time) {
 		a.events.Changed(a.id, a.Backend, d)
 	}
 	if a.index != nil && a.released.CompareAndSwap(false, true) {
-		a.index.ReleaseNodes(a.Backend.ID, a.hashes, a.nodes)
+		a.index.ReleaseNodesNoWait(a.Backend.ID, a.hashes, a.nodes)
 		a.hashes, a.nodes = nil, nil
 	}
 }
