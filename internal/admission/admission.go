@@ -415,7 +415,7 @@ func (l Limits) Enabled() bool {
 // BackendSaturated reports whether b has reached any limit at now.
 func (l Limits) BackendSaturated(b *fleet.Backend, now time.Time) bool {
 	if l.MaxInFlight > 0 || l.MaxPendingPrefill > 0 {
-		ld := b.Load()
+		ld := b.KnownLoad()
 		if l.MaxInFlight > 0 && ld.InFlight >= l.MaxInFlight {
 			return true
 		}

@@ -436,6 +436,15 @@ func TestLimitsSaturated(t *testing.T) {
 			b.Start(2000, 600, 1, now)
 			b.Start(2000, 400, 1, now)
 		}, "m", true},
+		{"peers' reported load counts", Limits{MaxInFlight: 2}, func(f *fleet.Fleet, a, b *fleet.Backend) {
+			a.Start(10, 10, 1, now)
+			a.AddPeerLoad(fleet.Load{InFlight: 1})
+			b.AddPeerLoad(fleet.Load{InFlight: 2})
+		}, "m", true},
+		{"presumed load does not count", Limits{MaxInFlight: 1, MaxPendingPrefill: 1000}, func(f *fleet.Fleet, a, b *fleet.Backend) {
+			a.AddPresumedLoad(fleet.Load{InFlight: 3, PendingPrefill: 6000})
+			b.AddPresumedLoad(fleet.Load{InFlight: 3, PendingPrefill: 6000})
+		}, "m", false},
 		{"prefill done frees", Limits{MaxPendingPrefill: 1000}, func(f *fleet.Fleet, a, b *fleet.Backend) {
 			a.Start(2000, 1500, 1, now)
 			b.Start(2000, 1500, 1, now).FirstByte(now)

@@ -174,12 +174,24 @@ func (b *Backend) Serves(model string) bool {
 // Healthy reports whether b may receive requests.
 func (b *Backend) Healthy() bool { return b.healthy.Load() }
 
-// Load returns the router's accounting of b: its own requests plus the
-// load its live peer replicas report (AddPeerLoad). Pickers read this.
+// Load returns what pickers read of b: KnownLoad plus the load presumed
+// of peers whose latest routings have not reached this router yet
+// (AddPresumedLoad).
 func (b *Backend) Load() Load {
+	l := b.KnownLoad()
+	l.add(b.presumed.load())
+	return l
+}
+
+// KnownLoad returns the router's accounting of b: its own requests plus
+// the load its live peer replicas report (AddPeerLoad), without any
+// presumption. Limits (admission) and reports read this: a presumption
+// is a guess for ranking backends within a burst, and it is taken back
+// only when the next routing comes, so a limit that counted it could
+// hold a request for a load that was never there.
+func (b *Backend) KnownLoad() Load {
 	l := b.OwnLoad()
 	l.add(b.peers.load())
-	l.add(b.presumed.load())
 	return l
 }
 

@@ -49,7 +49,7 @@ func (a adminSource) Backends() []admin.Backend {
 	snap := s.fleet.Snapshot()
 	out := make([]admin.Backend, 0, len(snap.All))
 	for _, b := range snap.All {
-		l := b.Load()
+		l := b.KnownLoad()
 		var st members.BreakerStatus
 		if m := s.set.Of(b); m != nil {
 			st = m.Breaker()
