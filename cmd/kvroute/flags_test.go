@@ -80,12 +80,31 @@ func TestOracleBoundsCompareAndSim(t *testing.T) {
 
 	out.Reset()
 	w.out = t.TempDir()
+	w.requests = filepath.Join(w.out, "requests.csv")
 	if err := simMain(&out, &w, &kvFlags{}, &lateFlags{}, "", 1); err != nil {
 		t.Fatal(err)
 	}
 	checkReportPage(t, filepath.Join(w.out, "report.html"), w.out)
 	if !strings.Contains(out.String(), "oracle at load") || !strings.Contains(out.String(), "of oracle") {
 		t.Errorf("sim --oracle output lacks the bounds:\n%s", out.String())
+	}
+	// --requests: a row per request of each policy, with its oracle TTFT
+	// (internal/sim checks the rows against the runs).
+	b, err := os.ReadFile(w.requests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := strings.Split(strings.TrimSpace(string(b)), "\n")
+	perPolicy := map[string]int{}
+	for _, row := range rows[1:] {
+		f := strings.Split(row, ",")
+		if f[len(f)-2] == "" {
+			t.Errorf("--requests row without its oracle TTFT: %s", row)
+		}
+		perPolicy[f[0]]++
+	}
+	if len(perPolicy) != 2 || perPolicy["kvroute"] == 0 || perPolicy["kvroute"] != perPolicy["round-robin"] {
+		t.Errorf("--requests rows per policy: %v", perPolicy)
 	}
 }
 
