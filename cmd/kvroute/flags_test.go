@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
+	"encoding/csv"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -94,14 +97,17 @@ func TestOracleBoundsCompareAndSim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows := strings.Split(strings.TrimSpace(string(b)), "\n")
+	rows, err := csv.NewReader(bytes.NewReader(b)).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	oracle := slices.Index(rows[0], "oracle_ttft_ms")
 	perPolicy := map[string]int{}
 	for _, row := range rows[1:] {
-		f := strings.Split(row, ",")
-		if f[len(f)-2] == "" {
-			t.Errorf("--requests row without its oracle TTFT: %s", row)
+		if row[oracle] == "" {
+			t.Errorf("--requests row without its oracle TTFT: %v", row)
 		}
-		perPolicy[f[0]]++
+		perPolicy[row[0]]++
 	}
 	if len(perPolicy) != 2 || perPolicy["kvroute"] == 0 || perPolicy["kvroute"] != perPolicy["round-robin"] {
 		t.Errorf("--requests rows per policy: %v", perPolicy)

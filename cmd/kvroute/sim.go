@@ -170,7 +170,7 @@ func runSim(args []string) int {
 	fs.IntVar(&w.replicas, "replicas", 1, "router replicas in front of the engines, each request entering one at random (drawn from --seed)")
 	fs.DurationVar(&w.syncDelay, "sync-delay", 0, "with --replicas: how long a replica's events take to reach the others, in virtual time")
 	fs.BoolVar(&w.noSync, "no-sync", false, "with --replicas: the replicas share nothing")
-	fs.StringVar(&w.requests, "requests", "", "write one CSV row per request of every run to this file: its engine, matched and cached tokens, and its TTFT as router hold, engine queue and prefill (with --oracle, its oracle TTFT too)")
+	fs.StringVar(&w.requests, "requests", "", "write one CSV row per request of every run to this file: its engine, matched and cached tokens, its TTFT as router hold, engine queue and prefill (with --oracle, its oracle TTFT too), and the router's reason")
 	var lb lateFlags
 	lb.register(fs)
 	fs.Usage = func() {

@@ -50,10 +50,14 @@ type Sample struct {
 	// prefix hit on the engine it chose; Held the time the router held it
 	// (late binding), Queued the time it then waited on the engine before
 	// its first step, Prefill from that step to its first token (vLLM's
-	// queue and prefill times), so that TTFT = Held + Queued + Prefill.
+	// queue and prefill times), so that TTFT = Held + Queued + Prefill;
+	// Route the router's account of its choice (scheduler.Assignment's
+	// Reason: the prefix matched there, the policy's TTFT estimate, its
+	// note).
 	Request               int
 	MatchedTokens         int
 	Held, Queued, Prefill time.Duration
+	Route                 string
 }
 
 // LongPromptTokens divides the request classes of the slowdown: a prompt of

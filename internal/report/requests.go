@@ -13,7 +13,7 @@ import (
 var requestsHeader = []string{
 	"policy", "offered_load", "request", "arrival_ms", "prompt_tokens", "matched_tokens",
 	"cached_tokens", "output_tokens", "engine", "held_ms", "queued_ms", "prefill_ms",
-	"ttft_ms", "oracle_ttft_ms", "error",
+	"ttft_ms", "oracle_ttft_ms", "route", "error",
 }
 
 // WriteRequestsCSV writes one row per request of every run, a run's rows in
@@ -41,14 +41,14 @@ func WriteRequestsCSV(w io.Writer, runs []Run) error {
 				strconv.Itoa(s.PromptTokens), strconv.Itoa(s.MatchedTokens), strconv.Itoa(s.CachedTokens),
 				strconv.Itoa(s.OutputTokens), s.Backend)
 			if s.Err != "" {
-				row = append(row, "", "", "", "", "", s.Err)
+				row = append(row, "", "", "", "", "", s.Route, s.Err)
 			} else {
 				oracle := ""
 				if s.OracleTTFT > 0 {
 					oracle = msString(s.OracleTTFT)
 				}
 				row = append(row, msString(s.Held), msString(s.Queued), msString(s.Prefill),
-					msString(s.TTFT), oracle, "")
+					msString(s.TTFT), oracle, s.Route, "")
 			}
 			if err := cw.Write(row); err != nil {
 				return err

@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,6 +92,9 @@ func TestRequestsCSV(t *testing.T) {
 					t.Errorf("request %d: held+queued+prefill %v ms, TTFT %v ms", k, parts, ttft)
 				}
 				held = held || num(row, "held_ms") > 0
+				if !strings.HasPrefix(row[col["route"]], "policy="+tc.policy+" ") {
+					t.Errorf("request %d: route %q", k, row[col["route"]])
+				}
 				if (row[col["oracle_ttft_ms"]] != "") != tc.oracle {
 					t.Errorf("request %d: oracle TTFT %q with oracle %v", k, row[col["oracle_ttft_ms"]], tc.oracle)
 				}

@@ -595,16 +595,17 @@ func (s *sim) deliver(i int) {
 		}
 		f.a.Done(at)
 		smp := report.Sample{
-			Start:        f.arrival,
-			E2E:          f.FinishedAt - f.arrival,
-			ITL:          f.itl,
-			PromptTokens: f.PromptTokens,
-			CachedTokens: f.CachedTokens,
-			OutputTokens: f.Generated,
-			Backend:      n.b.Name,
-			OracleTTFT:   f.oracle,
-			Request:      f.k,
+			Start:         f.arrival,
+			E2E:           f.FinishedAt - f.arrival,
+			ITL:           f.itl,
+			PromptTokens:  f.PromptTokens,
+			CachedTokens:  f.CachedTokens,
+			OutputTokens:  f.Generated,
+			Backend:       n.b.Name,
+			OracleTTFT:    f.oracle,
+			Request:       f.k,
 			MatchedTokens: f.a.MatchedTokens,
+			Route:         f.a.Reason,
 			Held:          f.Arrival - f.arrival,
 			Queued:        f.ScheduledAt - f.Arrival,
 		}
