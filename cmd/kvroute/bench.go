@@ -203,7 +203,7 @@ func benchMain(ctx context.Context, stdout, stderr io.Writer, f *benchFlags, opt
 		if err := os.MkdirAll(f.out, 0o755); err != nil {
 			return fmt.Errorf("--out: %w", err)
 		}
-		if err := writeSVGFile(filepath.Join(f.out, "ttft.svg"), func(w io.Writer) error {
+		if err := writeOutputFile(filepath.Join(f.out, "ttft.svg"), func(w io.Writer) error {
 			return report.WriteTTFTChart(w, rep.Runs)
 		}); err != nil {
 			return err

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
+	"encoding/csv"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -80,12 +83,34 @@ func TestOracleBoundsCompareAndSim(t *testing.T) {
 
 	out.Reset()
 	w.out = t.TempDir()
+	w.requests = filepath.Join(w.out, "requests.csv")
 	if err := simMain(&out, &w, &kvFlags{}, &lateFlags{}, "", 1); err != nil {
 		t.Fatal(err)
 	}
 	checkReportPage(t, filepath.Join(w.out, "report.html"), w.out)
 	if !strings.Contains(out.String(), "oracle at load") || !strings.Contains(out.String(), "of oracle") {
 		t.Errorf("sim --oracle output lacks the bounds:\n%s", out.String())
+	}
+	// --requests: a row per request of each policy, with its oracle TTFT
+	// (internal/sim checks the rows against the runs).
+	b, err := os.ReadFile(w.requests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(bytes.NewReader(b)).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	oracle := slices.Index(rows[0], "oracle_ttft_ms")
+	perPolicy := map[string]int{}
+	for _, row := range rows[1:] {
+		if row[oracle] == "" {
+			t.Errorf("--requests row without its oracle TTFT: %v", row)
+		}
+		perPolicy[row[0]]++
+	}
+	if len(perPolicy) != 2 || perPolicy["kvroute"] == 0 || perPolicy["kvroute"] != perPolicy["round-robin"] {
+		t.Errorf("--requests rows per policy: %v", perPolicy)
 	}
 }
 

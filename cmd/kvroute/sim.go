@@ -41,10 +41,10 @@ type fleetFlags struct {
 	replicas                            int           // sim and compare
 	killReplicaAt                       time.Duration // compare only
 	// sim only:
-	syncDelay     time.Duration
-	noSync        bool
-	kvBlocks      int
-	jsonFile, out string
+	syncDelay               time.Duration
+	noSync                  bool
+	kvBlocks                int
+	jsonFile, out, requests string
 	// limits override every engine's --max-num-seqs and
 	// --max-num-batched-tokens (sim and compare); configureLimits tells
 	// the router those limits as backends[] keys.
@@ -170,10 +170,11 @@ func runSim(args []string) int {
 	fs.IntVar(&w.replicas, "replicas", 1, "router replicas in front of the engines, each request entering one at random (drawn from --seed)")
 	fs.DurationVar(&w.syncDelay, "sync-delay", 0, "with --replicas: how long a replica's events take to reach the others, in virtual time")
 	fs.BoolVar(&w.noSync, "no-sync", false, "with --replicas: the replicas share nothing")
+	fs.StringVar(&w.requests, "requests", "", "write one CSV row per request of every run to this file: its engine, matched and cached tokens, its TTFT as router hold, engine queue and prefill (with --oracle, its oracle TTFT too), and the router's reason")
 	var lb lateFlags
 	lb.register(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--max-num-seqs N] [--max-num-batched-tokens N [--configure-limits]] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--replicas N [--sync-delay D] [--no-sync]] [--late-binding[=both] [--hold-tokens N] [--hold-order fcfs|deadline] [--hold-slack X] [--hold-cap D]] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--max-num-seqs N] [--max-num-batched-tokens N [--configure-limits]] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--replicas N [--sync-delay D] [--no-sync]] [--late-binding[=both] [--hold-tokens N] [--hold-order fcfs|deadline] [--hold-slack X] [--hold-cap D]] [--json FILE] [--requests FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nReplays the workload on a simulated fleet in virtual time, with the same scheduler and engine model as kvroute serve and kvroute engine, once per policy.\n\nflags:")
 		fs.PrintDefaults()
 		writeBuiltins(fs.Output())
@@ -297,6 +298,11 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, lb *lateFlags, sweep 
 			return err
 		}
 	}
+	if w.requests != "" {
+		if err := writeOutputFile(w.requests, func(f io.Writer) error { return report.WriteRequestsCSV(f, runs) }); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -356,7 +362,7 @@ func writeRunCharts(dir string, rep *report.Report, perLoad int, sweep bool, not
 		return "", fmt.Errorf("charts: %w", err)
 	}
 	last := &report.Report{Runs: rep.Runs[len(rep.Runs)-perLoad:], Oracle: rep.Oracle}
-	if err := writeSVGFile(filepath.Join(dir, "ttft.svg"), func(w io.Writer) error {
+	if err := writeOutputFile(filepath.Join(dir, "ttft.svg"), func(w io.Writer) error {
 		return report.WriteTTFTChart(w, last.Runs)
 	}); err != nil {
 		return "", err
@@ -367,7 +373,7 @@ func writeRunCharts(dir string, rep *report.Report, perLoad int, sweep bool, not
 		for i, r := range rep.Runs {
 			points[i] = report.SweepPoint{Policy: r.Policy, Load: r.OfferedLoad, P99ms: r.TTFT.P99}
 		}
-		if err := writeSVGFile(filepath.Join(dir, "sweep_p99_ttft.svg"), func(w io.Writer) error {
+		if err := writeOutputFile(filepath.Join(dir, "sweep_p99_ttft.svg"), func(w io.Writer) error {
 			return report.WriteSweepChart(w, points)
 		}); err != nil {
 			return "", err
@@ -375,21 +381,22 @@ func writeRunCharts(dir string, rep *report.Report, perLoad int, sweep bool, not
 		opt.Sweep = points
 	}
 	path := filepath.Join(dir, "report.html")
-	return path, writeSVGFile(path, func(w io.Writer) error { return report.WriteHTML(w, last, opt) })
+	return path, writeOutputFile(path, func(w io.Writer) error { return report.WriteHTML(w, last, opt) })
 }
 
-// writeSVGFile writes a chart or page to path and says so on stderr.
-func writeSVGFile(path string, write func(io.Writer) error) error {
+// writeOutputFile writes a chart, page or table to path and says so on
+// stderr.
+func writeOutputFile(path string, write func(io.Writer) error) error {
 	f, err := os.Create(path)
 	if err != nil {
-		return fmt.Errorf("chart: %w", err)
+		return fmt.Errorf("output: %w", err)
 	}
 	if err := write(f); err != nil {
 		f.Close()
-		return fmt.Errorf("chart %s: %w", path, err)
+		return fmt.Errorf("output %s: %w", path, err)
 	}
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("chart %s: %w", path, err)
+		return fmt.Errorf("output %s: %w", path, err)
 	}
 	fmt.Fprintf(os.Stderr, "wrote %s\n", path)
 	return nil

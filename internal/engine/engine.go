@@ -70,6 +70,10 @@ type Request struct {
 	CachedTokens int // prompt tokens found in the prefix cache at first schedule
 	Generated    int
 	Arrival      time.Duration
+	// ScheduledAt is the start of the step that first admitted it from the
+	// waiting queue, as vLLM's scheduled timestamp: its queue time is
+	// ScheduledAt - Arrival, its prefill time FirstTokenAt - ScheduledAt.
+	ScheduledAt  time.Duration
 	FirstTokenAt time.Duration // 0 until the first token
 	FinishedAt   time.Duration
 
@@ -205,7 +209,7 @@ func (e *Engine) Add(r *Request, now time.Duration) error {
 			e.p.MaxModelLen, request.AddTokens(r.PromptTokens, completion), r.PromptTokens, completion)}
 	}
 	r.CachedTokens, r.Generated = 0, 0
-	r.Arrival, r.FirstTokenAt, r.FinishedAt = now, 0, 0
+	r.Arrival, r.ScheduledAt, r.FirstTokenAt, r.FinishedAt = now, 0, 0, 0
 	r.cachedSet, r.decode = false, false
 	r.computed, r.sched, r.registered = 0, 0, 0
 	r.blocks = e.takeBlocks()
@@ -342,7 +346,7 @@ func (e *Engine) Step(now time.Duration, s Sink) time.Duration {
 	}
 	// Admissions from the waiting queue.
 	for !e.preempted && e.budget > 0 && e.waiting.len() > 0 && len(e.running) < e.p.MaxNumSeqs {
-		if !e.admit(e.waiting.front()) {
+		if !e.admit(e.waiting.front(), now) {
 			break
 		}
 	}
@@ -472,12 +476,13 @@ func (e *Engine) preempt(victim *Request) {
 	e.preempted = true
 }
 
-// admit moves r, the head of the waiting queue, to the running list if the
-// blocks for its first chunk are free: it takes the longest chain of cached
-// full blocks (never the whole sequence: the last token is always computed,
-// so that there is something to sample from), then allocates blocks for a
-// chunk of the rest within the token budget.
-func (e *Engine) admit(r *Request) bool {
+// admit moves r, the head of the waiting queue, to the running list in the
+// step that starts at now if the blocks for its first chunk are free: it
+// takes the longest chain of cached full blocks (never the whole sequence:
+// the last token is always computed, so that there is something to sample
+// from), then allocates blocks for a chunk of the rest within the token
+// budget.
+func (e *Engine) admit(r *Request, now time.Duration) bool {
 	total := r.tokens()
 	maxHit := min((total-1)/BlockSize, len(r.hashes))
 	hits := e.hitScratch[:0]
@@ -514,6 +519,7 @@ func (e *Engine) admit(r *Request) bool {
 		// clients see in usage.prompt_tokens_details.cached_tokens.
 		r.cachedSet = true
 		r.CachedTokens = hitTokens
+		r.ScheduledAt = now
 		e.stats.PrefixQueries += int64(r.PromptTokens)
 		e.stats.PrefixHits += int64(hitTokens)
 	}

@@ -2,8 +2,9 @@
 // fields of `kvroute bench --json`), and renders runs side by side: the
 // table with each policy's ratio to round-robin, the {"runs":[...]} JSON,
 // the SVG charts, and the self-contained HTML page of a comparison
-// (WriteHTML). kvroute bench, compare and sim all report through it, so
-// their results have one shape.
+// (WriteHTML), and the simulator's requests one row each (WriteRequestsCSV).
+// kvroute bench, compare and sim all report through it, so their results
+// have one shape.
 //
 // It does no network I/O.
 package report
@@ -44,6 +45,19 @@ type Sample struct {
 	// infinite cache (the simulator's --oracle), 0 when unknown; its
 	// slowdown is TTFT over it.
 	OracleTTFT time.Duration
+	// The simulator's account of the request, zero elsewhere: Request is
+	// its index in the workload; MatchedTokens the router's predicted
+	// prefix hit on the engine it chose; Held the time the router held it
+	// (late binding), Queued the time it then waited on the engine before
+	// its first step, Prefill from that step to its first token (vLLM's
+	// queue and prefill times), so that TTFT = Held + Queued + Prefill;
+	// Route the router's account of its choice (scheduler.Assignment's
+	// Reason: the prefix matched there, the policy's TTFT estimate, its
+	// note).
+	Request               int
+	MatchedTokens         int
+	Held, Queued, Prefill time.Duration
+	Route                 string
 }
 
 // LongPromptTokens divides the request classes of the slowdown: a prompt of

@@ -88,6 +88,6 @@ func (s *sim) finish() {
 	for s.held.Len() > 0 {
 		e := s.held.Next(func(string) bool { return true })
 		h := e.Value.(*held)
-		s.fail(s.reqs[h.k].At, h.v.PromptTokens, 0, "held in the router at the end of the run")
+		s.fail(h.k, h.v.PromptTokens, 0, "held in the router at the end of the run")
 	}
 }

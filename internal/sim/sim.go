@@ -189,6 +189,7 @@ type flight struct {
 	itl     []time.Duration
 	backend int32
 	oracle  time.Duration
+	k       int // the request's index in the workload
 }
 
 // delivery is an engine event waiting for the end of the step that made it.
@@ -417,9 +418,8 @@ func (s *sim) arrive(k int) {
 // engine, or holds it (hold.go). v and hashes are only read, so runs in
 // lockstep may share them.
 func (s *sim) admit(k int, v *request.View, hashes []uint64, perr *openai.Error) {
-	r := &s.reqs[k]
 	if perr != nil {
-		s.fail(r.At, 0, 0, "parse: "+perr.Message)
+		s.fail(k, 0, 0, "parse: "+perr.Message)
 		return
 	}
 	s.arrivals++
@@ -435,7 +435,6 @@ func (s *sim) admit(k int, v *request.View, hashes []uint64, perr *openai.Error)
 
 // bind routes the k-th request and queues it on the chosen engine.
 func (s *sim) bind(k int, v *request.View, hashes []uint64) {
-	r := &s.reqs[k]
 	sched := s.sched
 	if s.rep != nil {
 		sched = s.rep.route()
@@ -443,7 +442,7 @@ func (s *sim) bind(k int, v *request.View, hashes []uint64) {
 	}
 	a, err := s.route(sched, v, hashes)
 	if err != nil {
-		s.fail(r.At, v.PromptTokens, 0, err.Error())
+		s.fail(k, v.PromptTokens, 0, err.Error())
 		return
 	}
 	s.nodes[a.Backend.ID].routed++
@@ -457,7 +456,7 @@ func (s *sim) queue(k int, v *request.View, hashes []uint64, a *scheduler.Assign
 	r := &s.reqs[k]
 	n := &s.nodes[e]
 	s.nextID++
-	f := &flight{a: a, arrival: r.At, backend: int32(e)}
+	f := &flight{a: a, arrival: r.At, backend: int32(e), k: k}
 	if k < len(s.cfg.OracleTTFT) {
 		f.oracle = s.cfg.OracleTTFT[k]
 	}
@@ -469,7 +468,7 @@ func (s *sim) queue(k int, v *request.View, hashes []uint64, a *scheduler.Assign
 	if err := n.eng.Add(&f.Request, s.now); err != nil {
 		if a != nil {
 			a.Done(Epoch.Add(s.now))
-			s.fail(r.At, v.PromptTokens, e, err.Error())
+			s.fail(k, v.PromptTokens, e, err.Error())
 		}
 		return
 	}
@@ -514,9 +513,11 @@ func (s *sim) hash(prompt string) []uint64 {
 	return out
 }
 
-func (s *sim) fail(at time.Duration, prompt, backend int, msg string) {
+// fail records the k-th request as failed.
+func (s *sim) fail(k, prompt, backend int, msg string) {
 	s.samples = append(s.samples, report.Sample{
-		Start:        at,
+		Request:      k,
+		Start:        s.reqs[k].At,
 		PromptTokens: prompt,
 		Err:          msg,
 		Backend:      s.nodes[backend].b.Name,
@@ -594,20 +595,26 @@ func (s *sim) deliver(i int) {
 		}
 		f.a.Done(at)
 		smp := report.Sample{
-			Start:        f.arrival,
-			E2E:          f.FinishedAt - f.arrival,
-			ITL:          f.itl,
-			PromptTokens: f.PromptTokens,
-			CachedTokens: f.CachedTokens,
-			OutputTokens: f.Generated,
-			Backend:      n.b.Name,
-			OracleTTFT:   f.oracle,
+			Start:         f.arrival,
+			E2E:           f.FinishedAt - f.arrival,
+			ITL:           f.itl,
+			PromptTokens:  f.PromptTokens,
+			CachedTokens:  f.CachedTokens,
+			OutputTokens:  f.Generated,
+			Backend:       n.b.Name,
+			OracleTTFT:    f.oracle,
+			Request:       f.k,
+			MatchedTokens: f.a.MatchedTokens,
+			Route:         f.a.Reason,
+			Held:          f.Arrival - f.arrival,
+			Queued:        f.ScheduledAt - f.Arrival,
 		}
 		if f.Generated > 0 {
 			smp.TTFT = f.first - f.arrival
 		} else {
 			smp.TTFT = smp.E2E
 		}
+		smp.Prefill = smp.TTFT - smp.Held - smp.Queued
 		s.samples = append(s.samples, smp)
 		s.end = max(s.end, f.FinishedAt)
 	}
