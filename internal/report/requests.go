@@ -3,6 +3,7 @@ package report
 import (
 	"encoding/csv"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -34,7 +35,9 @@ func WriteRequestsCSV(w io.Writer, runs []Run) error {
 			order[i] = i
 		}
 		slices.SortStableFunc(order, func(a, b int) int { return r.Samples[a].Request - r.Samples[b].Request })
-		load := strconv.FormatFloat(r.OfferedLoad, 'f', -1, 64)
+		// The offered load is a ratio of rates computed in floating
+		// point (0.7000000000002304): six decimals say it.
+		load := strconv.FormatFloat(math.Round(r.OfferedLoad*1e6)/1e6, 'f', -1, 64)
 		for _, i := range order {
 			s := &r.Samples[i]
 			row = append(row[:0], r.Policy, load, strconv.Itoa(s.Request), msString(s.Start),
