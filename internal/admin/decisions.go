@@ -25,6 +25,12 @@ type Decision struct {
 	// Reason is the scheduler's reason for the final choice, or the
 	// routing error.
 	Reason string `json:"reason"`
+	// PromptTokens is the router's estimate of the prompt's tokens.
+	PromptTokens int `json:"prompt_tokens"`
+	// TTFTMillis is the time from the request's arrival to the backend's
+	// first content byte, as the router saw it; absent when none came
+	// before the decision was recorded (an error, a non-streaming body).
+	TTFTMillis float64 `json:"ttft_ms,omitempty"`
 	// Retries is how many times the request was re-routed.
 	Retries int `json:"retries"`
 	// Status is the response status the router saw when the decision was

@@ -30,7 +30,8 @@ func (ex *exchange) record() {
 	if ex.view == nil || ex.s.decisions == nil {
 		return
 	}
-	d := admin.Decision{Time: ex.start, Model: ex.view.Model, Session: ex.view.SessionKey, Retries: ex.retries, Status: ex.status, Reason: ex.rejected}
+	d := admin.Decision{Time: ex.start, Model: ex.view.Model, Session: ex.view.SessionKey, PromptTokens: ex.view.PromptTokens,
+		TTFTMillis: float64(ex.ttft) / float64(time.Millisecond), Retries: ex.retries, Status: ex.status, Reason: ex.rejected}
 	if ex.target != nil {
 		d.Backend = ex.target.B.Name
 	}

@@ -117,11 +117,12 @@ func TestAdminAPI(t *testing.T) {
 	if len(dec.Decisions) != 8 {
 		t.Fatalf("%d decisions kept, want the configured 8", len(dec.Decisions))
 	}
-	if d := dec.Decisions[0]; d.Status != 404 || d.Backend != "" || d.Reason != "model_not_found" || d.Model != "no-such-model" {
+	if d := dec.Decisions[0]; d.Status != 404 || d.Backend != "" || d.Reason != "model_not_found" || d.Model != "no-such-model" || d.TTFTMillis != 0 {
 		t.Errorf("newest decision %+v, want the unroutable request", d)
 	}
 	for _, d := range dec.Decisions[1:] {
-		if d.Status != 200 || bs[d.Backend].Name == "" || !strings.HasPrefix(d.Reason, "policy=kvroute") || d.Session != "client-i…" || d.Time.IsZero() {
+		if d.Status != 200 || bs[d.Backend].Name == "" || !strings.HasPrefix(d.Reason, "policy=kvroute") || d.Session != "client-i…" || d.Time.IsZero() ||
+			d.PromptTokens <= 0 || d.TTFTMillis <= 0 {
 			t.Errorf("decision %+v", d)
 		}
 	}

@@ -55,6 +55,9 @@ const statusClientGone = 499
 type exchange struct {
 	s     *Server
 	start time.Time
+	// ttft is the time from arrival to the backend's first content byte,
+	// 0 until it comes.
+	ttft time.Duration
 	// view is the request's routing view, once parsed.
 	view   *request.View
 	body   []byte
@@ -265,7 +268,8 @@ func (ex *exchange) RoundTrip(req *http.Request) (*http.Response, error) {
 						now := time.Now()
 						ex.a.FirstByte(now)
 						s.adm.Wake() // its prefill left the backend's pending tokens
-						m.ObserveTTFT(now.Sub(ex.start))
+						ex.ttft = now.Sub(ex.start)
+						m.ObserveTTFT(ex.ttft)
 					}
 					// Success is recorded when the body ends (settle): a
 					// backend that starts responses and then breaks them
