@@ -270,8 +270,8 @@ func (ix *Index) match(hashes []uint64, out []int32) {
 	i := 0
 	for ; i < len(hashes); i++ {
 		h := hashes[i]
-		// a.get(h), with probe's first try written out: called, it costs
-		// Match a quarter more.
+		// probe's first try written out (called, it costs Match a
+		// quarter more), and a.get after a torn read.
 		var e entry
 		for j := a.home(h); ; j = (j + 1) & slots {
 			sl := &a.slots[j]
@@ -282,7 +282,7 @@ func (ix *Index) match(hashes []uint64, out []int32) {
 			if sl.hash.Load() == h {
 				e = entry{mask: sl.mask.Load(), wide: sl.wide.Load()}
 				if v&1 != 0 || sl.ver.Load() != v {
-					e, _ = a.getTorn(h)
+					e, _ = a.get(h)
 				}
 				break
 			}
@@ -337,7 +337,12 @@ func (ix *Index) Insert(backend int, hashes []uint64) {
 // request is queued or running there. The caller must call Release with
 // the same hashes exactly once.
 func (ix *Index) Acquire(backend int, hashes []uint64) {
-	ix.AcquireNodes(backend, hashes, nil)
+	if backend < 0 || len(hashes) == 0 {
+		return
+	}
+	ix.lock()
+	ix.insert(backend, hashes, true, nil)
+	ix.unlock()
 }
 
 // AcquireNodes is Acquire that also returns where each block is held:
@@ -666,14 +671,13 @@ func (ix *Index) drop(l *lru, n int32) {
 	ix.pairs.remove(ix.nodes, n)
 	h, b := ix.nodes[n].hash, ix.nodes[n].backend
 	sl := ix.blocks.find(h)
-	var left bool
 	if b < maskBackends {
-		left = sl.mask.And(^(uint64(1)<<b)) != uint64(1)<<b || sl.wide.Load() != 0
+		sl.mask.And(^(uint64(1) << b))
 	} else {
-		left = sl.wide.Add(-1) != 0 || sl.mask.Load() != 0
+		sl.wide.Add(-1)
 	}
-	if !left {
-		ix.blocks.n--
+	if sl.mask.Load() == 0 && sl.wide.Load() == 0 {
+		ix.blocks.n-- // a tombstone now
 	}
 	ix.nodes[n] = node{stamp: uint32(ix.free), backend: nilNode}
 	ix.free = n
@@ -837,13 +841,18 @@ func (a *blockArray) home(h uint64) int {
 	return int(((h ^ h>>31) * 0xbf58476d1ce4e5b9) >> a.shift)
 }
 
-// get returns h's holders, if it has any. It takes no lock.
+// get returns h's holders, if it has any. It takes no lock. A torn read
+// is tried again: the writer is three stores from done, unless it was
+// descheduled in between, so after a few tries it is let run.
 func (a *blockArray) get(h uint64) (entry, bool) {
-	e, ok, torn := a.probe(h)
-	if torn {
-		return a.getTorn(h)
+	for tries := 0; ; tries++ {
+		if tries > 8 {
+			runtime.Gosched()
+		}
+		if e, ok, torn := a.probe(h); !torn {
+			return e, ok
+		}
 	}
-	return e, ok
 }
 
 // probe is get's one try: torn when h's slot was being rewritten as it
@@ -861,19 +870,6 @@ func (a *blockArray) probe(h uint64) (e entry, ok, torn bool) {
 		if sl.hash.Load() == h {
 			e = entry{mask: sl.mask.Load(), wide: sl.wide.Load()}
 			return e, e.mask != 0 || e.wide != 0, v&1 != 0 || sl.ver.Load() != v
-		}
-	}
-}
-
-// getTorn is get after a torn read: the writer is three stores from
-// done, unless it was descheduled in between, so it is let run.
-func (a *blockArray) getTorn(h uint64) (entry, bool) {
-	for tries := 0; ; tries++ {
-		if tries > 8 {
-			runtime.Gosched()
-		}
-		if e, ok, torn := a.probe(h); !torn {
-			return e, ok
 		}
 	}
 }
