@@ -226,14 +226,14 @@ func (b *Backend) observeRate(work int64, ttft time.Duration) {
 	if work < MinRateWork || ttft <= 0 {
 		return
 	}
-	foldRate(&b.rate, float64(work)/ttft.Seconds())
+	fold(&b.rate, min(max(float64(work)/ttft.Seconds(), MinPrefillRate), MaxPrefillRate))
 	b.rateSamples.Add(1)
 }
 
-// foldRate folds one sample, clamped, into the moving average whose
-// float64 bits are in avg (0: none yet, and the sample replaces it).
-func foldRate(avg *atomic.Uint64, sample float64) {
-	sample = min(max(sample, MinPrefillRate), MaxPrefillRate)
+// fold folds one sample into the moving average (weight RateAlpha) whose
+// float64 bits are in avg (0: none yet, and the sample replaces it). The
+// caller clamps the sample.
+func fold(avg *atomic.Uint64, sample float64) {
 	for {
 		old := avg.Load()
 		next := sample
@@ -255,7 +255,7 @@ func (b *Backend) ObserveEnginePrefill(tokens, seconds float64) {
 	if tokens < MinRateWork || seconds <= 0 {
 		return
 	}
-	foldRate(&b.engineRate, tokens/seconds)
+	fold(&b.engineRate, min(max(tokens/seconds, MinPrefillRate), MaxPrefillRate))
 }
 
 // EnginePrefillRate is the prefill rate in tokens per second that the

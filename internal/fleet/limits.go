@@ -134,18 +134,7 @@ func (b *Backend) ObserveEngineDecode(tokens, seconds float64) {
 	if tokens < 1 || seconds <= 0 {
 		return
 	}
-	sample := min(max(seconds/tokens, MinDecodeTime), MaxDecodeTime)
-	for {
-		old := b.limits.decodeTime.Load()
-		next := sample
-		if old != 0 {
-			prev := math.Float64frombits(old)
-			next = prev + RateAlpha*(sample-prev)
-		}
-		if b.limits.decodeTime.CompareAndSwap(old, math.Float64bits(next)) {
-			return
-		}
-	}
+	fold(&b.limits.decodeTime, min(max(seconds/tokens, MinDecodeTime), MaxDecodeTime))
 }
 
 // MinDecodeTime and MaxDecodeTime clamp a decode time sample (seconds per
