@@ -126,12 +126,6 @@ const (
 	// reports no inter-token latency (see decodeTime).
 	DecodeStepTokens = 147
 
-	// FallbackOutputTokens is the output length assumed of the sequences
-	// that hold an engine's slots when none of them is a decoding stream
-	// of the router's (whose output budgets it knows) and the request has
-	// no max_tokens: the one default the scheduler accounts too.
-	FallbackOutputTokens = request.DefaultOutputBudget
-
 	// FitRatio makes room in the KV cache part of the estimate: among the
 	// candidates whose score is at most FitRatio times the best, a request
 	// goes to the best-scored one whose free KV cache (as the engine last
@@ -461,7 +455,10 @@ func (p *KVRoute) estimate(b *fleet.Backend, e *fleet.EngineState, l *fleet.Load
 		mean = l.DecodeBudget / l.Decoding
 	}
 	if mean <= 0 {
-		mean = FallbackOutputTokens
+		// None of the sequences holding the slots is a stream of the
+		// router's (whose output budgets it knows) and the request has
+		// no max_tokens: the one default the scheduler accounts too.
+		mean = request.DefaultOutputBudget
 	}
 	wait := slotWait(queued, int64(lim.MaxNumSeqs), decoding, mean, decodeTime(b, dec, rate))
 	if wait <= 0 {

@@ -30,10 +30,6 @@ var (
 	ErrNoBackend = errors.New("no healthy backend for this model")
 )
 
-// DefaultOutputBudget is the output budget, in tokens, accounted for a
-// request that set no max_tokens (request.DefaultOutputBudget).
-const DefaultOutputBudget = request.DefaultOutputBudget
-
 // Config tunes a Scheduler.
 type Config struct {
 	// BlockChars is the prefix block size in characters; default
@@ -260,7 +256,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 	}
 	budget := v.MaxTokens
 	if budget <= 0 {
-		budget = DefaultOutputBudget
+		budget = request.DefaultOutputBudget
 	}
 	act := s.pol.Load()
 	// Pick and count are one step: without the lock, a burst of requests

@@ -186,7 +186,7 @@ func TestRouteAccounting(t *testing.T) {
 		wantBudget int64
 		wantMatch  int
 	}{
-		{"cold, default budget", 640, 0, 0, false, DefaultOutputBudget, 0},
+		{"cold, default budget", 640, 0, 0, false, request.DefaultOutputBudget, 0},
 		{"warm, client budget", 640, 0, 77, true, 77, 160},
 		{"match clamped to prompt tokens", 640, 100, 5, true, 5, 100},
 	}
