@@ -88,13 +88,6 @@ func (rs *replicaSet) route() *scheduler.Scheduler {
 	return rs.scheds[rs.rng.IntN(len(rs.scheds))]
 }
 
-// setEngine gives every replica node i's engine state.
-func (rs *replicaSet) setEngine(i int, e *fleet.EngineState) {
-	for r := 1; r < len(rs.backends); r++ {
-		rs.backends[r][i].SetEngine(e)
-	}
-}
-
 // collect sends what every replica queued, as one batch each, to arrive
 // delay after now.
 func (rs *replicaSet) collect(now time.Duration) {

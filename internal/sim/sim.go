@@ -543,22 +543,16 @@ func (s *sim) stepStart(i int) {
 		KVBlocks:  n.kvBlocks,
 		BlockSize: engine.BlockSize,
 	}
-	n.b.SetEngine(es)
-	if s.rep != nil {
-		s.rep.setEngine(i, es)
-	}
-	// What the live monitor teaches from each scrape: the running and
-	// waiting counts, and the inter-token latency since the last reading.
-	itlN, itl := n.itlN, n.itlSum.Seconds()
+	// What the live monitor teaches from each scrape, to every replica's
+	// picture of the engine: the report, the running and waiting counts,
+	// and the inter-token latency since the last reading.
+	itlN, itl := float64(n.itlN), n.itlSum.Seconds()
 	n.itlN, n.itlSum = 0, 0
-	n.b.ObserveRunning(st.Running, st.Waiting, st.KVUsage)
-	n.b.ObserveEngineDecode(float64(itlN), itl)
-	if s.rep != nil {
-		for r := 1; r < len(s.rep.backends); r++ {
-			s.rep.backends[r][i].ObserveRunning(st.Running, st.Waiting, st.KVUsage)
-			s.rep.backends[r][i].ObserveEngineDecode(float64(itlN), itl)
-		}
-	}
+	s.forBackends(i, func(b *fleet.Backend) {
+		b.SetEngine(es)
+		b.ObserveRunning(st.Running, st.Waiting, st.KVUsage)
+		b.ObserveEngineDecode(itlN, itl)
+	})
 	if d <= 0 {
 		// Nothing could run: the engine waits for the next arrival.
 		n.busy = false
