@@ -140,16 +140,21 @@ func (s *Server) tokenize(w http.ResponseWriter, hr *http.Request) {
 	if !ok {
 		return
 	}
-	var probe struct {
-		Messages        json.RawMessage `json:"messages"`
-		ReturnTokenStrs bool            `json:"return_token_strs"`
+	// Members are read as vLLM reads them (and request.Parse): a map's
+	// exact keys, the last of a repeated key winning, not a struct's
+	// case-insensitive fields.
+	var probe map[string]json.RawMessage
+	var returnStrs bool
+	err := json.Unmarshal(body, &probe)
+	if raw := probe["return_token_strs"]; err == nil && raw != nil {
+		err = json.Unmarshal(raw, &returnStrs)
 	}
-	if err := json.Unmarshal(body, &probe); err != nil {
+	if err != nil {
 		writeVLLMError(w, http.StatusBadRequest, typeBadRequest, fmt.Sprintf("invalid JSON body: %v", err))
 		return
 	}
 	kind := request.Completion
-	if probe.Messages != nil {
+	if probe["messages"] != nil {
 		kind = request.Chat
 	}
 	v, ok := s.parse(w, kind, body)
@@ -158,7 +163,7 @@ func (s *Server) tokenize(w http.ResponseWriter, hr *http.Request) {
 	}
 	ids := engine.TokenIDs(make([]uint32, 0, engine.Tokens(v.Prompt)), v.Prompt)
 	resp := tokenizeResponse{Count: len(ids), MaxModelLen: s.Preset().MaxModelLen, Tokens: ids}
-	if probe.ReturnTokenStrs {
+	if returnStrs {
 		resp.TokenStrs = make([]string, len(ids))
 		for i := range ids {
 			resp.TokenStrs[i] = v.Prompt[i*engine.BytesPerToken : min((i+1)*engine.BytesPerToken, len(v.Prompt))]

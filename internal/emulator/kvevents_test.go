@@ -46,6 +46,8 @@ func TestTokenize(t *testing.T) {
 		{"prompt", map[string]any{"model": s.Model(), "prompt": "hello, world"}, "hello, world"},
 		{"prompt without model", map[string]any{"prompt": "abc"}, "abc"},
 		{"messages", map[string]any{"model": s.Model(), "messages": msgs, "add_generation_prompt": true}, chat.Prompt},
+		// Keys are vLLM's, exactly: MESSAGES is an unknown field.
+		{"MESSAGES are not messages", map[string]any{"prompt": "abc", "MESSAGES": msgs, "RETURN_TOKEN_STRS": true}, "abc"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			tr := tokenizeOK(t, hs.URL, tt.body)

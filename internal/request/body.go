@@ -1,26 +1,21 @@
 package request
 
-import (
-	"bytes"
-	"strconv"
-	"unicode/utf8"
-)
+import "strconv"
 
 // This file walks a chat or completion body with the scanner, keeping the
 // fields of the routing view and passing over (but validating) the rest.
 //
-// It keeps what encoding/json keeps when it decodes the body into the Go
-// types a chat or completion request would have (a struct per object,
-// []message, *int for the token budgets, the content and each tool left
-// raw): a member key names the field it equals, else the one it equals
-// under Unicode case folding; null leaves a string, a bool or a struct
-// untouched and clears a pointer or a slice; when a key repeats, the last
-// value wins, and a repeated array of objects is decoded into the elements
-// the earlier one left, as encoding/json reuses a slice's backing array
-// (see messages). A value of the wrong type fails like a syntax error.
-// Content and prompts are checked afterwards, as encoding/json checked
-// them once decoded from their raw value: their faults are the view's own
-// errors, not invalid_json.
+// It reads the body as the engine will: as the dict that Python's
+// json.loads makes of it, which vLLM's and SGLang's pydantic models are
+// then validated from. So a member key names the field whose name it
+// equals byte for byte once unescaped ("str\u0065am" is stream; "STREAM"
+// and "ſtream" are unknown fields, passed over as the engine ignores
+// them); when a key repeats in an object, its last value replaces the
+// earlier ones whole, as a dict's assignment does; and null is None, the
+// field unset (false, empty, no budget). A value of a type the engine's
+// model would have to coerce ("true" for a bool, 1.0 for an integer) or
+// refuse fails like a syntax error. Content and prompts are checked
+// afterwards: their faults are the view's own errors, not invalid_json.
 
 // decoder is the state of one Parse.
 type decoder struct {
@@ -108,9 +103,8 @@ const (
 	contentParts
 )
 
-// callRange is a message's tool calls: calls[lo:lo+n], with room up to
-// lo+max kept from earlier arrays.
-type callRange struct{ lo, n, max int32 }
+// callRange is a message's tool calls: calls[lo:lo+n].
+type callRange struct{ lo, n int32 }
 
 type toolCall struct{ name, args span }
 
@@ -122,7 +116,7 @@ type prompt struct {
 	bad   bool
 	text  span
 	ntok  int // exact count for token ids, else -1
-	items int // strings, token ids and nulls in the array and its arrays
+	items int // strings and token ids in the array and its arrays
 }
 
 const (
@@ -187,26 +181,12 @@ var (
 	optionFields   = []string{"include_usage"}
 )
 
-// field returns the index of the field of names that encoding/json
-// decodes the member key into: the one equal to key, else one equal under
-// Unicode case folding (which bytes.EqualFold is: encoding/json's foldName
-// is defined by it), else -1.
+// field returns the index of the field of names that the member key,
+// decoded, equals byte for byte, else -1: a Python dict's lookup, which
+// neither folds case nor normalises Unicode.
 func field(key []byte, names []string) int {
 	for i, n := range names {
 		if string(key) == n {
-			return i
-		}
-	}
-	ascii := true
-	for _, c := range key {
-		if c >= utf8.RuneSelf {
-			ascii = false
-			break
-		}
-	}
-	for i, n := range names {
-		// An ASCII key folds to an ASCII name only of its own length.
-		if (!ascii || len(key) == len(n)) && bytes.EqualFold(key, []byte(n)) {
 			return i
 		}
 	}
@@ -258,7 +238,7 @@ func (d *decoder) member(f int) bool {
 	return d.skip()
 }
 
-// optStr reads a string field; null leaves it as it was.
+// optStr reads a string field; null empties it.
 func (d *decoder) optStr(dst *span, name string) bool {
 	switch d.peek() {
 	case '"':
@@ -266,18 +246,17 @@ func (d *decoder) optStr(dst *span, name string) bool {
 		*dst = s
 		return ok
 	case 'n':
+		*dst = span{}
 		return d.literal()
 	}
 	return d.wrongType(name, "string")
 }
 
-// optBool reads a bool field; null leaves it as it was.
+// optBool reads a bool field; null is false.
 func (d *decoder) optBool(dst *bool, name string) bool {
 	switch d.peek() {
-	case 't', 'f':
+	case 't', 'f', 'n':
 		*dst = d.peek() == 't'
-		return d.literal()
-	case 'n':
 		return d.literal()
 	}
 	return d.wrongType(name, "bool")
@@ -321,15 +300,11 @@ func (d *decoder) open(c byte, field string) (null, ok bool) {
 }
 
 func (d *decoder) streamOpts() bool {
+	d.streamOptions, d.includeUsage = false, false
 	if null, ok := d.open('{', "stream_options"); null || !ok {
-		if null {
-			d.streamOptions, d.includeUsage = false, false
-		}
 		return ok
 	}
-	if !d.streamOptions {
-		d.streamOptions, d.includeUsage = true, false
-	}
+	d.streamOptions = true
 	return d.members(func(key []byte) bool {
 		if field(key, optionFields) == 0 {
 			return d.optBool(&d.includeUsage, "stream_options.include_usage")
@@ -338,16 +313,12 @@ func (d *decoder) streamOpts() bool {
 	})
 }
 
-// messages reads the messages array. Like encoding/json decoding into a
-// slice it reuses, element i is decoded into the message i of the earlier
-// arrays, if one had it: a repeated "messages" key updates the earlier
-// messages' fields rather than replacing them. Elements past the limit
-// are checked and dropped; the view is an error then anyway.
+// messages reads the messages array, which replaces any read before.
+// Elements past the limit are checked and dropped; the view is an error
+// then anyway.
 func (d *decoder) messages() bool {
+	d.msgs.n, d.nmsg = 0, 0
 	if null, ok := d.open('[', "messages"); null || !ok {
-		if null {
-			d.msgs.n, d.nmsg = 0, 0
-		}
 		return ok
 	}
 	n, ok := d.elements(func(i int) bool {
@@ -358,20 +329,15 @@ func (d *decoder) messages() bool {
 			d.rollback(k)
 			return ok
 		}
-		if i == d.msgs.n {
-			d.msgs.push(message{})
-		}
+		d.msgs.push(message{})
 		return d.message(d.msgs.at(i))
 	})
-	if n == 0 {
-		d.msgs.n = 0
-	}
 	d.nmsg = n
 	return ok
 }
 
-// object reads an object field (null leaves it as it was), calling
-// member with the index in names of each member's field, -1 if none.
+// object reads an object field (null is an empty one), calling member
+// with the index in names of each member's field, -1 if none.
 func (d *decoder) object(name string, names []string, member func(f int) bool) bool {
 	if null, ok := d.open('{', name); null || !ok {
 		return ok
@@ -437,12 +403,7 @@ func (d *decoder) content(c *content) bool {
 // part reads one content part: text and input_text parts give their text,
 // any other the placeholder <|type|>.
 func (d *decoder) part(c *content) bool {
-	switch d.peek() {
-	case 'n':
-		d.emitPlaceholder(nil)
-		return d.literal()
-	case '{':
-	default:
+	if d.peek() != '{' {
 		c.fault = contentParts
 		return d.skip()
 	}
@@ -474,16 +435,14 @@ func (d *decoder) part(c *content) bool {
 	return true
 }
 
-// toolCalls reads a message's tool_calls into the calls it had, as
-// messages does for messages.
+// toolCalls reads a message's tool_calls, which replace any it had. The
+// limit counts every call read, replaced or not.
 func (d *decoder) toolCalls(r *callRange) bool {
+	*r = callRange{lo: int32(d.calls.n)}
 	if null, ok := d.open('[', "messages.tool_calls"); null || !ok {
-		if null {
-			*r = callRange{}
-		}
 		return ok
 	}
-	n, ok := d.elements(func(i int) bool {
+	_, ok := d.elements(func(i int) bool {
 		if d.ncalls++; d.ncalls > d.lim.calls {
 			// Past the limit: checked, not kept (the view is an error).
 			var tc toolCall
@@ -492,24 +451,10 @@ func (d *decoder) toolCalls(r *callRange) bool {
 			d.rollback(k)
 			return ok
 		}
-		if int32(i) == r.max {
-			if int(r.lo+r.max) != d.calls.n {
-				// Move the calls to the end, where they can grow.
-				lo := int32(d.calls.n)
-				for j := r.lo; j < r.lo+r.max; j++ {
-					d.calls.push(*d.calls.at(int(j)))
-				}
-				r.lo = lo
-			}
-			d.calls.push(toolCall{})
-			r.max++
-		}
-		return d.toolCall(d.calls.at(int(r.lo) + i))
+		d.calls.push(toolCall{})
+		r.n++
+		return d.toolCall(d.calls.at(d.calls.n - 1))
 	})
-	r.n = min(int32(n), r.max)
-	if n == 0 {
-		*r = callRange{}
-	}
 	return ok
 }
 
@@ -531,8 +476,7 @@ func (d *decoder) toolCall(tc *toolCall) bool {
 }
 
 // toolList reads the tools: any JSON values, each rendered compact (as
-// json.Compact gives it) and with each run of invalid UTF-8 as one U+FFFD
-// (as bytes.ToValidUTF8 gives it), one a line.
+// json.Compact gives it), one a line.
 func (d *decoder) toolList() bool {
 	if null, ok := d.open('[', "tools"); null || !ok {
 		if null {
@@ -544,7 +488,7 @@ func (d *decoder) toolList() bool {
 	lo := int32(d.segs.n)
 	n, ok := d.elements(func(i int) bool {
 		start := d.pos
-		d.spaced, d.sawHigh = false, false
+		d.spaced = false
 		if !d.skip() {
 			return false
 		}
@@ -552,13 +496,10 @@ func (d *decoder) toolList() bool {
 			return true // checked, not kept (the view is an error)
 		}
 		v := d.buf[start:d.pos]
-		if d.spaced || d.sawHigh && !utf8.Valid(v) {
+		if d.spaced {
 			d.room()
 			a := len(d.arena)
 			d.arena = appendCompact(d.arena, v)
-			if !utf8.Valid(d.arena[a:]) {
-				d.arena = append(d.arena[:a], bytes.ToValidUTF8(d.arena[a:], []byte("\uFFFD"))...)
-			}
 			d.emit(span{^int32(a), int32(len(d.arena) - a)})
 		} else {
 			d.emit(span{int32(start), int32(len(v))})
@@ -591,10 +532,9 @@ func appendCompact(dst, v []byte) []byte {
 
 // promptValue reads a completion's prompt: a string, or an array of
 // strings (a batch, concatenated), of token ids, or of arrays of token
-// ids, which its first element other than null decides, as encoding/json
-// would find when it tried []string, then []int64, then [][]int64. A null
-// element is an empty string, or token 0. Items past the limit are
-// counted and checked, not rendered.
+// ids, which its first element decides; the engine's model refuses any
+// other element (null among them). Items past the limit are counted and
+// checked, not rendered.
 func (d *decoder) promptValue() bool {
 	d.prompt = prompt{}
 	p := &d.prompt
@@ -612,26 +552,13 @@ func (d *decoder) promptValue() bool {
 	}
 	d.room()
 	a := len(d.arena)
-	kind, nulls := promptNone, 0
+	kind := promptNone
 	_, ok := d.elements(func(int) bool {
-		c := d.peek()
 		if p.bad {
 			return d.skip()
 		}
 		var k uint8
-		switch {
-		case c == 'n':
-			p.items++
-			switch kind {
-			case promptNone:
-				nulls++
-			case promptTokens:
-				p.ntok++
-				if p.items <= d.lim.items {
-					d.arena = append(d.arena, "0 "...)
-				}
-			}
-			return d.literal()
+		switch c := d.peek(); {
 		case c == '"':
 			k = promptStrings
 		case c == '-' || '0' <= c && c <= '9':
@@ -639,14 +566,8 @@ func (d *decoder) promptValue() bool {
 		case c == '[':
 			k = promptBatches
 		}
-		if kind == promptNone && k != promptNone {
+		if kind == promptNone {
 			kind = k
-			if k == promptTokens {
-				p.ntok = nulls
-				for range min(nulls, d.lim.items) {
-					d.arena = append(d.arena, "0 "...)
-				}
-			}
 		}
 		if k == promptNone || k != kind {
 			p.bad = true
@@ -671,13 +592,6 @@ func (d *decoder) promptValue() bool {
 			switch c := d.peek(); {
 			case p.bad:
 				return d.skip()
-			case c == 'n':
-				p.items++
-				p.ntok++
-				if p.items <= d.lim.items {
-					d.arena = append(d.arena, "0 "...)
-				}
-				return d.literal()
 			case c == '-' || '0' <= c && c <= '9':
 				return d.token()
 			}

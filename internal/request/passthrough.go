@@ -22,13 +22,13 @@ const maxFormModel = 1 << 10
 // endpoints). An empty body names no model. Errors are 400s in the OpenAI
 // shape.
 func ModelOf(contentType string, body []byte) (string, *openai.Error) {
-	if len(bytes.TrimSpace(body)) == 0 {
+	if len(trimSpace(body)) == 0 {
 		return "", nil
 	}
 	if mt, params, err := mime.ParseMediaType(contentType); err == nil && mt == "multipart/form-data" {
 		return formModel(body, params["boundary"])
 	}
-	body = bytes.TrimSpace(body)
+	body = trimSpace(body)
 	if body[0] != '{' {
 		return "", openai.BadRequest("invalid_json", "request body must be a JSON object")
 	}

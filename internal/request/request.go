@@ -14,7 +14,6 @@
 package request
 
 import (
-	"bytes"
 	"fmt"
 	"math"
 	"strings"
@@ -184,7 +183,7 @@ const maxPooled = 1 << 20
 // Parse parses body, sent to the endpoint of kind k, into a View. Errors are
 // client errors (400) in the OpenAI shape.
 func Parse(k Kind, body []byte, opt Options) (*View, *openai.Error) {
-	body = bytes.TrimSpace(body)
+	body = trimSpace(body)
 	if len(body) == 0 || body[0] != '{' {
 		return nil, openai.BadRequest("invalid_json", "request body must be a JSON object")
 	}
@@ -271,9 +270,23 @@ func (d *decoder) release() {
 	if d.gave {
 		d.arena, d.gave = nil, false
 	}
-	if cap(d.arena)+d.segs.size(8)+d.msgs.size(36)+d.calls.size(16) <= maxPooled {
+	if cap(d.arena)+d.segs.size(8)+d.msgs.size(32)+d.calls.size(16) <= maxPooled {
 		decoders.Put(d)
 	}
+}
+
+// trimSpace trims JSON's whitespace (space, tab, newline, carriage return)
+// from both ends of body: no other, as json.loads refuses a body with any
+// other around its value (bytes.TrimSpace would trim Unicode spaces too).
+func trimSpace(body []byte) []byte {
+	isSpace := func(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+	for len(body) > 0 && isSpace(body[0]) {
+		body = body[1:]
+	}
+	for len(body) > 0 && isSpace(body[len(body)-1]) {
+		body = body[:len(body)-1]
+	}
+	return body
 }
 
 // sessionKey is the session field's string, or the JSON text of another

@@ -9,23 +9,44 @@ import (
 )
 
 // This file is the JSON scanner under Parse: it reads a body once, from
-// the first byte to the last, validating everything it passes over exactly
-// as encoding/json does (RFC 8259 syntax, no nesting deeper than 10,000, no
-// control characters in strings, only the standard escapes), and decodes
-// only the strings the routing view needs. body.go walks the request's
-// structure with it.
+// the first byte to the last, validating everything it passes over, and
+// decodes only the strings the routing view needs. body.go walks the
+// request's structure with it.
+//
+// It accepts only JSON that Python's json.loads (which the Python engines
+// decode a body with) reads the same way: RFC 8259 syntax, no control
+// characters in strings, only the standard escapes, and besides
+//   - valid UTF-8 only, everywhere in the body: json.loads fails on the
+//     bytes of a body that is not (encoding/json would replace each bad
+//     byte with U+FFFD and go on);
+//   - no \u escape of a lone surrogate: json.loads keeps it as a lone
+//     surrogate, which no UTF-8 text can hold;
+//   - no integer literal of more than 4,300 digits, which json.loads
+//     refuses (Python's int conversion limit);
+//   - no nesting deeper than 512, safely under what json.loads can
+//     recurse into below an engine's HTTP stack (about 1,000 frames).
+// NaN and Infinity, which json.loads accepts, are not JSON and are refused.
 //
 // Decoded text lives either in the body itself (a string with no escape and
 // valid UTF-8 decodes to its own bytes) or in the decoder's arena; a span
 // names either.
 
-// maxDepth is encoding/json's limit on nesting: it rejects a body with more
-// than 10,000 arrays and objects open at once.
-const maxDepth = 10000
+// maxDepth bounds the arrays and objects open at once. Python's json.loads
+// recurses once a level, so an engine refuses a body nested about 1,000
+// deep less its own stack (RecursionError); 512 is under that in every
+// Python, and far above what a request needs (a tool's JSON schema nests
+// a few dozen levels at most).
+const maxDepth = 512
+
+// maxIntDigits is the most digits of an integer literal that Python
+// converts (sys.get_int_max_str_digits(), 4300 since Python 3.11 and the
+// 3.7 to 3.10 security releases): json.loads refuses a body with a longer
+// one.
+const maxIntDigits = 4300
 
 // maxBody bounds the body so that offsets fit in a span, with room for the
-// arena's growth (decoding can at most triple a string: an invalid byte
-// becomes the 3-byte U+FFFD). The proxy's own limit is far smaller.
+// arena's growth (a placeholder of an empty content part is longer than its
+// JSON). The proxy's own limit is far smaller.
 const maxBody = 1 << 29
 
 // span is decoded text: buf[off:off+n] when off >= 0, else
@@ -48,19 +69,18 @@ type scanner struct {
 	depth int
 	arena []byte
 	err   *syntaxError
-	// spaced is set whenever whitespace is skipped, and sawHigh when skip
-	// passes over a string with a byte >= 0x80: they tell whether a value
-	// is compact and ASCII.
-	spaced, sawHigh bool
+	// spaced is set whenever whitespace is skipped: it tells whether a
+	// value is compact.
+	spaced bool
 	// object is a bit per open container of skip: set for an object.
 	object [maxDepth/64 + 1]uint64
 }
 
 // room makes the arena ready for text: the first time, it allocates it
 // large enough for all the body's decoded text, which is no longer than
-// the body but for placeholders of empty parts (4 bytes for a 3-byte {},)
-// and invalid UTF-8 (3 bytes for 1), so that it seldom grows; a body that
-// decodes no string that needs it allocates none.
+// the body but for placeholders of empty parts (4 bytes for a 3-byte {},),
+// so that it seldom grows; a body that decodes no string that needs it
+// allocates none.
 func (d *scanner) room() {
 	if n := len(d.buf) + len(d.buf)/3; cap(d.arena) < n {
 		d.arena = append(make([]byte, 0, n), d.arena...)
@@ -135,7 +155,7 @@ func (d *scanner) space() {
 // enter opens an array or object at the position.
 func (d *scanner) enter() bool {
 	if d.depth == maxDepth {
-		return d.fail("nesting deeper than 10000")
+		return d.fail(fmt.Sprintf("nesting deeper than %d", maxDepth))
 	}
 	d.depth++
 	d.pos++
@@ -273,6 +293,14 @@ func (d *scanner) number() (integer, ok bool) {
 		for ; i < len(b) && '0' <= b[i] && b[i] <= '9'; i++ {
 		}
 	}
+	if digits := i - d.pos; integer && digits > maxIntDigits {
+		if b[d.pos] == '-' {
+			digits--
+		}
+		if digits > maxIntDigits {
+			return false, d.fail(fmt.Sprintf("an integer of more than %d digits", maxIntDigits))
+		}
+	}
 	d.pos = i
 	return integer, true
 }
@@ -343,10 +371,10 @@ func plain(b []byte, i int) int {
 }
 
 // str reads the JSON string at the position and returns its text decoded
-// as encoding/json decodes it: escapes resolved (a \u escape of a lone or
-// misordered surrogate gives U+FFFD), and each byte that is not part of
-// valid UTF-8 replaced by U+FFFD. A string that needs none of this is its
-// own bytes in the body; any other is decoded into the arena.
+// as json.loads decodes it: escapes resolved, a surrogate pair of escapes
+// as one character. Invalid UTF-8 and an escaped lone surrogate fail (see
+// the file comment). A string without escapes is its own bytes in the
+// body; any other is decoded into the arena.
 func (d *scanner) str() (span, bool) {
 	b := d.buf
 	start := d.pos + 1
@@ -369,7 +397,8 @@ func (d *scanner) str() (span, bool) {
 		case c >= utf8.RuneSelf:
 			size := runeLen(b, i)
 			if size == 0 {
-				return d.decode(start, i)
+				d.pos = i
+				return span{}, d.fail(errUTF8)
 			}
 			i += size
 		default:
@@ -377,6 +406,13 @@ func (d *scanner) str() (span, bool) {
 		}
 	}
 }
+
+// The messages of the faults of strings that encoding/json would have let
+// through.
+const (
+	errUTF8      = "invalid UTF-8 in a string"
+	errSurrogate = "an escaped lone surrogate in a string"
+)
 
 // runeLen returns the length of the valid UTF-8 sequence at b[i], a byte
 // >= 0x80, or 0 where utf8.DecodeRune would return RuneError for one byte.
@@ -409,11 +445,10 @@ func runeLen(b []byte, i int) int {
 }
 
 // decode goes on with the string that began at start, whose bytes up to i
-// are plain, copying it into the arena while it resolves escapes and
-// replaces invalid UTF-8. Decoded text is never longer than its JSON but
-// for invalid UTF-8 (3 bytes for 1), so with room for the rest of the body
-// it writes without checks, 8 bytes at a time: a word that holds the end
-// of a run of plain bytes is stored whole, and what follows the run is
+// are plain, copying it into the arena while it resolves escapes. Decoded
+// text is never longer than its JSON, so with room for the rest of the
+// body it writes without checks, 8 bytes at a time: a word that holds the
+// end of a run of plain bytes is stored whole, and what follows the run is
 // overwritten next.
 func (d *scanner) decode(start, i int) (span, bool) {
 	b := d.buf
@@ -455,9 +490,9 @@ func (d *scanner) decode(start, i int) (span, bool) {
 				continue
 			}
 			r, n := escape(b[i:])
-			if n == 0 {
+			if n <= 0 {
 				d.arena, d.pos = out[:w], i
-				return span{}, d.fail("invalid escape in a string")
+				return span{}, d.failEscape(n)
 			}
 			w += utf8.EncodeRune(out[w:], r)
 			i += n
@@ -465,14 +500,12 @@ func (d *scanner) decode(start, i int) (span, bool) {
 			d.arena, d.pos = out[:w], i
 			return span{}, d.fail("control character in a string")
 		case c >= utf8.RuneSelf:
-			if size := runeLen(b, i); size != 0 {
-				i, w = i+size, w+copy(out[w:], b[i:i+size])
-				continue
+			size := runeLen(b, i)
+			if size == 0 {
+				d.arena, d.pos = out[:w], i
+				return span{}, d.fail(errUTF8)
 			}
-			if need := w + 3 + len(b) - i + 8; len(out) < need {
-				out = append(make([]byte, 0, 2*need), out[:w]...)[:2*need]
-			}
-			i, w = i+1, w+copy(out[w:], "\uFFFD")
+			i, w = i+size, w+copy(out[w:], b[i:i+size])
 		default:
 			out[w] = c
 			i, w = i+1, w+1
@@ -485,9 +518,9 @@ func (d *scanner) decode(start, i int) (span, bool) {
 var simpleEscape = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
 
 // escape decodes the escape sequence at the start of b (b[0] is '\\') as
-// encoding/json does, returning the rune and the bytes it took, 0 if it
-// is invalid. A high surrogate followed by an escaped low one is one rune
-// and takes 12 bytes; any other surrogate is U+FFFD and takes 6.
+// json.loads does, returning the rune and the bytes it took: 0 if it is
+// invalid, -1 if it is a lone surrogate (see str). A high surrogate
+// followed by an escaped low one is one rune and takes 12 bytes.
 func escape(b []byte) (rune, int) {
 	if len(b) < 2 {
 		return 0, 0
@@ -520,9 +553,18 @@ func escape(b []byte) (rune, int) {
 				}
 			}
 		}
-		return utf8.RuneError, 6
+		return 0, -1
 	}
 	return 0, 0
+}
+
+// failEscape fails on the escape at the position, which escape found
+// invalid (n == 0) or a lone surrogate (n < 0).
+func (d *scanner) failEscape(n int) bool {
+	if n < 0 {
+		return d.fail(errSurrogate)
+	}
+	return d.fail("invalid escape in a string")
 }
 
 // hex4 returns the value of the four hex digits that begin b, or -1.
@@ -548,7 +590,8 @@ func hex4(b []byte) rune {
 }
 
 // skipStr passes over the JSON string at the position, validating it
-// without decoding it, and notes bytes >= 0x80 in sawHigh.
+// without decoding it; the UTF-8 of a string with bytes >= 0x80 is checked
+// once its end is found.
 func (d *scanner) skipStr() bool {
 	b := d.buf
 	i := d.pos + 1
@@ -571,14 +614,16 @@ func (d *scanner) skipStr() bool {
 		}
 		switch c := b[i]; {
 		case c == '"':
+			if high&highs != 0 && !utf8.Valid(b[d.pos+1:i]) {
+				return d.fail(errUTF8)
+			}
 			d.pos = i + 1
-			d.sawHigh = d.sawHigh || high&highs != 0
 			return true
 		case c == '\\':
 			_, n := escape(b[i:])
-			if n == 0 {
+			if n <= 0 {
 				d.pos = i
-				return d.fail("invalid escape in a string")
+				return d.failEscape(n)
 			}
 			i += n
 		case c < 0x20:

@@ -13,8 +13,9 @@ func chatWith(content string) string {
 	return `{"messages":[{"role":"user","content":` + content + `}]}`
 }
 
-// TestParseEdges holds Parse to encoding/json on the corners of JSON and
-// of its decoding into the view's types, and says what each gives.
+// TestParseEdges holds Parse to its reference on the corners of JSON and
+// of its reading as the engine's json.loads reads it, and says what each
+// gives.
 func TestParseEdges(t *testing.T) {
 	deep := func(n int) string { return strings.Repeat("[", n) + strings.Repeat("]", n) }
 	tests := []struct {
@@ -30,29 +31,34 @@ func TestParseEdges(t *testing.T) {
 		{"simple escapes", Chat, chatWith(`"a\"b\\c\/d\be\ff\ng\rh\ti"`), "a\"b\\c/d\be\ff\ng\rh\ti", ""},
 		{"unicode escape", Chat, chatWith(`"\u00e9\u20AC\u0000"`), "é€\x00", ""},
 		{"surrogate pair", Chat, chatWith(`"\ud83d\ude00"`), "😀", ""},
-		{"lone high surrogate", Chat, chatWith(`"\ud83dx"`), "\uFFFDx", ""},
-		{"lone low surrogate", Chat, chatWith(`"\ude00\ud83d"`), "\uFFFD\uFFFD", ""},
-		{"high then non-surrogate escape", Chat, chatWith(`"\ud83d\u0041"`), "\uFFFDA", ""},
-		{"two high surrogates", Chat, chatWith(`"\ud83d\ud83d\ude00"`), "\uFFFD😀", ""},
-		{"high surrogate at the end", Chat, chatWith(`"\ud83d"`), "\uFFFD", ""},
+		// A lone surrogate is a character of json.loads's text that UTF-8
+		// cannot hold: refused, wherever it is.
+		{"lone high surrogate", Chat, chatWith(`"\ud83dx"`), "", "invalid_json"},
+		{"lone low surrogate", Chat, chatWith(`"\ude00\ud83d"`), "", "invalid_json"},
+		{"high then non-surrogate escape", Chat, chatWith(`"\ud83d\u0041"`), "", "invalid_json"},
+		{"two high surrogates", Chat, chatWith(`"\ud83d\ud83d\ude00"`), "", "invalid_json"},
+		{"high surrogate at the end", Chat, chatWith(`"\ud83d"`), "", "invalid_json"},
+		{"lone surrogate in a skipped string", Chat, `{"x":"\udfff",` + chatWith(`"x"`)[1:], "", "invalid_json"},
+		{"lone surrogate in a key", Chat, `{"\ud800":1,` + chatWith(`"x"`)[1:], "", "invalid_json"},
 		{"invalid escape", Chat, chatWith(`"\x"`), "", "invalid_json"},
 		{"short unicode escape", Chat, chatWith(`"\u12"`), "", "invalid_json"},
 		{"bad hex", Chat, chatWith(`"\u12g4"`), "", "invalid_json"},
 		{"escape at the end", Chat, chatWith(`"\`), "", "invalid_json"},
 		{"control character", Chat, chatWith("\"a\tb\""), "", "invalid_json"},
 		{"DEL is allowed", Chat, chatWith("\"a\x7fb\""), "a\x7fb", ""},
-		// Invalid UTF-8: each byte encoding/json's decoder rejects is one
-		// U+FFFD.
-		{"invalid byte", Chat, chatWith("\"a\xffb\""), "a\uFFFDb", ""},
-		{"invalid bytes after an escape", Chat, chatWith("\"\\n\xff\xfe\""), "\n\uFFFD\uFFFD", ""},
-		{"truncated sequence", Chat, chatWith("\"\xe2\x82\""), "\uFFFD\uFFFD", ""},
-		{"encoded surrogate", Chat, chatWith("\"\xed\xa0\x80\""), "\uFFFD\uFFFD\uFFFD", ""},
-		{"overlong", Chat, chatWith("\"\xc0\xaf\""), "\uFFFD\uFFFD", ""},
+		// Invalid UTF-8: json.loads refuses the body.
+		{"invalid byte", Chat, chatWith("\"a\xffb\""), "", "invalid_json"},
+		{"invalid bytes after an escape", Chat, chatWith("\"\\n\xff\xfe\""), "", "invalid_json"},
+		{"truncated sequence", Chat, chatWith("\"\xe2\x82\""), "", "invalid_json"},
+		{"encoded surrogate", Chat, chatWith("\"\xed\xa0\x80\""), "", "invalid_json"},
+		{"overlong", Chat, chatWith("\"\xc0\xaf\""), "", "invalid_json"},
+		{"invalid byte in a skipped string", Chat, `{"x":"` + strings.Repeat("a", 20) + "\xff\",\"y\":1," + chatWith(`"x"`)[1:], "", "invalid_json"},
+		{"valid UTF-8 in a skipped string", Chat, `{"x":"` + strings.Repeat("é", 20) + `",` + chatWith(`"x"`)[1:], "x", ""},
 		{"encoded U+FFFD stays", Chat, chatWith("\"\xef\xbf\xbd\""), "\uFFFD", ""},
 		{"long string with an escape late", Chat, chatWith(`"` + strings.Repeat("abcdefgh", 9) + `\n"`), strings.Repeat("abcdefgh", 9) + "\n", ""},
-		// Tools: compact, runs of invalid UTF-8 as one U+FFFD.
+		// Tools: compact.
 		{"tools compacted", Chat, `{"tools":[ {"a" : [1, 2]} , "x y"],"messages":[{"role":"user"}]}`, "", ""},
-		{"tools with invalid UTF-8", Chat, "{\"tools\":[\"\xff\xfe\", {\"k\": \"\xff\"}],\"messages\":[{\"role\":\"user\"}]}", "", ""},
+		{"tools with invalid UTF-8", Chat, "{\"tools\":[\"\xff\xfe\", {\"k\": \"\xff\"}],\"messages\":[{\"role\":\"user\"}]}", "", "invalid_json"},
 		{"tools not an array", Chat, `{"tools":{},"messages":[{"role":"user"}]}`, "", "invalid_json"},
 		// Numbers.
 		{"max_tokens integer", Completion, `{"prompt":"p","max_tokens":12}`, "p", ""},
@@ -71,14 +77,22 @@ func TestParseEdges(t *testing.T) {
 		{"dot without digits", Completion, `{"prompt":"p","temperature":1.}`, "", "invalid_json"},
 		{"exponent without digits", Completion, `{"prompt":"p","temperature":1e+}`, "", "invalid_json"},
 		{"skipped numbers", Completion, `{"prompt":"p","x":[-0.5e-3,0,1E9,12.25]}`, "p", ""},
+		// Python converts an integer of at most 4,300 digits.
+		{"integer at the digit limit", Completion, `{"prompt":"p","x":-` + strings.Repeat("9", maxIntDigits) + `}`, "p", ""},
+		{"integer past the digit limit", Completion, `{"prompt":"p","x":` + strings.Repeat("9", maxIntDigits+1) + `}`, "", "invalid_json"},
+		{"long number with a fraction", Completion, `{"prompt":"p","x":` + strings.Repeat("9", maxIntDigits+1) + `.5}`, "p", ""},
+		{"long number with an exponent", Completion, `{"prompt":"p","x":` + strings.Repeat("9", maxIntDigits+1) + `e0}`, "p", ""},
+		{"NaN", Completion, `{"prompt":"p","x":NaN}`, "", "invalid_json"},
+		{"Infinity", Completion, `{"prompt":"p","x":-Infinity}`, "", "invalid_json"},
 		{"token ids", Completion, `{"prompt":[0,-1,35,36,9223372036854775807]}`, "0 -1 z 10 1y2p0ij32e8e7 ", ""},
 		{"token id fraction", Completion, `{"prompt":[1,2.5]}`, "", "invalid_prompt"},
 		{"token id overflow", Completion, `{"prompt":[1,9223372036854775808]}`, "", "invalid_prompt"},
-		// Prompt shapes, decided by the first element that is not null.
-		{"prompt nulls then tokens", Completion, `{"prompt":[null,1]}`, "0 1 ", ""},
-		{"prompt nulls then strings", Completion, `{"prompt":[null,"a",null,"b"]}`, "ab", ""},
-		{"prompt nulls then batches", Completion, `{"prompt":[null,[1,null],[]]}`, "1 0 ", ""},
-		{"prompt all nulls", Completion, `{"prompt":[null,null]}`, "", ""},
+		// Prompt shapes, decided by the first element; the engine's model
+		// takes no null among them.
+		{"prompt null then tokens", Completion, `{"prompt":[null,1]}`, "", "invalid_prompt"},
+		{"prompt strings with a null", Completion, `{"prompt":["a",null,"b"]}`, "", "invalid_prompt"},
+		{"prompt batch with a null", Completion, `{"prompt":[[1,null],[]]}`, "", "invalid_prompt"},
+		{"prompt batches", Completion, `{"prompt":[[1,2],[],[3]]}`, "1 2 3 ", ""},
 		{"prompt empty array", Completion, `{"prompt":[]}`, "", ""},
 		{"prompt mixed", Completion, `{"prompt":["a",1]}`, "", "invalid_prompt"},
 		{"prompt nested too deep", Completion, `{"prompt":[[[1]]]}`, "", "invalid_prompt"},
@@ -86,10 +100,10 @@ func TestParseEdges(t *testing.T) {
 		{"prompt bool", Completion, `{"prompt":true}`, "", "invalid_prompt"},
 		{"prompt null", Completion, `{"prompt":null}`, "", "missing_prompt"},
 		{"prompt escaped strings", Completion, `{"prompt":["a\n","\u00e9"]}`, "a\né", ""},
-		// Nesting: encoding/json allows 10,000 levels.
-		{"nesting at the limit", Chat, `{"messages":[{"role":"user"}],"x":` + deep(9999) + `}`, "", ""},
-		{"nesting past the limit", Chat, `{"messages":[{"role":"user"}],"x":` + deep(10000) + `}`, "", "invalid_json"},
-		{"deep content", Chat, chatWith(deep(5000)), "", "invalid_message"},
+		// Nesting: maxDepth levels, the body's object among them.
+		{"nesting at the limit", Chat, `{"messages":[{"role":"user"}],"x":` + deep(maxDepth-1) + `}`, "", ""},
+		{"nesting past the limit", Chat, `{"messages":[{"role":"user"}],"x":` + deep(maxDepth) + `}`, "", "invalid_json"},
+		{"deep content", Chat, chatWith(deep(maxDepth - 3)), "", "invalid_message"},
 		// Syntax around values.
 		{"trailing garbage", Chat, chatWith(`"x"`) + `x`, "", "invalid_json"},
 		{"second object", Chat, chatWith(`"x"`) + `{}`, "", "invalid_json"},
@@ -98,23 +112,28 @@ func TestParseEdges(t *testing.T) {
 		{"single quotes", Chat, `{'messages':[]}`, "", "invalid_json"},
 		{"bad literal", Chat, `{"messages":[{"role":"user"}],"x":nul}`, "", "invalid_json"},
 		{"whitespace everywhere", Chat, " \n{ \"messages\" :\t[ { \"role\" : \"user\" , \"content\" : \"x\" } ] }\r\n", "x", ""},
-		{"unicode space trimmed", Chat, "\u00a0" + chatWith(`"x"`) + "\v", "x", ""},
-		// Keys: exact match first, else Unicode case folding; escapes.
-		{"key case folded", Chat, `{"MESSAGES":[{"Role":"user","CONTENT":"x"}]}`, "x", ""},
+		// Only JSON's four spaces around the body, as json.loads.
+		{"unicode space", Chat, "\u00a0" + chatWith(`"x"`), "", "invalid_json"},
+		{"vertical tab after", Chat, chatWith(`"x"`) + "\v", "", "invalid_json"},
+		{"form feed before", Chat, "\f" + chatWith(`"x"`), "", "invalid_json"},
+		// Keys: matched byte for byte once unescaped, as a dict's keys.
+		{"key in capitals", Chat, `{"MESSAGES":[{"role":"user","content":"x"}]}`, "", "missing_messages"},
+		{"member keys in capitals", Chat, `{"messages":[{"Role":"user","CONTENT":"x"}]}`, "", "invalid_message"},
 		{"key with Kelvin sign", Completion, "{\"prompt\":\"p\",\"max_to\u212aens\":3}", "p", ""},
-		{"key with long s", Chat, "{\"me\u017f\u017fages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "x", ""},
+		{"key with long s", Chat, "{\"me\u017f\u017fages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "", "missing_messages"},
 		{"key escaped", Chat, `{"m\u0065ssages":[{"role":"user","content":"x"}]}`, "x", ""},
-		{"key invalid UTF-8", Chat, "{\"\xff\":1," + chatWith(`"x"`)[1:], "x", ""},
-		// Repeated keys: the last wins; null leaves a string or bool.
+		{"key invalid UTF-8", Chat, "{\"\xff\":1," + chatWith(`"x"`)[1:], "", "invalid_json"},
+		// Repeated keys: the last value replaces the others whole; null
+		// is the field unset.
 		{"repeated content", Chat, `{"messages":[{"role":"user","content":"a","content":"b"}]}`, "b", ""},
-		{"null keeps the role", Chat, `{"messages":[{"role":"user","role":null,"content":"x"}]}`, "x", ""},
+		{"null role after a role", Chat, `{"messages":[{"role":"user","role":null,"content":"x"}]}`, "", "invalid_message"},
 		{"null content after content", Chat, `{"messages":[{"role":"user","content":"a","content":null}]}`, "", ""},
-		{"repeated messages merge", Chat, `{"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}],"messages":[{"content":"c"}]}`, "c", ""},
-		{"repeated messages: earlier elements come back", Chat, `{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}],"messages":[{"content":"c"}],"messages":[{},{}]}`, "c", ""},
+		{"repeated messages replace", Chat, `{"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}],"messages":[{"role":"user","content":"c"}]}`, "c", ""},
+		{"repeated messages do not merge", Chat, `{"messages":[{"role":"user","content":"a"}],"messages":[{"content":"c"}]}`, "", "invalid_message"},
 		{"empty messages forget", Chat, `{"messages":[{"role":"user","content":"a"}],"messages":[],"messages":[{"content":"c"}]}`, "", "invalid_message"},
 		{"null messages forget", Chat, `{"messages":[{"role":"user","content":"a"}],"messages":null,"messages":[{"content":"c"}]}`, "", "invalid_message"},
-		{"repeated tool calls merge", Chat, `{"messages":[{"role":"user"},{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"1"}},{"function":{"name":"g"}}],"tool_calls":[{"function":{"arguments":"2"}}],"tool_calls":[{},{}]}]}`, "", ""},
-		{"stream_options merge", Chat, `{"messages":[{"role":"user"}],"stream_options":{"include_usage":true},"stream_options":{}}`, "", ""},
+		{"repeated tool calls replace", Chat, `{"messages":[{"role":"user"},{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"1"}},{"function":{"name":"g"}}],"tool_calls":[{"function":{"arguments":"2"}}],"tool_calls":[{},{}]}]}`, "", ""},
+		{"stream_options replace", Chat, `{"messages":[{"role":"user"}],"stream_options":{"include_usage":true},"stream_options":{}}`, "", ""},
 		{"stream_options null forgets", Chat, `{"messages":[{"role":"user"}],"stream_options":{"include_usage":true},"stream_options":null,"stream_options":{}}`, "", ""},
 		// Types.
 		{"model number", Chat, `{"model":5,"messages":[{"role":"user"}]}`, "", "invalid_json"},
@@ -126,7 +145,8 @@ func TestParseEdges(t *testing.T) {
 		{"content number", Chat, chatWith(`5`), "", "invalid_message"},
 		{"part string", Chat, chatWith(`["x"]`), "", "invalid_message"},
 		{"part text number", Chat, chatWith(`[{"type":"text","text":5}]`), "", "invalid_message"},
-		{"part null", Chat, chatWith(`[null,{"type":"text","text":"a"},{"type":"image_url"}]`), "<||>a<|image_url|>", ""},
+		{"part null", Chat, chatWith(`[null,{"type":"text","text":"a"}]`), "", "invalid_message"},
+		{"parts", Chat, chatWith(`[{"text":"b","type":"text"},{"type":"image_url"},{},{"type":"input_text","text":"c","text":null}]`), "b<|image_url|><||>", ""},
 		{"fields of the other kind skipped", Completion, `{"prompt":"p","messages":5,"tools":"x","max_completion_tokens":"y"}`, "p", ""},
 		{"prompt skipped in chat", Chat, `{"prompt":5,"messages":[{"role":"user"}]}`, "", ""},
 	}
@@ -194,7 +214,7 @@ func TestParseLimits(t *testing.T) {
 		return chatWith(`[` + strings.Repeat(`{"type":"text","text":"a"},`, n-1) + `{"type":"image_url"}]`)
 	}
 	tokens := func(n int) string { return `{"prompt":[` + strings.Repeat(`7,`, n-1) + `7]}` }
-	batches := func(n int) string { return `{"prompt":[[` + strings.Repeat(`7,`, n-1) + `7],null]}` }
+	batches := func(n int) string { return `{"prompt":[[` + strings.Repeat(`7,`, n-1) + `7],[]]}` }
 	messages := func(n int) string {
 		return `{"messages":[` + strings.Repeat(`{"role":"user","content":"x"},`, n-1) + `{"role":"user","content":"x"}]}`
 	}
@@ -215,13 +235,13 @@ func TestParseLimits(t *testing.T) {
 		{"tokens past the default", Completion, tokens(MaxPromptItems + 1), Options{}, "too_many_prompt_items"},
 		{"tokens at the option", Completion, tokens(5), Options{MaxPromptItems: 5}, ""},
 		{"tokens past the option", Completion, tokens(6), Options{MaxPromptItems: 5}, "too_many_prompt_items"},
-		{"batch at the option", Completion, batches(4), Options{MaxPromptItems: 5}, ""},
-		{"batch past the option", Completion, batches(5), Options{MaxPromptItems: 5}, "too_many_prompt_items"},
+		{"batch at the option", Completion, batches(5), Options{MaxPromptItems: 5}, ""},
+		{"batch past the option", Completion, batches(6), Options{MaxPromptItems: 5}, "too_many_prompt_items"},
 		{"strings past the option", Completion, `{"prompt":["a","b","c"]}`, Options{MaxPromptItems: 2}, "too_many_prompt_items"},
 		{"tokens past, but a bad one", Completion, `{"prompt":[1,2,3,"x"]}`, Options{MaxPromptItems: 2}, "invalid_prompt"},
 		{"messages at the option", Chat, messages(3), Options{MaxMessages: 3}, ""},
 		{"messages past the option", Chat, messages(4), Options{MaxMessages: 3}, "too_many_messages"},
-		{"messages past, then fewer", Chat, `{"messages":[{"role":"a"},{"role":"b"},{"role":"c"}],"messages":[{"content":"x"}]}`, Options{MaxMessages: 2}, ""},
+		{"messages past, then fewer", Chat, `{"messages":[{"role":"a"},{"role":"b"},{"role":"c"}],"messages":[{"role":"a","content":"x"}]}`, Options{MaxMessages: 2}, ""},
 		{"messages past, with a bad one", Chat, `{"messages":[{"role":"a"},{"role":"b"},{"role":5}]}`, Options{MaxMessages: 2}, "invalid_json"},
 	}
 	for _, tt := range tests {

@@ -76,17 +76,21 @@ type Request struct {
 }
 
 // RequestOf extracts the /tokenize request from a chat or completion body
-// that request.Parse has already accepted.
+// that request.Parse has already accepted. Its members are read as the
+// engine and request.Parse read them (into a map: keys matched byte for
+// byte, the last of a repeated key winning), not into a struct, whose
+// fields encoding/json would match case-insensitively: "MESSAGES" is not
+// the messages.
 func RequestOf(model string, body []byte) (*Request, error) {
-	var r Request
-	if err := json.Unmarshal(body, &r); err != nil {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil {
 		return nil, fmt.Errorf("tokenize: %w", err)
 	}
+	r := &Request{Model: model, Messages: top["messages"], Tools: top["tools"], Prompt: top["prompt"]}
 	if len(r.Messages) == 0 && len(r.Prompt) == 0 {
 		return nil, errors.New("tokenize: neither messages nor prompt")
 	}
-	r.Model = model
-	return &r, nil
+	return r, nil
 }
 
 // Tokens returns req's token ids from the /tokenize of base (a backend's

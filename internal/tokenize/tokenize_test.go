@@ -113,10 +113,31 @@ func TestRequestOf(t *testing.T) {
 		{`{"messages":[]}`, ""},
 		{`{"max_tokens":3}`, "neither"},
 		{`[`, "tokenize"},
+		{`{"MESSAGES":[]}`, "neither"},
 	} {
 		_, err := RequestOf("m", []byte(tt.body))
 		if (tt.wantErr == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tt.wantErr)) {
 			t.Errorf("RequestOf(%s): %v, want %q", tt.body, err, tt.wantErr)
+		}
+	}
+}
+
+// TestRequestOfReadsAsTheEngine: the messages, tools and prompt sent to
+// /tokenize are the members the engine will read, as request.Parse read
+// them, not those of another case or the first of a repeated key.
+func TestRequestOfReadsAsTheEngine(t *testing.T) {
+	for _, tt := range []struct{ body, messages, tools, prompt string }{
+		{`{"messages":[{"role":"user","content":"long"}],"MESSAGES":[{"content":"hi"}]}`, `[{"role":"user","content":"long"}]`, "", ""},
+		{`{"MESSAGES":[{"content":"hi"}],"messages":[{"role":"user","content":"long"}],"Tools":[1]}`, `[{"role":"user","content":"long"}]`, "", ""},
+		{`{"messages":[1],"messages":[2],"tools":[3],"tools":[4]}`, `[2]`, `[4]`, ""},
+		{`{"prompt":"a","PROMPT":"b","prompt":"c"}`, "", "", `"c"`},
+	} {
+		r, err := RequestOf("m", []byte(tt.body))
+		if err != nil {
+			t.Fatalf("RequestOf(%s): %v", tt.body, err)
+		}
+		if string(r.Messages) != tt.messages || string(r.Tools) != tt.tools || string(r.Prompt) != tt.prompt {
+			t.Errorf("RequestOf(%s) = messages %s, tools %s, prompt %s; want %s, %s, %s", tt.body, r.Messages, r.Tools, r.Prompt, tt.messages, tt.tools, tt.prompt)
 		}
 	}
 }
