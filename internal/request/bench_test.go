@@ -180,11 +180,9 @@ func BenchmarkParseReference(b *testing.B) { benchParse(b, refParse) }
 // TestParseMemory checks that what Parse allocates stays a small multiple
 // of the body (or of the prompt, where the template makes it longer than
 // the body) for the shapes that could blow it up: a long array of token
-// ids, many content parts, many small messages, many tools. (Invalid
-// UTF-8 is the exception: each byte decodes to the 3 of U+FFFD, as it did
-// with encoding/json, and the arena that holds the decoded text grows.)
-// Each message costs 36 bytes of state, so that many messages of a few
-// bytes would cost more, but MaxMessages bounds that at 3.6 MB.
+// ids, many content parts, many small messages, many tools. Each message
+// costs 32 bytes of state, so that many messages of a few bytes would cost
+// more, but MaxMessages bounds that at 3.2 MB.
 func TestParseMemory(t *testing.T) {
 	parts := func(part string, n int) []byte {
 		return []byte(`{"messages":[{"role":"user","content":[` + strings.Repeat(part+",", n-1) + part + `]}]}`)

@@ -1,9 +1,14 @@
 // Package request turns the body of an OpenAI-compatible request into the
 // routing view: the model, the prompt text as the engine will see it, the
 // session key, the token estimate and the output budget. The body is parsed
-// once, here, in a single pass that validates all of it as encoding/json
-// would and decodes only what the view needs (scan.go, body.go); the
-// original bytes are forwarded untouched by the proxy.
+// once, here, in a single pass that validates all of it and decodes only
+// what the view needs (scan.go, body.go); the original bytes are forwarded
+// untouched by the proxy. It reads the body as the engine will, as the
+// dict Python's json.loads makes of it: keys matched byte for byte, the
+// last of a repeated key winning, null an unset field; a body that
+// json.loads would refuse or read otherwise is refused. Every other
+// reading of a client's body in kvroute (tokenize.RequestOf, the emulated
+// engine) keeps to the same rules.
 //
 // The rendering of chat messages into prompt text is the single definition
 // of "what the engine sees" in kvroute: the router's prefix index and the
