@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/admin"
-
 	"github.com/kvroute/kvroute/internal/config"
 )
 
