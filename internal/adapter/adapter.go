@@ -186,10 +186,95 @@ func ParseMetrics(r io.Reader, kind Kind) (State, error) {
 	default:
 		return State{}, fmt.Errorf("parse metrics: unknown engine kind %q", kind)
 	}
-	if s.Running < 0 && s.Waiting < 0 {
+	// -1 is absent here; a family the engine exports with a value no
+	// engine has (a negative, NaN) is present, and sanitize makes it
+	// unknown.
+	if s.Running == -1 && s.Waiting == -1 {
 		return State{}, fmt.Errorf("parse metrics: no %s load metrics found (%s engine expected)", kind, kind)
 	}
+	s.sanitize()
 	return s, nil
+}
+
+// Bounds beyond which an engine's number describes no engine that exists:
+// such a reading (and NaN, an infinity or a negative number) is a broken
+// or hostile exporter's, and is taken as unknown (-1), never as a load.
+// Each is orders of magnitude above the largest real figure, so that no
+// honest reading is lost, and low enough that the router's sums over them
+// stay far inside an int64 (see policy's estimate).
+const (
+	// MaxRequests bounds running and waiting requests and slots: 2^20,
+	// a thousand times vLLM's largest default max_num_seqs (1,024), where
+	// an engine's queue of requests (each holding its prompt in host
+	// memory) would hold tens of gigabytes. 2^20 requests of a 2^24-token
+	// context are 2^44 tokens, inside an int64 with room to spare.
+	MaxRequests = 1 << 20
+	// MaxContextTokens bounds one request's context: 2^24 (16.8M) tokens,
+	// sixteen times the longest context windows served (1M, and 10M for
+	// the largest research models).
+	MaxContextTokens = 1 << 24
+	// MaxBlockSize bounds tokens per KV block: vLLM's attention blocks
+	// are 1 to 256 tokens, hybrid (Mamba) models' a few thousand;
+	// 2^16 is a block longer than most contexts.
+	MaxBlockSize = 1 << 16
+	// MaxKVTokens bounds an engine's KV cache in tokens (num_gpu_blocks x
+	// block_size): 2^36 (68.7 billion) tokens. The smallest KV footprint
+	// of a real model is about 1 KB a token (a sub-billion-parameter
+	// model with grouped-query attention in fp8), so 2^36 tokens are 64
+	// TiB of accelerator memory, 28 times an eight-GPU node of 288 GB
+	// each (2.3 TB).
+	MaxKVTokens = 1 << 36
+	// MaxCounter bounds a lifetime counter (tokens, seconds): 2^53, the
+	// largest integer a float64 holds exactly; a million tokens a second
+	// would take 285 years to reach it.
+	MaxCounter = 1 << 53
+)
+
+// sanitize makes every number of s that no engine could report unknown
+// (-1): NaN, infinities, negatives, and values beyond the bounds above.
+// A fraction (KV usage, hit rate) is unknown outside [0, 1]. A lifetime
+// counter and the seconds that go with it are unknown together, since
+// their ratio is what is read.
+func (s *State) sanitize() {
+	s.Running = bounded(s.Running, MaxRequests)
+	s.Waiting = bounded(s.Waiting, MaxRequests)
+	s.KVUsage = bounded(s.KVUsage, 1)
+	s.PrefixHitRate = bounded(s.PrefixHitRate, 1)
+	s.PrefillTokens, s.PrefillSeconds = pair(s.PrefillTokens, s.PrefillSeconds)
+	s.DecodeTokens, s.DecodeSeconds = pair(s.DecodeTokens, s.DecodeSeconds)
+	s.BlockSize = boundedInt(s.BlockSize, MaxBlockSize)
+	s.NumGPUBlocks = boundedInt(s.NumGPUBlocks, MaxKVTokens)
+	if s.BlockSize > 0 && s.NumGPUBlocks > MaxKVTokens/s.BlockSize {
+		s.NumGPUBlocks = -1
+	}
+	// 0 is "not reported" for these two.
+	s.ContextLen = max(boundedInt(s.ContextLen, MaxContextTokens), 0)
+	s.MaxNumSeqs = max(boundedInt(s.MaxNumSeqs, MaxRequests), 0)
+}
+
+// bounded is x when it is a number in [0, limit], else -1.
+func bounded(x, limit float64) float64 {
+	if !(x >= 0 && x <= limit) { // NaN fails both
+		return -1
+	}
+	return x
+}
+
+// boundedInt is n when it is in [0, limit], else -1.
+func boundedInt(n, limit int) int {
+	if n < 0 || n > limit {
+		return -1
+	}
+	return n
+}
+
+// pair sanitises a lifetime counter and its seconds: both, or both -1.
+func pair(tokens, seconds float64) (float64, float64) {
+	tokens, seconds = bounded(tokens, MaxCounter), bounded(seconds, MaxCounter)
+	if tokens < 0 || seconds < 0 {
+		return -1, -1
+	}
+	return tokens, seconds
 }
 
 func detect(fams map[string]*dto.MetricFamily) Kind {
@@ -303,6 +388,9 @@ func ParseSlots(r io.Reader) (Slots, error) {
 	if err := json.NewDecoder(io.LimitReader(r, 16<<20)).Decode(&raw); err != nil {
 		return Slots{}, fmt.Errorf("parse /slots: %w", err)
 	}
+	if len(raw) > MaxRequests {
+		return Slots{}, fmt.Errorf("parse /slots: %d slots, more than any engine runs (%d)", len(raw), MaxRequests)
+	}
 	s := Slots{Total: len(raw)}
 	for _, sl := range raw {
 		if (sl.IsProcessing != nil && *sl.IsProcessing) || (sl.IsProcessing == nil && sl.State != nil && *sl.State != 0) {
@@ -310,5 +398,7 @@ func ParseSlots(r io.Reader) (Slots, error) {
 		}
 		s.NCtx = max(s.NCtx, sl.NCtx)
 	}
+	// A context beyond any model's is not reported.
+	s.NCtx = max(boundedInt(s.NCtx, MaxContextTokens), 0)
 	return s, nil
 }

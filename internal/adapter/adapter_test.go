@@ -181,10 +181,107 @@ func FuzzParseMetrics(f *testing.F) {
 		}
 		f.Add(string(b))
 	}
+	f.Add(hostile("1e17", "NaN", "+Inf", "600000000000000000", "16"))
+	f.Add(`[{"n_ctx": 99999999999, "is_processing": true}]`)
 	f.Fuzz(func(t *testing.T, text string) {
 		for _, k := range []Kind{Unknown, VLLM, SGLang, LlamaCpp, TGI} {
-			_, _ = ParseMetrics(strings.NewReader(text), k)
+			if s, err := ParseMetrics(strings.NewReader(text), k); err == nil {
+				checkSane(t, s)
+			}
 		}
-		_, _ = ParseSlots(strings.NewReader(text))
+		if sl, err := ParseSlots(strings.NewReader(text)); err == nil {
+			if sl.Total < 0 || sl.Total > MaxRequests || sl.Processing < 0 || sl.Processing > sl.Total || sl.NCtx < 0 || sl.NCtx > MaxContextTokens {
+				t.Fatalf("slots beyond any engine: %+v", sl)
+			}
+		}
 	})
+}
+
+// checkSane fails t unless every number of s is unknown (-1; 0 for the
+// context length and the slot count) or a number a real engine could
+// report, and lifetime counters are known or unknown with their seconds.
+func checkSane(t *testing.T, s State) {
+	t.Helper()
+	in := func(name string, x, limit float64) {
+		if x != -1 && !(x >= 0 && x <= limit) {
+			t.Fatalf("%s = %v: neither unknown nor in [0, %v] (%+v)", name, x, limit, s)
+		}
+	}
+	in("Running", s.Running, MaxRequests)
+	in("Waiting", s.Waiting, MaxRequests)
+	in("KVUsage", s.KVUsage, 1)
+	in("PrefixHitRate", s.PrefixHitRate, 1)
+	in("PrefillTokens", s.PrefillTokens, MaxCounter)
+	in("PrefillSeconds", s.PrefillSeconds, MaxCounter)
+	in("DecodeTokens", s.DecodeTokens, MaxCounter)
+	in("DecodeSeconds", s.DecodeSeconds, MaxCounter)
+	in("BlockSize", float64(s.BlockSize), MaxBlockSize)
+	in("NumGPUBlocks", float64(s.NumGPUBlocks), MaxKVTokens)
+	in("ContextLen", float64(s.ContextLen), MaxContextTokens)
+	in("MaxNumSeqs", float64(s.MaxNumSeqs), MaxRequests)
+	if s.ContextLen < 0 || s.MaxNumSeqs < 0 {
+		t.Fatalf("ContextLen and MaxNumSeqs are 0 when unknown: %+v", s)
+	}
+	if (s.PrefillTokens < 0) != (s.PrefillSeconds < 0) || (s.DecodeTokens < 0) != (s.DecodeSeconds < 0) {
+		t.Fatalf("a counter known without its seconds: %+v", s)
+	}
+	if s.BlockSize > 0 && s.NumGPUBlocks > 0 && int64(s.BlockSize)*int64(s.NumGPUBlocks) > MaxKVTokens {
+		t.Fatalf("KV cache of %d x %d tokens, beyond any engine", s.NumGPUBlocks, s.BlockSize)
+	}
+}
+
+// hostile is a vLLM exposition with the given waiting count, running
+// count, KV usage, num_gpu_blocks and block_size, as text.
+func hostile(waiting, running, kv, blocks, blockSize string) string {
+	return "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting " + waiting + "\n" +
+		"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running " + running + "\n" +
+		"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc " + kv + "\n" +
+		"# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"" + blockSize + "\",num_gpu_blocks=\"" + blocks + "\"} 1\n" +
+		"# TYPE vllm:request_prefill_time_seconds histogram\nvllm:request_prefill_time_seconds_bucket{le=\"+Inf\"} 1\n" +
+		"vllm:request_prefill_time_seconds_sum NaN\nvllm:request_prefill_time_seconds_count 1\n" +
+		"# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total 1e300\n"
+}
+
+// An engine's numbers that no engine could report are unknown, not load:
+// a waiting queue of 1e17 attracted every request (its product with the
+// mean prompt overflowed), NaN and infinities became the minimum int, and
+// num_gpu_blocks of 6e17 overflowed the KV capacity negative.
+func TestParseMetricsHostileNumbers(t *testing.T) {
+	tests := []struct {
+		name                             string
+		waiting, running, kv, blocks, bs string
+	}{
+		{"huge", "1e17", "1e17", "7", "600000000000000000", "16"},
+		{"NaN", "NaN", "NaN", "NaN", "27000", "99999999"},
+		{"+Inf", "+Inf", "+Inf", "+Inf", "-5", "16"},
+		{"-Inf", "-Inf", "-Inf", "-Inf", "5000000000", "65536"},
+		{"negative", "-3", "-0.5", "-0.1", "1", "-16"},
+		{"just past", "1048577", "2e6", "1.0001", "68719476737", "1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := ParseMetrics(strings.NewReader(hostile(tt.waiting, tt.running, tt.kv, tt.blocks, tt.bs)), VLLM)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkSane(t, s)
+			if s.Waiting != -1 || s.Running != -1 || s.KVUsage != -1 {
+				t.Fatalf("running %v, waiting %v, KV usage %v: want all unknown (-1)", s.Running, s.Waiting, s.KVUsage)
+			}
+			if s.PrefillTokens != -1 || s.PrefillSeconds != -1 {
+				t.Fatalf("prefill counters %v over %v s: want unknown", s.PrefillTokens, s.PrefillSeconds)
+			}
+			if s.BlockSize > 0 && s.NumGPUBlocks > 0 {
+				t.Fatalf("KV cache of %d blocks of %d tokens taken as known", s.NumGPUBlocks, s.BlockSize)
+			}
+		})
+	}
+	// The largest figures of a real engine stay.
+	s, err := ParseMetrics(strings.NewReader(hostile("1048576", "1024", "1", "4294967296", "16")), VLLM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Waiting != MaxRequests || s.Running != 1024 || s.KVUsage != 1 || s.NumGPUBlocks != 1<<32 || s.BlockSize != 16 {
+		t.Fatalf("real figures lost: %+v", s)
+	}
 }

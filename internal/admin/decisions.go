@@ -3,6 +3,7 @@ package admin
 import (
 	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 // SessionShown is how many leading characters of a session key a
@@ -10,12 +11,19 @@ import (
 // few to replay a client's identifier.
 const SessionShown = 8
 
+// ModelShown is how many bytes of a model name a Decision keeps: more
+// than any served model's name, and a bound on what a client's request
+// leaves in the log (a 16 MB model name, answered 404, was kept whole).
+const ModelShown = 256
+
 // Decision is one routing decision as GET /admin/decisions shows it. It
 // never holds prompt text or credentials.
 type Decision struct {
 	// Time is when the request arrived.
-	Time  time.Time `json:"time"`
-	Model string    `json:"model"`
+	Time time.Time `json:"time"`
+	// Model is the request's model, its first ModelShown bytes with "…"
+	// when it was longer.
+	Model string `json:"model"`
 	// Session is the session key's first SessionShown characters, with
 	// "…" when it was longer; "" for requests without one.
 	Session string `json:"session,omitempty"`
@@ -38,9 +46,11 @@ type Decision struct {
 	Status int `json:"status"`
 }
 
-// Log is a fixed-size ring of the last decisions. Record is on the
-// request path: it takes a short lock, and allocates only to shorten a
-// long session key.
+// Log is a fixed-size ring of the last decisions, bounded in bytes as
+// in entries: the strings a client sent (model, session key) are kept
+// to a few hundred bytes each, copied, so that a decision never holds on
+// to a request's memory. Record is on the request path: it takes a short
+// lock, and allocates only to shorten a long string.
 type Log struct {
 	mu   sync.Mutex
 	ring []Decision
@@ -56,13 +66,14 @@ func NewLog(size int) *Log {
 // Cap is how many decisions the log keeps.
 func (l *Log) Cap() int { return len(l.ring) }
 
-// Record adds d, truncating its session key; the oldest decision goes
-// when the log is full. A nil log records nothing.
+// Record adds d, truncating its session key and model; the oldest
+// decision goes when the log is full. A nil log records nothing.
 func (l *Log) Record(d Decision) {
 	if l == nil {
 		return
 	}
 	d.Session = Truncate(d.Session)
+	d.Model = clip(d.Model, ModelShown)
 	l.mu.Lock()
 	l.ring[l.next] = d
 	l.next++
@@ -91,12 +102,26 @@ func (l *Log) Last(n int) []Decision {
 
 // Truncate shortens a session key to SessionShown characters.
 func Truncate(key string) string {
-	if len(key) <= SessionShown {
+	n, i := 0, 0
+	for i < len(key) && n < SessionShown {
+		_, size := utf8.DecodeRuneInString(key[i:])
+		i += size
+		n++
+	}
+	if i == len(key) {
 		return key
 	}
-	r := []rune(key)
-	if len(r) <= SessionShown {
-		return key
+	return key[:i] + "…" // a new string: key's memory is not kept
+}
+
+// clip shortens s to at most n bytes, cut at a character's start, with
+// "…" when it was longer. The result never shares s's memory when shorter.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
 	}
-	return string(r[:SessionShown]) + "…"
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…" // a new string
 }

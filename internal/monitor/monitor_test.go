@@ -678,3 +678,43 @@ func TestEngineDecodeAndCap(t *testing.T) {
 	sb, _, _ := startOne(t, fastConfig(), slots)
 	waitFor(t, "cap from /slots", func() bool { return sb.Limits().MaxNumSeqs == 3 })
 }
+
+// An engine's numbers that no engine could report are unknown: NaN and
+// infinities were read as the minimum int (shown in /admin/backends),
+// 1e17 waiting as a queue that overflowed the policy's sums, and
+// num_gpu_blocks of 6e17 as a KV capacity that overflowed negative.
+func TestHostileNumbersUnknown(t *testing.T) {
+	for _, tt := range []struct{ running, waiting, usage, blocks string }{
+		{"NaN", "+Inf", "-Inf", "600000000000000000"},
+		{"1e17", "1e17", "NaN", "576460752303423488"},
+	} {
+		t.Run(tt.running+"/"+tt.waiting, func(t *testing.T) {
+			srv := newEngine(t, `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} `+tt.running+`
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} `+tt.waiting+`
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} `+tt.usage+`
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="`+tt.blocks+`"} 1
+`)
+			var capacity atomic.Int64
+			cfg := fastConfig()
+			cfg.SetCapacity = func(_ int, kvTokens int64) { capacity.Store(kvTokens) }
+			b, _, _ := startOne(t, cfg, srv)
+			e := b.Engine()
+			if e.Has(fleet.EngineRunning) || e.Has(fleet.EngineWaiting) || e.Has(fleet.EngineKVUsage) {
+				t.Errorf("engine state %+v: running, waiting and KV usage should be unknown", e)
+			}
+			if e.Running < 0 || e.Waiting < 0 || e.KVBlocks < 0 {
+				t.Errorf("engine state %+v holds a negative count", e)
+			}
+			if c := capacity.Load(); c != 0 {
+				t.Errorf("KV capacity set to %d tokens from num_gpu_blocks %s", c, tt.blocks)
+			}
+			if _, ok := e.FreeKVTokens(); ok {
+				t.Errorf("free KV tokens known from an impossible cache")
+			}
+		})
+	}
+}

@@ -424,15 +424,18 @@ func (p *KVRoute) estimate(b *fleet.Backend, e *fleet.EngineState, l *fleet.Load
 		if decoding > 0 {
 			mean = context / decoding
 		}
+		// The engine's numbers are sanitised where they are read
+		// (package adapter); the sums saturate all the same, so that no
+		// reading can wrap a busy backend's cost negative.
 		if extra := int64(e.Waiting) - (l.InFlight - l.Decoding); extra > 0 && e.Has(fleet.EngineWaiting) {
-			work += extra * mean
+			work = fleet.SatAdd(work, fleet.SatMul(extra, mean))
 		}
 		if extra := int64(e.Running) - l.InFlight; extra > 0 && e.Has(fleet.EngineRunning) {
-			decoding += extra
-			context += extra * mean
+			decoding = fleet.SatAdd(decoding, extra)
+			context = fleet.SatAdd(context, fleet.SatMul(extra, mean))
 		}
 		if e.Has(fleet.EngineRunning | fleet.EngineWaiting) {
-			queued = max(queued, int64(e.Running+e.Waiting))
+			queued = max(queued, fleet.SatAdd(int64(e.Running), int64(e.Waiting)))
 		}
 	}
 
@@ -441,7 +444,7 @@ func (p *KVRoute) estimate(b *fleet.Backend, e *fleet.EngineState, l *fleet.Load
 	if lim.MaxBatchedTokens > 0 {
 		chunk = int64(lim.MaxBatchedTokens)
 	}
-	steps := max((work+chunk-1)/chunk, 1)
+	steps := max(fleet.SatAdd(work, chunk-1)/chunk, 1)
 	dec := DecodeSeqCost*float64(decoding) + DecodeContextCost*float64(context)
 	est := (float64(work) + float64(steps)*dec) / rate
 	if lim.MaxNumSeqs <= 0 {

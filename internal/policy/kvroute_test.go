@@ -282,6 +282,11 @@ func TestKVRouteEngineState(t *testing.T) {
 		// A field the engine does not report is unknown, not a value.
 		{"unreported queue is not read", &fleet.EngineState{At: fxT0, Waiting: 20, Running: 300,
 			Missing: fleet.EngineWaiting | fleet.EngineRunning}, 0},
+		// Sums over the engine's numbers saturate: a queue of 1e17 times
+		// the mean prompt wrapped negative and drew every request.
+		{"a queue past int64 sums steers away", &fleet.EngineState{At: fxT0, Waiting: 1e17}, 1},
+		{"running past int64 sums steers away", &fleet.EngineState{At: fxT0, Running: 1e17}, 1},
+		{"the largest ints steer away", &fleet.EngineState{At: fxT0, Waiting: math.MaxInt, Running: math.MaxInt}, 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
