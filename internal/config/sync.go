@@ -1,7 +1,9 @@
 package config
 
 import (
+	"fmt"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 )
@@ -53,6 +55,51 @@ type Sync struct {
 	// dropped (counted in kvroute_sync_events_dropped_total); routing never
 	// waits for them. Default 16384.
 	QueueSize int `yaml:"queue_size"`
+	// MaxPeers caps the live peer replicas: messages from a new replica
+	// ID beyond it are ignored (counted in
+	// kvroute_sync_peers_refused_total) until a peer is forgotten.
+	// Default 64.
+	MaxPeers int `yaml:"max_peers"`
+	// KeyFile is a file whose content (surrounding whitespace trimmed, at
+	// least 32 bytes) is the key the replicas share: with a key, every
+	// message carries an HMAC-SHA256 tag and messages without a valid one
+	// are dropped (kvroute_sync_unauthenticated_total). The
+	// KVROUTE_SYNC_KEY environment variable, when set, wins. Default "":
+	// no key, peers unauthenticated (docs/reliability.md, "Sync between
+	// replicas", says what that exposes).
+	KeyFile string `yaml:"key_file"`
+}
+
+// SyncKeyEnv is the environment variable that carries the replicas'
+// shared key; when set and not empty it wins over sync.key_file.
+const SyncKeyEnv = "KVROUTE_SYNC_KEY"
+
+// MinSyncKeyLen is the shortest key accepted (`openssl rand -hex 32`
+// makes one of 64).
+const MinSyncKeyLen = 32
+
+// ResolveKey returns the replicas' shared key: the KVROUTE_SYNC_KEY
+// environment variable if set, else the content of key_file; nil for
+// none. A key shorter than MinSyncKeyLen is an error.
+func (s *Sync) ResolveKey() ([]byte, error) {
+	k, where := strings.TrimSpace(os.Getenv(SyncKeyEnv)), SyncKeyEnv
+	if k == "" && s.KeyFile != "" {
+		b, err := os.ReadFile(s.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("sync.key_file: %w", err)
+		}
+		k, where = strings.TrimSpace(string(b)), "sync.key_file "+s.KeyFile
+	}
+	if k == "" {
+		if s.KeyFile != "" {
+			return nil, fmt.Errorf("sync.key_file: %s is empty", s.KeyFile)
+		}
+		return nil, nil
+	}
+	if len(k) < MinSyncKeyLen {
+		return nil, fmt.Errorf("%s: the key has %d bytes; use at least %d", where, len(k), MinSyncKeyLen)
+	}
+	return []byte(k), nil
 }
 
 // SyncTLS is the TLS of the connection to NATS.
@@ -71,11 +118,12 @@ const (
 	DefaultSyncPeerTimeout   = 5 * time.Second
 	DefaultSyncFlushInterval = 0
 	DefaultSyncQueueSize     = 16384
+	DefaultSyncMaxPeers      = 64
 )
 
 func defaultSync() Sync {
 	return Sync{Subject: DefaultSyncSubject, Heartbeat: DefaultSyncHeartbeat, PeerTimeout: DefaultSyncPeerTimeout,
-		FlushInterval: DefaultSyncFlushInterval, QueueSize: DefaultSyncQueueSize}
+		FlushInterval: DefaultSyncFlushInterval, QueueSize: DefaultSyncQueueSize, MaxPeers: DefaultSyncMaxPeers}
 }
 
 // Enabled reports whether sync is on.
@@ -123,5 +171,8 @@ func (s *Sync) validate(bad func(string, ...any)) {
 	}
 	if s.QueueSize <= 0 {
 		bad("sync.queue_size: %d must be positive", s.QueueSize)
+	}
+	if s.MaxPeers <= 0 {
+		bad("sync.max_peers: %d must be positive", s.MaxPeers)
 	}
 }

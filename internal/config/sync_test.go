@@ -1,6 +1,8 @@
 package config
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -9,7 +11,7 @@ import (
 func TestSyncSection(t *testing.T) {
 	c := parse(t, "backends: [{url: 'http://127.0.0.1:9000'}]\n")
 	if c.Sync.Enabled() || c.Sync.Subject != "kvroute" || c.Sync.Heartbeat != time.Second ||
-		c.Sync.PeerTimeout != 5*time.Second || c.Sync.QueueSize != 16384 || c.Sync.FlushInterval != 0 {
+		c.Sync.PeerTimeout != 5*time.Second || c.Sync.QueueSize != 16384 || c.Sync.FlushInterval != 0 || c.Sync.MaxPeers != 64 || c.Sync.KeyFile != "" {
 		t.Errorf("sync defaults: %+v", c.Sync)
 	}
 	c.Apply(Overrides{Sync: "nats://127.0.0.1:4222"})
@@ -30,6 +32,7 @@ func TestSyncSection(t *testing.T) {
 		{"sync: {url: 'nats://a:4222', heartbeat: 1s, peer_timeout: 1s}", "sync.peer_timeout"},
 		{"sync: {url: 'nats://a:4222', flush_interval: -1ms}", "sync.flush_interval"},
 		{"sync: {url: 'nats://a:4222', queue_size: 0}", "sync.queue_size"},
+		{"sync: {url: 'nats://a:4222', max_peers: 0}", "sync.max_peers"},
 		{"sync: {url: 'nats://a:4222', heartbeats: 1s}", "unknown key heartbeats"},
 		// Off, the rest is not checked.
 		{"sync: {heartbeat: 0s}", ""},
@@ -54,4 +57,46 @@ func validateYAML(y string) error {
 		panic("Validate changed the sync section")
 	}
 	return err
+}
+
+// The shared key comes from KVROUTE_SYNC_KEY, else sync.key_file; a short
+// or empty one is an error, none is no key.
+func TestSyncKey(t *testing.T) {
+	dir := t.TempDir()
+	file := func(content string) string {
+		p := filepath.Join(dir, "key"+content[:min(len(content), 3)])
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	long := strings.Repeat("k", MinSyncKeyLen)
+	cases := []struct {
+		name, env, file string
+		want, wantErr   string
+	}{
+		{name: "none"},
+		{name: "file", file: file(long + "\n"), want: long},
+		{name: "env wins", env: long + "e", file: file(long), want: long + "e"},
+		{name: "short file", file: file("short"), wantErr: "at least 32"},
+		{name: "short env", env: "short", wantErr: "KVROUTE_SYNC_KEY"},
+		{name: "empty file", file: file(" \n"), wantErr: "is empty"},
+		{name: "missing file", file: filepath.Join(dir, "nope"), wantErr: "sync.key_file"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(SyncKeyEnv, tc.env)
+			s := Sync{KeyFile: tc.file}
+			k, err := s.ResolveKey()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || string(k) != tc.want {
+				t.Fatalf("key %q, %v; want %q", k, err, tc.want)
+			}
+		})
+	}
 }

@@ -71,6 +71,11 @@ type Link struct {
 	outbox      *replica.Outbox
 	peers       *replica.Peers
 	history     *replica.History
+	// key tags every message and checks every peer's; nil: none.
+	key *replica.Key
+	// limited is the peers' limit counters last logged, and when.
+	limited   replica.Stats
+	limitedAt time.Time
 
 	nc *nats.Conn
 	// connected wakes the sender after each (re)connection; snapReq
@@ -117,6 +122,16 @@ func New(cfg Config) (*Link, error) {
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
 	}
+	secret, err := cfg.Sync.ResolveKey()
+	if err != nil {
+		return nil, err
+	}
+	if secret != nil {
+		if l.key, err = replica.NewKey(secret); err != nil {
+			return nil, err
+		}
+	}
+	l.peers.SetMaxPeers(cfg.Sync.MaxPeers)
 	cfg.Scheduler.SetEvents(l.outbox)
 	if cfg.Registerer != nil {
 		if err := l.register(cfg.Registerer); err != nil {
@@ -262,13 +277,24 @@ func (l *Link) wake(nc *nats.Conn, what string) {
 
 // receive applies a peer's events, heartbeat or snapshot.
 func (l *Link) receive(m *nats.Msg) {
+	data, ok := l.open(m)
+	if !ok {
+		return
+	}
 	var b replica.Batch
-	if err := replica.Decode(m.Data, &b); err != nil {
+	if err := replica.Decode(data, &b); err != nil {
 		l.peers.CountMalformed()
 		l.log.Debug("sync: dropped a malformed message", "subject", m.Subject, "err", err)
 		return
 	}
 	now := time.Now()
+	if l.key != nil && now.Sub(time.Unix(0, b.SentAt)).Abs() > l.cfg.PeerTimeout {
+		// Tagged, but sent longer ago than a live peer is silent: a
+		// replay (or a clock a peer timeout off).
+		l.peers.CountUnauthenticated()
+		l.log.Debug("sync: dropped a stale message", "subject", m.Subject, "peer", b.Replica)
+		return
+	}
 	a := l.peers.Apply(&b, now)
 	if a.Own {
 		return
@@ -290,9 +316,27 @@ func (l *Link) receive(m *nats.Msg) {
 		}
 		l.askMu.Unlock()
 		if ask {
-			_ = l.nc.PublishRequest(l.subject("snapshot", b.Replica), l.subject("inbox", l.id), nil)
+			l.askSnapshot(l.subject("snapshot", b.Replica))
 		}
 	}
+}
+
+// open returns m's message, checking its tag when peers must
+// authenticate; false (counted) when it has no valid one.
+func (l *Link) open(m *nats.Msg) ([]byte, bool) {
+	data, err := l.key.Open(m.Subject, m.Reply, m.Data)
+	if err != nil {
+		l.peers.CountUnauthenticated()
+		l.log.Debug("sync: dropped an unauthenticated message", "subject", m.Subject)
+		return nil, false
+	}
+	return data, true
+}
+
+// askSnapshot asks subj for a snapshot, answered to this replica's inbox.
+func (l *Link) askSnapshot(subj string) {
+	reply := l.subject("inbox", l.id)
+	_ = l.nc.PublishRequest(subj, reply, l.key.Seal(nil, subj, reply))
 }
 
 // askedSnapshot hands a peer's snapshot request to the sender, which owns
@@ -304,13 +348,16 @@ func (l *Link) askedSnapshot(m *nats.Msg) {
 	if m.Reply == "" || m.Reply == own {
 		return
 	}
+	if _, ok := l.open(m); !ok {
+		return
+	}
 	select {
 	case l.snapReq <- m.Reply:
 	default: // a burst of requests: the others will ask again when they see us anew
 	}
 	if m.Subject == l.subject("snapshot") {
 		if peer, ok := strings.CutPrefix(m.Reply, l.subject("inbox", "")); ok && peer != "" {
-			_ = l.nc.PublishRequest(l.subject("snapshot", peer), own, nil)
+			l.askSnapshot(l.subject("snapshot", peer))
 		}
 	}
 }
@@ -335,7 +382,7 @@ func (l *Link) send(ctx context.Context) {
 			b.Seq = seq
 		}
 		b.SentAt = time.Now().UnixNano()
-		buf = replica.Append(buf[:0], b)
+		buf = l.key.Seal(replica.Append(buf[:0], b), subj, "")
 		err := l.nc.Publish(subj, buf)
 		n := uint64(len(b.Events))
 		switch {
@@ -412,14 +459,44 @@ func (l *Link) send(ctx context.Context) {
 		case now := <-hb.C:
 			heartbeat()
 			l.peers.Expire(now)
+			l.logLimits(now)
 		case <-l.connected:
 			heartbeat()
 			// Catch up on what the peers routed while we were away.
-			_ = l.nc.PublishRequest(l.subject("snapshot"), l.subject("inbox", l.id), nil)
+			l.askSnapshot(l.subject("snapshot"))
 		case reply := <-l.snapReq:
 			snapshot(reply)
 		}
 	}
+}
+
+// limitLogEvery is the shortest time between two log lines about the
+// peers' limits.
+const limitLogEvery = 10 * time.Second
+
+// logLimits logs what the peers' limits refused, evicted or clamped since
+// the last time it did, at most once every limitLogEvery; it also forgets
+// the snapshot requests older than a peer timeout, which would not hold
+// back a new one. Run by the sender.
+func (l *Link) logLimits(now time.Time) {
+	l.askMu.Lock()
+	for id, at := range l.asked {
+		if now.Sub(at) >= l.cfg.PeerTimeout {
+			delete(l.asked, id)
+		}
+	}
+	l.askMu.Unlock()
+	if now.Sub(l.limitedAt) < limitLogEvery {
+		return
+	}
+	s, was := l.peers.Stats(), l.limited
+	if s.Unauthenticated == was.Unauthenticated && s.Refused == was.Refused && s.Evicted == was.Evicted && s.Clamped == was.Clamped {
+		return
+	}
+	l.log.Warn("sync: peers' messages limited", "unauthenticated", s.Unauthenticated-was.Unauthenticated,
+		"peers_refused", s.Refused-was.Refused, "pinned_blocks_evicted", s.Evicted-was.Evicted,
+		"load_clamped", s.Clamped-was.Clamped, "live_peers", l.peers.Live())
+	l.limited, l.limitedAt = s, now
 }
 
 // register adds the link's metrics to r.
@@ -452,6 +529,22 @@ func (l *Link) register(r prometheus.Registerer) error {
 			stat(func(s replica.Stats) uint64 { return s.Malformed })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvroute_sync_peers_expired_total", Help: "Peers forgotten, with their load, after sync.peer_timeout of silence."},
 			stat(func(s replica.Stats) uint64 { return s.Expired })),
+	}
+	// The peers' limits (replica/limits.go), each hit counted.
+	for _, m := range []struct {
+		name, help string
+		f          func(replica.Stats) uint64
+	}{
+		{"kvroute_sync_unauthenticated_total", "Messages on the sync subjects dropped, with a sync key set, for a missing or wrong tag or for being older than sync.peer_timeout.",
+			func(s replica.Stats) uint64 { return s.Unauthenticated }},
+		{"kvroute_sync_peers_refused_total", "Batches from new replica IDs ignored because sync.max_peers peers were live.",
+			func(s replica.Stats) uint64 { return s.Refused }},
+		{"kvroute_sync_pinned_blocks_evicted_total", "Blocks of peers' requests in flight unpinned early (oldest first, from the peer pinning the most) to keep a backend's prefix index within its capacity.",
+			func(s replica.Stats) uint64 { return s.Evicted }},
+		{"kvroute_sync_load_clamped_total", "Peers' load changes that would have taken a peer's load on a backend beyond what its engine can hold, clamped.",
+			func(s replica.Stats) uint64 { return s.Clamped }},
+	} {
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: m.name, Help: m.help}, stat(m.f)))
 	}
 	for _, c := range cs {
 		if err := r.Register(c); err != nil {

@@ -621,6 +621,19 @@ func (ix *Index) Len(backend int) int {
 	return 0
 }
 
+// Pinned returns the blocks backend holds pinned by requests in flight,
+// and its capacity: the owner of peers' pins (package replica) unpins the
+// oldest of theirs while the pinned blocks exceed the capacity, so that no
+// peer can grow the index beyond it.
+func (ix *Index) Pinned(backend int) (pinned, capacity int) {
+	ix.mu.RLock()
+	defer ix.runlock()
+	if l := ix.known(backend); l != nil {
+		return l.n - l.unpinned, l.capacity
+	}
+	return 0, ix.defaultCap
+}
+
 // evict drops l's least recently used unpinned blocks while it holds more
 // than its capacity; pinned blocks are never evicted.
 func (ix *Index) evict(l *lru) {

@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -30,6 +31,8 @@ type Peers struct {
 
 	mu    sync.Mutex
 	peers map[string]*peer
+	// maxPeers caps len(peers) (limits.go).
+	maxPeers int
 	// names resolves backend names, rebuilt when the fleet's snapshot
 	// changes.
 	names     map[string]*fleet.Backend
@@ -48,8 +51,11 @@ type peer struct {
 	heard       time.Time
 	load        map[*fleet.Backend]fleet.Load
 	// pins are its requests in flight whose blocks are pinned here, by
-	// its request number.
-	pins map[uint64]pin
+	// its request number; held the same per backend, oldest first, and
+	// serial numbers them (limits.go).
+	pins   map[uint64]pin
+	held   map[*fleet.Backend]*held
+	serial uint64
 }
 
 // pin is a peer's request in flight: its blocks pinned in the prefix index.
@@ -58,6 +64,7 @@ type pin struct {
 	hashes []uint64
 	nodes  []int32
 	at     time.Time
+	serial uint64
 }
 
 // MaxPin is how long a peer's request may keep its blocks pinned: its end
@@ -83,6 +90,19 @@ type Stats struct {
 	Expired uint64
 	// Malformed counts messages Decode refused (counted by the receiver).
 	Malformed uint64
+	// Unauthenticated counts messages without a valid tag, or too old to
+	// be anything but a replay, when peers must authenticate (counted by
+	// the receiver).
+	Unauthenticated uint64
+	// Refused counts batches from new replica IDs beyond the cap on live
+	// peers (SetMaxPeers), ignored.
+	Refused uint64
+	// Evicted counts the blocks of peers' pins released early so that the
+	// pinned blocks stay within a backend's capacity (limits.go).
+	Evicted uint64
+	// Clamped counts peers' load changes that would have taken a peer's
+	// load on a backend beyond ClaimBound.
+	Clamped uint64
 }
 
 // NewPeers returns the peer state of replica self, applying to f and s;
@@ -104,6 +124,9 @@ type Applied struct {
 	// Gap: batches of the sender's stream were lost before this one
 	// (its decisions in them are missing here): ask it for a snapshot.
 	Gap bool
+	// Refused: the sender is not live and the live peers are at the cap
+	// (SetMaxPeers): the batch was ignored.
+	Refused bool
 }
 
 // Apply applies a peer's batch received at now.
@@ -120,6 +143,9 @@ func (p *Peers) Apply(b *Batch, now time.Time) Applied {
 		pr = nil
 	}
 	if pr == nil {
+		if !p.admit() {
+			return Applied{Refused: true}
+		}
 		pr = &peer{incarnation: b.Incarnation, load: map[*fleet.Backend]fleet.Load{}, pins: map[uint64]pin{}}
 		p.peers[b.Replica] = pr
 		a.New = true
@@ -158,7 +184,7 @@ func (p *Peers) Apply(b *Batch, now time.Time) Applied {
 			continue
 		}
 		if b.Kind == Events && (e.Kind == Routed || e.Kind == Changed) {
-			pr.add(be, e.Load)
+			p.add(pr, be, e.Load)
 		}
 		switch {
 		case e.Kind == Routed && b.Kind == Events:
@@ -166,16 +192,15 @@ func (p *Peers) Apply(b *Batch, now time.Time) Applied {
 			if !hashesOK {
 				hashes = nil
 			}
+			// Its own copy: the batch's hashes share one array, which a
+			// pin must not keep alive.
+			hashes = slices.Clone(hashes)
 			nodes := p.sched.Pin(be, hashes, e.Session)
 			if len(hashes) > 0 {
-				p.unpin(pr.pins[e.Request]) // a number reused: a bug of the sender's
-				pr.pins[e.Request] = pin{b: be, hashes: hashes, nodes: nodes, at: now}
+				p.hold(pr, e.Request, pin{b: be, hashes: hashes, nodes: nodes, at: now})
 			}
 		case e.Kind == Changed && e.Load.InFlight < 0:
-			if pn, ok := pr.pins[e.Request]; ok {
-				p.unpin(pn)
-				delete(pr.pins, e.Request)
-			}
+			p.release(pr, e.Request)
 		case e.Kind == Learned && (hashesOK || e.Session != 0):
 			hashes := e.Hashes
 			if !hashesOK {
@@ -200,24 +225,29 @@ func (p *Peers) report(pr *peer, events []Event, names map[string]*fleet.Backend
 			continue
 		}
 		seen[be] = true
-		pr.add(be, e.Load.Add(pr.load[be].Neg()))
+		p.add(pr, be, e.Load.Add(pr.load[be].Neg()))
 	}
 	for be, l := range pr.load {
 		if !seen[be] {
-			pr.add(be, l.Neg())
+			p.add(pr, be, l.Neg())
 		}
 	}
 }
 
-// add changes pr's load on b by d, and the fleet's sum with it.
-func (pr *peer) add(b *fleet.Backend, d fleet.Load) {
-	l := pr.load[b].Add(d)
+// add changes pr's load on b by d, within ClaimBound, and the fleet's sum
+// with it. The caller holds p.mu.
+func (p *Peers) add(pr *peer, b *fleet.Backend, d fleet.Load) {
+	old := pr.load[b]
+	l, clamped := clampClaim(old, d, ClaimBound(b))
+	if clamped {
+		p.stats.Clamped++
+	}
 	if l.IsZero() {
 		delete(pr.load, b)
 	} else {
 		pr.load[b] = l
 	}
-	b.AddPeerLoad(d)
+	b.AddPeerLoad(l.Add(old.Neg()))
 }
 
 // forget removes pr, its load and its pins.
@@ -294,8 +324,7 @@ func (p *Peers) Expire(now time.Time) int {
 		}
 		for n, pn := range pr.pins {
 			if now.Sub(pn.at) > MaxPin {
-				p.unpin(pn)
-				delete(pr.pins, n)
+				p.release(pr, n)
 			}
 		}
 	}
@@ -313,6 +342,14 @@ func (p *Peers) Live() int {
 func (p *Peers) CountMalformed() {
 	p.mu.Lock()
 	p.stats.Malformed++
+	p.mu.Unlock()
+}
+
+// CountUnauthenticated counts a message the receiver refused for its tag
+// (see Key) or its age.
+func (p *Peers) CountUnauthenticated() {
+	p.mu.Lock()
+	p.stats.Unauthenticated++
 	p.mu.Unlock()
 }
 

@@ -69,11 +69,29 @@ func TestDecodeRefuses(t *testing.T) {
 	}
 }
 
+// FuzzDecode drives what a replica does with a message from the sync
+// subjects: open it with the group's key (a tagged message opens only
+// with it) and decode it.
 func FuzzDecode(f *testing.F) {
+	key, err := NewKey([]byte("fuzz-key-fuzz-key-fuzz-key-fuzz-key"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	const subject = "kvroute.events.r1"
 	f.Add(Append(nil, sampleBatch()))
 	f.Add(Append(nil, &Batch{Kind: Heartbeat, Replica: "x"}))
 	f.Add([]byte("KR\x01\x01"))
+	f.Add(key.Seal(Append(nil, sampleBatch()), subject, ""))
 	f.Fuzz(func(t *testing.T, p []byte) {
+		if msg, err := key.Open(subject, "", p); err == nil {
+			// Only a message sealed with the key opens: the seeds'.
+			if string(key.Seal(append([]byte(nil), msg...), subject, "")) != string(p) {
+				t.Fatal("opened a message its tag does not cover")
+			}
+			p = msg
+		} else if !errors.Is(err, ErrUnauthenticated) {
+			t.Fatalf("open: %v", err)
+		}
 		var b Batch
 		if err := Decode(p, &b); err != nil {
 			return
@@ -220,7 +238,7 @@ func TestPeersPin(t *testing.T) {
 	for _, end := range []string{"done", "restart", "timeout"} {
 		t.Run(end, func(t *testing.T) {
 			_, s, p := fixture(t)
-			s.Index().SetCapacity(0, 1)
+			s.Index().SetCapacity(0, 4) // room for the peer's pins (see TestPeersFloodBounded)
 			hashes := []uint64{11, 12, 13, 14}
 			p.Apply(&Batch{Kind: Events, Replica: "p", Incarnation: 1, Seq: 1, BlockChars: s.BlockChars(), Events: []Event{
 				{Kind: Routed, Request: 1, Backend: "a:1", Load: fleet.Load{InFlight: 1}, Hashes: hashes},

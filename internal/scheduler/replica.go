@@ -135,6 +135,11 @@ func (s *Scheduler) Pin(b *fleet.Backend, hashes []uint64, session uint64) []int
 	return nodes
 }
 
+// Pinned returns the blocks b holds pinned in the prefix index (its own
+// requests' and its peers') and its capacity in blocks (see
+// prefix.Index.Pinned).
+func (s *Scheduler) Pinned(b *fleet.Backend) (pinned, capacity int) { return s.index.Pinned(b.ID) }
+
 // Unpin ends a Pin: the peer's request is done.
 func (s *Scheduler) Unpin(b *fleet.Backend, hashes []uint64, nodes []int32) {
 	if len(hashes) > 0 {
