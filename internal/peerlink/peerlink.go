@@ -194,8 +194,16 @@ func (l *Link) Start(ctx context.Context) error {
 		// snapshot after the reconnection bring the peers up to date.
 		nats.ReconnectBufSize(-1),
 		nats.ConnectHandler(func(nc *nats.Conn) { l.wake(nc, "connected") }),
-		nats.ReconnectHandler(func(nc *nats.Conn) { l.wake(nc, "reconnected") }),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			// Requests wait until the peers known before the cut have sent
+			// their load and decisions, at most a peer timeout (after
+			// which a peer not heard from is presumed gone).
+			gen := l.peers.CatchUp()
+			time.AfterFunc(l.cfg.PeerTimeout, func() { l.peers.EndCatchUp(gen) })
+			l.wake(nc, "reconnected")
+		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			l.peers.Cut()
 			l.log.Warn("sync: disconnected from NATS; routing on this replica's own state", "err", err)
 		}),
 	}

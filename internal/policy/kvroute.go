@@ -297,6 +297,15 @@ func (p *KVRoute) Pick(in *Input) Decision {
 		best, bestScore, bestEst = fit, fitScore, fitEst
 	}
 	if keyed && (holderMatch > 0 || cands[holder].ID == lastID) {
+		if in.Replicas > 1 {
+			// Several replicas take a conversation's turns in turn: whether
+			// it leaves its holder, and for which backend, is decided on
+			// what they all see alike (see leaveShared).
+			if leave, to, toEst := p.leaveShared(in, holder, prompt, budget, tokensPerBlock); leave {
+				return Decision{Index: to, EstTTFT: toEst, Note: "spill"}
+			}
+			return Decision{Index: holder, EstTTFT: holderEst, Note: "sticky"}
+		}
 		if holder == best {
 			return Decision{Index: best, EstTTFT: bestEst, Note: "sticky"}
 		}
@@ -322,6 +331,48 @@ func (p *KVRoute) Pick(in *Input) Decision {
 		note = "cache"
 	}
 	return Decision{Index: best, EstTTFT: bestEst, Note: note}
+}
+
+// leaveShared decides, with several replicas, whether a conversation
+// leaves its holder (candidate holder): the session bound (AffinityRatio,
+// AffinitySlack and CHWBL's in-flight bound) weighed on what every replica
+// sees alike rather than on this replica's own view. That is the load
+// every replica accounts (fleet.Backend.KnownLoad: its own and its peers'
+// requests, without the load it presumes of its peers within a burst),
+// the prefix index's matches, and one rate for every backend
+// (fleet.DefaultPrefillRate), without the learned rates and engine
+// reports, which each replica learns and scrapes on its own. Replicas that
+// take a conversation's turns in turn then keep it on one backend, or move
+// it together: a conversation decided on private views went back and
+// forth between two backends whenever the replicas' views straddled the
+// bound, and a turn that left went wherever each replica's own view
+// ranked best. to is where it goes if it leaves: the lowest shared
+// estimate (ties to the lower Arc, as every replica breaks them), with
+// that estimate.
+func (p *KVRoute) leaveShared(in *Input, holder int, prompt, budget int64, tokensPerBlock float64) (leave bool, to int, toEst float64) {
+	cands := in.Candidates
+	var total, holderLoad int64
+	var holderEst float64
+	to = -1
+	for i, b := range cands {
+		l := b.KnownLoad()
+		total += l.InFlight
+		cached := int64(float64(in.Matched[i]) * tokensPerBlock)
+		est := p.estimate(b, nil, &l, prompt, cached, budget, fleet.DefaultPrefillRate)
+		if i == holder {
+			holderEst, holderLoad = est, l.InFlight
+			continue
+		}
+		if to < 0 || est < toEst || (est == toEst && cands[i].Arc < cands[to].Arc) {
+			to, toEst = i, est
+		}
+	}
+	if to < 0 {
+		return false, holder, holderEst
+	}
+	stay := holderEst <= AffinityRatio*toEst+AffinitySlack &&
+		holderLoad+1 <= boundedLoadCap(p.loadFactor, total, len(cands))+AffinitySlots
+	return !stay, to, toEst
 }
 
 // arcDistance is how far clockwise backend arc b lies from replica arc r on

@@ -709,3 +709,68 @@ func TestKVRouteReplicaSkew(t *testing.T) {
 		}
 	}
 }
+
+// TestKVRouteReplicasAgreeOnHolder: three replicas over the same fleet
+// account the same requests (each its own, the others' as peer load) but
+// differ in what each learns alone: the load it presumes of its peers
+// after a routing of its own, the prefill rates it learned, the engine
+// report it scraped last. A conversation's next turn, whichever replica
+// takes it, stays on its holder or leaves it for the same backend.
+func TestKVRouteReplicasAgreeOnHolder(t *testing.T) {
+	const turn = 200 // tokens: a chat turn, estimates of tens of milliseconds
+	for _, tc := range []struct {
+		name    string
+		pending [2]int64 // tokens queued on the holder (backend 0) and on backend 1
+	}{
+		{"holder modestly busier", [2]int64{30, 0}},
+		{"holder near the bound", [2]int64{60, 0}},
+		{"holder just beyond the bound", [2]int64{100, 0}},
+		{"holder well beyond the bound", [2]int64{400, 0}},
+		{"the other backend busier", [2]int64{40, 300}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			picks := map[int]int{}
+			for r := range 3 {
+				f := fleet.New()
+				cands := []*fleet.Backend{f.Add("b0", nil, nil), f.Add("b1", nil, nil), f.Add("b2", nil, nil)}
+				// The queued requests: replica 0 routed them, the others
+				// hear of them as its peers.
+				for i, p := range tc.pending {
+					if p == 0 {
+						continue
+					}
+					if r == 0 {
+						cands[i].Start(p, p, 100, fxT0)
+					} else {
+						cands[i].AddPeerLoad(fleet.Load{InFlight: 1, PendingPrefill: p})
+					}
+				}
+				switch r {
+				case 1:
+					// Replica 1 has just routed a request of its own to
+					// backend 1 and presumes its two peers did alike.
+					cands[1].AddPresumedLoad(fleet.Load{InFlight: 2, PendingPrefill: 2 * turn})
+				case 2:
+					// Replica 2 learned that backend 0 is fast (its own
+					// streams there) and scraped a queue on backend 2.
+					for range int(fxRateSamples) {
+						tk := cands[0].Start(100000, 100000, 0, fxT0)
+						tk.FirstByte(fxT0.Add(time.Second))
+						tk.Done(fxT0)
+					}
+					cands[2].SetEngine(&fleet.EngineState{At: fxT0, Waiting: 3, Missing: fleet.EngineRunning})
+				}
+				p := fxNew(t, "kvroute", Options{}).(*KVRoute)
+				in := fxInput(cands, make([]fxLoad, 3), turn, "conv")
+				p.LearnSession(in.SessionHash, cands[0].ID)
+				in.Replicas, in.ReplicaArc = 3, float64(r)/3
+				d := p.Pick(in)
+				t.Logf("replica %d: %s (%s, est %.4f s)", r, cands[d.Index].Name, d.Note, d.EstTTFT)
+				picks[d.Index]++
+			}
+			if len(picks) != 1 {
+				t.Errorf("the three replicas sent the turn to %d different backends: %v", len(picks), picks)
+			}
+		})
+	}
+}

@@ -50,6 +50,9 @@ func (s *Server) admit(r *http.Request, model string, cost func() time.Duration)
 	if perr != nil {
 		return nil, perr
 	}
+	if e := s.awaitPeers(r.Context()); e != nil {
+		return nil, e
+	}
 	if s.adm == nil {
 		return func() {}, nil
 	}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -37,6 +38,10 @@ const (
 	// modeGated sends the first event, then waits for gate before the rest.
 	modeGated
 )
+
+// holdPrefill in a prompt makes a fake hold the request in its prefill
+// (no first byte) until the client leaves, whatever its mode.
+const holdPrefill = "HOLD-PREFILL"
 
 // fake is an in-process OpenAI-compatible backend. Its answers are a pure
 // function of its name, so tests can compute the exact expected bytes.
@@ -163,6 +168,11 @@ func (f *fake) serve(w http.ResponseWriter, r *http.Request) {
 	case modeHang:
 		<-ctx.Done()
 		signal(f.cancelled)
+		return
+	}
+	if bytes.Contains(body, []byte(holdPrefill)) {
+		// A prompt the fake is still prefilling when the test ends.
+		<-ctx.Done()
 		return
 	}
 

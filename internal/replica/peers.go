@@ -42,7 +42,28 @@ type Peers struct {
 	// many of the first batches it has seen (observeLag).
 	lag  time.Duration
 	lagN int
+	// catch is the catch-up after a reconnection (see CatchUp).
+	catch catchUp
 }
+
+// catchUp is what a replica waits for after it was cut off from its
+// peers: a heartbeat (their load) and a snapshot (their decisions) from
+// every peer it knew when the connection dropped.
+type catchUp struct {
+	// want are the peers live at the cut, each with what has arrived of it
+	// since the reconnection (wantHeartbeat | wantSnapshot when all has).
+	want map[string]uint8
+	// gen numbers the catch-ups, so that the end of an old one's bound
+	// does not end a newer one.
+	gen uint64
+	// done is closed while no catch-up is under way.
+	done chan struct{}
+}
+
+const (
+	wantHeartbeat uint8 = 1 << iota
+	wantSnapshot
+)
 
 // peer is one live peer replica.
 type peer struct {
@@ -103,6 +124,9 @@ type Stats struct {
 	// Clamped counts peers' load changes that would have taken a peer's
 	// load on a backend beyond ClaimBound.
 	Clamped uint64
+	// CatchUpsCut counts catch-ups after a reconnection that their bound
+	// ended before every peer had sent its load and decisions.
+	CatchUpsCut uint64
 }
 
 // NewPeers returns the peer state of replica self, applying to f and s;
@@ -111,7 +135,112 @@ func NewPeers(self string, f *fleet.Fleet, s *scheduler.Scheduler, timeout time.
 	if timeout <= 0 {
 		timeout = DefaultPeerTimeout
 	}
-	return &Peers{self: self, blockChars: s.BlockChars(), timeout: timeout, fleet: f, sched: s, peers: map[string]*peer{}}
+	done := make(chan struct{})
+	close(done)
+	return &Peers{self: self, blockChars: s.BlockChars(), timeout: timeout, fleet: f, sched: s, peers: map[string]*peer{},
+		catch: catchUp{done: done}}
+}
+
+// Cut records that this replica has lost its connection to its peers:
+// the peers live now are the ones it will wait for when it reconnects
+// (CatchUp). Routing goes on meanwhile, on this replica's own state.
+func (p *Peers) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.catch.want != nil {
+		return // cut again before the last catch-up ended: keep waiting for those
+	}
+	p.catch.want = make(map[string]uint8, len(p.peers))
+	for id := range p.peers {
+		p.catch.want[id] = 0
+	}
+}
+
+// CatchUp starts the catch-up after a reconnection: until every peer live
+// at the Cut has sent a heartbeat and a snapshot since, CaughtUp's channel
+// stays open (requests wait for it, so that this replica does not route
+// new conversations on a picture without its peers' load and sessions).
+// The caller bounds it with EndCatchUp(gen). Without a Cut before, or
+// with no peer to wait for, it ends at once.
+func (p *Peers) CatchUp() (gen uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.catch.gen++
+	if len(p.catch.want) == 0 {
+		p.catch.want = nil
+		return p.catch.gen
+	}
+	for id := range p.catch.want {
+		p.catch.want[id] = 0
+	}
+	select {
+	case <-p.catch.done:
+		p.catch.done = make(chan struct{})
+	default:
+	}
+	return p.catch.gen
+}
+
+// EndCatchUp ends catch-up gen if it is still under way: its bound has
+// passed, and a peer not heard from by then is presumed gone.
+func (p *Peers) EndCatchUp(gen uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if gen != p.catch.gen {
+		return
+	}
+	select {
+	case <-p.catch.done:
+	default:
+		p.stats.CatchUpsCut++
+		p.endCatchUp()
+	}
+}
+
+// endCatchUp ends the catch-up under way, if any. The caller holds p.mu.
+func (p *Peers) endCatchUp() {
+	p.catch.want = nil
+	select {
+	case <-p.catch.done:
+	default:
+		close(p.catch.done)
+	}
+}
+
+// caughtUpWith notes that batch kind k arrived from peer id during a
+// catch-up, and ends the catch-up when every peer waited for has sent
+// both. The caller holds p.mu.
+func (p *Peers) caughtUpWith(id string, k BatchKind) {
+	got, ok := p.catch.want[id]
+	if !ok {
+		return
+	}
+	select {
+	case <-p.catch.done:
+		return // cut, not yet reconnected: what arrives now is before the catch-up
+	default:
+	}
+	switch k {
+	case Heartbeat:
+		got |= wantHeartbeat
+	case Snapshot:
+		got |= wantSnapshot
+	}
+	p.catch.want[id] = got
+	for _, g := range p.catch.want {
+		if g != wantHeartbeat|wantSnapshot {
+			return
+		}
+	}
+	p.endCatchUp()
+}
+
+// CaughtUp returns a channel that is closed while this replica is not
+// catching up with its peers after a reconnection (see CatchUp).
+func (p *Peers) CaughtUp() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.catch.done
 }
 
 // Applied is what Apply found out about the sender.
@@ -172,6 +301,9 @@ func (p *Peers) Apply(b *Batch, now time.Time) Applied {
 		p.stats.Mismatched++
 	}
 	names := p.resolver()
+	// After the batch is applied (deferred calls run before the unlock):
+	// a request the end of a catch-up releases reads the peer's load.
+	defer p.caughtUpWith(b.Replica, b.Kind)
 	if b.Kind == Heartbeat {
 		p.report(pr, b.Events, names)
 		return a
