@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 )
@@ -58,6 +59,9 @@ type PublisherConfig struct {
 	// Bind makes the PUB socket bind even to an endpoint without a
 	// wildcard (tcp://127.0.0.1:5557), which vLLM's rule would connect.
 	Bind bool
+	// MaxMessageBytes bounds a message from a peer (a subscription, a
+	// replay request); DefaultMaxMessageBytes when 0. See guard.go.
+	MaxMessageBytes int
 }
 
 // Publisher publishes batches as vLLM's ZmqEventPublisher does. It is safe
@@ -67,8 +71,10 @@ type Publisher struct {
 	cfg    PublisherConfig
 	pub    zmq4.Socket
 	replay zmq4.Socket // nil without a replay endpoint
+	guards []*guard    // the sockets' guards
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the replay loop has returned
+	dialed chan struct{} // closed when the redial loop has returned
 
 	mu   sync.Mutex
 	seq  uint64    // the next batch's sequence number
@@ -97,41 +103,79 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) 
 		cfg.HWM = 100_000
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	p := &Publisher{cfg: cfg, cancel: cancel, done: make(chan struct{})}
+	p := &Publisher{cfg: cfg, cancel: cancel, done: make(chan struct{}), dialed: make(chan struct{})}
 	bind := cfg.Bind || binds(cfg.Endpoint)
-	// A connecting PUB redials when its connection drops, as libzmq does
-	// (zmq4 would redial a bound socket's own endpoint too, so only then).
-	p.pub = zmq4.NewPub(ctx, zmq4.WithLogger(discardLogger), zmq4.WithDialerMaxRetries(-1), zmq4.WithAutomaticReconnect(!bind))
+	g := newGuard(cfg.MaxMessageBytes, nil)
+	p.guards = append(p.guards, g)
+	// A connecting PUB dials through redial, which retries a failed dial
+	// and redials a lost connection; zmq4's own retry gives up on a failed
+	// handshake, and its reconnect runs once, inside the lost connection's
+	// reader.
+	p.pub = zmq4.NewPub(g.context(ctx), zmq4.WithLogger(discardLogger), zmq4.WithDialerMaxRetries(0),
+		zmq4.WithDialerTimeout(dialTimeout))
 	if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
 		cancel()
 		return nil, fmt.Errorf("kvevents: publisher hwm: %w", err)
 	}
-	var err error
 	if bind {
-		err = p.pub.Listen(cfg.Endpoint)
+		close(p.dialed)
+		if err := p.pub.Listen(endpoint(cfg.Endpoint)); err != nil {
+			cancel()
+			_ = p.pub.Close()
+			return nil, fmt.Errorf("kvevents: publisher %s: %w", cfg.Endpoint, err)
+		}
 	} else {
-		// A connecting PUB retries until its subscriber listens, as libzmq
-		// does; Dial returns once connected, so it runs on its own.
-		go func() { _ = p.pub.Dial(cfg.Endpoint) }()
-	}
-	if err != nil {
-		cancel()
-		_ = p.pub.Close()
-		return nil, fmt.Errorf("kvevents: publisher %s: %w", cfg.Endpoint, err)
+		go p.redial(ctx, g)
 	}
 	if cfg.ReplayEndpoint == "" {
 		close(p.done)
 		return p, nil
 	}
-	p.replay = zmq4.NewRouter(ctx, zmq4.WithLogger(discardLogger))
-	if err := p.replay.Listen(cfg.ReplayEndpoint); err != nil {
-		cancel()
-		_ = p.pub.Close()
-		_ = p.replay.Close()
+	rg := newGuard(cfg.MaxMessageBytes, nil)
+	p.guards = append(p.guards, rg)
+	p.replay = zmq4.NewRouter(rg.context(ctx), zmq4.WithLogger(discardLogger))
+	if err := p.replay.Listen(endpoint(cfg.ReplayEndpoint)); err != nil {
+		close(p.done)
+		_ = p.Close()
 		return nil, fmt.Errorf("kvevents: replay %s: %w", cfg.ReplayEndpoint, err)
 	}
 	go p.serveReplays(ctx)
 	return p, nil
+}
+
+// Reconnection, as libzmq's defaults: a connecting socket redials every
+// reconnectInterval (ZMQ_RECONNECT_IVL, 100 ms, without backoff), and a
+// dial that connects nowhere gives up after dialTimeout.
+const (
+	reconnectInterval = 100 * time.Millisecond
+	dialTimeout       = 5 * time.Second
+)
+
+// redial keeps the connecting PUB socket connected until ctx ends, as
+// libzmq does in the background: it dials until a dial (the ZMTP handshake
+// included) succeeds, waits for that connection to close, and dials again,
+// reconnectInterval after each failure or loss.
+func (p *Publisher) redial(ctx context.Context, g *guard) {
+	defer close(p.dialed)
+	ep := endpoint(p.cfg.Endpoint)
+	for {
+		if err := p.pub.Dial(ep); err != nil {
+			// A failed handshake leaves its connection open in zmq4.
+			g.closeAll()
+		}
+		for g.count() > 0 {
+			select {
+			case <-g.lost:
+			case <-ctx.Done():
+				return
+			}
+		}
+		select {
+		case <-time.After(reconnectInterval):
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // Addr is the PUB socket's bound address (nil when it connects): with
@@ -217,7 +261,8 @@ func (p *Publisher) serveReplays(ctx context.Context) {
 	}
 }
 
-// Close closes the sockets and waits for the replay loop to return.
+// Close closes the sockets and waits for the replay and redial loops to
+// return.
 func (p *Publisher) Close() error {
 	p.cancel()
 	err := p.pub.Close()
@@ -226,6 +271,10 @@ func (p *Publisher) Close() error {
 			err = e
 		}
 	}
+	for _, g := range p.guards {
+		g.closeAll()
+	}
 	<-p.done
+	<-p.dialed
 	return err
 }

@@ -8,6 +8,7 @@ import (
 	"log"
 	"net"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -68,6 +69,10 @@ const (
 	// Reconnects: the subscriber opened its socket again (after a failed
 	// dial or, when it connects, after StaleAfter of silence).
 	Reconnects
+	// Refused: a peer's connection closed for breaking the socket's
+	// limits: a frame or message beyond MaxMessageBytes, malformed ZMTP,
+	// or a handshake not finished in time (guard.go).
+	Refused
 )
 
 func (c Counter) String() string {
@@ -82,6 +87,8 @@ func (c Counter) String() string {
 		return "replay_failures"
 	case Reconnects:
 		return "reconnects"
+	case Refused:
+		return "refused"
 	}
 	return "unknown"
 }
@@ -123,6 +130,14 @@ type SubscriberConfig struct {
 	// RetryMin and RetryMax bound the backoff between failed dials
 	// (defaults 100 ms and 5 s).
 	RetryMin, RetryMax time.Duration
+	// MaxMessageBytes bounds one message from a peer, its frames together
+	// (DefaultMaxMessageBytes when 0): a peer that declares more has its
+	// connection closed before anything is allocated (Refused).
+	MaxMessageBytes int
+	// Refused, if not nil, is told why each refused connection was closed,
+	// from the goroutine that read it (for logging; Handler.Count(Refused)
+	// counts them in stream order).
+	Refused func(error)
 }
 
 func (c *SubscriberConfig) defaults() {
@@ -158,13 +173,14 @@ func Subscribe(ctx context.Context, cfg SubscriberConfig, h Handler) error {
 			return fmt.Errorf("kvevents: subscribe: replay: %w", err)
 		}
 	}
-	s := &stream{cfg: cfg, h: h}
+	s := &stream{cfg: cfg, h: h, refusedc: make(chan struct{}, 1)}
 	backoff := cfg.RetryMin
 	for first := true; ; first = false {
 		if !first {
 			h.Count(Reconnects)
 		}
 		sock, err := s.open(ctx)
+		s.countRefused()
 		if err != nil {
 			if cfg.Bind {
 				return err
@@ -208,34 +224,72 @@ type stream struct {
 	started bool
 	next    uint64 // the sequence number expected next
 	stale   bool   // Reset(ResetStale) sent since the last message
+	// refused counts refused connections not yet passed to the Handler;
+	// refusedc is signalled when it grows. The guards' callback runs on
+	// zmq4's goroutines, the Handler on Subscribe's.
+	refused  atomic.Int64
+	refusedc chan struct{}
+}
+
+// guard returns a guard for one of the stream's sockets.
+func (s *stream) guard() *guard {
+	return newGuard(s.cfg.MaxMessageBytes, func(err error) {
+		s.refused.Add(1)
+		select {
+		case s.refusedc <- struct{}{}:
+		default:
+		}
+		if s.cfg.Refused != nil {
+			s.cfg.Refused(err)
+		}
+	})
+}
+
+// countRefused passes the refused connections counted so far to the
+// Handler.
+func (s *stream) countRefused() {
+	for n := s.refused.Swap(0); n > 0; n-- {
+		s.h.Count(Refused)
+	}
 }
 
 // open makes the SUB socket, connected (or bound) and subscribed.
 func (s *stream) open(ctx context.Context) (*subSocket, error) {
-	sctx, cancel := context.WithCancel(ctx)
+	g := s.guard()
+	sctx, cancel := context.WithCancel(g.context(ctx))
 	sock := zmq4.NewSub(sctx, zmq4.WithLogger(discardLogger), zmq4.WithDialerMaxRetries(0),
 		zmq4.WithDialerTimeout(s.cfg.ReplayTimeout))
+	ss := &subSocket{sock: sock, g: g, ctx: sctx, cancel: cancel}
 	var err error
 	if s.cfg.Bind {
-		err = sock.Listen(s.cfg.Endpoint)
+		err = sock.Listen(endpoint(s.cfg.Endpoint))
 	} else {
-		err = sock.Dial(s.cfg.Endpoint)
+		err = sock.Dial(endpoint(s.cfg.Endpoint))
 	}
 	if err == nil {
 		err = sock.SetOption(zmq4.OptionSubscribe, s.cfg.Topic)
 	}
 	if err != nil {
-		cancel()
-		_ = sock.Close()
+		ss.close()
 		return nil, fmt.Errorf("kvevents: subscribe %s: %w", s.cfg.Endpoint, err)
 	}
-	return &subSocket{sock: sock, ctx: sctx, cancel: cancel}, nil
+	return ss, nil
 }
 
+// subSocket is a zmq4 socket with its guard.
 type subSocket struct {
 	sock   zmq4.Socket
+	g      *guard
 	ctx    context.Context
 	cancel context.CancelFunc
+}
+
+// close closes the socket and every connection it opened, those zmq4
+// holds and those whose handshake failed.
+func (ss *subSocket) close() {
+	ss.cancel()
+	_ = ss.sock.Close()
+	ss.g.closeAll()
 }
 
 // recvLoop sends the socket's messages to out until the socket closes
@@ -269,9 +323,9 @@ func (s *stream) run(ctx context.Context, ss *subSocket) {
 	go recvLoop(ss.ctx, ss.sock, s.cfg.Bind, msgs, stop, done)
 	defer func() {
 		close(stop)
-		ss.cancel()
-		_ = ss.sock.Close()
+		ss.close()
 		<-done
+		s.countRefused()
 	}()
 	timer := time.NewTimer(s.cfg.StaleAfter)
 	defer timer.Stop()
@@ -281,6 +335,8 @@ func (s *stream) run(ctx context.Context, ss *subSocket) {
 			return
 		case <-done:
 			return
+		case <-s.refusedc:
+			s.countRefused()
 		case msg := <-msgs:
 			s.stale = false
 			s.handle(ctx, msg)
@@ -342,12 +398,13 @@ func (s *stream) replay(ctx context.Context, from, upto uint64) bool {
 }
 
 func (s *stream) fetch(ctx context.Context, from, upto uint64) bool {
-	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
-	defer cancel()
+	g := s.guard()
+	rctx, cancel := context.WithTimeout(g.context(ctx), s.cfg.ReplayTimeout)
 	sock := zmq4.NewDealer(rctx, zmq4.WithLogger(discardLogger), zmq4.WithDialerMaxRetries(0),
 		zmq4.WithDialerTimeout(s.cfg.ReplayTimeout))
-	if err := sock.Dial(s.cfg.ReplayEndpoint); err != nil {
-		_ = sock.Close()
+	ss := &subSocket{sock: sock, g: g, ctx: rctx, cancel: cancel}
+	if err := sock.Dial(endpoint(s.cfg.ReplayEndpoint)); err != nil {
+		ss.close()
 		return false
 	}
 	replies := make(chan zmq4.Msg, 64)
@@ -355,8 +412,7 @@ func (s *stream) fetch(ctx context.Context, from, upto uint64) bool {
 	go recvLoop(rctx, sock, false, replies, stop, done)
 	defer func() {
 		close(stop)
-		cancel()
-		_ = sock.Close()
+		ss.close()
 		<-done
 	}()
 	if err := sock.SendMulti(zmq4.NewMsgFrom(nil, seqBytes(from))); err != nil {
