@@ -63,6 +63,9 @@ type exchange struct {
 	body   []byte
 	hashes []uint64 // the prompt's block hashes, for every attempt
 	keys   []uint64 // its token-block keys for the precise index, or nil
+	// tokenized is the tokenizer's answer behind keys, cached at settle
+	// if the engine accepted the request (precise.go).
+	tokenized tokenized
 	// a is the current attempt's assignment (completions); target the
 	// backend of the current attempt.
 	a      *scheduler.Assignment
@@ -137,7 +140,7 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 		ex.reject(w, e)
 		return
 	}
-	ex.keys = s.tokenKeys(r.Context(), v, body)
+	ex.keys = ex.tokenKeys(r.Context(), v, body)
 	_, span = ex.child("route", trace.SpanKindInternal)
 	a, err := s.sched.RoutePrecise(v, ex.hashes, ex.keys, nil, ex.start)
 	routeSpan(span, s.policyName(), a, err)
@@ -400,6 +403,7 @@ func (ex *exchange) settle() {
 		s.adm.Wake()
 	}
 	s.bodies.give(ex.held)
+	ex.rememberTokens()
 	policy := s.policyName()
 	if ex.target != nil { // a request the router answered itself has none
 		ex.target.Count(policy, ex.status)
