@@ -140,6 +140,13 @@ func (h *Handler) SetToken(token string) {
 	h.digest.Store(&d)
 }
 
+// Authorized reports whether token is the admin token (compared in
+// constant time); false while the API is off.
+func (h *Handler) Authorized(token string) bool {
+	digest := h.digest.Load()
+	return digest != nil && token != "" && matches(token, digest)
+}
+
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	digest := h.digest.Load()
@@ -196,7 +203,12 @@ func authorized(r *http.Request, digest *[sha256.Size]byte) bool {
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return false
 	}
-	d := sha256.Sum256([]byte(strings.TrimSpace(token)))
+	return matches(strings.TrimSpace(token), digest)
+}
+
+// matches compares token's digest with digest in constant time.
+func matches(token string, digest *[sha256.Size]byte) bool {
+	d := sha256.Sum256([]byte(token))
 	return subtle.ConstantTimeCompare(d[:], digest[:]) == 1
 }
 

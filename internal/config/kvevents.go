@@ -27,6 +27,11 @@ type KVEvents struct {
 	// TokenizeCache is how many prompts' token ids are kept, keyed by
 	// model and prompt prefix. 0 disables the cache. Default 4096.
 	TokenizeCache int `yaml:"tokenize_cache"`
+	// TokenizeCacheBytes bounds the cache in bytes: 4 a token id, plus
+	// the model's name and about a hundred bytes an entry. Only answers
+	// for requests an engine accepted are kept. 0 disables the cache.
+	// Default 64 MiB (4,096 prompts of 4,096 tokens).
+	TokenizeCacheBytes int64 `yaml:"tokenize_cache_bytes"`
 	// MinPromptTokens is the estimated prompt size (4 characters a token)
 	// below which no tokenize call is made: such a prompt spans only a
 	// few blocks and is routed approximately. Default 64 (four blocks).
@@ -55,7 +60,10 @@ const (
 	DefaultTokenizer       = "backend"
 	DefaultTokenizeTimeout = 100 * time.Millisecond
 	DefaultTokenizeCache   = 4096
-	DefaultMinPromptTokens = 64
+	// DefaultTokenizeCacheBytes is DefaultTokenizeCache answers of 4,096
+	// tokens (4 bytes each).
+	DefaultTokenizeCacheBytes = DefaultTokenizeCache * 4096 * 4
+	DefaultMinPromptTokens    = 64
 )
 
 func defaultKVEvents() KVEvents {
@@ -63,6 +71,7 @@ func defaultKVEvents() KVEvents {
 		Tokenizer:           DefaultTokenizer,
 		TokenizeTimeout:     DefaultTokenizeTimeout,
 		TokenizeCache:       DefaultTokenizeCache,
+		TokenizeCacheBytes:  DefaultTokenizeCacheBytes,
 		MinPromptTokens:     DefaultMinPromptTokens,
 		BlockTokens:         prefix.DefaultBlockTokens,
 		SpeculativeTTL:      prefix.DefaultSpeculativeTTL,
@@ -90,6 +99,9 @@ func (k *KVEvents) validate(bad func(string, ...any)) {
 	}
 	if k.TokenizeCache < 0 {
 		bad("kv_events.tokenize_cache: %d must not be negative", k.TokenizeCache)
+	}
+	if k.TokenizeCacheBytes < 0 {
+		bad("kv_events.tokenize_cache_bytes: %d must not be negative", k.TokenizeCacheBytes)
 	}
 	if k.MinPromptTokens < 0 {
 		bad("kv_events.min_prompt_tokens: %d must not be negative", k.MinPromptTokens)

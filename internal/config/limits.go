@@ -99,6 +99,36 @@ type Auth struct {
 	// Exempt are paths served without a key; one ending in "/" covers the
 	// paths under it. Default [/healthz, /readyz, /metrics, /admin/].
 	Exempt []string `yaml:"exempt"`
+	// DecisionHeaderKeys are the API keys (or "sha256:<64 hex digits>",
+	// their digests) whose requests get the routing decision headers
+	// X-Kvroute-Backend and X-Kvroute-Reason while keys are configured;
+	// so do requests that carry the admin token in X-Kvroute-Admin-Token.
+	// Other tenants do not: the reason's prefix match would tell them
+	// what another tenant's prompts hold. Without keys the router serves
+	// one tenant and every response has them. Default [].
+	DecisionHeaderKeys []string `yaml:"decision_header_keys"`
+	// IsolatePrefix salts every API key's prefix chain with the key's
+	// identity (its SHA-256), in the approximate prefix index and the
+	// precise one, so that one tenant's routing never follows another's
+	// prompts. Default false.
+	IsolatePrefix bool `yaml:"isolate_prefix"`
+}
+
+// DecisionHeaderDigests returns the digests of decision_header_keys.
+func (a Auth) DecisionHeaderDigests() (map[[sha256.Size]byte]bool, error) {
+	out := map[[sha256.Size]byte]bool{}
+	for i, k := range a.DecisionHeaderKeys {
+		where := fmt.Sprintf("auth.decision_header_keys[%d]", i)
+		d, ok, err := keyDigest(where, k)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, fmt.Errorf("%s: empty", where)
+		}
+		out[d] = true
+	}
+	return out, nil
 }
 
 func defaultAuth() Auth { return Auth{Exempt: DefaultAuthExempt} }
@@ -108,6 +138,9 @@ func (a Auth) validate(bad func(format string, args ...any)) {
 		if !strings.HasPrefix(p, "/") {
 			bad("auth.exempt[%d]: %q must start with /", i, p)
 		}
+	}
+	if _, err := a.DecisionHeaderDigests(); err != nil {
+		bad("%v", err)
 	}
 }
 

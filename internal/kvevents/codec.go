@@ -857,3 +857,46 @@ func (a *appender) WriteByte(c byte) error {
 	a.b = append(a.b, c)
 	return nil
 }
+
+// CacheSalt returns the cache salt among the extra keys of a request's
+// first block, raw as Event.ExtraKeys holds them, or "" for none. vLLM's
+// extra keys of a block are one tuple: the LoRA adapter's name (when
+// there is one), the multimodal keys, the request's cache_salt (first
+// block only) and digests of prompt embeddings (bytes). The salt is the
+// last string at the tuple's top level other than a leading LoRA name
+// equal to lora; multimodal keys are tuples in current vLLM. Malformed
+// keys give "".
+func CacheSalt(raw []byte, lora string) string {
+	if len(raw) == 0 {
+		return ""
+	}
+	d := decoders.Get().(*decoder)
+	defer d.release()
+	d.reset(raw)
+	n, err := d.arrayLen()
+	if err != nil {
+		return ""
+	}
+	salt := ""
+	for i := range n {
+		c, err := d.peek()
+		if err != nil {
+			return ""
+		}
+		if !msgpcode.IsString(c) {
+			if d.skip() != nil {
+				return ""
+			}
+			continue
+		}
+		s, err := d.str()
+		if err != nil {
+			return ""
+		}
+		if i == 0 && lora != "" && s == lora {
+			continue
+		}
+		salt = s
+	}
+	return salt
+}

@@ -284,6 +284,11 @@ func FuzzDecode(f *testing.F) {
 		if err != nil {
 			return
 		}
+		for _, ev := range b.Events {
+			for _, x := range ev.ExtraKeys {
+				_ = CacheSalt(x, ev.LoraName) // never panics on any keys
+			}
+		}
 		for _, enc := range []Encoding{Current, Legacy} {
 			again, err := Decode(Encode(nil, b, enc))
 			if err != nil {
@@ -426,5 +431,36 @@ func TestDecodeGarbageAllocatesLittle(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
 		t.Errorf("300 tiny garbage payloads allocated %d bytes", n)
+	}
+}
+
+// CacheSalt finds vLLM's cache_salt among a first block's extra keys:
+// alone, after the LoRA name, between multimodal tuples and before an
+// embedding digest; none in keys without one or in garbage.
+func TestCacheSalt(t *testing.T) {
+	enc := func(v any) []byte {
+		b, err := msgpack.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for _, tt := range []struct {
+		keys []byte
+		lora string
+		want string
+	}{
+		{enc([]any{"tenant-a"}), "", "tenant-a"},
+		{enc([]any{"sql", "tenant-a"}), "sql", "tenant-a"},
+		{enc([]any{"sql"}), "sql", ""},
+		{enc([]any{"sql", []any{"img-1", 8}, "tenant-b", []byte{1, 2}}), "sql", "tenant-b"},
+		{enc([]any{[]any{"img-1", 0}}), "", ""},
+		{nil, "", ""},
+		{[]byte{0x91}, "", ""},           // an array missing its element
+		{[]byte{0xa3, 'a', 'b'}, "", ""}, // not an array, and short
+	} {
+		if got := CacheSalt(tt.keys, tt.lora); got != tt.want {
+			t.Errorf("CacheSalt(%x, %q) = %q, want %q", tt.keys, tt.lora, got, tt.want)
+		}
 	}
 }

@@ -77,7 +77,7 @@ func (*LLMD) Name() string { return "llmd-default" }
 func (p *LLMD) blocks(in *Input, buf []uint64) []uint64 {
 	h := in.Hashes
 	if in.BlockChars != LLMDBlockChars {
-		h = prefix.Hash(buf[:0], in.View.Prompt, LLMDBlockChars)
+		h = prefix.HashSalted(buf[:0], in.View.Prompt, LLMDBlockChars, in.View.PrefixSalt)
 	}
 	if len(h) > LLMDMaxPrefixBlocks {
 		h = h[:LLMDMaxPrefixBlocks]

@@ -81,7 +81,21 @@ func HashTokens(dst []uint64, tokens []uint32, blockTokens int, salt string) []u
 	return chainTokens(dst, seedKey(salt), tokens, blockTokens)
 }
 
-// seedKey is the parent key of a chain's first block.
+// JoinSalt is the salt of a chain under a LoRA adapter (lora) and a
+// cache salt (vLLM's cache_salt, or the router's per-key salt): each
+// alone is itself, both are joined so that no other pair gives the same.
+func JoinSalt(lora, cacheSalt string) string {
+	switch {
+	case cacheSalt == "":
+		return lora
+	case lora == "":
+		return "\x00" + cacheSalt
+	}
+	return lora + "\x00" + cacheSalt
+}
+
+// seedKey is the parent key of a chain's first block, and the seed of
+// the approximate index's digest.
 func seedKey(salt string) uint64 {
 	if salt == "" {
 		return 0
@@ -343,7 +357,12 @@ func (p *Precise) store(backend int, st *stream, ev *kvevents.Event, keys []uint
 			p.loras[ev.LoraName] = struct{}{}
 		}
 	}
+	// A block without a parent starts a request's chain: vLLM salts it
+	// with the request's cache_salt, which its extra_keys carry.
 	parent := seedKey(ev.LoraName)
+	if !ev.HasParent && len(ev.ExtraKeys) > 0 {
+		parent = seedKey(JoinSalt(ev.LoraName, kvevents.CacheSalt(ev.ExtraKeys[0], ev.LoraName)))
+	}
 	if ev.HasParent {
 		pb, ok := st.eng[ev.Parent]
 		if !ok {

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmihailenco/msgpack/v5"
+
 	"github.com/kvroute/kvroute/internal/kvevents"
 )
 
@@ -339,5 +341,46 @@ func TestPreciseSpeculativeRecordsCollapse(t *testing.T) {
 	}
 	if n := len(x.streams[0].spec); n > maxSpeculative {
 		t.Errorf("%d records, bound %d", n, maxSpeculative)
+	}
+}
+
+// A request's cache_salt salts its chain as vLLM salts its first block:
+// the blocks an engine stored under a salt (its extra_keys name it) match
+// requests under that salt only, and blocks chained after them carry it.
+func TestPreciseCacheSalt(t *testing.T) {
+	keys, err := msgpack.Marshal([]any{"tenant-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := NewPrecise(PreciseConfig{BlockTokens: 4})
+	x.Reset(0, true, pt0)
+	first := stored(toks(0, 8), 0, 1, 2)
+	first.ExtraKeys = [][]byte{keys, nil}
+	x.Apply(0, []kvevents.Event{first, stored(toks(8, 4), 2, 3)}, pt0)
+	out, trusted := make([]int32, 1), make([]bool, 1)
+	for _, tt := range []struct {
+		salt string
+		want int32
+	}{{"tenant-a", 3}, {"", 0}, {"tenant-b", 0}} {
+		x.Match(HashTokens(nil, toks(0, 12), 4, JoinSalt("", tt.salt)), pt0, out, trusted)
+		if out[0] != tt.want {
+			t.Errorf("cache salt %q: %d blocks matched, want %d", tt.salt, out[0], tt.want)
+		}
+	}
+}
+
+// The approximate hash under a salt shares no block with another salt's,
+// nor with the unsalted one, and an empty salt is the plain hash.
+func TestHashSalted(t *testing.T) {
+	text := string(make([]byte, 256))
+	plain := Hash(nil, text, 64)
+	if !slices.Equal(HashSalted(nil, text, 64, ""), plain) {
+		t.Fatal("an empty salt changed the hashes")
+	}
+	a, b := HashSalted(nil, text, 64, "a"), HashSalted(nil, text, 64, "b")
+	for i := range plain {
+		if a[i] == plain[i] || a[i] == b[i] {
+			t.Fatalf("block %d shared across salts", i)
+		}
 	}
 }

@@ -39,6 +39,15 @@ const DefaultCapacity = 100000
 // not hashed: engines cache full blocks only. Block i's hash covers blocks
 // 0..i, so equal hashes at position i mean equal prefixes through block i.
 func Hash(dst []uint64, text string, blockChars int) []uint64 {
+	return HashSalted(dst, text, blockChars, "")
+}
+
+// HashSalted is Hash under salt: the digest is seeded by the salt's hash,
+// so that equal text under different salts shares no block (vLLM mixes a
+// request's cache_salt into its first block's hash, which its chain
+// carries into every later one; a seed is the same for a digest over the
+// whole prefix). An empty salt is Hash.
+func HashSalted(dst []uint64, text string, blockChars int, salt string) []uint64 {
 	if blockChars <= 0 || len(text) < blockChars {
 		return dst
 	}
@@ -47,7 +56,7 @@ func Hash(dst []uint64, text string, blockChars int) []uint64 {
 	// it, so it names that prefix as a chained hash does, with each byte
 	// hashed once and nothing copied.
 	var d xxhash.Digest
-	d.Reset()
+	d.ResetWithSeed(seedKey(salt))
 	for off := 0; off+blockChars <= len(text); off += blockChars {
 		_, _ = d.WriteString(text[off : off+blockChars])
 		dst = append(dst, d.Sum64())

@@ -20,6 +20,11 @@ type credentials struct {
 	// keys is nil when no API key is configured.
 	keys *apiKeys
 	prio priorities
+	// reveal are the digests of the keys whose requests get the decision
+	// headers (auth.decision_header_keys); isolate salts each key's
+	// prefix chain (auth.isolate_prefix). See tenant.go.
+	reveal  map[[sha256.Size]byte]bool
+	isolate bool
 }
 
 // newCredentials reads the auth and admission sections.
@@ -36,7 +41,11 @@ func newCredentials(cfg *config.Config) (*credentials, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &credentials{keys: keys, prio: priorities{fronts: fronts, keys: kp}}, nil
+	reveal, err := cfg.Auth.DecisionHeaderDigests()
+	if err != nil {
+		return nil, err
+	}
+	return &credentials{keys: keys, prio: priorities{fronts: fronts, keys: kp}, reveal: reveal, isolate: cfg.Auth.IsolatePrefix}, nil
 }
 
 // priorities decides a request's admission priority from trusted sources

@@ -3,12 +3,16 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/admin"
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/openai"
 )
 
 // liveHeap is the heap in use after two collections.
@@ -65,5 +69,57 @@ func TestDecisionLogBoundedInBytes(t *testing.T) {
 	}
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Prompts the engine refuses leave nothing in the tokenizer cache: 60
+// distinct 1 MB prompts an engine refused left 77 MB after GC. Here 24
+// distinct prompts of 64K tokens (256 KB of ids each), all refused with
+// 400, must leave the cache empty and the live heap less than a third of
+// their ids (what does grow is bounded elsewhere: the precise index's
+// speculative keys, 8 bytes a block of 16 tokens, and the approximate
+// index, capped here at 1,024 blocks), and a refused prompt sent again is
+// tokenized again.
+func TestRefusedPromptsNotCached(t *testing.T) {
+	tk := newTokenizer(t)
+	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/v1/") {
+			openai.WriteError(w, http.StatusBadRequest, openai.TypeInvalidRequest, "context_length_exceeded", "too long", 0)
+		}
+	}))
+	t.Cleanup(refusing.Close)
+	r := newRig(t, "kvroute", 1, func(c *config.Config) {
+		c.Backends[0].URL = refusing.URL
+		c.Backends[0].Models = []string{"shared"}
+		c.Backends[0].KVEvents = "tcp://127.0.0.1:1" // not followed: only the tokenizer matters
+		c.KVEvents.Tokenizer = tk.srv.URL
+		// The approximate index's own bounded growth (about 112 bytes a
+		// block) kept small, so that the heap shows the tokenizer's.
+		c.Prefix.CapacityBlocks = 1024
+	})
+	r.waitReady(http.StatusOK)
+	const prompts, promptBytes = 24, 256 << 10 // 64K tokens of 4 bytes
+	prompt := func(i int) string { return words(fmt.Sprintf("refused-%d", i), promptBytes) }
+	body := func(i int) string {
+		return `{"model":"shared","messages":[{"role":"user","content":"` + prompt(i) + `"}]}`
+	}
+	before := liveHeap()
+	for i := range prompts {
+		if res := r.post("/v1/chat/completions", body(i)); res.status != http.StatusBadRequest {
+			t.Fatalf("prompt %d: status %d, want the engine's 400", i, res.status)
+		}
+	}
+	grown := int64(liveHeap()) - int64(before)
+	t.Logf("%d refused prompts of %d bytes: live heap grew by %d bytes", prompts, promptBytes, grown)
+	if grown > prompts*promptBytes/3 {
+		t.Errorf("live heap grew by %d bytes after %d refused prompts of %d bytes: their token ids were cached", grown, prompts, promptBytes)
+	}
+	if b := r.srv.precise.tok.CachedBytes(); b != 0 {
+		t.Errorf("the tokenizer cache holds %d bytes of refused prompts", b)
+	}
+	calls := tk.calls.Load()
+	r.post("/v1/chat/completions", body(0))
+	if tk.calls.Load() != calls+1 {
+		t.Errorf("a refused prompt sent again was not tokenized again: its ids were cached")
 	}
 }

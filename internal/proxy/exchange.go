@@ -63,6 +63,9 @@ type exchange struct {
 	body   []byte
 	hashes []uint64 // the prompt's block hashes, for every attempt
 	keys   []uint64 // its token-block keys for the precise index, or nil
+	// tokenized is the tokenizer's answer behind keys, cached at settle
+	// if the engine accepted the request (precise.go).
+	tokenized tokenized
 	// a is the current attempt's assignment (completions); target the
 	// backend of the current attempt.
 	a      *scheduler.Assignment
@@ -84,6 +87,9 @@ type exchange struct {
 	// held is the room taken for the body in the budget of buffered
 	// bodies, given back by settle.
 	held int64
+	// tenant is who sent the request (tenant.go): whether it sees the
+	// decision headers, and its prefix salt.
+	tenant tenant
 	// passthrough marks a request to another endpoint than the
 	// completions (passthrough.go): its view has no prompt, and it is
 	// not retried.
@@ -100,6 +106,7 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 	ex := &exchange{s: s, start: time.Now()}
 	defer ex.settleDeferred()
 	r = ex.begin(r, "kvroute.request")
+	ex.tenant = s.tenantOf(r)
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		ex.reject(w, &openai.Error{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest, Code: "method_not_allowed", Message: r.Method + " is not allowed on " + r.URL.Path + "; use POST"})
@@ -124,6 +131,7 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 			v.SessionKey = k
 		}
 	}
+	v.PrefixSalt = ex.tenant.prefixSalt(v.PrefixSalt)
 	ex.view, ex.body = v, body
 	if e := s.checkContext(v); e != nil {
 		ex.reject(w, e)
@@ -137,7 +145,7 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 		ex.reject(w, e)
 		return
 	}
-	ex.keys = s.tokenKeys(r.Context(), v, body)
+	ex.keys = ex.tokenKeys(r.Context(), v, body)
 	_, span = ex.child("route", trace.SpanKindInternal)
 	a, err := s.sched.RoutePrecise(v, ex.hashes, ex.keys, nil, ex.start)
 	routeSpan(span, s.policyName(), a, err)
@@ -318,12 +326,15 @@ func (ex *exchange) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // relayResponse makes resp the response the client gets: its status is the
 // request's outcome (unless the client leaves first), the router's headers
-// name the backend, and its body is relayed through the exchange. head and
+// name the backend (for a tenant that may see them), and its body is
+// relayed through the exchange. head and
 // headErr are what firstByte read.
 func (ex *exchange) relayResponse(resp *http.Response, head []byte, headErr error) {
-	resp.Header.Set(headerBackend, ex.target.B.Name)
-	if ex.a != nil && ex.a.Reason != "" {
-		resp.Header.Set(headerReason, ex.a.Reason)
+	if ex.tenant.reveal {
+		resp.Header.Set(headerBackend, ex.target.B.Name)
+		if ex.a != nil && ex.a.Reason != "" {
+			resp.Header.Set(headerReason, ex.a.Reason)
+		}
 	}
 	ex.status = resp.StatusCode
 	ex.relay = newRelay(ex, resp, head, headErr)
@@ -400,6 +411,7 @@ func (ex *exchange) settle() {
 		s.adm.Wake()
 	}
 	s.bodies.give(ex.held)
+	ex.rememberTokens()
 	policy := s.policyName()
 	if ex.target != nil { // a request the router answered itself has none
 		ex.target.Count(policy, ex.status)

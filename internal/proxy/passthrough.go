@@ -21,6 +21,7 @@ func (s *Server) passthrough(w http.ResponseWriter, r *http.Request) {
 	ex := &exchange{s: s, start: time.Now(), passthrough: true}
 	defer ex.settleDeferred()
 	r = ex.begin(r, "kvroute.passthrough")
+	ex.tenant = s.tenantOf(r)
 	if e := s.passAllowed(w, r); e != nil {
 		ex.reject(w, e)
 		return

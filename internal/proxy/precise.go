@@ -42,7 +42,7 @@ func wantsPrecise(entries []config.Entry) bool {
 // the precise index's in reg.
 func newPrecise(cfg *config.Config, f *fleet.Fleet, ix *prefix.Precise, reg *prometheus.Registry) (*precise, error) {
 	k := cfg.KVEvents
-	tok, err := tokenize.New(tokenize.Config{Timeout: k.TokenizeTimeout, CacheEntries: k.TokenizeCache, Transport: newTransport(cfg.Upstream)})
+	tok, err := tokenize.New(tokenize.Config{Timeout: k.TokenizeTimeout, CacheEntries: k.TokenizeCache, CacheBytes: k.TokenizeCacheBytes, Transport: newTransport(cfg.Upstream)})
 	if err != nil {
 		return nil, err
 	}
@@ -68,12 +68,30 @@ func newPrecise(cfg *config.Config, f *fleet.Fleet, ix *prefix.Precise, reg *pro
 	return p, nil
 }
 
+// tokenized is a request's answer from the tokenizer, kept by its
+// exchange until the engine's answer says whether to cache it.
+type tokenized struct {
+	key    tokenize.Key
+	tokens []uint32
+}
+
+// rememberTokens caches the exchange's token ids once the engine has
+// accepted its request (a 2xx): a prompt the engine refused (too long, an
+// unknown model) is never cached, so that refused requests cannot fill
+// the cache.
+func (ex *exchange) rememberTokens() {
+	if p := ex.s.precise; p != nil && ex.tokenized.tokens != nil && ex.status/100 == 2 {
+		p.tok.Remember(ex.tokenized.key, ex.tokenized.tokens)
+	}
+}
+
 // tokenKeys returns the precise index's keys of v's prompt, or nil (the
 // request is then routed approximately): without a precise index, for a
 // prompt under kv_events.min_prompt_tokens, or when the tokenizer fails in
-// any way. It is called before routing, never inside the pick.
-func (s *Server) tokenKeys(ctx context.Context, v *request.View, body []byte) []uint64 {
-	p := s.precise
+// any way. It is called before routing, never inside the pick. The token
+// ids are kept in ex.tokenized for rememberTokens.
+func (ex *exchange) tokenKeys(ctx context.Context, v *request.View, body []byte) []uint64 {
+	s, p := ex.s, ex.s.precise
 	if p == nil || v.PromptTokens < p.minTokens {
 		return nil
 	}
@@ -105,6 +123,7 @@ func (s *Server) tokenKeys(ctx context.Context, v *request.View, body []byte) []
 	if d := time.Since(start); d > 50*time.Microsecond {
 		p.latency.Observe(d.Seconds()) // a cache hit takes microseconds
 	}
+	ex.tokenized = tokenized{key, toks}
 	return s.sched.TokenKeys(toks, s.sched.Precise().Salt(v.Model))
 }
 

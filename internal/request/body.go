@@ -27,6 +27,7 @@ type decoder struct {
 	sessionName string
 
 	model                         span
+	cacheSalt                     span
 	maxTokens, maxCompTok, minTok optInt
 	ignoreEOS, stream             bool
 	streamOptions, includeUsage   bool
@@ -162,9 +163,10 @@ const (
 	fIgnoreEOS
 	fStream
 	fStreamOptions
+	fCacheSalt
 )
 
-var bodyFields = []string{"model", "messages", "tools", "prompt", "max_tokens", "max_completion_tokens", "min_tokens", "ignore_eos", "stream", "stream_options"}
+var bodyFields = []string{"model", "messages", "tools", "prompt", "max_tokens", "max_completion_tokens", "min_tokens", "ignore_eos", "stream", "stream_options", "cache_salt"}
 
 // chatOnly and completionOnly are the fields only one kind reads; the other
 // passes over them as unknown.
@@ -234,6 +236,8 @@ func (d *decoder) member(f int) bool {
 		return d.optBool(&d.stream, "stream")
 	case fStreamOptions:
 		return d.streamOpts()
+	case fCacheSalt:
+		return d.optStr(&d.cacheSalt, "cache_salt")
 	}
 	return d.skip()
 }

@@ -113,6 +113,13 @@ type View struct {
 	Stream    bool
 	// IncludeUsage is stream_options.include_usage.
 	IncludeUsage bool
+	// PrefixSalt salts the prompt's prefix chain (prefix.HashSalted,
+	// prefix.HashTokens): prompts under different salts never share a
+	// block, as in vLLM, which mixes a request's cache_salt into its first
+	// block's hash so that tenants cannot probe each other's cache. Parse
+	// sets it to the body's cache_salt; the router may add the API key's
+	// id to it (auth.isolate_prefix). "" for none.
+	PrefixSalt string
 }
 
 // Options configure Parse.
@@ -212,6 +219,13 @@ func Parse(k Kind, body []byte, opt Options) (*View, *openai.Error) {
 	}
 	v := &View{Kind: k, IgnoreEOS: d.ignoreEOS, Stream: d.stream, IncludeUsage: d.streamOptions && d.includeUsage}
 	v.Model = string(d.bytes(d.model))
+	if d.cacheSalt != (span{}) { // a string was sent
+		// vLLM refuses an empty cache_salt (and null is none).
+		if d.cacheSalt.n == 0 {
+			return nil, openai.BadRequest("invalid_cache_salt", "'cache_salt' must be a non-empty string if provided")
+		}
+		v.PrefixSalt = string(d.bytes(d.cacheSalt))
+	}
 	var e *openai.Error
 	if k == Chat {
 		e = d.chatView(v)

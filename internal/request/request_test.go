@@ -1,6 +1,7 @@
 package request
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -103,5 +104,37 @@ func TestNextTurnExtendsPrompt(t *testing.T) {
 	}
 	if !strings.HasPrefix(t2.Prompt, t1.Prompt) {
 		t.Fatalf("turn 2 %q does not extend turn 1 %q", t2.Prompt, t1.Prompt)
+	}
+}
+
+// cache_salt (vLLM's) salts the prefix chain; an empty one is refused as
+// vLLM refuses it, null is none.
+func TestCacheSalt(t *testing.T) {
+	for _, tt := range []struct {
+		kind    Kind
+		body    string
+		want    string
+		wantErr string
+	}{
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"cache_salt":"tenant-a"}`, "tenant-a", ""},
+		{Completion, `{"model":"m","prompt":"x","cache_salt":"s\u00e9l"}`, "s\u00e9l", ""},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"cache_salt":null}`, "", ""},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}]}`, "", ""},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"cache_salt":""}`, "", "invalid_cache_salt"},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"cache_salt":5}`, "", "invalid_json"},
+	} {
+		v, e := Parse(tt.kind, []byte(tt.body), Options{})
+		if tt.wantErr != "" {
+			if e == nil || e.Code != tt.wantErr {
+				t.Errorf("%s: error %v, want %s", tt.body, e, tt.wantErr)
+			}
+			continue
+		}
+		if e != nil {
+			t.Fatalf("%s: %v", tt.body, e)
+		}
+		if want, _ := strconv.Unquote(`"` + tt.want + `"`); v.PrefixSalt != want {
+			t.Errorf("%s: salt %q, want %q", tt.body, v.PrefixSalt, want)
+		}
 	}
 }

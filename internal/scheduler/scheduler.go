@@ -183,7 +183,7 @@ func (s *Scheduler) Route(v *request.View, exclude []int, now time.Time) (*Assig
 // slice of their own, of exactly the prompt's full blocks, rather than a
 // pooled buffer.
 func (s *Scheduler) Hashes(v *request.View) []uint64 {
-	return prefix.Hash(make([]uint64, 0, len(v.Prompt)/s.blockCh), v.Prompt, s.blockCh)
+	return prefix.HashSalted(make([]uint64, 0, len(v.Prompt)/s.blockCh), v.Prompt, s.blockCh, v.PrefixSalt)
 }
 
 // RouteHashed is Route for a caller that has already hashed v.Prompt:

@@ -2,7 +2,10 @@
 // (vLLM's request and response shapes, which kvroute engine serves too): a
 // request's token ids as the engine will see them, chat template applied,
 // for precise prefix routing. Each call is bounded by a timeout, and
-// answers are cached per model and rendered prompt.
+// answers are cached per model and rendered prompt, bounded in entries and
+// in bytes; an answer enters the cache only when the caller says the
+// engine accepted its request (Remember), so that prompts an engine
+// refuses, however many and large, leave nothing behind.
 //
 // It decides nothing: a failure of any kind is an error to the caller,
 // who then routes the request approximately. The exchange calls it before
@@ -18,9 +21,10 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"sync"
 	"time"
 
-	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
 // maxResponseBytes bounds a /tokenize answer: 1M tokens of up to 10 digits.
@@ -32,6 +36,9 @@ type Config struct {
 	Timeout time.Duration
 	// CacheEntries is how many answers are kept (0: none).
 	CacheEntries int
+	// CacheBytes bounds the answers kept in bytes (their token ids, 4
+	// bytes each, their model names and EntryOverhead each); 0: no cache.
+	CacheBytes int64
 	// Transport carries the calls; nil: http.DefaultTransport.
 	Transport http.RoundTripper
 }
@@ -40,7 +47,7 @@ type Config struct {
 type Client struct {
 	hc      *http.Client
 	timeout time.Duration
-	cache   *lru.Cache[Key, []uint32] // nil without a cache
+	cache   *cache // nil without a cache
 }
 
 // Key names one prompt in the cache: its model and a hash of its rendered
@@ -56,13 +63,79 @@ func New(cfg Config) (*Client, error) {
 		return nil, errors.New("tokenize: timeout must be positive")
 	}
 	c := &Client{hc: &http.Client{Transport: cfg.Transport}, timeout: cfg.Timeout}
-	if cfg.CacheEntries > 0 {
+	if cfg.CacheEntries > 0 && cfg.CacheBytes > 0 {
+		c.cache = &cache{max: cfg.CacheBytes}
 		var err error
-		if c.cache, err = lru.New[Key, []uint32](cfg.CacheEntries); err != nil {
+		if c.cache.lru, err = simplelru.NewLRU(cfg.CacheEntries, c.cache.evicted); err != nil {
 			return nil, fmt.Errorf("tokenize: %w", err)
 		}
 	}
 	return c, nil
+}
+
+// EntryOverhead is what one cached answer costs besides its token ids
+// and model name: the key, the slice header, the LRU's list element and
+// map slot, rounded up.
+const EntryOverhead = 128
+
+// cache is the answers kept, least recently used first out, bounded in
+// entries (the LRU's size) and in bytes (max).
+type cache struct {
+	mu    sync.Mutex
+	lru   *simplelru.LRU[Key, []uint32]
+	bytes int64
+	max   int64
+}
+
+// cost is what an answer holds in memory.
+func cost(k Key, toks []uint32) int64 {
+	return int64(len(k.Model)) + 4*int64(cap(toks)) + EntryOverhead
+}
+
+// evicted is the LRU's callback for an entry it drops (under mu).
+func (c *cache) evicted(k Key, toks []uint32) { c.bytes -= cost(k, toks) }
+
+func (c *cache) get(k Key) ([]uint32, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lru.Get(k)
+}
+
+// add keeps toks under k, dropping the least recently used answers until
+// the bytes fit; an answer larger than the whole budget is not kept.
+func (c *cache) add(k Key, toks []uint32) {
+	n := cost(k, toks)
+	if n > c.max {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lru.Remove(k) // a replaced answer's bytes go through evicted
+	c.lru.Add(k, toks)
+	c.bytes += n
+	for c.bytes > c.max {
+		c.lru.RemoveOldest()
+	}
+}
+
+// CachedBytes is what the cached answers hold, by cost.
+func (c *Client) CachedBytes() int64 {
+	if c.cache == nil {
+		return 0
+	}
+	c.cache.mu.Lock()
+	defer c.cache.mu.Unlock()
+	return c.cache.bytes
+}
+
+// Remember caches toks, the answer Tokens gave for key, once the engine
+// has accepted the request they belong to. An answer never remembered
+// (the engine refused the request: too long, a bad model) is never
+// cached. Without a cache it does nothing.
+func (c *Client) Remember(key Key, toks []uint32) {
+	if c.cache != nil && toks != nil {
+		c.cache.add(key, toks)
+	}
 }
 
 // Request is the body of one /tokenize call: vLLM's chat form (model,
@@ -95,10 +168,11 @@ func RequestOf(model string, body []byte) (*Request, error) {
 
 // Tokens returns req's token ids from the /tokenize of base (a backend's
 // or a tokenize service's base URL), from the cache when key was answered
-// before. The returned slice is shared with the cache: never modify it.
+// before and remembered (see Remember). The returned slice may be shared
+// with the cache: never modify it.
 func (c *Client) Tokens(ctx context.Context, base *url.URL, key Key, req *Request) ([]uint32, error) {
 	if c.cache != nil {
-		if t, ok := c.cache.Get(key); ok {
+		if t, ok := c.cache.get(key); ok {
 			return t, nil
 		}
 	}
@@ -131,9 +205,6 @@ func (c *Client) Tokens(ctx context.Context, base *url.URL, key Key, req *Reques
 	t, err := ParseResponse(b)
 	if err != nil {
 		return nil, fmt.Errorf("tokenize %s: %w", base.Host, err)
-	}
-	if c.cache != nil {
-		c.cache.Add(key, t)
 	}
 	return t, nil
 }

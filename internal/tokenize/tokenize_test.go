@@ -90,18 +90,68 @@ func TestTokens(t *testing.T) {
 
 func TestTokensCached(t *testing.T) {
 	u, calls, _ := server(t, 200, `{"count":1,"tokens":[5]}`, 0)
-	c, err := New(Config{Timeout: time.Second, CacheEntries: 2})
+	c, err := New(Config{Timeout: time.Second, CacheEntries: 2, CacheBytes: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
 	req := &Request{Model: "m", Prompt: json.RawMessage(`"abc"`)}
 	for _, k := range []Key{{"m", 1}, {"m", 1}, {"n", 1}, {"m", 1}} {
-		if _, err := c.Tokens(context.Background(), u, k, req); err != nil {
+		toks, err := c.Tokens(context.Background(), u, k, req)
+		if err != nil {
 			t.Fatal(err)
 		}
+		c.Remember(k, toks)
 	}
 	if n := calls.Load(); n != 2 {
 		t.Errorf("%d calls for two distinct keys", n)
+	}
+	// An answer not remembered (its request refused) is asked again.
+	for range 2 {
+		if _, err := c.Tokens(context.Background(), u, Key{"refused", 1}, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := calls.Load(); n != 4 {
+		t.Errorf("%d calls, want 4: an answer never remembered was cached", n)
+	}
+}
+
+// The cache is bounded in bytes whatever the count: answers of 64K token
+// ids (256 KB each) under a 1 MB budget and an entry bound of 4,096 keep
+// at most 1 MB, the most recent ones; an answer larger than the whole
+// budget is not kept at all.
+func TestCacheBoundedInBytes(t *testing.T) {
+	const budget = 1 << 20
+	c, err := New(Config{Timeout: time.Second, CacheEntries: 4096, CacheBytes: budget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer := make([]uint32, 64<<10)
+	for i := range 60 {
+		c.Remember(Key{"m", uint64(i)}, answer)
+		if b := c.CachedBytes(); b > budget {
+			t.Fatalf("after %d answers the cache holds %d bytes, over its %d", i+1, b, budget)
+		}
+	}
+	if _, ok := c.cache.get(Key{"m", 59}); !ok {
+		t.Error("the most recent answer was dropped")
+	}
+	if _, ok := c.cache.get(Key{"m", 0}); ok {
+		t.Error("the oldest answer is still kept past the budget")
+	}
+	kept := c.cache.lru.Len()
+	if want := budget / int(cost(Key{"m", 0}, answer)); kept != want {
+		t.Errorf("%d answers kept, want %d", kept, want)
+	}
+	c.Remember(Key{"huge", 1}, make([]uint32, budget/4+1))
+	if _, ok := c.cache.get(Key{"huge", 1}); ok || c.CachedBytes() > budget {
+		t.Errorf("an answer over the whole budget was kept (%d bytes cached)", c.CachedBytes())
+	}
+	// Replacing an answer counts its bytes once.
+	before := c.CachedBytes()
+	c.Remember(Key{"m", 59}, answer)
+	if c.CachedBytes() != before {
+		t.Errorf("replacing an answer changed the cached bytes from %d to %d", before, c.CachedBytes())
 	}
 }
 
