@@ -43,7 +43,9 @@ type Sync struct {
 	// peers (which corrects any event lost on the way). Default 1s.
 	Heartbeat time.Duration `yaml:"heartbeat"`
 	// PeerTimeout is how long a peer may stay silent before its load is
-	// forgotten; at least twice heartbeat. Default 5s.
+	// forgotten, and the longest requests wait for the peers' load and
+	// decisions after a reconnection to NATS; at least twice heartbeat.
+	// Default 5s.
 	PeerTimeout time.Duration `yaml:"peer_timeout"`
 	// FlushInterval is the longest an event waits to be batched with
 	// others before it is sent; 0 sends at once (what queued while the

@@ -324,3 +324,65 @@ func TestPeersBlindWindow(t *testing.T) {
 		t.Fatalf("window %v beyond MaxBlindWindow", got)
 	}
 }
+
+// TestPeersCatchUp: after a cut and a reconnection, CaughtUp stays open
+// until every peer live at the cut has sent a heartbeat and a snapshot;
+// the bound ends it (counted), a stale bound does not end a newer
+// catch-up, and without a cut nothing waits.
+func TestPeersCatchUp(t *testing.T) {
+	_, _, p := fixture(t)
+	caughtUp := func() bool {
+		select {
+		case <-p.CaughtUp():
+			return true
+		default:
+			return false
+		}
+	}
+	if p.CatchUp(); !caughtUp() {
+		t.Fatal("a connection without a cut before waits")
+	}
+	hb := func(id string, seq uint64) *Batch {
+		return &Batch{Kind: Heartbeat, Replica: id, Incarnation: 1, Seq: seq, BlockChars: 64}
+	}
+	snap := func(id string) *Batch { return &Batch{Kind: Snapshot, Replica: id, Incarnation: 1, BlockChars: 64} }
+	p.Apply(hb("p", 1), t0)
+	p.Apply(hb("q", 1), t0)
+	p.Cut()
+	// While cut, nothing waits (routing goes on), and what arrives does
+	// not count toward the catch-up.
+	p.Apply(hb("p", 2), t0)
+	p.Apply(snap("p"), t0)
+	if !caughtUp() {
+		t.Fatal("requests wait while the replica is cut off")
+	}
+	gen := p.CatchUp()
+	for _, step := range []struct {
+		b    *Batch
+		want bool
+	}{
+		{hb("p", 3), false}, {snap("p"), false}, {snap("q"), false}, {hb("x", 1), false}, {hb("q", 2), true},
+	} {
+		p.Apply(step.b, t0)
+		if caughtUp() != step.want {
+			t.Fatalf("after %v from %s: caught up %v, want %v", step.b.Kind, step.b.Replica, !step.want, step.want)
+		}
+	}
+	if n := p.Stats().CatchUpsCut; n != 0 {
+		t.Fatalf("%d catch-ups cut short, want 0", n)
+	}
+	// A second cut: q never comes back. The first catch-up's bound passes
+	// and does not end the second; the second's does, and is counted.
+	p.Cut()
+	gen2 := p.CatchUp()
+	p.Apply(hb("p", 4), t0)
+	p.Apply(snap("p"), t0)
+	p.EndCatchUp(gen)
+	if caughtUp() {
+		t.Fatal("an older catch-up's bound ended the newer one")
+	}
+	p.EndCatchUp(gen2)
+	if !caughtUp() || p.Stats().CatchUpsCut != 1 {
+		t.Fatalf("after its bound: caught up %v, %d cut short; want true, 1", caughtUp(), p.Stats().CatchUpsCut)
+	}
+}
