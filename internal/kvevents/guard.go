@@ -92,8 +92,9 @@ const (
 // guard is one socket's limits and the connections it guards. The socket
 // carries it in its context, which zmq4 passes to the transport.
 type guard struct {
-	max     int64
-	refused func(error) // called for each refused connection; may be nil
+	max       int64
+	handshake time.Duration // handshakeTimeout; shorter in tests
+	refused   func(error)   // called for each refused connection; may be nil
 
 	mu   sync.Mutex
 	live map[*guardConn]struct{}
@@ -108,7 +109,7 @@ func newGuard(max int, refused func(error)) *guard {
 	if max <= 0 {
 		max = DefaultMaxMessageBytes
 	}
-	return &guard{max: int64(max), refused: refused, live: map[*guardConn]struct{}{}, lost: make(chan struct{}, 1)}
+	return &guard{max: int64(max), handshake: handshakeTimeout, refused: refused, live: map[*guardConn]struct{}{}, lost: make(chan struct{}, 1)}
 }
 
 // context returns ctx carrying g, for the zmq4 socket g guards.
@@ -157,7 +158,7 @@ func (g *guard) closeAll() {
 
 func (g *guard) wrap(c net.Conn) *guardConn {
 	gc := &guardConn{Conn: c, g: g}
-	_ = c.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	_ = c.SetReadDeadline(time.Now().Add(g.handshake))
 	g.mu.Lock()
 	g.live[gc] = struct{}{}
 	g.mu.Unlock()
@@ -386,7 +387,7 @@ func checkCommand(body []byte) error {
 func (c *guardConn) readErr(err error) error {
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() && !c.ready {
-		return c.refuse(fmt.Sprintf("no ZMTP handshake in %v", handshakeTimeout))
+		return c.refuse(fmt.Sprintf("no ZMTP handshake in %v", c.g.handshake))
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) {
 		return io.EOF
