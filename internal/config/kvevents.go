@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/kvevents"
 	"github.com/kvroute/kvroute/internal/prefix"
 )
 
@@ -53,6 +54,12 @@ type KVEvents struct {
 	// MaxBlocksPerBackend bounds the blocks kept per backend; the least
 	// recently stored are dropped first. Default 65536.
 	MaxBlocksPerBackend int `yaml:"max_blocks_per_backend"`
+	// MaxMessageBytes bounds one message on a KV event socket, its frames
+	// together (libzmq's ZMQ_MAXMSGSIZE): a peer that declares more has
+	// its connection closed before the router allocates it, as has one
+	// that breaks ZMTP. Default 16MiB (a vLLM batch is about 10 bytes a
+	// token of its engine step).
+	MaxMessageBytes ByteSize `yaml:"max_message_bytes"`
 }
 
 // Defaults of the kv_events section.
@@ -78,6 +85,7 @@ func defaultKVEvents() KVEvents {
 		StaleAfter:          prefix.DefaultStaleAfter,
 		Retrust:             prefix.DefaultRetrust,
 		MaxBlocksPerBackend: prefix.DefaultPreciseBlocks,
+		MaxMessageBytes:     kvevents.DefaultMaxMessageBytes,
 	}
 }
 
@@ -120,7 +128,14 @@ func (k *KVEvents) validate(bad func(string, ...any)) {
 	if k.MaxBlocksPerBackend <= 0 {
 		bad("kv_events.max_blocks_per_backend: %d must be positive", k.MaxBlocksPerBackend)
 	}
+	if k.MaxMessageBytes <= 0 || k.MaxMessageBytes > MaxKVMessageBytes {
+		bad("kv_events.max_message_bytes: %d must be in 1..%d (1GiB)", k.MaxMessageBytes, MaxKVMessageBytes)
+	}
 }
+
+// MaxKVMessageBytes is the largest kv_events.max_message_bytes: a message
+// is held whole, and a bound above this bounds nothing.
+const MaxKVMessageBytes = 1 << 30
 
 // KVEndpoint returns the KV event endpoint of a backend at host (an
 // address of a DNS pool, or a static entry's host) from the entry's

@@ -29,6 +29,9 @@ func TestKVEventsValidate(t *testing.T) {
 		{"zero stale", "kv_events: {stale_after: 0s}\nbackends: [{url: 'http://a:1'}]", "kv_events.stale_after"},
 		{"zero retrust", "kv_events: {retrust: 0s}\nbackends: [{url: 'http://a:1'}]", "kv_events.retrust"},
 		{"zero blocks", "kv_events: {max_blocks_per_backend: 0}\nbackends: [{url: 'http://a:1'}]", "kv_events.max_blocks_per_backend"},
+		{"message size", "kv_events: {max_message_bytes: 4MiB}\nbackends: [{url: 'http://a:1'}]", ""},
+		{"zero message size", "kv_events: {max_message_bytes: 0}\nbackends: [{url: 'http://a:1'}]", "kv_events.max_message_bytes"},
+		{"huge message size", "kv_events: {max_message_bytes: 2GiB}\nbackends: [{url: 'http://a:1'}]", "kv_events.max_message_bytes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

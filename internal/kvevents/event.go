@@ -3,7 +3,9 @@
 // evicts or clears blocks, as the router and the engine emulator exchange
 // them. Event and Batch are the decoded, encoding-neutral form: the engine
 // model produces them, the wire codec and the ZMQ transport carry them, and
-// the router's precise index consumes them.
+// the router's precise index consumes them. Every socket of the transport
+// reads its peers through a guard (guard.go) that bounds what a peer can
+// make it allocate and refuses what zmq4 would panic on.
 package kvevents
 
 // Kind is an event's tag in vLLM's tagged union.

@@ -49,10 +49,10 @@ import (
 // DefaultMaxMessageBytes is the default bound on one KV-event message: 16
 // MiB. vLLM publishes one batch per engine step, whose events cover at
 // most the step's max_num_batched_tokens (8,192 by default) in stored and
-// removed blocks: about 10 bytes a token (a token id, and per 16-token
-// block a 32-byte hash stored and one removed), 80 KiB at the default and
-// 1.3 MiB for a step of 131,072 tokens. 16 MiB leaves room for 1.6 million
-// tokens a step.
+// removed blocks: 6.2 to 7.4 bytes a token with 8-byte block hashes
+// (measured with Encode), about 3 more with vLLM's 32-byte ones, so some
+// 80 KiB at the default and 1.3 MiB for a step of 131,072 tokens. 16 MiB
+// leaves room for 1.6 million tokens a step.
 const DefaultMaxMessageBytes = 16 << 20
 
 // maxFrames bounds the frames of one message: a KV-event message has 3, a
@@ -92,8 +92,9 @@ const (
 // guard is one socket's limits and the connections it guards. The socket
 // carries it in its context, which zmq4 passes to the transport.
 type guard struct {
-	max     int64
-	refused func(error) // called for each refused connection; may be nil
+	max       int64
+	handshake time.Duration // handshakeTimeout; shorter in tests
+	refused   func(error)   // called for each refused connection; may be nil
 
 	mu   sync.Mutex
 	live map[*guardConn]struct{}
@@ -108,7 +109,7 @@ func newGuard(max int, refused func(error)) *guard {
 	if max <= 0 {
 		max = DefaultMaxMessageBytes
 	}
-	return &guard{max: int64(max), refused: refused, live: map[*guardConn]struct{}{}, lost: make(chan struct{}, 1)}
+	return &guard{max: int64(max), handshake: handshakeTimeout, refused: refused, live: map[*guardConn]struct{}{}, lost: make(chan struct{}, 1)}
 }
 
 // context returns ctx carrying g, for the zmq4 socket g guards.
@@ -157,7 +158,7 @@ func (g *guard) closeAll() {
 
 func (g *guard) wrap(c net.Conn) *guardConn {
 	gc := &guardConn{Conn: c, g: g}
-	_ = c.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	_ = c.SetReadDeadline(time.Now().Add(g.handshake))
 	g.mu.Lock()
 	g.live[gc] = struct{}{}
 	g.mu.Unlock()
@@ -386,7 +387,7 @@ func checkCommand(body []byte) error {
 func (c *guardConn) readErr(err error) error {
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() && !c.ready {
-		return c.refuse(fmt.Sprintf("no ZMTP handshake in %v", handshakeTimeout))
+		return c.refuse(fmt.Sprintf("no ZMTP handshake in %v", c.g.handshake))
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) {
 		return io.EOF

@@ -154,6 +154,34 @@ func TestRefusedBound(t *testing.T) {
 	}
 }
 
+// TestHandshakeTimeout: a client of a bound subscriber that sends part of
+// a greeting and waits is closed after the handshake timeout, and a
+// publisher that connects afterwards is served (zmq4 handshakes accepted
+// connections one at a time: the silent client held its accept loop).
+func TestHandshakeTimeout(t *testing.T) {
+	addr := freeAddr(t)
+	r := newRecorder()
+	subscribe(t, SubscriberConfig{Endpoint: "tcp://" + addr, Bind: true, handshakeTimeout: 200 * time.Millisecond}, r)
+	var c net.Conn
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var err error
+		if c, err = net.Dial("tcp", addr); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+	}
+	defer c.Close()
+	if _, err := c.Write(greeting()[:10]); err != nil {
+		t.Fatal(err)
+	}
+	r.wait(t, "a refusal", func() bool { return r.counts[Refused] > 0 })
+	closedByPeer(t, c)
+	p := newPublisher(t, PublisherConfig{Endpoint: "tcp://" + addr})
+	joined(t, p, r)
+}
+
 // TestMessageAtTheLimit: a message of exactly MaxMessageBytes, frames
 // together, passes; one byte less is refused.
 func TestMessageAtTheLimit(t *testing.T) {

@@ -138,6 +138,9 @@ type SubscriberConfig struct {
 	// from the goroutine that read it (for logging; Handler.Count(Refused)
 	// counts them in stream order).
 	Refused func(error)
+
+	// handshakeTimeout, when set, replaces handshakeTimeout (tests).
+	handshakeTimeout time.Duration
 }
 
 func (c *SubscriberConfig) defaults() {
@@ -233,7 +236,7 @@ type stream struct {
 
 // guard returns a guard for one of the stream's sockets.
 func (s *stream) guard() *guard {
-	return newGuard(s.cfg.MaxMessageBytes, func(err error) {
+	g := newGuard(s.cfg.MaxMessageBytes, func(err error) {
 		s.refused.Add(1)
 		select {
 		case s.refusedc <- struct{}{}:
@@ -243,6 +246,10 @@ func (s *stream) guard() *guard {
 			s.cfg.Refused(err)
 		}
 	})
+	if s.cfg.handshakeTimeout > 0 {
+		g.handshake = s.cfg.handshakeTimeout
+	}
+	return g
 }
 
 // countRefused passes the refused connections counted so far to the

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/kvroute/kvroute/internal/kvevents"
 	"github.com/kvroute/kvroute/internal/members"
@@ -17,6 +18,7 @@ type streamMetrics struct {
 	decodeErrors, gaps       *prometheus.CounterVec // backend
 	replays                  *prometheus.CounterVec // backend, outcome
 	stale, reconnects, fails *prometheus.CounterVec // backend
+	refused                  *prometheus.CounterVec // backend
 }
 
 func newStreamMetrics(reg *prometheus.Registry) *streamMetrics {
@@ -33,6 +35,7 @@ func newStreamMetrics(reg *prometheus.Registry) *streamMetrics {
 		stale:        c("kvroute_kv_stale_total", "Times the backend's KV event stream was silent for kv_events.stale_after (routed approximately until its next event)."),
 		reconnects:   c("kvroute_kv_reconnects_total", "Times the subscriber reopened its socket to the backend's KV event stream."),
 		fails:        c("kvroute_kv_stream_errors_total", "KV event streams that could not run (an endpoint that cannot be bound)."),
+		refused:      c("kvroute_kv_refused_total", "Connections to the backend's KV event endpoint closed for breaking its limits: a frame or message over kv_events.max_message_bytes, malformed ZMTP, a handshake not done in 10s."),
 	}
 }
 
@@ -42,7 +45,17 @@ func (s *Server) kvStream(ctx context.Context, m *members.Member, endpoint, repl
 	ix := s.sched.Precise()
 	defer ix.Forget(m.B.ID)
 	h := &streamHandler{ix: ix, id: m.B.ID, name: m.B.Name, m: s.streamMetrics, first: true}
-	cfg := kvevents.SubscriberConfig{Endpoint: endpoint, Bind: bind, ReplayEndpoint: replay, StaleAfter: s.cfg.KVEvents.StaleAfter}
+	logRefused := &rate.Sometimes{Interval: time.Second}
+	cfg := kvevents.SubscriberConfig{Endpoint: endpoint, Bind: bind, ReplayEndpoint: replay, StaleAfter: s.cfg.KVEvents.StaleAfter,
+		MaxMessageBytes: int(s.cfg.KVEvents.MaxMessageBytes),
+		Refused: func(err error) {
+			// Counted each time (kvroute_kv_refused_total), logged at most
+			// once a second: a client of a bound endpoint can reconnect
+			// as fast as it likes.
+			logRefused.Do(func() {
+				s.log.Warn("kv events: connection closed; more may follow unlogged (kvroute_kv_refused_total)", "backend", m.B.Name, "err", err)
+			})
+		}}
 	s.log.Info("kv events: subscribing", "backend", m.B.Name, "endpoint", endpoint, "replay", replay, "bind", bind)
 	if err := kvevents.Subscribe(ctx, cfg, h); err != nil {
 		s.streamMetrics.fails.WithLabelValues(m.B.Name).Inc()
@@ -108,6 +121,8 @@ func (h *streamHandler) Count(c kvevents.Counter) {
 		h.m.replays.WithLabelValues(h.name, "failed").Inc()
 	case kvevents.Reconnects:
 		h.m.reconnects.WithLabelValues(h.name).Inc()
+	case kvevents.Refused:
+		h.m.refused.WithLabelValues(h.name).Inc()
 	}
 }
 

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -210,5 +211,53 @@ func TestStreamHandler(t *testing.T) {
 		if c.got != 1 {
 			t.Errorf("%s counted %v, want 1", c.name, c.got)
 		}
+	}
+}
+
+// TestKVEventsRefused: a client of a bound KV event endpoint
+// (kv_events_bind) that completes the ZMTP handshake and declares a frame
+// of 2^62 bytes has its connection closed and counted; the router runs on.
+// (zmq4 v0.17.0 allocated the declared size: panic: makeslice: len out of
+// range, and the router exited.)
+func TestKVEventsRefused(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	r := newRig(t, "prefix", 1, func(c *config.Config) {
+		c.Backends[0].KVEvents = "tcp://" + addr
+		c.Backends[0].KVEventsBind = true
+	})
+	// A ZMTP 3.0 greeting (NULL mechanism), a READY command saying PUB,
+	// then a frame header with the long flag and a length of 2^62.
+	attack := make([]byte, 64)
+	attack[0], attack[9], attack[10] = 0xff, 0x7f, 3
+	copy(attack[12:], "NULL")
+	attack = append(attack, 0x04, 25, 5, 'R', 'E', 'A', 'D', 'Y', 11)
+	attack = append(attack, "Socket-Type\x00\x00\x00\x03PUB"...)
+	attack = append(attack, 0x02, 0x40, 0, 0, 0, 0, 0, 0, 0)
+	var c net.Conn
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if c, err = net.Dial("tcp", addr); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the router never bound %s: %v", addr, err)
+		}
+	}
+	defer c.Close()
+	if _, err := c.Write(attack); err != nil {
+		t.Fatal(err)
+	}
+	refused := r.srv.streamMetrics.refused.WithLabelValues(r.srv.Fleet().Snapshot().All[0].Name)
+	for deadline := time.Now().Add(10 * time.Second); counterValue(refused) != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("kvroute_kv_refused_total is %v, want 1", counterValue(refused))
+		}
+	}
+	if res := r.get("/healthz"); res.status != http.StatusOK {
+		t.Errorf("/healthz answered %d after the attack", res.status)
 	}
 }
