@@ -168,7 +168,8 @@ type Limits struct {
 	// 413. A number of bytes or a size such as "32MiB". Default 32MiB.
 	MaxBodyBytes ByteSize `yaml:"max_body_bytes"`
 	// MaxHeaderBytes bounds the request line and headers; the HTTP server
-	// answers larger ones with 431. Default 1MiB.
+	// answers larger ones with 431. Default 64KiB (Envoy allows 60KiB,
+	// nginx 32KiB in its large buffers).
 	MaxHeaderBytes ByteSize `yaml:"max_header_bytes"`
 	// MaxMessages is the largest number of chat messages accepted; more
 	// get 400. Default 100000.
@@ -217,6 +218,32 @@ type Limits struct {
 	// parser's scratch). Default 0: 8 x max_body_bytes (256MiB with the
 	// default 32MiB).
 	MaxBufferedBytes ByteSize `yaml:"max_buffered_bytes"`
+	// MaxBufferedBytesPerClient bounds the part of max_buffered_bytes that
+	// one client's bodies still arriving may hold (a client is its API
+	// key when keys are configured, else its IPv4 address or IPv6 /64):
+	// a request that would go over it gets 429. A body that has fully
+	// arrived no longer counts against its client. Default 0: a quarter
+	// of max_buffered_bytes, at least max_body_bytes.
+	MaxBufferedBytesPerClient ByteSize `yaml:"max_buffered_bytes_per_client"`
+	// MinBodyRate is the slowest a client may send its body, in bytes a
+	// second averaged from the end of its headers, once body_rate_grace
+	// has passed (Kestrel's MinRequestBodyDataRate); a slower client gets
+	// 408 and the connection is closed. Default 1KiB. 0 turns it off
+	// (body_timeout still bounds the whole body).
+	MinBodyRate ByteSize `yaml:"min_body_rate"`
+	// BodyRateGrace is the time a body may take before min_body_rate
+	// applies. Default 5s.
+	BodyRateGrace time.Duration `yaml:"body_rate_grace"`
+	// MaxConnections bounds the client connections open at once on
+	// listen. When it is reached the router stops accepting (new
+	// connections wait in the kernel's backlog) and closes its oldest
+	// idle keep-alive connection to make room. Default 0: half the
+	// process's file descriptor limit (RLIMIT_NOFILE), leaving the other
+	// half for connections to the backends, at least 64.
+	MaxConnections int `yaml:"max_connections"`
+	// IdleTimeout is how long a keep-alive connection may wait for its
+	// next request before the router closes it. Default 2m.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
 }
 
 // Prefix tunes the prefix-cache index.

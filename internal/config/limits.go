@@ -13,12 +13,15 @@ import (
 
 // Defaults of the limits section.
 const (
-	DefaultMaxHeaderBytes    = 1 << 20
+	DefaultMaxHeaderBytes    = 64 << 10
 	DefaultMaxMessages       = 100000
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultBodyTimeout       = 60 * time.Second
 	DefaultClientWrite       = 60 * time.Second
 	DefaultAuthFailures      = 30
+	DefaultMinBodyRate       = 1 << 10
+	DefaultBodyRateGrace     = 5 * time.Second
+	DefaultIdleTimeout       = 2 * time.Minute
 )
 
 func defaultLimits() Limits {
@@ -32,6 +35,9 @@ func defaultLimits() Limits {
 		ClientWriteTimeout:    DefaultClientWrite,
 		AuthFailuresPerMinute: DefaultAuthFailures,
 		MaxBytesPerToken:      request.MaxBytesPerToken,
+		MinBodyRate:           DefaultMinBodyRate,
+		BodyRateGrace:         DefaultBodyRateGrace,
+		IdleTimeout:           DefaultIdleTimeout,
 	}
 }
 
@@ -64,6 +70,47 @@ func (l Limits) validate(bad func(format string, args ...any)) {
 	if l.MaxBytesPerToken < 1 {
 		bad("limits.max_bytes_per_token: %d must be at least 1", l.MaxBytesPerToken)
 	}
+	if l.MaxBufferedBytesPerClient < 0 {
+		bad("limits.max_buffered_bytes_per_client: %d must not be negative", l.MaxBufferedBytesPerClient)
+	} else if l.MaxBufferedBytesPerClient > 0 && l.MaxBufferedBytesPerClient < l.MaxBodyBytes {
+		bad("limits.max_buffered_bytes_per_client: %d is below max_body_bytes (%d): no body of the largest size could be read", l.MaxBufferedBytesPerClient, l.MaxBodyBytes)
+	}
+	if l.MinBodyRate < 0 {
+		bad("limits.min_body_rate: %d must not be negative (0 is off)", l.MinBodyRate)
+	}
+	if l.BodyRateGrace < 0 {
+		bad("limits.body_rate_grace: %v must not be negative", l.BodyRateGrace)
+	}
+	if l.MaxConnections < 0 {
+		bad("limits.max_connections: %d must not be negative (0 derives it from the file descriptor limit)", l.MaxConnections)
+	}
+	if l.IdleTimeout <= 0 {
+		bad("limits.idle_timeout: %v must be positive", l.IdleTimeout)
+	}
+}
+
+// BufferedBytesPerClient is max_buffered_bytes_per_client, or its default:
+// a quarter of the budget, at least one body of max_body_bytes, at most
+// the whole budget.
+func (l Limits) BufferedBytesPerClient() int64 {
+	if l.MaxBufferedBytesPerClient > 0 {
+		return min(int64(l.MaxBufferedBytesPerClient), l.BufferedBytes())
+	}
+	return min(max(l.BufferedBytes()/4, int64(l.MaxBodyBytes)), l.BufferedBytes())
+}
+
+// MinConnections is the least max_connections derived from the file
+// descriptor limit.
+const MinConnections = 64
+
+// Connections is max_connections, or its default for a process allowed
+// nofile descriptors: half of them (the other half for connections to the
+// backends, the metrics scrapes and the peers), at least MinConnections.
+func (l Limits) Connections(nofile uint64) int {
+	if l.MaxConnections > 0 {
+		return l.MaxConnections
+	}
+	return int(max(min(nofile/2, 1<<30), MinConnections))
 }
 
 // DefaultBufferedBodies is max_buffered_bytes in bodies of max_body_bytes

@@ -24,6 +24,13 @@ func TestLimitsAndAuthValidation(t *testing.T) {
 		{"budget and bound set", "limits: {max_buffered_bytes: 1GiB, max_bytes_per_token: 64}", ""},
 		{"budget below a body", "limits: {max_body_bytes: 32MiB, max_buffered_bytes: 1MiB}", "limits.max_buffered_bytes"},
 		{"zero bytes a token", "limits: {max_bytes_per_token: 0}", "limits.max_bytes_per_token"},
+		{"client limits set", "limits: {max_buffered_bytes_per_client: 64MiB, min_body_rate: 4KiB, body_rate_grace: 2s, max_connections: 1000, idle_timeout: 30s}", ""},
+		{"share below a body", "limits: {max_body_bytes: 32MiB, max_buffered_bytes_per_client: 1MiB}", "limits.max_buffered_bytes_per_client"},
+		{"negative rate", "limits: {min_body_rate: -1}", "bad size"},
+		{"rate off", "limits: {min_body_rate: 0}", ""},
+		{"negative grace", "limits: {body_rate_grace: -1s}", "limits.body_rate_grace"},
+		{"negative connections", "limits: {max_connections: -1}", "limits.max_connections"},
+		{"zero idle timeout", "limits: {idle_timeout: 0s}", "limits.idle_timeout"},
 		{"passthrough set", "passthrough: {allow: [POST /v1/embeddings, GET /v1/files]}", ""},
 		{"passthrough none", "passthrough: {allow: []}", ""},
 		{"passthrough without method", "passthrough: {allow: [/v1/embeddings]}", "passthrough.allow[0]"},
@@ -85,5 +92,33 @@ func TestKeyDigests(t *testing.T) {
 		if _, err := a.KeyDigests(); err == nil {
 			t.Errorf("%+v: no error", a)
 		}
+	}
+}
+
+// The defaults of the client limits: headers at 64 KiB, a quarter of the
+// body budget a client, connections from the descriptor limit.
+func TestClientLimitDefaults(t *testing.T) {
+	l := Default().Limits
+	if l.MaxHeaderBytes != 64<<10 {
+		t.Errorf("max_header_bytes %d, want 64KiB", l.MaxHeaderBytes)
+	}
+	if got, want := l.BufferedBytesPerClient(), l.BufferedBytes()/4; got != want {
+		t.Errorf("share %d, want a quarter of %d", got, l.BufferedBytes())
+	}
+	l.MaxBufferedBytes = l.MaxBodyBytes // one body: the share is all of it
+	if got := l.BufferedBytesPerClient(); got != int64(l.MaxBodyBytes) {
+		t.Errorf("share of a one-body budget %d, want %d", got, l.MaxBodyBytes)
+	}
+	for _, tt := range []struct {
+		nofile uint64
+		want   int
+	}{{1 << 20, 1 << 19}, {1024, 512}, {100, MinConnections}, {0, MinConnections}} {
+		if got := l.Connections(tt.nofile); got != tt.want {
+			t.Errorf("Connections(%d) = %d, want %d", tt.nofile, got, tt.want)
+		}
+	}
+	l.MaxConnections = 10
+	if got := l.Connections(1 << 20); got != 10 {
+		t.Errorf("configured max_connections: %d", got)
 	}
 }

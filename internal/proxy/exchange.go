@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -173,7 +172,7 @@ func (ex *exchange) forward(w http.ResponseWriter, r *http.Request) {
 		defer func() { _ = ex.client.SetWriteDeadline(time.Time{}) }()
 	}
 	rp := httputil.ReverseProxy{
-		Rewrite:      rewrite,
+		Rewrite:      ex.s.rewrite,
 		Transport:    ex,
 		ErrorHandler: ex.proxyError,
 		ErrorLog:     ex.s.proxyLog,
@@ -436,70 +435,6 @@ func errorOf(e *openai.Error) error {
 		return nil
 	}
 	return e
-}
-
-// readBody reads the whole body, bounded by limits.max_body_bytes, and
-// takes its size from the router's budget of buffered bodies
-// (limits.max_buffered_bytes) before reading it, giving it back when the
-// exchange settles: a body the budget cannot hold gets 503 unread. A body
-// of unknown length takes its room as it grows.
-func (ex *exchange) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *openai.Error) {
-	s := ex.s
-	limit := int64(s.cfg.Limits.MaxBodyBytes)
-	if r.ContentLength > limit {
-		return nil, tooLarge(limit)
-	}
-	size := max(min(r.ContentLength, limit), 512)
-	if !ex.hold(size) {
-		return nil, s.busy(w)
-	}
-	buf := make([]byte, 0, size)
-	body := http.MaxBytesReader(w, r.Body, limit)
-	for {
-		if len(buf) == cap(buf) && int64(len(buf)) == r.ContentLength {
-			// All announced bytes are in: the server ends the body
-			// there, so look for its end without growing the buffer.
-			// (An error other than the end is sticky: the read below
-			// meets it again.)
-			var probe [1]byte
-			n, err := body.Read(probe[:])
-			if n == 0 && err == io.EOF {
-				return buf, nil
-			}
-			if n > 0 {
-				return nil, openai.BadRequest("body_read_error", "the request body is longer than its Content-Length")
-			}
-		}
-		if len(buf) == cap(buf) {
-			grow := min(2*int64(cap(buf)), limit+1) - int64(cap(buf))
-			if grow <= 0 {
-				grow = 512 // one read past the limit, to see it
-			}
-			if !ex.hold(grow) {
-				return nil, s.busy(w)
-			}
-			buf = slices.Grow(buf, int(grow))
-		}
-		n, err := body.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			return buf, nil
-		}
-		if err != nil {
-			if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-				return nil, tooLarge(limit)
-			}
-			if errors.Is(err, errBodyTimeout) {
-				return nil, s.bodyTimeout(w)
-			}
-			return nil, openai.BadRequest("body_read_error", "could not read the request body: "+err.Error())
-		}
-	}
-}
-
-func tooLarge(limit int64) *openai.Error {
-	return &openai.Error{Status: http.StatusRequestEntityTooLarge, Type: openai.TypeInvalidRequest, Code: "request_too_large",
-		Message: "request body is larger than the router's limit of " + strconv.FormatInt(limit, 10) + " bytes"}
 }
 
 // routeError maps the scheduler's errors to client errors.

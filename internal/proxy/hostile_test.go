@@ -211,21 +211,25 @@ func TestPassthroughBodyLimit(t *testing.T) {
 // TestBodyBudget: the bodies held at once are bounded by
 // limits.max_buffered_bytes; one more gets 503 server_busy with
 // Retry-After before its body is read, and the room comes back when the
-// requests end.
+// requests end. Room is taken as bytes arrive (TestIdleBodiesHoldNoBudget),
+// so the two clients that fill it send all of their bodies but the last
+// byte.
 func TestBodyBudget(t *testing.T) {
 	const body = 1 << 20
 	r := newRig(t, "round-robin", 1, func(c *config.Config) {
 		c.Limits.MaxBodyBytes = body
 		c.Limits.MaxBufferedBytes = 2 * body
+		c.Limits.MaxBufferedBytesPerClient = 2 * body
 	})
-	// Two slow clients, each announcing a 1 MiB body and sending a byte.
+	// Two slow clients, each announcing a 1 MiB body and sending all of
+	// it but its last byte.
 	var writers []*io.PipeWriter
 	var wg sync.WaitGroup
 	for range 2 {
 		pr, pw := io.Pipe()
 		writers = append(writers, pw)
 		wg.Go(func() { r.send(http.MethodPost, "/v1/completions", "application/json", pr, body) })
-		go func() { _, _ = pw.Write([]byte("{")) }()
+		go func() { _, _ = pw.Write(make([]byte, body-1)) }()
 	}
 	deadline := time.Now().Add(3 * time.Second)
 	for r.srv.bodies.used.Load() < 2*body && time.Now().Before(deadline) {

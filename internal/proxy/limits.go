@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/openai"
@@ -57,100 +56,108 @@ func errMissingModel() *openai.Error {
 	return openai.BadRequest("missing_model", "you must provide a model parameter")
 }
 
-// budget is the room for request bodies the router holds at once
-// (limits.max_buffered_bytes), shared by every exchange.
-type budget struct {
-	used  atomic.Int64
-	limit int64
-}
-
-// take reserves n bytes, or reports false if they would exceed the limit.
-func (b *budget) take(n int64) bool {
-	if b.used.Add(n) > b.limit {
-		b.used.Add(-n)
-		return false
-	}
-	return true
-}
-
-// give returns n bytes taken.
-func (b *budget) give(n int64) {
-	if n != 0 {
-		b.used.Add(-n)
-	}
-}
-
-// hold takes n bytes of the body budget for the exchange.
-func (ex *exchange) hold(n int64) bool {
-	if !ex.s.bodies.take(n) {
-		return false
-	}
-	ex.held += n
-	return true
-}
-
-// busy is the answer to a body that the budget cannot hold: the router's
-// memory for bodies is full of other requests' (503, not 429: it is no
-// fault of this client). The unread body is not drained.
-func (s *Server) busy(w http.ResponseWriter) *openai.Error {
-	w.Header().Set("Connection", "close")
-	s.metrics.bodyBudgetRejects.Inc()
-	return &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Code: "server_busy",
-		Message: fmt.Sprintf("the router holds as many request bodies as limits.max_buffered_bytes (%d bytes) allows; retry shortly", s.bodies.limit), RetryAfter: 1}
-}
-
 // limitBody bounds the time a client takes to send its body (slowloris on
-// the body): the connection's read deadline is set when the handler starts.
-// It must not outlive the body, or it would cut long responses: net/http
-// clears it when the body hits EOF (before its background read of the
-// connection), and deadlineBody clears it on any other end as well.
+// the body) in two ways: the whole body within limits.body_timeout, and,
+// once limits.body_rate_grace has passed, an average of at least
+// limits.min_body_rate bytes a second since the headers ended (a client
+// that sends one byte now and then is cut long before body_timeout). Both
+// are the connection's read deadline, set when the handler starts and
+// pushed forward as bytes arrive. It must not outlive the body, or it
+// would cut long responses: net/http clears it when the body hits EOF
+// (before its background read of the connection), and deadlineBody clears
+// it on any other end as well.
 func (s *Server) limitBody(next http.Handler) http.Handler {
-	timeout := s.cfg.Limits.BodyTimeout
+	l := s.cfg.Limits
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Body == nil || r.Body == http.NoBody {
 			next.ServeHTTP(w, r)
 			return
 		}
-		rc := http.NewResponseController(w)
-		if rc.SetReadDeadline(time.Now().Add(timeout)) == nil {
-			r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
+		d := &deadlineBody{ReadCloser: r.Body, rc: http.NewResponseController(w), start: time.Now(),
+			timeout: l.BodyTimeout, rate: float64(l.MinBodyRate), grace: l.BodyRateGrace}
+		if d.extend() == nil {
+			r.Body = d
 		}
 		next.ServeHTTP(w, r)
 	})
 }
 
-// deadlineBody clears the read deadline when the body ends, and turns a
-// deadline expiry into errBodyTimeout. After an expiry the deadline stays:
+// deadlineBody keeps the connection's read deadline at the body's
+// deadline, clears it when the body ends, and turns a deadline expiry into
+// errBodyTimeout or errBodyTooSlow. After an expiry the deadline stays:
 // the server would otherwise wait for the rest of the slow body before
 // closing the connection.
 type deadlineBody struct {
 	io.ReadCloser
 	rc   *http.ResponseController
 	done bool
+	// start is the end of the headers, got the body bytes read since.
+	start time.Time
+	got   int64
+	// timeout is limits.body_timeout; rate (bytes a second, 0 for none)
+	// and grace are limits.min_body_rate and limits.body_rate_grace.
+	timeout time.Duration
+	rate    float64
+	grace   time.Duration
+	// byRate is set while the deadline is the rate's, not body_timeout's.
+	byRate bool
 }
 
 // errBodyTimeout is the body read error of a client that sent its body too
-// slowly.
-var errBodyTimeout = errors.New("the client sent its request body too slowly")
+// slowly; errBodyTooSlow, one of them, of a client under the minimum rate.
+var (
+	errBodyTimeout = errors.New("the client sent its request body too slowly")
+	errBodyTooSlow = fmt.Errorf("%w: under limits.min_body_rate", errBodyTimeout)
+)
+
+// extend sets the read deadline for the bytes got so far: the time by
+// which they would have arrived at the minimum rate after the grace, or
+// the end of body_timeout if that comes first.
+func (d *deadlineBody) extend() error {
+	end := d.start.Add(d.timeout)
+	d.byRate = false
+	if d.rate > 0 {
+		byRate := d.start.Add(d.grace + time.Duration(float64(d.got)/d.rate*float64(time.Second)))
+		if byRate.Before(end) {
+			end, d.byRate = byRate, true
+		}
+	}
+	return d.rc.SetReadDeadline(end)
+}
 
 func (d *deadlineBody) Read(p []byte) (int, error) {
 	n, err := d.ReadCloser.Read(p)
+	d.got += int64(n)
 	if err == nil || d.done {
+		if n > 0 && d.byRate && !d.done {
+			_ = d.extend() // a body that kept up with the rate earns its time
+		}
 		return n, err
 	}
 	d.done = true
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+		if d.byRate {
+			return n, errBodyTooSlow
+		}
 		return n, errBodyTimeout
 	}
 	_ = d.rc.SetReadDeadline(time.Time{})
 	return n, err
 }
 
-// bodyTimeout is the client error of a body sent too slowly. The
+// bodyTimeout is the client error of a body sent too slowly (err is
+// errBodyTimeout or errBodyTooSlow), counted as a limit hit. The
 // connection is closed after it, since the rest of the body may still be
 // on its way.
-func (s *Server) bodyTimeout(w http.ResponseWriter) *openai.Error {
+func (s *Server) bodyTimeout(w http.ResponseWriter, r *http.Request, err error) *openai.Error {
 	w.Header().Set("Connection", "close")
-	return &openai.Error{Status: http.StatusRequestTimeout, Type: openai.TypeInvalidRequest, Code: "body_timeout",
-		Message: fmt.Sprintf("the request body did not arrive within limits.body_timeout (%v)", s.cfg.Limits.BodyTimeout)}
+	l := s.cfg.Limits
+	msg := fmt.Sprintf("the request body did not arrive within limits.body_timeout (%v)", l.BodyTimeout)
+	limit := limitBodyTimeout
+	if errors.Is(err, errBodyTooSlow) {
+		msg = fmt.Sprintf("the request body arrived slower than limits.min_body_rate (%d bytes a second after %v)", l.MinBodyRate, l.BodyRateGrace)
+		limit = limitBodyRate
+	}
+	s.limits.hit(limit, r.RemoteAddr)
+	return &openai.Error{Status: http.StatusRequestTimeout, Type: openai.TypeInvalidRequest, Code: "body_timeout", Message: msg}
 }

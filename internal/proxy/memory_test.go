@@ -93,7 +93,11 @@ func allocated(t testing.TB, client *http.Client, url string, body []byte) (uint
 // having been allocated. Each body is sent once before it is measured, so
 // that the prefix index already holds its blocks: the index's own growth
 // (about 112 bytes a block, up to prefix.capacity_blocks a backend, 11 MB
-// by default) is a bounded cost of the index, not of the request.
+// by default) is a bounded cost of the index, not of the request. The
+// body's buffer grows as its bytes arrive, never on its declared length
+// alone (body.go): the smaller buffers it outgrew add up to less than a
+// third of the body, hence 3.7x (3.14-3.21x when the declared length was
+// allocated at once).
 func TestRequestMemory(t *testing.T) {
 	url, stop := memoryRig(t)
 	defer stop()
@@ -104,8 +108,8 @@ func TestRequestMemory(t *testing.T) {
 			n, status := allocated(t, client, url+tt.path, tt.body)
 			ratio := float64(n) / float64(len(tt.body))
 			t.Logf("%d-byte body: status %d, allocated %.2fx the body", len(tt.body), status, ratio)
-			if ratio > 3.25 {
-				t.Errorf("a %d-byte body (status %d) allocated %.2fx its size, more than 3.25x", len(tt.body), status, ratio)
+			if ratio > 3.7 {
+				t.Errorf("a %d-byte body (status %d) allocated %.2fx its size, more than 3.7x", len(tt.body), status, ratio)
 			}
 		})
 	}

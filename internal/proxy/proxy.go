@@ -77,8 +77,15 @@ type Server struct {
 
 	// adm is the admission queue; nil when no admission limit is set.
 	adm *admission.Controller
-	// bodies is the budget of request bodies held in memory.
+	// bodies is the budget of request bodies held in memory, and shares
+	// each client's part of it while its bodies arrive (body.go).
 	bodies budget
+	shares shares
+	// limits counts and logs the client limits hit (hits.go).
+	limits *limitHits
+	// via is the router's name in the Via headers of the requests it
+	// forwards, which tells it a request that looped back (via.go).
+	via string
 	// passAllow are the endpoints passed through (passthrough.allow).
 	passAllow []config.Endpoint
 
@@ -137,6 +144,8 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		proxyLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 	}
 	s.bodies.limit = cfg.Limits.BufferedBytes()
+	s.shares.limit = cfg.Limits.BufferedBytesPerClient()
+	s.via = viaName()
 	s.passAllow = cfg.Passthrough.Endpoints()
 	sc := scheduler.Config{BlockChars: cfg.Prefix.BlockChars, Capacity: cfg.Prefix.CapacityBlocks}
 	if wantsPrecise(entries) {
@@ -145,6 +154,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	}
 	s.sched = scheduler.New(s.fleet, p, sc)
 	s.metrics = newMetrics(s.fleet)
+	s.limits = newLimitHits(s.metrics.reg, logger)
 	if sc.Precise != nil {
 		if s.precise, err = newPrecise(cfg, s.fleet, s.sched.Precise(), s.metrics.reg); err != nil {
 			return nil, err
@@ -191,7 +201,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	}
 	s.creds.Store(creds)
 	s.failures = newAuthFailures(cfg.Limits.AuthFailuresPerMinute)
-	s.handler = guardFraming(s.limitBody(s.requireKey(s.routes())))
+	s.handler = s.guardLoop(guardFraming(s.limitBody(s.requireKey(s.routes()))))
 	return s, nil
 }
 
@@ -224,7 +234,10 @@ func (s *Server) Start() error {
 		return fmt.Errorf("listen: %w", err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
+	conns := newConnLimit(ln, s.cfg.Limits.Connections(fileLimit()), s.limits)
+	ln = conns
 	srv := s.httpServer(s.handler)
+	srv.ConnState = conns.track
 	var asrv *http.Server
 	if aln != nil {
 		mux := http.NewServeMux()
@@ -260,7 +273,7 @@ func (s *Server) httpServer(h http.Handler) *http.Server {
 		Handler:           h,
 		ReadHeaderTimeout: s.cfg.Limits.ReadHeaderTimeout,
 		MaxHeaderBytes:    int(s.cfg.Limits.MaxHeaderBytes),
-		IdleTimeout:       2 * time.Minute,
+		IdleTimeout:       s.cfg.Limits.IdleTimeout,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
 }

@@ -33,12 +33,13 @@ type relay struct {
 	complete bool
 	broken   error
 	// sse marks an event stream, which gets an error event if its backend
-	// breaks it: tail tracks event boundaries, and cut holds the event's
-	// unsent bytes, then cutErr is returned.
-	sse    bool
-	tail   sseTail
-	cut    []byte
-	cutErr error
+	// breaks it: tail tracks event boundaries, cut holds the event's
+	// unsent bytes, and cutting is set once it does, after which the body
+	// ends cleanly (io.EOF).
+	sse     bool
+	tail    sseTail
+	cut     []byte
+	cutting bool
 	// idle closes rc when the backend stays silent for idleAfter; nil
 	// without a stream idle timeout. idleFired is set when it did.
 	idle      *time.Timer
@@ -68,11 +69,11 @@ func newRelay(ex *exchange, resp *http.Response, head []byte, headErr error) *re
 }
 
 func (t *relay) Read(p []byte) (int, error) {
-	if t.cutErr != nil {
+	if t.cutting {
 		n := copy(p, t.cut)
 		t.cut = t.cut[n:]
 		if n == 0 {
-			return 0, t.cutErr
+			return 0, io.EOF // the chunked body ends as any other
 		}
 		return n, nil
 	}
@@ -85,7 +86,7 @@ func (t *relay) Read(p []byte) (int, error) {
 	}
 	t.tail.note(p[:n])
 	if t.broken != nil {
-		t.cut, t.cutErr = streamErrorEvent(err, t.tail.atBoundary()), err
+		t.cut, t.cutting = streamErrorEvent(err, t.tail.atBoundary()), true
 		if n == 0 {
 			return t.Read(p)
 		}

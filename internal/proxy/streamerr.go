@@ -10,8 +10,9 @@ import (
 )
 
 // A stream whose backend breaks after its first byte cannot be retried:
-// the client already holds part of it. The router then ends it in two
-// ways a client can detect, whatever its SSE library:
+// the client already holds part of it. The router then ends it as vLLM
+// ends a stream its engine failed, in a way a client can detect whatever
+// its SSE library:
 //
 //  1. it appends one SSE event in the OpenAI error shape,
 //
@@ -23,14 +24,19 @@ import (
 //     its own (the OpenAI SDKs raise an APIError on an event with an
 //     "error" key). The message names neither the backend nor its
 //     address; the router's log has both, and the cause;
-//  2. it never sends data: [DONE], and aborts the response instead of
-//     ending it, so that the HTTP framing itself is truncated (an
-//     unterminated chunked body, seen by HTTP clients as an unexpected
-//     EOF).
+//  2. it never sends data: [DONE] (vLLM does after its error event; a
+//     client that ignores error events can still tell the stream is
+//     incomplete), and then ends the response cleanly: the chunked body
+//     gets its terminating zero-length chunk, so that an HTTP client
+//     reads the error event rather than failing on a truncated body (the
+//     OpenAI SDKs raise an APIError with the event's message, not a
+//     connection error), and the connection stays usable.
 //
 // The bytes the backend sent before the break reach the client unchanged.
 // Non-SSE bodies (a JSON completion) get no event, which would corrupt
-// them: only the abort.
+// them: they are aborted instead, so that the HTTP framing itself is
+// truncated (an unterminated chunked body, or fewer bytes than the
+// Content-Length, seen by HTTP clients as an unexpected EOF).
 
 // The error codes of the event: a stream its backend broke, and one its
 // backend left silent.
