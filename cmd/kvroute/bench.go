@@ -188,7 +188,7 @@ func benchMain(ctx context.Context, stdout, stderr io.Writer, f *benchFlags, opt
 		Requests:       reqs,
 		Policy:         f.label,
 		Duration:       duration,
-		Progress:       bench.Terminal(),
+		Progress:       bench.StderrProgress(),
 		MaxConcurrency: f.maxConc,
 	})
 	if runErr != nil && run.Completed+run.Errors == 0 {

@@ -157,7 +157,8 @@ flags:
 		log.Error("start", "err", err)
 		return 1
 	}
-	go watchReloads(ctx, fs.Lookup("config").Value.String(), cfg.Fleet.ConfigPoll, srv, load, log)
+	watched := []string{fs.Lookup("config").Value.String(), cfg.ListenTLS.CertFile, cfg.ListenTLS.KeyFile}
+	go watchReloads(ctx, watched, cfg.Fleet.ConfigPoll, srv, load, log)
 	<-ctx.Done()
 	stop() // a second signal kills the process at once
 	log.Info("shutting down: waiting for in-flight requests", "grace", cfg.ShutdownGrace)
