@@ -53,7 +53,7 @@ func runBench(args []string) int {
 		o := fs.Output()
 		fmt.Fprintln(o, "usage: kvroute bench --target URL --workload NAME|FILE [--rate R | --speedup X] [--duration D] [--limit N] [--seed S] [--model M] [--out DIR] [--json FILE]")
 		fmt.Fprintln(o, "\nReplays a workload open-loop: every request starts at its arrival time, whatever the latency of earlier ones. Records time to first token, inter-token latency, end-to-end latency and the cached prompt tokens the server reports, and prints a table.\n\nflags:")
-		fs.PrintDefaults()
+		printDefaults(fs)
 		writeBuiltins(o)
 	}
 	if code, ok := parseFlags(fs, args, false); !ok {
@@ -188,7 +188,7 @@ func benchMain(ctx context.Context, stdout, stderr io.Writer, f *benchFlags, opt
 		Requests:       reqs,
 		Policy:         f.label,
 		Duration:       duration,
-		Progress:       bench.Terminal(),
+		Progress:       bench.StderrProgress(),
 		MaxConcurrency: f.maxConc,
 	})
 	if runErr != nil && run.Completed+run.Errors == 0 {

@@ -1,13 +1,18 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/bench"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/report"
 )
@@ -43,48 +48,131 @@ const (
 	demoPolicies  = "round-robin,least-request,kvroute"
 )
 
+// demoOptions are what a demo run may change: its flags, and its span
+// (fixed for the command, shortened by tests).
+type demoOptions struct {
+	timeScale float64
+	seed      int64
+	out       string
+	span      time.Duration
+}
+
 func runDemo(args []string) int {
-	if len(args) > 0 {
-		fmt.Fprintln(os.Stderr, "usage: kvroute demo\n\nRuns a one-minute live comparison on 4 emulated engines whose KV cache cannot hold every conversation everywhere; it takes no flags.")
-		if args[0] == "-h" || args[0] == "--help" {
-			return 0
-		}
-		return 2
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	o := demoOptions{span: demoSpan}
+	fs.Float64Var(&o.timeScale, "time-scale", demoTimeScale, "emulated seconds per real second; lower it if the report warns that the engines fell behind the real clock (the run takes longer)")
+	fs.Int64Var(&o.seed, "seed", 1, "seed of the workload and of the policies' random choices")
+	fs.StringVar(&o.out, "out", "", "write report.html and the charts into this directory (default: a new temporary directory)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `usage: kvroute demo [--time-scale X] [--seed S] [--out DIR]
+
+Runs a one-minute live comparison of round-robin, least-request and
+kvroute on %s emulated engines whose KV cache cannot hold every
+conversation everywhere, and prints a verdict, the table and the path of
+an HTML report. Progress goes to stderr: a bar on a terminal, else a line
+every %v.
+
+flags:
+`, demoEngines, bench.LogProgressEvery)
+		printDefaults(fs)
+	}
+	if code, ok := parseFlags(fs, args, true); !ok {
+		return code
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := demoMain(ctx, os.Stdout); err != nil {
+	if err := demoMain(ctx, os.Stdout, o); err != nil {
 		fmt.Fprintf(os.Stderr, "kvroute demo: %v\n", err)
 		return 1
 	}
 	return 0
 }
 
-func demoMain(ctx context.Context, stdout io.Writer) error {
+// demoMain runs the demo and prints its report, which opens with the
+// verdict, the clock warning when the engines fell behind, and the
+// commands that reproduce the run; the tables follow.
+func demoMain(ctx context.Context, stdout io.Writer, o demoOptions) error {
+	if o.timeScale <= 0 {
+		return errors.New("--time-scale must be positive")
+	}
 	var w fleetFlags
 	w.engines, w.preset, w.workload, w.policies = demoEngines, demoPreset, demoWorkload, demoPolicies
-	w.load, w.seed = demoLoad, 1
-	w.duration, w.kvBlocks = demoSpan, demoKVBlocks
-	fmt.Fprintf(stdout, "kvroute demo: %s engines (%s, KV cache cut to %d tokens each), workload %q at %.0f%% load, policies %s\n\n",
-		demoEngines, demoPreset, demoKVBlocks*engine.BlockSize, demoWorkload, 100*demoLoad, demoPolicies)
-	dir, err := os.MkdirTemp("", "kvroute-demo-")
-	if err != nil {
-		return fmt.Errorf("demo: %w", err)
+	w.load, w.seed = demoLoad, o.seed
+	w.duration, w.kvBlocks = o.span, demoKVBlocks
+	fmt.Fprintf(stdout, "kvroute demo: %s engines (%s, KV cache cut to %d tokens each), workload %q at %.0f%% load, policies %s; about %.0fs\n",
+		demoEngines, demoPreset, demoKVBlocks*engine.BlockSize, demoWorkload, 100*demoLoad, demoPolicies, 3*o.span.Seconds()/o.timeScale)
+	w.out = o.out
+	if w.out == "" {
+		dir, err := os.MkdirTemp("", "kvroute-demo-")
+		if err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+		w.out = dir
 	}
-	w.out = dir
-	rep, page, err := compareMain(ctx, stdout, &w, demoTimeScale)
+	rerun := fmt.Sprintf("kvroute demo --time-scale %s --seed %d", strconv.FormatFloat(o.timeScale, 'g', -1, 64), o.seed)
+	if o.span != demoSpan {
+		rerun = "" // a test's shortened run: only compare reproduces it
+	}
+	var verdict string
+	lead := func(c *compared) []string {
+		verdict = demoVerdict(c.rep)
+		return demoOpening(verdict, c, rerun)
+	}
+	var tables bytes.Buffer
+	c, err := compareMain(ctx, &tables, &w, o.timeScale, lead)
 	if err != nil {
 		return err
 	}
-	rr, kv := findRun(rep, report.RoundRobin), findRun(rep, "kvroute")
+	rr, kv := findRun(c.rep, report.RoundRobin), findRun(c.rep, "kvroute")
 	if rr == nil || kv == nil {
 		return fmt.Errorf("demo: missing a run")
 	}
 	fmt.Fprintln(stdout)
+	for _, l := range demoOpening(verdict, c, rerun) {
+		fmt.Fprintln(stdout, l)
+	}
+	fmt.Fprintln(stdout)
+	_, _ = tables.WriteTo(stdout)
+	fmt.Fprintln(stdout)
 	fmt.Fprintln(stdout, gainLine("p99 time to first token", rr.TTFT.P99, kv.TTFT.P99, "ms", true))
 	fmt.Fprintln(stdout, gainLine("prefix cache hit rate", 100*rr.PrefixHitRate, 100*kv.PrefixHitRate, "%", false))
-	fmt.Fprintf(stdout, "\nreport: %s\n", page)
+	fmt.Fprintf(stdout, "\nreport: %s\n", c.page)
 	return nil
+}
+
+// demoOpening is the first lines of the demo's report, on stdout and in
+// the HTML page alike: the verdict, the clock warning if any, and the
+// commands that reproduce the run (rerun, the demo's own, may be "").
+func demoOpening(verdict string, c *compared, rerun string) []string {
+	lines := []string{verdict}
+	if c.clockWarning != "" {
+		lines = append(lines, c.clockWarning+" (the figures measure the machine as much as the routing)")
+	}
+	if rerun != "" {
+		lines = append(lines, "reproduce: "+rerun+", or the same run as: "+c.command)
+	} else {
+		lines = append(lines, "reproduce: "+c.command)
+	}
+	return lines
+}
+
+// demoVerdict says in one sentence what the demo showed: whether kvroute
+// cut the p99 time to first token against round-robin, and by keeping
+// conversations where their cache is.
+func demoVerdict(rep *report.Report) string {
+	rr, kv := findRun(rep, report.RoundRobin), findRun(rep, "kvroute")
+	switch {
+	case rr == nil || kv == nil:
+		return "Verdict: none: a run is missing."
+	case rr.TTFT.P99 <= 0 || kv.TTFT.P99 <= 0 || kv.Completed == 0:
+		return fmt.Sprintf("Verdict: none: kvroute completed %d requests and round-robin %d, too few to compare.", kv.Completed, rr.Completed)
+	case kv.TTFT.P99 < rr.TTFT.P99:
+		return fmt.Sprintf("Verdict: kvroute cut the p99 time to first token %.1fx against round-robin (%.0f ms vs %.0f ms) by keeping each conversation where its KV cache is (prefix cache hit rate %.0f%% vs %.0f%%).",
+			rr.TTFT.P99/kv.TTFT.P99, kv.TTFT.P99, rr.TTFT.P99, 100*kv.PrefixHitRate, 100*rr.PrefixHitRate)
+	default:
+		return fmt.Sprintf("Verdict: no gain in this run: kvroute's p99 time to first token was %.0f ms against round-robin's %.0f ms (prefix cache hit rate %.0f%% vs %.0f%%).",
+			kv.TTFT.P99, rr.TTFT.P99, 100*kv.PrefixHitRate, 100*rr.PrefixHitRate)
+	}
 }
 
 func findRun(rep *report.Report, policy string) *report.Run {

@@ -46,7 +46,7 @@ engine publishes its KV cache events on ZMQ as vLLM does.
 
 flags:
 `)
-		fs.PrintDefaults()
+		printDefaults(fs)
 		fmt.Fprintln(out, "\npresets:")
 		for _, p := range engine.Presets() {
 			fmt.Fprintf(out, "  %-22s model %s, %d KV blocks, context %d, max-num-seqs %d, max-num-batched-tokens %d, %.0f prefill tokens/s\n",

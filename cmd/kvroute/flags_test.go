@@ -61,10 +61,11 @@ func TestOracleBoundsCompareAndSim(t *testing.T) {
 	w := fleetFlags{engines: "2", preset: "h100-llama3-8b", workload: "chat", policies: "round-robin,kvroute",
 		rate: 4, duration: 3 * time.Second, seed: 1, oracle: true, out: t.TempDir()}
 	var out strings.Builder
-	rep, page, err := compareMain(t.Context(), &out, &w, 10)
+	res, err := compareMain(t.Context(), &out, &w, 10, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	rep, page := res.rep, res.page
 	checkReportPage(t, page, w.out)
 	if rep.Oracle == nil || rep.Oracle.P99TTFTms < rep.Oracle.MeanTTFTms || rep.Oracle.MeanTTFTms <= 0 {
 		t.Fatalf("compare --oracle: oracle %+v", rep.Oracle)
@@ -142,7 +143,7 @@ func TestKillReplicaAtNeedsReplicas(t *testing.T) {
 		w := fleetFlags{engines: "2", preset: "h100-llama3-8b", workload: "chat", policies: "kvroute",
 			rate: 4, duration: 3 * time.Second, seed: 1, replicas: tc.replicas, killReplicaAt: tc.at}
 		var out strings.Builder
-		if _, _, err := compareMain(t.Context(), &out, &w, 10); err == nil || !strings.Contains(err.Error(), "--kill-replica-at") {
+		if _, err := compareMain(t.Context(), &out, &w, 10, nil); err == nil || !strings.Contains(err.Error(), "--kill-replica-at") {
 			t.Errorf("--replicas %d --kill-replica-at %v: err %v, want a --kill-replica-at error", tc.replicas, tc.at, err)
 		}
 	}

@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"sort"
+	"strings"
 
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -74,6 +76,20 @@ func parseFlags(fs *flag.FlagSet, args []string, noArgs bool) (code int, ok bool
 	}
 	return 0, true
 }
+
+// printDefaults prints fs's flags as the usage lines write them, with two
+// dashes (--backend): the flag package accepts both and prints one.
+func printDefaults(fs *flag.FlagSet) {
+	var b strings.Builder
+	out := fs.Output()
+	fs.SetOutput(&b)
+	fs.PrintDefaults()
+	fs.SetOutput(out)
+	fmt.Fprint(out, singleDash.ReplaceAllString(b.String(), "$1--"))
+}
+
+// singleDash is the start of a flag's line in flag.PrintDefaults' output.
+var singleDash = regexp.MustCompile(`(?m)^(  )-`)
 
 // writeBuiltins lists the built-in workloads for a command's --help.
 func writeBuiltins(w io.Writer) {

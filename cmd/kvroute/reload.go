@@ -13,9 +13,11 @@ import (
 )
 
 // watchReloads reloads srv's configuration with load on SIGHUP and, when
-// path is set and poll is positive, whenever the file at path changes,
-// until ctx is done. An invalid configuration is logged and ignored.
-func watchReloads(ctx context.Context, path string, poll time.Duration, srv *proxy.Server, load func() (*config.Config, error), log *slog.Logger) {
+// poll is positive, whenever one of the files at paths changes (the
+// config file, and the listener's certificate and key, which cert-manager
+// renews in place), until ctx is done. An invalid configuration is logged
+// and ignored.
+func watchReloads(ctx context.Context, paths []string, poll time.Duration, srv *proxy.Server, load func() (*config.Config, error), log *slog.Logger) {
 	reload := make(chan struct{}, 1)
 	kick := func() {
 		select {
@@ -26,8 +28,14 @@ func watchReloads(ctx context.Context, path string, poll time.Duration, srv *pro
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	if path != "" && poll > 0 {
-		go config.Watch(ctx, path, poll, kick)
+	for _, path := range paths {
+		if path == "" || poll <= 0 {
+			continue
+		}
+		go config.Watch(ctx, path, poll, func() {
+			log.Info("reload: file changed", "path", path)
+			kick()
+		})
 	}
 	for {
 		select {
@@ -36,7 +44,6 @@ func watchReloads(ctx context.Context, path string, poll time.Duration, srv *pro
 		case <-hup:
 			log.Info("reload: SIGHUP")
 		case <-reload:
-			log.Info("reload: config file changed", "path", path)
 		}
 		_ = srv.ReloadWith(load)
 	}

@@ -12,8 +12,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/bench"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/report"
@@ -25,6 +27,10 @@ import (
 func init() {
 	commands["sim"] = command{"replay a workload on a simulated fleet in virtual time, one run per policy", runSim}
 }
+
+// progressOut is where sim, compare and demo report their progress;
+// stubbed in tests.
+var progressOut = bench.StderrProgress
 
 // fleetFlags are the workload selection flags sim and compare share.
 type fleetFlags struct {
@@ -176,7 +182,7 @@ func runSim(args []string) int {
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--max-num-seqs N] [--max-num-batched-tokens N [--configure-limits]] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--replicas N [--sync-delay D] [--no-sync]] [--late-binding[=both] [--hold-tokens N] [--hold-order fcfs|deadline] [--hold-slack X] [--hold-cap D]] [--json FILE] [--requests FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nReplays the workload on a simulated fleet in virtual time, with the same scheduler and engine model as kvroute serve and kvroute engine, once per policy.\n\nflags:")
-		fs.PrintDefaults()
+		printDefaults(fs)
 		writeBuiltins(fs.Output())
 	}
 	if code, ok := parseFlags(fs, args, false); !ok {
@@ -223,6 +229,7 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, lb *lateFlags, sweep 
 
 	rep := &report.Report{}
 	var jobs []sim.Job
+	var routed atomic.Int64 // every run's requests routed so far
 	// oracles[k] bounds the k-th load's requests: a synthetic workload is
 	// regenerated at each load's rate, so each load has its own bound.
 	var oracles []*report.Oracle
@@ -251,7 +258,7 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, lb *lateFlags, sweep 
 						Engines: engines, KVBlocks: w.kvBlocks, ConfigureLimits: w.configureLimits, Policy: p, Seed: w.seed, OfferedLoad: offered,
 						Name: p + h.suffix + v.suffix, KVEvents: v.kv, Faults: faults,
 						Replicas: w.replicas, SyncDelay: w.syncDelay, NoSync: w.noSync,
-						Hold: h.hold, OracleTTFT: own,
+						Hold: h.hold, OracleTTFT: own, Routed: &routed,
 					}})
 				}
 			}
@@ -261,7 +268,15 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, lb *lateFlags, sweep 
 		rep.Oracle = oracles[0]
 	}
 	start := time.Now()
+	total := 0
+	for _, j := range jobs {
+		total += len(j.Reqs)
+	}
+	stop := progressOut().Lines(func(el time.Duration) string {
+		return fmt.Sprintf("sim: %d/%d requests routed over %d runs, %v", routed.Load(), total, len(jobs), el)
+	})
 	runs, err := sim.RunAll(jobs, parallel)
+	stop()
 	if err != nil {
 		return err
 	}

@@ -16,14 +16,16 @@ func runValidate(args []string) int {
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: kvroute validate --config FILE [serve's override flags]
 
-Checks the config as 'kvroute serve' would use it (with the same flags
-applied) and prints "ok", or the problems and exits with status 1.
+Runs every check 'kvroute serve' runs before it starts, on the config as
+serve would use it (the same flags and KVROUTE_* environment variables
+applied, the admin token, API keys and TLS files read), and prints "ok",
+or the problems and exits with status 1.
 
 flags:
 `)
-		fs.PrintDefaults()
+		printDefaults(fs)
 	}
-	if code, ok := parseFlags(fs, args, true); !ok {
+	if code, ok := parseConfigFlags(fs, args); !ok {
 		return code
 	}
 	if _, err := load(); err != nil {

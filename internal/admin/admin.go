@@ -121,6 +121,11 @@ type Handler struct {
 	now    func() time.Time
 }
 
+// Off is what every admin path answers, with 404, while the API is off:
+// how to turn it on.
+const Off = "the admin API is off: set a token of at least 16 characters in KVROUTE_ADMIN_TOKEN, admin.token_file or admin.token " +
+	"(e.g. KVROUTE_ADMIN_TOKEN=$(openssl rand -hex 16)) and call it with Authorization: Bearer <token>"
+
 // New returns the admin API over src and log. An empty token disables it:
 // every path answers 404, as if the API did not exist.
 func New(token string, src Source, log *Log) *Handler {
@@ -151,7 +156,7 @@ func (h *Handler) Authorized(token string) bool {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	digest := h.digest.Load()
 	if digest == nil {
-		notFound(w, r)
+		openai.WriteError(w, http.StatusNotFound, openai.TypeNotFound, "admin_api_off", Off, 0)
 		return
 	}
 	path := strings.TrimPrefix(r.URL.Path, strings.TrimSuffix(Prefix, "/"))

@@ -66,9 +66,9 @@ type Config struct {
 	// Duration, if positive, drops requests arriving at or after it.
 	// Requests already sent are waited for.
 	Duration time.Duration
-	// Progress, if not nil, receives a progress bar redrawn in place (see
-	// Terminal).
-	Progress io.Writer
+	// Progress, if not nil, says where the run reports its progress (see
+	// StderrProgress).
+	Progress *Progress
 	// MaxConcurrency caps requests in flight (default
 	// DefaultMaxConcurrency). A request arriving at the cap is not sent and
 	// counts as an error: an open-loop generator must not wait, and an
@@ -79,14 +79,28 @@ type Config struct {
 	Client *http.Client
 }
 
-// Terminal returns os.Stderr when it is a terminal, else nil: progress bars
-// are for people, not for logs.
-func Terminal() io.Writer {
-	fi, err := os.Stderr.Stat()
-	if err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-		return os.Stderr
+// Progress is where and how a run reports its progress.
+type Progress struct {
+	// W receives it.
+	W io.Writer
+	// Every, when positive, writes one line every Every instead of a bar
+	// redrawn in place: a log or a CI job keeps each line, where a bar's
+	// carriage returns would make one endless line.
+	Every time.Duration
+}
+
+// LogProgressEvery is how often a run's progress line is written when its
+// output is not a terminal.
+const LogProgressEvery = 5 * time.Second
+
+// StderrProgress reports on os.Stderr: a bar redrawn in place when it is a
+// terminal, else a line every LogProgressEvery, so that a piped or CI run
+// is not silent for a minute.
+func StderrProgress() *Progress {
+	if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+		return &Progress{W: os.Stderr}
 	}
-	return nil
+	return &Progress{W: os.Stderr, Every: LogProgressEvery}
 }
 
 // Run replays cfg.Requests against cfg.Target and summarises the samples.
@@ -133,7 +147,7 @@ func Drive(ctx context.Context, cfg Config) ([]report.Sample, time.Duration, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stopProgress := r.progress(cfg.Progress, len(reqs))
+	stopProgress := r.progress(cfg.Progress, cfg.Policy, len(reqs))
 	limit := int64(cfg.maxConcurrency())
 	r.start = time.Now()
 	var wg sync.WaitGroup
@@ -348,46 +362,84 @@ func (r *runner) do(ctx context.Context, wr *workload.Request, s *report.Sample,
 	}
 }
 
-// progress starts redrawing a progress bar on w every 200 ms; the returned
-// function draws the final state and stops.
-func (r *runner) progress(w io.Writer, total int) func() {
-	if w == nil {
+// progress starts reporting on p: a bar redrawn every 200 ms, or a line
+// every p.Every; the returned function reports the final state and stops.
+func (r *runner) progress(p *Progress, label string, total int) func() {
+	if p == nil || p.W == nil {
 		return func() {}
+	}
+	w, every := p.W, 200*time.Millisecond
+	if p.Every > 0 {
+		every = p.Every
+	}
+	if label != "" {
+		label += ": "
 	}
 	draw := func() {
 		done, errs, in := r.done.Load(), r.errors.Load(), r.inflight.Load()
+		el := time.Duration(0)
+		if !r.start.IsZero() {
+			el = time.Since(r.start).Round(100 * time.Millisecond)
+		}
+		if p.Every > 0 {
+			fmt.Fprintf(w, "%s%d/%d done, %d errors, %d in flight, %v\n", label, done, total, errs, in, el)
+			return
+		}
 		const width = 30
 		fill := 0
 		if total > 0 {
 			fill = int(done) * width / total
 		}
-		el := time.Duration(0)
-		if !r.start.IsZero() {
-			el = time.Since(r.start).Round(100 * time.Millisecond)
-		}
-		fmt.Fprintf(w, "\r[%s%s] %d/%d done, %d errors, %d in flight, %v   ",
-			strings.Repeat("=", fill), strings.Repeat(" ", width-fill), done, total, errs, in, el)
+		fmt.Fprintf(w, "\r%s[%s%s] %d/%d done, %d errors, %d in flight, %v   ",
+			label, strings.Repeat("=", fill), strings.Repeat(" ", width-fill), done, total, errs, in, el)
 	}
-	stop := make(chan struct{})
+	stop := tick(every, draw)
+	return func() {
+		stop()
+		draw()
+		if p.Every <= 0 {
+			fmt.Fprintln(w)
+		}
+	}
+}
+
+// Lines writes line(elapsed) on p every p.Every (or every LogProgressEvery
+// when p draws a bar on a terminal) until the returned function is
+// called: for a command with no bar of its own (kvroute sim). A run
+// shorter than that writes nothing. A nil p reports nothing.
+func (p *Progress) Lines(line func(elapsed time.Duration) string) (stop func()) {
+	if p == nil || p.W == nil {
+		return func() {}
+	}
+	every := p.Every
+	if every <= 0 {
+		every = LogProgressEvery
+	}
+	start := time.Now()
+	return tick(every, func() { fmt.Fprintln(p.W, line(time.Since(start).Round(100*time.Millisecond))) })
+}
+
+// tick calls fn every interval on a goroutine of its own until the
+// returned function is called, which waits for a call under way.
+func tick(every time.Duration, fn func()) (stop func()) {
+	done := make(chan struct{})
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
-		t := time.NewTicker(200 * time.Millisecond)
+		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
-			case <-stop:
+			case <-done:
 				return
 			case <-t.C:
-				draw()
+				fn()
 			}
 		}
 	}()
 	return func() {
-		close(stop)
+		close(done)
 		<-finished
-		draw()
-		fmt.Fprintln(w)
 	}
 }
 

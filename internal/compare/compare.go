@@ -15,7 +15,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -72,8 +71,8 @@ type Config struct {
 	// OfferedLoad is copied into every run (see sim.Offered).
 	OfferedLoad float64
 	// Progress, when not nil, receives the load generator's progress bar
-	// (see bench.Terminal) and one line per policy.
-	Progress io.Writer
+	// (see bench.StderrProgress) and one line per policy.
+	Progress *bench.Progress
 	// Logger receives the servers' logs; nil discards them.
 	Logger *slog.Logger
 	// Driver, when not nil, receives each engine's driver statistics at
@@ -119,7 +118,7 @@ func Run(ctx context.Context, reqs []workload.Request, cfg Config) (*report.Repo
 				run.OfferedLoad = cfg.OfferedLoad
 				rep.Runs = append(rep.Runs, run)
 				if cfg.Progress != nil {
-					fmt.Fprintf(cfg.Progress, "%s: %d completed, %d errors, mean TTFT %.1f ms, hit rate %.1f%%\n",
+					fmt.Fprintf(cfg.Progress.W, "%s: %d completed, %d errors, mean TTFT %.1f ms, hit rate %.1f%%\n",
 						run.Policy, run.Completed, run.Errors, run.TTFT.Mean, 100*run.PrefixHitRate)
 				}
 			}

@@ -32,6 +32,8 @@ import (
 type Config struct {
 	// Listen is the address the router listens on. Default "127.0.0.1:8080".
 	Listen string `yaml:"listen"`
+	// ListenTLS serves listen (and admin.listen) over TLS (tls.go).
+	ListenTLS ListenTLS `yaml:"listen_tls"`
 	// Policy names the routing policy (see `kvroute serve -h` for the list).
 	// Default "kvroute".
 	Policy string `yaml:"policy"`
@@ -150,6 +152,10 @@ type Backend struct {
 	// filled from it rather than dropping the backend's precise entries.
 	// Default "".
 	KVEventsReplay string `yaml:"kv_events_replay"`
+	// TLS is how the router connects to this entry's https URL (CA,
+	// client certificate for mutual TLS, server name; tls.go). Default:
+	// upstream.tls.
+	TLS *BackendTLS `yaml:"tls"`
 }
 
 // Session says where the session (conversation) key comes from.
@@ -331,6 +337,10 @@ type Upstream struct {
 	// backend serves get 404. Turn it off for servers that accept any
 	// model name whatever their /v1/models says. Default true.
 	DiscoverModels bool `yaml:"discover_models"`
+	// TLS is how the router connects to every https backend whose entry
+	// sets no tls of its own (tls.go). Default: Go's (the system's roots,
+	// no client certificate).
+	TLS *BackendTLS `yaml:"tls"`
 }
 
 // Engines tunes the scraping of each backend's /metrics (and llama.cpp's
@@ -457,9 +467,47 @@ func cleanYAMLError(err error) error {
 		if j := strings.Index(m, " not found in type "); j >= 0 && strings.Contains(m, "field ") {
 			m = strings.Replace(m[:j], "field ", "unknown key ", 1)
 		}
-		msgs[i] = m
+		msgs[i] = humanTypeError(m)
 	}
 	return errors.New(strings.Join(msgs, "; "))
+}
+
+// humanTypeError rewrites yaml's "line 3: cannot unmarshal !!int `30` into
+// time.Duration" into what to write instead: a bare number is the most
+// common slip in a duration, and "!!int" means nothing to a reader.
+func humanTypeError(m string) string {
+	line, rest, ok := strings.Cut(m, ": cannot unmarshal ")
+	if !ok {
+		return m
+	}
+	tag, rest, _ := strings.Cut(rest, " ")
+	val, into, ok := strings.Cut(" "+rest, " into ")
+	if !ok {
+		return m
+	}
+	val = strings.TrimSpace(val)
+	what := map[string]string{"!!int": "a number", "!!float": "a number", "!!str": "a string", "!!bool": "a boolean",
+		"!!seq": "a list", "!!map": "a mapping", "!!null": "nothing"}[tag]
+	if what == "" {
+		what = tag
+	}
+	if val != "" {
+		what += " " + val
+	}
+	switch into {
+	case "time.Duration":
+		return fmt.Sprintf("%s: %s is not a duration; use a duration such as 30s, 500ms or 2m", line, what)
+	case "string":
+		return fmt.Sprintf("%s: %s where a string is expected", line, what)
+	case "int", "int64", "float64":
+		return fmt.Sprintf("%s: %s where a number is expected", line, what)
+	case "bool":
+		return fmt.Sprintf("%s: %s where true or false is expected", line, what)
+	}
+	if strings.HasPrefix(into, "[]") {
+		return fmt.Sprintf("%s: %s where a list is expected", line, what)
+	}
+	return fmt.Sprintf("%s: %s does not fit here (want %s)", line, what, strings.TrimPrefix(into, "config."))
 }
 
 // Overrides are the command-line flags that override the file.
@@ -474,6 +522,9 @@ type Overrides struct {
 	Tracing bool
 	// Sync, when non-empty, replaces sync.url.
 	Sync string
+	// LogLevel and LogFormat, when non-empty, replace log.level and
+	// log.format.
+	LogLevel, LogFormat string
 }
 
 // Apply applies o to c.
@@ -489,6 +540,12 @@ func (c *Config) Apply(o Overrides) {
 	}
 	if o.Policy != "" {
 		c.Policy = o.Policy
+	}
+	if o.LogLevel != "" {
+		c.Log.Level = o.LogLevel
+	}
+	if o.LogFormat != "" {
+		c.Log.Format = o.LogFormat
 	}
 	if len(o.Backends) > 0 {
 		c.Backends = c.Backends[:0:0]
@@ -507,6 +564,8 @@ func (c *Config) Validate() error {
 	if c.Listen == "" {
 		bad("listen: must not be empty")
 	}
+	c.ListenTLS.validate(bad)
+	c.Upstream.TLS.validate("upstream.tls", bad)
 	if _, err := policy.New(c.Policy, policy.Options{}); err != nil {
 		bad("policy: %v", err)
 	}
@@ -599,15 +658,63 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// Check runs every check `kvroute serve` makes before it starts: Validate,
+// then what the configuration names outside itself, in files and the
+// environment (the admin token and API keys with their lengths and
+// formats, the trusted priority sources, the TLS certificates and keys).
+// `kvroute validate` and serve call it alike, so that a configuration
+// validate accepts does not stop serve from starting.
+func (c *Config) Check() error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	var errs []error
+	if _, err := c.Admin.ResolveToken(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.Auth.KeyDigests(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.Admission.TrustedFronts(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.Admission.KeyPriorityDigests(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.ListenTLS.Enabled() {
+		if _, err := c.ListenTLS.Load(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if _, err := c.Upstream.TLS.ClientConfig(""); err != nil {
+		errs = append(errs, fmt.Errorf("upstream.%w", err))
+	}
+	for i, b := range c.Backends {
+		if _, err := b.TLS.ClientConfig(""); err != nil {
+			errs = append(errs, fmt.Errorf("backends[%d].%w", i, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // ParseBackendURL parses a backend base URL: http or https, with a host, no
 // query or fragment. A trailing slash is dropped.
 func ParseBackendURL(s string) (*url.URL, error) {
 	if s == "" {
 		return nil, errors.New("empty URL")
 	}
+	if !strings.Contains(s, "://") {
+		// "127.0.0.1:8000" would otherwise be Go's "first path segment in
+		// URL cannot contain colon", "localhost:8000" a scheme "localhost".
+		return nil, fmt.Errorf("%q has no scheme; write http://%s (or https://)", s, s)
+	}
 	u, err := url.Parse(s)
 	if err != nil {
-		return nil, err
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("%q is not a URL: %v", s, err)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return nil, fmt.Errorf("%q: scheme must be http or https", s)

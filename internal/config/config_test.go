@@ -130,7 +130,7 @@ func TestValidateErrors(t *testing.T) {
 	}{
 		{"no backends", "", "backends: none configured"},
 		{"ftp scheme", "backends: [{url: 'ftp://a:1'}]", "scheme must be http or https"},
-		{"no scheme", "backends: [{url: 'a:1'}]", "scheme must be http or https"},
+		{"no scheme", "backends: [{url: 'a:1'}]", "has no scheme; write http://a:1"},
 		{"no host", "backends: [{url: 'http:///v1'}]", "no host"},
 		{"query", "backends: [{url: 'http://a:1?x=1'}]", "takes no query"},
 		{"duplicate url", "backends: [{url: 'http://a:1'}, {url: 'http://a:1/'}]", "is also backends[0]"},
@@ -240,5 +240,51 @@ func TestExampleConfig(t *testing.T) {
 	}
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestHumanErrors: the slips a first config makes get a sentence that says
+// what to write, not the URL or YAML library's words.
+func TestHumanErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml, want, not string
+	}{
+		{"backend without scheme", "backends: [{url: '127.0.0.1:8000'}]", `"127.0.0.1:8000" has no scheme; write http://127.0.0.1:8000`, "first path segment"},
+		{"host without scheme", "backends: [{url: 'localhost:8000'}]", "has no scheme; write http://localhost:8000", "scheme must be"},
+		{"duration as a bare int", "admission: {max_wait: 30}\nbackends: [{url: 'http://a:1'}]", "line 1: a number `30` is not a duration; use a duration such as 30s", "!!int"},
+		{"list for a string", "listen: [a]\nbackends: [{url: 'http://a:1'}]", "line 1: a list where a string is expected", "!!seq"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse([]byte(tc.yaml))
+			if err == nil {
+				err = c.Validate()
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), tc.not) {
+				t.Errorf("error %v, want one containing %q and not %q", err, tc.want, tc.not)
+			}
+		})
+	}
+}
+
+// TestCheckReadsOutside: Check fails on what Validate cannot see, the
+// environment and the files the config names.
+func TestCheckReadsOutside(t *testing.T) {
+	c, err := Parse([]byte("backends: [{url: 'https://a:1', tls: {ca_file: /nonexistent/ca.pem}}]\nlisten_tls: {cert_file: /nonexistent/c.pem, key_file: /nonexistent/k.pem}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	err = c.Check()
+	for _, want := range []string{"backends[0].tls.ca_file", "listen_tls"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Check: %v, want it to name %s", err, want)
+		}
+	}
+	t.Setenv(AdminTokenEnv, "short")
+	c, _ = Parse([]byte("backends: [{url: 'http://a:1'}]"))
+	if err := c.Check(); err == nil || !strings.Contains(err.Error(), AdminTokenEnv) {
+		t.Errorf("Check with a short %s: %v", AdminTokenEnv, err)
 	}
 }

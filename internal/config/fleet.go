@@ -78,7 +78,15 @@ func (e Entry) DNS() bool { return e.Discovery == DiscoveryDNS }
 // is not part of it: a reload updates that in place.
 func (e *Entry) Key() string {
 	return strings.Join([]string{e.Base.String(), e.Name, strings.Join(e.Models, ","), e.Kind, e.Discovery, e.SRV,
-		e.KVEvents, e.KVEventsReplay, strconv.FormatBool(e.KVEventsBind)}, "\x00")
+		e.KVEvents, e.KVEventsReplay, strconv.FormatBool(e.KVEventsBind), tlsKey(e.TLS)}, "\x00")
+}
+
+// tlsKey is an entry's TLS settings as part of its Key.
+func tlsKey(t *BackendTLS) string {
+	if t == nil {
+		return ""
+	}
+	return strings.Join([]string{t.CAFile, t.CertFile, t.KeyFile, t.ServerName}, "\x01")
 }
 
 // Entries returns the backends of c with their derived values; the error
@@ -106,6 +114,10 @@ func (c *Config) entries(bad func(string, ...any)) []Entry {
 			continue
 		}
 		e.Base = u
+		e.TLS.validate(fmt.Sprintf("backends[%d].tls", i), bad)
+		if e.TLS != nil && u.Scheme != "https" {
+			bad("backends[%d].tls: %s is not https; TLS settings apply to https URLs only", i, u)
+		}
 		if j, dup := urls[u.String()]; dup {
 			bad("backends[%d].url: %s is also backends[%d]", i, u, j)
 		}

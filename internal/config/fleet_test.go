@@ -145,3 +145,20 @@ func TestValidateDoesNotChange(t *testing.T) {
 		t.Errorf("entries %+v", es)
 	}
 }
+
+func TestBackendTLSValidation(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{"backends: [{url: 'http://a:1', tls: {server_name: x}}]", "backends[0].tls: http://a:1 is not https"},
+		{"backends: [{url: 'https://a:1', tls: {cert_file: c.pem}}]", "backends[0].tls: set both cert_file and key_file"},
+		{"upstream: {tls: {key_file: k.pem}}\nbackends: [{url: 'https://a:1'}]", "upstream.tls: set both"},
+		{"listen_tls: {cert_file: c.pem}\nbackends: [{url: 'https://a:1'}]", "listen_tls: set both"},
+	} {
+		c, err := Parse([]byte(tc.yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.yaml, err, tc.want)
+		}
+	}
+}

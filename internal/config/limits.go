@@ -128,7 +128,7 @@ func (l Limits) BufferedBytes() int64 {
 
 // DefaultAuthExempt are the paths that need no API key by default: probes,
 // metrics, and the admin API, which has its own token.
-var DefaultAuthExempt = []string{"/healthz", "/readyz", "/metrics", "/admin/"}
+var DefaultAuthExempt = []string{"/healthz", "/health", "/readyz", "/metrics", "/admin/"}
 
 // Auth is the router's own API key check. It is off unless api_keys_file
 // or api_keys_env names at least one key; then every request, except to
@@ -144,7 +144,7 @@ type Auth struct {
 	// commas (plain or "sha256:<hex>"). Default "".
 	APIKeysEnv string `yaml:"api_keys_env"`
 	// Exempt are paths served without a key; one ending in "/" covers the
-	// paths under it. Default [/healthz, /readyz, /metrics, /admin/].
+	// paths under it. Default [/healthz, /health, /readyz, /metrics, /admin/].
 	Exempt []string `yaml:"exempt"`
 	// DecisionHeaderKeys are the API keys (or "sha256:<64 hex digits>",
 	// their digests) whose requests get the routing decision headers

@@ -45,6 +45,13 @@ func TestAdminOffWithoutToken(t *testing.T) {
 		status, body := r.adminCall(http.MethodGet, "/admin/backends", tok)
 		checkErrorShape(t, result{status: status, body: body}, 404, "not_found_error")
 	}
+	// The 404 says how to turn the API on, on the page too.
+	for _, p := range []string{"/admin/fleet", "/admin/backends", "/admin/"} {
+		status, body := r.adminCall(http.MethodGet, p, "")
+		if status != http.StatusNotFound || !strings.Contains(string(body), config.AdminTokenEnv) || !strings.Contains(string(body), "admin_api_off") {
+			t.Errorf("GET %s without a token: %d %s, want 404 saying how to turn the admin API on", p, status, body)
+		}
+	}
 }
 
 func TestAdminAPI(t *testing.T) {

@@ -22,6 +22,7 @@ func (s *Server) newMonitor() error {
 	// engine, so that they neither wait behind nor hold proxied traffic's.
 	s.scrapes = &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: s.cfg.Upstream.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		DialTLSContext:      s.dialBackendTLS,
 		MaxIdleConnsPerHost: 2,
 		IdleConnTimeout:     time.Minute,
 	}

@@ -40,9 +40,9 @@ func wantsPrecise(entries []config.Entry) bool {
 
 // newPrecise returns the exchange's tokenizer, registering its metrics and
 // the precise index's in reg.
-func newPrecise(cfg *config.Config, f *fleet.Fleet, ix *prefix.Precise, reg *prometheus.Registry) (*precise, error) {
+func newPrecise(cfg *config.Config, f *fleet.Fleet, ix *prefix.Precise, reg *prometheus.Registry, dialTLS dialFunc) (*precise, error) {
 	k := cfg.KVEvents
-	tok, err := tokenize.New(tokenize.Config{Timeout: k.TokenizeTimeout, CacheEntries: k.TokenizeCache, CacheBytes: k.TokenizeCacheBytes, Transport: newTransport(cfg.Upstream)})
+	tok, err := tokenize.New(tokenize.Config{Timeout: k.TokenizeTimeout, CacheEntries: k.TokenizeCache, CacheBytes: k.TokenizeCacheBytes, Transport: newTransport(cfg.Upstream, dialTLS)})
 	if err != nil {
 		return nil, err
 	}

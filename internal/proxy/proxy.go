@@ -16,6 +16,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log"
@@ -58,6 +59,10 @@ type Server struct {
 	handler  http.Handler
 	// proxyLog is the reverse proxy's error log, at debug level.
 	proxyLog *log.Logger
+	// cert is the listener's certificate (listen_tls), replaced on reload;
+	// nil without TLS. upstreamTLS is upstream.tls, replaced on reload.
+	cert        atomic.Pointer[tls.Certificate]
+	upstreamTLS atomic.Pointer[config.BackendTLS]
 	// tracing is the OpenTelemetry tracer; nil with tracing off.
 	tracing *tracing
 	// creds are the API keys and the sources of priority, replaced on
@@ -138,10 +143,18 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		cfg:      cfg,
 		log:      logger,
 		fleet:    fleet.New(),
-		upstream: newTransport(cfg.Upstream),
 		parse:    request.Options{SessionField: cfg.Session.BodyField, MaxMessages: cfg.Limits.MaxMessages},
 		last:     cfg,
 		proxyLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
+	}
+	s.upstream = newTransport(cfg.Upstream, s.dialBackendTLS)
+	s.upstreamTLS.Store(cfg.Upstream.TLS)
+	if cfg.ListenTLS.Enabled() {
+		c, err := cfg.ListenTLS.Load()
+		if err != nil {
+			return nil, err
+		}
+		s.cert.Store(c)
 	}
 	s.bodies.limit = cfg.Limits.BufferedBytes()
 	s.shares.limit = cfg.Limits.BufferedBytesPerClient()
@@ -156,7 +169,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	s.metrics = newMetrics(s.fleet)
 	s.limits = newLimitHits(s.metrics.reg, logger)
 	if sc.Precise != nil {
-		if s.precise, err = newPrecise(cfg, s.fleet, s.sched.Precise(), s.metrics.reg); err != nil {
+		if s.precise, err = newPrecise(cfg, s.fleet, s.sched.Precise(), s.metrics.reg, s.dialBackendTLS); err != nil {
 			return nil, err
 		}
 		s.streamMetrics = newStreamMetrics(s.metrics.reg)
@@ -222,11 +235,11 @@ func (s *Server) Start() error {
 	var aln net.Listener
 	if a := s.cfg.Admin.Listen; a != "" {
 		var err error
-		if aln, err = net.Listen("tcp", a); err != nil {
+		if aln, err = s.listen(a); err != nil {
 			return fmt.Errorf("admin.listen: %w", err)
 		}
 	}
-	ln, err := net.Listen("tcp", s.cfg.Listen)
+	ln, err := s.listen(s.cfg.Listen)
 	if err != nil {
 		if aln != nil {
 			_ = aln.Close()
@@ -263,7 +276,7 @@ func (s *Server) Start() error {
 		s.serve(asrv, aln)
 		s.log.Info("admin API listening", "addr", aln.Addr().String())
 	}
-	s.log.Info("listening", "addr", ln.Addr().String(), "policy", s.sched.Policy().Name(), "backends", len(s.fleet.Snapshot().All))
+	s.log.Info("listening", "addr", ln.Addr().String(), "tls", s.cert.Load() != nil, "policy", s.sched.Policy().Name(), "backends", len(s.fleet.Snapshot().All))
 	return nil
 }
 
@@ -340,13 +353,15 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// newTransport returns the transport to the backends. Compression is off so
-// that the client's Accept-Encoding reaches the backend and the response
-// bytes pass through untouched.
-func newTransport(c config.Upstream) *http.Transport {
+// newTransport returns the transport to the backends, which opens https
+// connections with dialTLS. Compression is off so that the client's
+// Accept-Encoding reaches the backend and the response bytes pass through
+// untouched.
+func newTransport(c config.Upstream, dialTLS dialFunc) *http.Transport {
 	return &http.Transport{
 		Proxy:                 nil,
 		DialContext:           (&net.Dialer{Timeout: c.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		DialTLSContext:        dialTLS,
 		ResponseHeaderTimeout: c.ResponseHeaderTimeout,
 		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   256,
@@ -363,10 +378,14 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveCompletion(request.Completion, w, r) })
 	mux.HandleFunc("/v1/models", s.models)
 	mux.HandleFunc("/v1/", s.passthrough)
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+	live := func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))
-	})
+	}
+	mux.HandleFunc("/healthz", live)
+	// /health is what vLLM, SGLang, TGI and llama.cpp serve: a probe or a
+	// load balancer set up for an engine works on the router too.
+	mux.HandleFunc("/health", live)
 	mux.HandleFunc("/readyz", s.readyz)
 	if s.cfg.Admin.Listen == "" {
 		mux.Handle(admin.Prefix, s.failures.guardAdmin(s.adminAPI))

@@ -565,6 +565,9 @@ func TestModelsAndProbes(t *testing.T) {
 	if res := r.get("/healthz"); res.status != 200 {
 		t.Errorf("/healthz %d", res.status)
 	}
+	if res := r.get("/health"); res.status != 200 || string(res.body) != "ok\n" {
+		t.Errorf("/health (the engines' probe path) %d %q, want as /healthz", res.status, res.body)
+	}
 	if res := r.get("/readyz"); res.status != 200 {
 		t.Errorf("/readyz %d", res.status)
 	}

@@ -20,7 +20,10 @@ import (
 //     read again), the admin token (admin.token, admin.token_file or
 //     KVROUTE_ADMIN_TOKEN, read again) and the sources of priority
 //     (admission.trusted_priority_cidrs, admission.key_priorities) apply
-//     to the requests that start after Reload returns.
+//     to the requests that start after Reload returns;
+//   - TLS: the listen_tls certificate and key are read again and serve
+//     new connections; upstream.tls and backends[].tls apply to new
+//     connections to the backends.
 //
 // Every other setting is read once at startup; a change to it is logged as
 // needing a restart and otherwise ignored.
@@ -34,6 +37,10 @@ func (s *Server) Reload(cfg *config.Config) error {
 		return err
 	}
 	token, err := cfg.Admin.ResolveToken()
+	if err != nil {
+		return err
+	}
+	cert, err := s.nextCert(cfg)
 	if err != nil {
 		return err
 	}
@@ -53,6 +60,10 @@ func (s *Server) Reload(cfg *config.Config) error {
 	}
 	s.creds.Store(creds)
 	s.adminAPI.SetToken(token)
+	s.upstreamTLS.Store(cfg.Upstream.TLS)
+	if cert != nil {
+		s.cert.Store(cert)
+	}
 	s.set.Apply(entries, cfg.Fleet)
 	s.last = cfg
 	s.log.Info("reload: applied", "backends", len(s.fleet.Snapshot().All), "policy", cfg.Policy)
@@ -82,6 +93,10 @@ func restartKeys(old, next *config.Config) []string {
 	applied := map[string]bool{"backends": true, "policy": true, "policy_options": true, "fleet": true, "auth": true}
 	n := *next
 	n.Admin.Token, n.Admin.TokenFile = old.Admin.Token, old.Admin.TokenFile
+	n.Upstream.TLS = old.Upstream.TLS
+	if old.ListenTLS.Enabled() == next.ListenTLS.Enabled() {
+		n.ListenTLS = old.ListenTLS // a new pair is applied; on or off is not
+	}
 	n.Admission.TrustedPriorityCIDRs, n.Admission.KeyPriorities = old.Admission.TrustedPriorityCIDRs, old.Admission.KeyPriorities
 	var keys []string
 	ov, nv := reflect.ValueOf(old).Elem(), reflect.ValueOf(&n).Elem()

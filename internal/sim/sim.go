@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/admission"
@@ -85,6 +86,9 @@ type Config struct {
 	// Hold, when set, holds requests in the router while every engine is
 	// busy and binds them as engines free up (late binding, hold.go).
 	Hold *Hold
+	// Routed, when not nil, counts the requests this run has routed, for
+	// a progress report read from another goroutine while runs go on.
+	Routed *atomic.Int64
 	// OracleTTFT is each request's TTFT alone on an idle engine with an
 	// infinite cache, indexed as the run's requests (OracleTTFTs); when
 	// set, samples carry it, for the slowdown by class.
@@ -423,6 +427,9 @@ func (s *sim) admit(k int, v *request.View, hashes []uint64, perr *openai.Error)
 		return
 	}
 	s.arrivals++
+	if s.cfg.Routed != nil {
+		s.cfg.Routed.Add(1)
+	}
 	if e, ok := s.bypass(); ok {
 		s.queue(k, v, hashes, nil, e)
 		return

@@ -49,6 +49,23 @@ its headless Service's A/AAAA records, or its SRV record.
 {{- end }}
 {{- end }}
 {{- $_ := set $cfg "listen" (printf "0.0.0.0:%d" (int .Values.containerPort)) }}
+{{- if .Values.tls.existingSecret }}
+{{- if hasKey $cfg "listen_tls" }}
+{{- fail "config.listen_tls is set by the chart from tls.existingSecret; remove one" }}
+{{- end }}
+{{- $_ := set $cfg "listen_tls" (dict "cert_file" "/etc/kvroute-tls/tls.crt" "key_file" "/etc/kvroute-tls/tls.key") }}
+{{- end }}
+{{- if .Values.engineTLS.existingSecret }}
+{{- $up := deepCopy (default (dict) (get $cfg "upstream")) }}
+{{- $t := dict "ca_file" "/etc/kvroute-engine-tls/ca.crt" }}
+{{- if .Values.engineTLS.clientCert }}
+{{- $_ := set $t "cert_file" "/etc/kvroute-engine-tls/tls.crt" }}
+{{- $_ := set $t "key_file" "/etc/kvroute-engine-tls/tls.key" }}
+{{- end }}
+{{- with .Values.engineTLS.serverName }}{{ $_ := set $t "server_name" . }}{{ end }}
+{{- $_ := set $up "tls" $t }}
+{{- $_ := set $cfg "upstream" $up }}
+{{- end }}
 {{- $backends := list }}
 {{- range $i, $e := .Values.engines }}
 {{- if not $e.service }}
@@ -75,4 +92,50 @@ its headless Service's A/AAAA records, or its SRV record.
 {{- end }}
 {{- $_ := set $cfg "backends" $backends }}
 {{- toYaml $cfg }}
+{{- end }}
+
+
+{{/*
+GOMEMLIMIT in bytes: goMemLimitRatio of resources.limits.memory (a
+Kubernetes quantity: a number with an optional binary or decimal suffix).
+Empty without a memory limit or with a ratio of 0.
+*/}}
+{{- define "kvroute.gomemlimit" -}}
+{{- $limit := "" }}
+{{- with .Values.resources }}{{ with .limits }}{{ with .memory }}{{ $limit = toString . }}{{ end }}{{ end }}{{ end }}
+{{- $ratio := float64 (default 0 .Values.goMemLimitRatio) }}
+{{- if and $limit (gt $ratio 0.0) }}
+{{- $num := regexFind "^[0-9]+(\\.[0-9]+)?" $limit }}
+{{- $suffix := trimPrefix $num $limit }}
+{{- $units := dict "" 1.0 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 }}
+{{- if or (not $num) (not (hasKey $units $suffix)) }}
+{{- fail (printf "resources.limits.memory: %q is not a quantity such as 1Gi or 512Mi" $limit) }}
+{{- end }}
+{{- mulf (float64 $num) (get $units $suffix) $ratio | floor | int64 }}
+{{- end }}
+{{- end }}
+
+{{/* The topology spread constraints, each with the pods' labels as its
+selector unless it names one. */}}
+{{- define "kvroute.topologySpread" -}}
+{{- $sel := fromYaml (include "kvroute.selectorLabels" .) }}
+{{- $out := list }}
+{{- range .Values.topologySpreadConstraints }}
+{{- $c := deepCopy . }}
+{{- if not (hasKey $c "labelSelector") }}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" $sel) }}
+{{- end }}
+{{- $out = append $out $c }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}
+
+{{/* A probe, over HTTPS when the router serves TLS. */}}
+{{- define "kvroute.probe" -}}
+{{- $root := index . 0 }}
+{{- $p := deepCopy (index . 1) }}
+{{- if and $root.Values.tls.existingSecret $p.httpGet }}
+{{- $_ := set $p.httpGet "scheme" "HTTPS" }}
+{{- end }}
+{{- toYaml $p }}
 {{- end }}
