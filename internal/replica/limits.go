@@ -41,11 +41,11 @@ func (p *Peers) SetMaxPeers(n int) {
 // admit reports whether a batch from a replica ID not live may make it a
 // peer, counting it if not. The caller holds p.mu.
 func (p *Peers) admit() bool {
-	max := p.maxPeers
-	if max <= 0 {
-		max = DefaultMaxPeers
+	limit := p.maxPeers
+	if limit <= 0 {
+		limit = DefaultMaxPeers
 	}
-	if len(p.peers) < max {
+	if len(p.peers) < limit {
 		return true
 	}
 	p.stats.Refused++
