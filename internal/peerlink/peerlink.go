@@ -304,7 +304,7 @@ func (l *Link) receive(m *nats.Msg) {
 		return
 	}
 	a := l.peers.Apply(&b, now)
-	if a.Own {
+	if a.Own || a.Refused {
 		return
 	}
 	if b.Kind != replica.Snapshot {

@@ -41,11 +41,11 @@ func (p *Peers) SetMaxPeers(n int) {
 // admit reports whether a batch from a replica ID not live may make it a
 // peer, counting it if not. The caller holds p.mu.
 func (p *Peers) admit() bool {
-	max := p.maxPeers
-	if max <= 0 {
-		max = DefaultMaxPeers
+	limit := p.maxPeers
+	if limit <= 0 {
+		limit = DefaultMaxPeers
 	}
-	if len(p.peers) < max {
+	if len(p.peers) < limit {
 		return true
 	}
 	p.stats.Refused++
@@ -108,7 +108,7 @@ func (p *Peers) release(pr *peer, id uint64) {
 	}
 	// Drop the stale entries in place when they are most of the order, so
 	// that its length stays within a small multiple of the live pins.
-	if live := len(h.order) - h.head; live > 2*h.pins+16 {
+	if n := len(h.order) - h.head; n > 2*h.pins+16 {
 		kept := h.order[:0]
 		for _, r := range h.order[h.head:] {
 			if q, ok := pr.pins[r.request]; ok && q.serial == r.serial {
