@@ -191,7 +191,7 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.
 	p.r = engine.Request{ID: s.nextID.Add(1), Prompt: v.Prompt, Tag: p,
 		// Hashed here, outside the engine lock, so that a long prompt
 		// does not hold up the driver.
-		PromptHashes: prefix.HashSalted(nil, v.Prompt, engine.BlockSize*engine.BytesPerToken, v.PrefixSalt)}
+		PromptHashes: prefix.HashSalted(nil, v.Prompt, engine.BlockSize*engine.BytesPerToken, v.PrefixSalt), CacheSalt: v.PrefixSalt}
 	p.r.SetOutput(v.MaxTokens, v.MinTokens, v.IgnoreEOS, preset.MaxModelLen)
 	n := p.r.OutputTokens
 	if err := s.add(p); err != nil {

@@ -59,11 +59,16 @@ type Request struct {
 	MaxTokens int
 	// Tag is the driver's handle; the engine never looks at it.
 	Tag any
-	// PromptHashes optionally carries prefix.Hash(nil, Prompt,
-	// BlockSize*BytesPerToken), for a driver that already computed it for
-	// routing; the engine then does not hash the prompt again. The engine
-	// reads it and never modifies it. Nil means the engine hashes.
+	// PromptHashes optionally carries prefix.HashSalted(nil, Prompt,
+	// BlockSize*BytesPerToken, CacheSalt), for a driver that already
+	// computed it for routing; the engine then does not hash the prompt
+	// again. The engine reads it and never modifies it. Nil means the
+	// engine hashes.
 	PromptHashes []uint64
+	// CacheSalt is vLLM's cache_salt: the prompt's blocks are shared only
+	// with requests under the same salt, and the first block's BlockStored
+	// names it in its extra keys, as vLLM's does. "" for none.
+	CacheSalt string
 
 	// Outputs.
 	PromptTokens int
@@ -217,7 +222,7 @@ func (e *Engine) Add(r *Request, now time.Duration) error {
 	if r.PromptHashes != nil && len(r.PromptHashes) == full {
 		r.hashes, r.ownHashes = r.PromptHashes, false
 	} else {
-		r.hashes = prefix.Hash(e.takeHashes(), r.Prompt, BlockSize*BytesPerToken)
+		r.hashes = prefix.HashSalted(e.takeHashes(), r.Prompt, BlockSize*BytesPerToken, r.CacheSalt)
 		r.ownHashes = true
 	}
 	r.state = stateWaiting

@@ -90,11 +90,17 @@ func (e *Engine) registerRecorded(r *Request, full int) {
 			st := kvevents.Event{Kind: kvevents.BlockStored, BlockSize: BlockSize, Medium: mediumGPU}
 			if i > 0 {
 				st.Parent, st.HasParent = r.hashes[i-1], true
+			} else if r.CacheSalt != "" {
+				// vLLM: the salt is an extra key of the first block.
+				st.ExtraKeys = [][]byte{kvevents.CacheSaltKeys(r.CacheSalt)}
 			}
 			e.events = append(e.events, st)
 			ev = len(e.events) - 1
 		}
 		st := &e.events[ev]
+		if st.ExtraKeys != nil && len(st.ExtraKeys) == len(st.BlockHashes) {
+			st.ExtraKeys = append(st.ExtraKeys, nil) // one entry a block
+		}
 		st.BlockHashes = append(st.BlockHashes, r.hashes[i])
 		st.TokenIDs = TokenIDs(st.TokenIDs, r.Prompt[i*blockBytes:(i+1)*blockBytes])
 	}

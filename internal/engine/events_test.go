@@ -222,3 +222,30 @@ func TestResetPrefixCache(t *testing.T) {
 		t.Errorf("after a reset the prompt found %d cached tokens", r.CachedTokens)
 	}
 }
+
+// A salted request's blocks are its own (vLLM's cache_salt), and its first
+// BlockStored names the salt in its extra keys, one entry a block, so that
+// a router reading the events keys them under the same salt.
+func TestKVEventsCacheSalt(t *testing.T) {
+	e := New(testPreset(), 0)
+	e.SetKVEvents(true)
+	p := prompt(3, 1, 2, 3)
+	add(t, e, &Request{ID: 1, Prompt: p, OutputTokens: 1, CacheSalt: "tenant-a"}, 0)
+	_, now := run(t, e, 0, &recorder{}, 10)
+	evs := e.TakeKVEvents(nil)
+	if len(evs) == 0 || evs[0].HasParent || len(evs[0].ExtraKeys) != len(evs[0].BlockHashes) {
+		t.Fatalf("first event %+v: want a parentless BlockStored with one extra key a block", evs)
+	}
+	if got := kvevents.CacheSalt(evs[0].ExtraKeys[0], ""); got != "tenant-a" {
+		t.Errorf("the first block names salt %q, want tenant-a", got)
+	}
+	if want := prefix.HashSalted(nil, p, BlockSize*BytesPerToken, "tenant-a"); evs[0].BlockHashes[0] != want[0] {
+		t.Errorf("the first block's hash is not the salted prompt's")
+	}
+	// The same prompt unsalted finds nothing cached and stores its own.
+	add(t, e, &Request{ID: 2, Prompt: p, OutputTokens: 1}, now)
+	run(t, e, now, &recorder{}, 10)
+	if got := e.TakeKVEvents(nil); len(got) == 0 {
+		t.Error("an unsalted request reused a salted request's blocks")
+	}
+}

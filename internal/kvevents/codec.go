@@ -858,6 +858,14 @@ func (a *appender) WriteByte(c byte) error {
 	return nil
 }
 
+// CacheSaltKeys is the extra keys of a request's first block under salt
+// and no LoRA adapter or multimodal input, as vLLM encodes them: the tuple
+// (salt,).
+func CacheSaltKeys(salt string) []byte {
+	b, _ := msgpack.Marshal([]string{salt}) // a []string always encodes
+	return b
+}
+
 // CacheSalt returns the cache salt among the extra keys of a request's
 // first block, raw as Event.ExtraKeys holds them, or "" for none. vLLM's
 // extra keys of a block are one tuple: the LoRA adapter's name (when

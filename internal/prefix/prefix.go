@@ -1,8 +1,9 @@
 // Package prefix is the router's approximate picture of which backend holds
 // which prompt prefix in its KV cache. Prompt text is cut into fixed-size
 // character blocks, each named by the hash of the whole prompt up to its end
-// (one xxhash digest over the text, summed at every block boundary),
-// and the Index maps block hashes to the backends believed to hold them,
+// (one xxhash digest over the text, summed at every block boundary, seeded
+// by the request's salt when it has one: vLLM's cache_salt, or the API
+// key's identity), and the Index maps block hashes to the backends believed to hold them,
 // with a per-backend capacity in blocks: the blocks of requests in flight
 // are pinned, the others evicted least recently used first.
 //

@@ -187,7 +187,8 @@ func (s *Scheduler) Hashes(v *request.View) []uint64 {
 }
 
 // RouteHashed is Route for a caller that has already hashed v.Prompt:
-// hashes must be prefix.Hash(nil, v.Prompt, s.BlockChars()). The simulator
+// hashes must be prefix.HashSalted(nil, v.Prompt, s.BlockChars(),
+// v.PrefixSalt) (Hashes). The simulator
 // hashes each prompt once for the router and its engine alike. hashes is
 // never modified, and the Assignment keeps it until Done: the caller must
 // not change it before then.
