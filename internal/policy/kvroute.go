@@ -236,7 +236,7 @@ func (p *KVRoute) Pick(in *Input) Decision {
 		waiting += l.InFlight - l.Decoding
 	}
 	fleetRate := math.Exp(logRate / float64(n))
-	missCost := MissCostPerWaiter * max(float64(waiting)/float64(n)-FreeWaiters, 0)
+	missCost := missCharge(waiting, n)
 
 	start := p.rot.start(n)
 	best, holder := -1, -1
@@ -359,7 +359,7 @@ func (p *KVRoute) leaveShared(in *Input, holder int, prompt, budget int64, token
 		total += l.InFlight
 		waiting += l.InFlight - l.Decoding
 	}
-	missCost := MissCostPerWaiter * max(float64(waiting)/float64(n)-FreeWaiters, 0)
+	missCost := missCharge(waiting, n)
 	var holderScore, toScore float64
 	var toLoad int64
 	var toRank uint64
@@ -393,6 +393,13 @@ func (p *KVRoute) leaveShared(in *Input, holder int, prompt, budget int64, token
 		holderScore <= AffinityRatio*toScore+AffinitySlack &&
 			holderLoad+1 <= boundedLoadCap(p.loadFactor, total, n)+AffinitySlots
 	return !stay, to, toEst
+}
+
+// missCharge is how many times again a candidate's uncached tokens are
+// charged when waiting requests (routed, before their first token) are
+// spread over n candidates: see MissCostPerWaiter.
+func missCharge(waiting int64, n int) float64 {
+	return MissCostPerWaiter * max(float64(waiting)/float64(n)-FreeWaiters, 0)
 }
 
 // sessionRank is backend b's rank for the session with key hash h: a
