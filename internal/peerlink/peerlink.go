@@ -537,6 +537,8 @@ func (l *Link) register(r prometheus.Registerer) error {
 			stat(func(s replica.Stats) uint64 { return s.Malformed })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvroute_sync_peers_expired_total", Help: "Peers forgotten, with their load, after sync.peer_timeout of silence."},
 			stat(func(s replica.Stats) uint64 { return s.Expired })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvroute_sync_catchups_cut_total", Help: "Catch-ups after a reconnection to NATS that sync.peer_timeout ended before every peer known at the cut had sent its load and decisions."},
+			stat(func(s replica.Stats) uint64 { return s.CatchUpsCut })),
 	}
 	// The peers' limits (replica/limits.go), each hit counted.
 	for _, m := range []struct {

@@ -236,7 +236,7 @@ func (p *KVRoute) Pick(in *Input) Decision {
 		waiting += l.InFlight - l.Decoding
 	}
 	fleetRate := math.Exp(logRate / float64(n))
-	missCost := MissCostPerWaiter * max(float64(waiting)/float64(n)-FreeWaiters, 0)
+	missCost := missCharge(waiting, n)
 
 	start := p.rot.start(n)
 	best, holder := -1, -1
@@ -347,32 +347,70 @@ func (p *KVRoute) Pick(in *Input) Decision {
 // forth between two backends whenever the replicas' views straddled the
 // bound, and a turn that left went wherever each replica's own view
 // ranked best. to is where it goes if it leaves: the lowest shared
-// estimate (ties to the lower Arc, as every replica breaks them), with
-// that estimate.
+// score (ties broken alike by every replica, see sessionRank), with its
+// estimate.
 func (p *KVRoute) leaveShared(in *Input, holder int, prompt, budget int64, tokensPerBlock float64) (leave bool, to int, toEst float64) {
 	cands := in.Candidates
-	var total, holderLoad int64
-	var holderEst float64
+	n := len(cands)
+	const rate = fleet.DefaultPrefillRate
+	var total, waiting, holderLoad int64
+	for _, b := range cands {
+		l := b.KnownLoad()
+		total += l.InFlight
+		waiting += l.InFlight - l.Decoding
+	}
+	missCost := missCharge(waiting, n)
+	var holderScore, toScore float64
+	var toLoad int64
+	var toRank uint64
 	to = -1
 	for i, b := range cands {
 		l := b.KnownLoad()
-		total += l.InFlight
 		cached := int64(float64(in.Matched[i]) * tokensPerBlock)
-		est := p.estimate(b, nil, &l, prompt, cached, budget, fleet.DefaultPrefillRate)
+		est := p.estimate(b, nil, &l, prompt, cached, budget, rate)
+		score := est + missCost*float64(max(prompt-cached, 1))/rate
 		if i == holder {
-			holderEst, holderLoad = est, l.InFlight
+			holderScore, holderLoad = score, l.InFlight
 			continue
 		}
-		if to < 0 || est < toEst || (est == toEst && cands[i].Arc < cands[to].Arc) {
-			to, toEst = i, est
+		// Exact ties (idle backends that hold nothing of it) go by fewer
+		// in flight, then by a rank of the session and the backend that
+		// every replica computes alike and that differs from one
+		// conversation to the next (rendezvous hashing), so that the
+		// conversations that leave spread instead of all taking one.
+		rank := sessionRank(in.SessionHash, b)
+		if to < 0 || score < toScore || (score == toScore && (l.InFlight < toLoad || (l.InFlight == toLoad && rank < toRank))) {
+			to, toScore, toEst, toLoad, toRank = i, score, est, l.InFlight, rank
 		}
 	}
 	if to < 0 {
-		return false, holder, holderEst
+		return false, holder, 0
 	}
-	stay := holderEst <= AffinityRatio*toEst+AffinitySlack &&
-		holderLoad+1 <= boundedLoadCap(p.loadFactor, total, len(cands))+AffinitySlots
+	// As on one router, the holder that is the best keeps the turn
+	// whatever the in-flight bound: the bound limits the premium of
+	// staying, and there is none.
+	stay := holderScore <= toScore ||
+		holderScore <= AffinityRatio*toScore+AffinitySlack &&
+			holderLoad+1 <= boundedLoadCap(p.loadFactor, total, n)+AffinitySlots
 	return !stay, to, toEst
+}
+
+// missCharge is how many times again a candidate's uncached tokens are
+// charged when waiting requests (routed, before their first token) are
+// spread over n candidates: see MissCostPerWaiter.
+func missCharge(waiting int64, n int) float64 {
+	return MissCostPerWaiter * max(float64(waiting)/float64(n)-FreeWaiters, 0)
+}
+
+// sessionRank is backend b's rank for the session with key hash h: a
+// mix of the two that every replica computes alike (splitmix64's
+// finalizer over the session hash and the bits of b's Arc, itself a hash
+// of b's name).
+func sessionRank(h uint64, b *fleet.Backend) uint64 {
+	x := h ^ math.Float64bits(b.Arc)
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return x ^ x>>31
 }
 
 // arcDistance is how far clockwise backend arc b lies from replica arc r on

@@ -774,3 +774,31 @@ func TestKVRouteReplicasAgreeOnHolder(t *testing.T) {
 		})
 	}
 }
+
+// TestKVRouteReplicasKeepBestHolder: with several replicas, as on one
+// router, a holder that is the best keeps the turn whatever its requests
+// in flight (the in-flight bound limits the premium of staying, and there
+// is none), and one that is not leaves past the bound.
+func TestKVRouteReplicasKeepBestHolder(t *testing.T) {
+	const prompt = 2000
+	for _, tc := range []struct {
+		name    string
+		matched int32 // blocks of the prompt the holder has cached
+		want    string
+	}{
+		{"the holder has the prompt cached", 100, "sticky"},
+		{"the holder has nothing cached", 0, "spill"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			loads := []fxLoad{{matched: tc.matched, pending: []int64{1, 1, 1, 1}}, {}, {}, {}}
+			cands := fxBackends(t, loads...)
+			p := fxNew(t, "kvroute", Options{}).(*KVRoute)
+			in := fxInput(cands, loads, prompt, "conv")
+			p.LearnSession(in.SessionHash, cands[0].ID)
+			in.Replicas = 3
+			if d := p.Pick(in); d.Note != tc.want || (d.Index == 0) != (tc.want == "sticky") {
+				t.Errorf("picked %d (%q), want %q", d.Index, d.Note, tc.want)
+			}
+		})
+	}
+}

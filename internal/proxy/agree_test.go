@@ -12,14 +12,15 @@ import (
 	"testing"
 )
 
-// TestSyncReplicasAgree: three replicas, two of which hold streams of
-// their own (uneven load), take the turns of one conversation in turn; the
-// turns stay on one backend whichever replica routes them. Then NATS goes
-// down long enough for the replicas to forget each other, comes back, and
-// a new conversation, sent the moment every replica has reconnected, stays
-// on one backend too: the replicas catch up on each other's load and
-// sessions before they route it. Twenty rounds in a row, each on a fresh
-// fleet.
+// TestSyncReplicasAgree: three replicas, two of which hold prompts of
+// their own in their prefill (uneven load), take the turns of one
+// conversation in turn; the turns stay on one backend whichever replica
+// routes them. Then NATS goes down long enough for the replicas to forget
+// each other and comes back: the moment every replica has reconnected,
+// unrelated requests go where the least held work is, and a new
+// conversation stays on one backend, because a replica catches up on its
+// peers' load and sessions before it routes. Twenty rounds in a row, each
+// on a fresh fleet.
 func TestSyncReplicasAgree(t *testing.T) {
 	if testing.Short() {
 		t.Skip("twenty rounds of three replicas and a NATS outage")

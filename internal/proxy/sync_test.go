@@ -44,11 +44,6 @@ type replicas struct {
 	ns    *server.Server
 	fakes []*fake
 	rigs  []*rig
-	// ends are the backends as the routers' configs name them (the
-	// fakes', unless a test fronts other servers); mod, if set, adjusts
-	// each router's config.
-	ends []config.Backend
-	mod  func(*config.Config)
 }
 
 // newReplicas starts nb fakes, a NATS server and n routers with sync on
@@ -59,19 +54,12 @@ func newReplicas(t *testing.T, n, nb int, serves func(i int) []int) *replicas {
 	rs := &replicas{t: t, ns: natsServer(t, 0)}
 	for i := range nb {
 		rs.fakes = append(rs.fakes, newFake(t, fmt.Sprintf("b%d", i)))
-		rs.ends = append(rs.ends, config.Backend{URL: rs.fakes[i].srv.URL, Name: rs.fakes[i].name})
 	}
-	rs.start(n, serves)
-	return rs
-}
-
-// start starts n routers over rs.ends and waits until they see each other.
-func (rs *replicas) start(n int, serves func(int) []int) {
-	rs.t.Helper()
 	for i := range n {
 		rs.rigs = append(rs.rigs, rs.router(i, serves))
 	}
 	rs.waitPeers(n - 1)
+	return rs
 }
 
 func (rs *replicas) router(i int, serves func(int) []int) *rig {
@@ -81,7 +69,7 @@ func (rs *replicas) router(i int, serves func(int) []int) *rig {
 		idx = serves(i)
 	}
 	if len(idx) == 0 {
-		for j := range rs.ends {
+		for j := range rs.fakes {
 			idx = append(idx, j)
 		}
 	}
@@ -90,15 +78,12 @@ func (rs *replicas) router(i int, serves func(int) []int) *rig {
 	cfg.Health.Interval = 20 * time.Millisecond
 	cfg.Engines.Enabled = false
 	for _, j := range idx {
-		cfg.Backends = append(cfg.Backends, rs.ends[j])
+		cfg.Backends = append(cfg.Backends, config.Backend{URL: rs.fakes[j].srv.URL, Name: rs.fakes[j].name})
 	}
 	cfg.Sync.URL = rs.ns.ClientURL()
 	cfg.Sync.ReplicaID = fmt.Sprintf("r%d", i)
 	cfg.Sync.Heartbeat = 100 * time.Millisecond
 	cfg.Sync.PeerTimeout = 500 * time.Millisecond
-	if rs.mod != nil {
-		rs.mod(cfg)
-	}
 	if err := cfg.Validate(); err != nil {
 		rs.t.Fatal(err)
 	}
