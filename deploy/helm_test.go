@@ -288,11 +288,146 @@ func TestHelmChartRefuses(t *testing.T) {
 		"engines: []":             "engines: at least one engine pool is required",
 		"engines: [{port: 8000}]": "engines[0].service",
 		"admin: {enabled: true}":  "admin.enabled needs admin.existingSecret or admin.token",
+		// values.schema.json: what the router would refuse at start, and
+		// wrong types.
+		"admin: {enabled: true, token: fifteen-chars-x}":    "/admin/token",
+		"admin: {enabled: true, token: '  short-token   '}": "/admin/token",
+		"replicaCount: two":                        "/replicaCount",
+		"engines: [{service: vllm, port: '8000'}]": "/engines/0/port",
+		"engines: [{service: vllm, scheme: tcp}]":  "/engines/0/scheme",
+		"goMemLimitRatio: 1.5":                     "/goMemLimitRatio",
+		"admin: {enabled: yes-please}":             "/admin/enabled",
 	} {
 		_, err := helmTemplate(t, values)
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("values %q: error %v, want one saying %q", values, err, want)
 		}
+		// helm lint, which a CI of the chart runs, refuses them too.
+		if !strings.HasPrefix(want, "/") {
+			continue
+		}
+		vf := filepath.Join(t.TempDir(), "values.yaml")
+		if err := os.WriteFile(vf, []byte(values), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("helm", "lint", "helm/kvroute", "-f", vf).CombinedOutput(); err == nil {
+			t.Errorf("helm lint accepts %q:\n%s", values, out)
+		}
+	}
+	if _, err := helmTemplate(t, "admin: {enabled: true, token: sixteen-chars-ok}"); err != nil {
+		t.Errorf("a 16-character token: %v", err)
+	}
+}
+
+// TestHelmChartRuntime: GOMEMLIMIT is goMemLimitRatio of the memory
+// limit; the replicas spread over nodes and zones by default, selecting
+// the router's pods; a rotated admin token changes the pod template; the
+// TLS Secrets are mounted and named in the config.
+func TestHelmChartRuntime(t *testing.T) {
+	if _, err := exec.LookPath("helm"); err != nil {
+		t.Skip("helm is not on PATH (CI installs it: go install helm.sh/helm/v4/cmd/helm@v4.3.2); the chart is not checked")
+	}
+	envOf := func(r *rendered, name string) (string, bool) {
+		for _, e := range r.deployment.Spec.Template.Spec.Containers[0].Env {
+			if e.Name == name {
+				return e.Value, true
+			}
+		}
+		return "", false
+	}
+	for _, tc := range []struct {
+		values string
+		ratio  float64
+	}{
+		{"", 0.9},
+		{"resources: {limits: {memory: 3G}}", 0.9},
+		{"resources: {limits: {memory: 1536Mi}}\ngoMemLimitRatio: 0.8", 0.8},
+		{"goMemLimitRatio: 0", 0},
+		{"resources: {limits: null}", 0},
+	} {
+		r, err := helmTemplate(t, tc.values)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := envOf(r, "GOMEMLIMIT")
+		lim := r.deployment.Spec.Template.Spec.Containers[0].Resources.Limits.Memory()
+		if tc.ratio == 0 || lim.IsZero() {
+			if ok {
+				t.Errorf("values %q: GOMEMLIMIT %q, want none", tc.values, got)
+			}
+			continue
+		}
+		if want := fmt.Sprint(int64(tc.ratio * float64(lim.Value()))); got != want {
+			t.Errorf("values %q: GOMEMLIMIT %q, want %s (%g of %s)", tc.values, got, want, tc.ratio, lim)
+		}
+	}
+
+	r, err := helmTemplate(t, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := r.deployment.Spec.Template
+	keys := map[string]bool{}
+	for _, c := range pod.Spec.TopologySpreadConstraints {
+		keys[c.TopologyKey] = true
+		if c.LabelSelector == nil || !subset(c.LabelSelector.MatchLabels, pod.Labels) || c.WhenUnsatisfiable != corev1.ScheduleAnyway {
+			t.Errorf("spread constraint %+v does not select the router pods %v, or is not ScheduleAnyway", c, pod.Labels)
+		}
+	}
+	if !keys["kubernetes.io/hostname"] || !keys["topology.kubernetes.io/zone"] {
+		t.Errorf("default spread over %v, want nodes and zones", keys)
+	}
+	if _, ok := pod.Annotations["checksum/admin-secret"]; ok {
+		t.Error("checksum/admin-secret without the admin API")
+	}
+
+	sums := map[string]bool{}
+	for _, tok := range []string{"first-token-0123456789", "second-token-0123456789"} {
+		r, err := helmTemplate(t, "admin: {enabled: true, token: "+tok+"}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := r.deployment.Spec.Template.Annotations["checksum/admin-secret"]
+		if sum == "" || sums[sum] {
+			t.Errorf("token %s: checksum/admin-secret %q, want one of its own", tok, sum)
+		}
+		sums[sum] = true
+	}
+
+	r, err = helmTemplate(t, "tls: {existingSecret: router-tls}\nengineTLS: {existingSecret: engines-ca, clientCert: true, serverName: vllm.inference.svc}\nconfig: {upstream: {connect_timeout: 2s}}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := checkConfig(t, r)
+	if !cfg.ListenTLS.Enabled() || cfg.Upstream.TLS == nil || cfg.Upstream.TLS.CertFile == "" || cfg.Upstream.TLS.ServerName != "vllm.inference.svc" ||
+		cfg.Upstream.ConnectTimeout.String() != "2s" {
+		t.Errorf("listen_tls %+v, upstream %+v, want both from the Secrets and the values' upstream keys kept", cfg.ListenTLS, cfg.Upstream)
+	}
+	c := r.deployment.Spec.Template.Spec.Containers[0]
+	mounts := map[string]string{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.Name] = m.MountPath
+	}
+	secrets := map[string]string{}
+	for _, v := range r.deployment.Spec.Template.Spec.Volumes {
+		if v.Secret != nil {
+			secrets[v.Name] = v.Secret.SecretName
+		}
+	}
+	for file, secret := range map[string]string{cfg.ListenTLS.CertFile: "router-tls", cfg.ListenTLS.KeyFile: "router-tls",
+		cfg.Upstream.TLS.CAFile: "engines-ca", cfg.Upstream.TLS.KeyFile: "engines-ca"} {
+		found := false
+		for name, path := range mounts {
+			if filepath.Dir(file) == path && secrets[name] == secret {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("%s is not in a mount of the Secret %s: mounts %v, secrets %v", file, secret, mounts, secrets)
+		}
+	}
+	if c.ReadinessProbe.HTTPGet.Scheme != corev1.URISchemeHTTPS || c.LivenessProbe.HTTPGet.Scheme != corev1.URISchemeHTTPS {
+		t.Errorf("probes %+v %+v, want HTTPS on a TLS listener", c.ReadinessProbe.HTTPGet, c.LivenessProbe.HTTPGet)
 	}
 }
 

@@ -157,8 +157,7 @@ flags:
 		log.Error("start", "err", err)
 		return 1
 	}
-	watched := []string{fs.Lookup("config").Value.String(), cfg.ListenTLS.CertFile, cfg.ListenTLS.KeyFile}
-	go watchReloads(ctx, watched, cfg.Fleet.ConfigPoll, srv, load, log)
+	go watchReloads(ctx, watchedFiles(fs.Lookup("config").Value.String(), cfg), cfg.Fleet.ConfigPoll, srv, load, log)
 	<-ctx.Done()
 	stop() // a second signal kills the process at once
 	log.Info("shutting down: waiting for in-flight requests", "grace", cfg.ShutdownGrace)
@@ -170,6 +169,12 @@ flags:
 	}
 	log.Info("stopped")
 	return 0
+}
+
+// watchedFiles are the files whose change reloads the router: the config
+// file and the listener's certificate and key ("" for those not set).
+func watchedFiles(configPath string, cfg *config.Config) []string {
+	return []string{configPath, cfg.ListenTLS.CertFile, cfg.ListenTLS.KeyFile}
 }
 
 // newLogger builds the router's logger from the log section.

@@ -1,13 +1,19 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
+	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/proxy"
 )
 
 // serveLoader parses args as serve does (flags, then the environment)
@@ -105,5 +111,50 @@ func TestHelpShowsDoubleDash(t *testing.T) {
 	}
 	if strings.Contains(out, "\n  -backend") || strings.HasPrefix(out, "  -backend") {
 		t.Errorf("help lists -backend with one dash:\n%s", out)
+	}
+}
+
+// TestReloadWatchesCertFiles: a renewed listener certificate (the files
+// rewritten in place, as kubelet does for a cert-manager Secret) reloads
+// the router as a changed config file does.
+func TestReloadWatchesCertFiles(t *testing.T) {
+	dir := t.TempDir()
+	cfg := config.Default()
+	cfg.Backends = []config.Backend{{URL: "http://127.0.0.1:1"}}
+	cfg.Upstream.DiscoverModels = false
+	cfg.ListenTLS = config.ListenTLS{CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key")}
+	for _, f := range []string{cfg.ListenTLS.CertFile, cfg.ListenTLS.KeyFile} {
+		if err := os.WriteFile(f, []byte("v0"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plain := config.Default() // the router itself serves plain HTTP: only its reload is driven
+	plain.Backends, plain.Upstream.DiscoverModels = cfg.Backends, false
+	srv, err := proxy.New(plain, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loads := make(chan struct{}, 100)
+	load := func() (*config.Config, error) {
+		loads <- struct{}{}
+		return nil, errors.New("not applied in this test")
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go watchReloads(ctx, watchedFiles("", cfg), time.Millisecond, srv, load, slog.New(slog.DiscardHandler))
+	// Rewrite the certificate until the watcher, which may not have read
+	// it yet, sees a change: bounded in rewrites, not in time.
+	for i := 1; ; i++ {
+		if err := os.WriteFile(cfg.ListenTLS.CertFile, []byte(fmt.Sprint("v", i)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-loads:
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+		if i == 1000 {
+			t.Fatal("1000 rewrites of the listener's certificate and no reload")
+		}
 	}
 }

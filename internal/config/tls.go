@@ -9,9 +9,10 @@ import (
 
 // ListenTLS serves the client listener, and admin.listen when set, over
 // TLS. Both files are PEM; they are read at startup and again on every
-// reload (SIGHUP or a change of the config file), so that a rotated pair
-// (cert-manager rewrites the files in place) is served to new connections
-// without a restart. Default: both empty, plain HTTP.
+// reload (SIGHUP, or a change of the config file or of these two files,
+// which `kvroute serve` watches), so that a rotated pair (cert-manager
+// rewrites the files in place) is served to new connections without a
+// restart. Default: both empty, plain HTTP.
 type ListenTLS struct {
 	// CertFile is the certificate chain, the server's certificate first.
 	CertFile string `yaml:"cert_file"`
