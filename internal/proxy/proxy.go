@@ -182,7 +182,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	if s.adminAPI, err = s.newAdmin(); err != nil {
 		return nil, err
 	}
-	if s.tracing, err = newTracing(cfg.Tracing); err != nil {
+	if s.tracing, err = newTracing(cfg.Tracing, logger); err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
 	}
 	creds, err := newCredentials(cfg)
@@ -191,7 +191,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	}
 	s.creds.Store(creds)
 	s.failures = newAuthFailures(cfg.Limits.AuthFailuresPerMinute)
-	s.handler = guardFraming(s.limitBody(s.requireKey(s.routes())))
+	s.handler = s.accessLog(guardFraming(s.limitBody(s.requireKey(s.routes()))))
 	return s, nil
 }
 
