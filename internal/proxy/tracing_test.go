@@ -1,20 +1,27 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvroute/kvroute/internal/config"
@@ -217,5 +224,57 @@ func TestTracingOTLP(t *testing.T) {
 	}
 	if serviceVersion == "" || serviceVersion != version.Get().Version {
 		t.Errorf("service.version %q, want the build's %q", serviceVersion, version.Get().Version)
+	}
+}
+
+// TestTracingLogs: with tracing on, a startup line says where spans go,
+// and the OpenTelemetry library's errors reach the router's own log
+// (JSON, not the library's plain text on stderr), at most one per
+// interval with the count of those left out.
+func TestTracingLogs(t *testing.T) {
+	old := newTraceExporter
+	newTraceExporter = func(context.Context, config.Tracing) (sdktrace.SpanExporter, error) {
+		return tracetest.NewInMemoryExporter(), nil
+	}
+	t.Cleanup(func() { newTraceExporter = old; otel.SetErrorHandler(otel.ErrorHandlerFunc(func(error) {})) })
+	t.Setenv("OTEL_SERVICE_NAME", "")
+	r, logs := newLoggedRig(t, 1, func(c *config.Config) {
+		c.Tracing = config.Tracing{Enabled: true, Endpoint: "http://collector.example:4318", Protocol: config.ProtocolHTTP, SampleRatio: 0.5, ServiceName: "kvroute-logs"}
+	})
+	_ = r
+	var start map[string]any
+	sc := bufio.NewScanner(strings.NewReader(logs.String()))
+	for sc.Scan() {
+		var m map[string]any
+		if json.Unmarshal(sc.Bytes(), &m) == nil && m["msg"] == "tracing on" {
+			start = m
+		}
+	}
+	if start == nil || start["endpoint"] != "http://collector.example:4318" || start["protocol"] != config.ProtocolHTTP ||
+		start["sample_ratio"] != 0.5 || start["service_name"] != "kvroute-logs" {
+		t.Errorf("startup line %v, want the endpoint, protocol, ratio and service name", start)
+	}
+
+	// The handler newTracing installed: three errors in a row give one
+	// line; the next allowed one counts the two left out.
+	var buf lockedBuffer
+	h := newOtelErrors(slog.New(slog.NewJSONHandler(&buf, nil)), time.Hour)
+	for range 3 {
+		h.Handle(errors.New("export failed: connection refused"))
+	}
+	lines := strings.Count(buf.String(), "\n")
+	if lines != 1 || !strings.Contains(buf.String(), `"err":"export failed: connection refused"`) {
+		t.Errorf("three errors logged as %d lines:\n%s", lines, buf.String())
+	}
+	h.limit.SetLimit(rate.Inf)
+	h.Handle(errors.New("again"))
+	if !strings.Contains(buf.String(), `"suppressed_since_last":2`) {
+		t.Errorf("the next line does not count the 2 left out:\n%s", buf.String())
+	}
+	// And the global handler is the router's: an error the library
+	// reports lands in the router's log.
+	otel.Handle(errors.New("from the library"))
+	if !strings.Contains(logs.String(), `"err":"from the library"`) {
+		t.Errorf("the library's error is not in the router's log:\n%s", logs.String())
 	}
 }
