@@ -273,3 +273,41 @@ func histogramCount(t *testing.T, vec *prometheus.HistogramVec, labels ...string
 	}
 	return pb.GetHistogram().GetSampleCount()
 }
+
+// TestAccessLogRefusals: the refusals made before or instead of routing
+// are logged too, with their status: 503 with no healthy backend, 401 and
+// 429 from the API key check and its limiter.
+func TestAccessLogRefusals(t *testing.T) {
+	t.Setenv("KVROUTE_TEST_ACCESS_KEYS", "good-key")
+	r, logs := newLoggedRig(t, 1, func(c *config.Config) {
+		c.Auth.APIKeysEnv = "KVROUTE_TEST_ACCESS_KEYS"
+		c.Limits.AuthFailuresPerMinute = 1
+		c.Health.EjectAfter = 1
+	})
+	body := chat("shared", false, "x")
+	r.backends[0].health.Store(false)
+	deadline := time.Now().Add(5 * time.Second)
+	for i := 0; ; i++ {
+		id := fmt.Sprintf("unhealthy-%d", i)
+		res := r.post("/v1/chat/completions", body, "X-Request-Id", id, "Authorization", "Bearer good-key")
+		if res.status == 503 {
+			checkFields(t, "503", accessLine(t, logs, id), map[string]any{"status": 503.0, "error": "no_healthy_backend", "model": "shared", "backend": ""})
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still status %d with the only backend failing its health checks", res.status)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.backends[0].health.Store(true)
+
+	// The limiter blocks the address for the rest of the minute: last.
+	if res := r.post("/v1/chat/completions", body, "X-Request-Id", "bad-key-1", "Authorization", "Bearer nope"); res.status != 401 {
+		t.Fatalf("bad key: status %d", res.status)
+	}
+	checkFields(t, "401", accessLine(t, logs, "bad-key-1"), map[string]any{"status": 401.0, "backend": "", "attempts": 0.0})
+	if res := r.post("/v1/chat/completions", body, "X-Request-Id", "bad-key-2", "Authorization", "Bearer nope"); res.status != 429 {
+		t.Fatalf("second bad key: status %d", res.status)
+	}
+	checkFields(t, "429", accessLine(t, logs, "bad-key-2"), map[string]any{"status": 429.0, "backend": ""})
+}
