@@ -120,7 +120,11 @@ func (t *relay) read(p []byte) (int, error) {
 		n, err = t.readBackend(p)
 	}
 	if t.counted && n > 0 {
-		t.tally.note(p[:n], time.Now())
+		var now time.Time
+		if t.sse { // only a stream's gaps are timed
+			now = time.Now()
+		}
+		t.tally.note(p[:n], now)
 	}
 	if err != nil {
 		t.end(err)
