@@ -344,6 +344,11 @@ func (ex *exchange) RoundTrip(req *http.Request) (*http.Response, error) {
 // headErr are what firstByte read.
 func (ex *exchange) relayResponse(resp *http.Response, head []byte, headErr error) {
 	resp.Header.Set(headerBackend, ex.target.B.Name)
+	if ex.entry != nil {
+		// The client has the request's id already (an engine such as
+		// vLLM with --enable-request-id-headers echoes it): once.
+		resp.Header.Del(headerRequestID)
+	}
 	if ex.a != nil && ex.a.Reason != "" {
 		resp.Header.Set(headerReason, ex.a.Reason)
 	}
