@@ -89,8 +89,8 @@ func TestDashboardMetrics(t *testing.T) {
 	for _, v := range d.Templating.List {
 		vars[v.Name] = v.Type
 	}
-	if vars["datasource"] != "datasource" || vars["backend"] != "query" {
-		t.Errorf("template variables %v: want datasource (datasource) and backend (query)", vars)
+	if vars["datasource"] != "datasource" || vars["backend"] != "query" || vars["instance"] != "query" || vars["model"] != "query" {
+		t.Errorf("template variables %v: want datasource (datasource), instance, backend and model (query)", vars)
 	}
 
 	known := kvrouteMetrics(t)
@@ -125,16 +125,8 @@ func TestDashboardMetrics(t *testing.T) {
 		}
 	}
 	walk(d.Panels)
-	for _, v := range d.Templating.List {
-		if v.Type != "query" {
-			continue
-		}
-		m := regexp.MustCompile(`^label_values\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*,\s*[a-zA-Z_][a-zA-Z0-9_]*\s*\)$`).FindStringSubmatch(v.Definition)
-		if m == nil {
-			t.Errorf("variable %s: definition %q is not label_values(metric, label)", v.Name, v.Definition)
-			continue
-		}
-		used[m[1]] = append(used[m[1]], "variable "+v.Name)
+	for _, v := range queryVariables(t, d) {
+		used[v.metric] = append(used[v.metric], "variable "+v.name)
 	}
 	if exprs < 20 {
 		t.Errorf("only %d queries found; the dashboard lost its panels?", exprs)
@@ -155,6 +147,32 @@ func TestDashboardMetrics(t *testing.T) {
 		}
 	}
 }
+
+// queryVariable is a dashboard variable label_values(metric{selector}, label).
+type queryVariable struct{ name, metric, selector, label string }
+
+// queryVariables are the dashboard's query variables; one that is not
+// label_values fails the test.
+func queryVariables(t *testing.T, d *dashboard) []queryVariable {
+	t.Helper()
+	var out []queryVariable
+	for _, v := range d.Templating.List {
+		if v.Type != "query" {
+			continue
+		}
+		m := labelValues.FindStringSubmatch(v.Definition)
+		if m == nil {
+			t.Errorf("variable %s: definition %q is not label_values(metric, label)", v.Name, v.Definition)
+			continue
+		}
+		out = append(out, queryVariable{name: v.Name, metric: m[1], selector: m[2], label: m[3]})
+	}
+	return out
+}
+
+// labelValues matches a variable's label_values(metric{selector}, label):
+// the metric, its optional selector and the label.
+var labelValues = regexp.MustCompile(`^label_values\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s*,\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\)$`)
 
 // TestMetricNames checks the extraction itself, so that a misspelled
 // name cannot slip through it.

@@ -25,6 +25,21 @@ vllm:num_requests_running{engine="0",model_name="m"} 1.0
 vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
 # TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.25
+`
+
+// sglangExposition is the SGLang part of the test backends' /metrics:
+// the dashboard's SGLang panels read it (kvroute's vLLM reader ignores
+// it).
+const sglangExposition = `# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m"} 1.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m"} 0.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="m"} 0.3
+# TYPE sglang:cache_hit_rate gauge
+sglang:cache_hit_rate{model_name="m"} 0.5
 `
 
 // prefillExposition is vLLM's prefill counters after n scrapes: 1,000
@@ -34,16 +49,19 @@ func prefillExposition(n int64) string {
 	return fmt.Sprintf(`# TYPE vllm:prompt_tokens_total counter
 vllm:prompt_tokens_total{engine="0",model_name="m"} %d
 # TYPE vllm:prefix_cache_hits_total counter
-vllm:prefix_cache_hits_total{engine="0",model_name="m"} 0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} %d
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} %d
 # TYPE vllm:request_prefill_time_seconds histogram
 vllm:request_prefill_time_seconds_bucket{engine="0",model_name="m",le="+Inf"} %d
 vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} %g
 vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} %d
-`, 1000*n, n, 0.1*float64(n), n)
+`, 1000*n, 400*n, 1000*n, n, 0.1*float64(n), n)
 }
 
-// testEngine is a loopback backend: healthy, with vLLM metrics; its
-// completions take delay, or fail with 500 when fail is set.
+// testEngine is a loopback backend: healthy, with vLLM (and SGLang)
+// metrics; its completions take delay, or fail with 500 when fail is
+// set, and stream three token chunks and a usage chunk when asked to.
 func testEngine(t *testing.T, fail bool, delay time.Duration) *httptest.Server {
 	t.Helper()
 	mux := http.NewServeMux()
@@ -51,10 +69,10 @@ func testEngine(t *testing.T, fail bool, delay time.Duration) *httptest.Server {
 	mux.HandleFunc("GET /health", func(http.ResponseWriter, *http.Request) {})
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		_, _ = io.WriteString(w, vllmExposition+prefillExposition(scrapes.Add(1)))
+		_, _ = io.WriteString(w, vllmExposition+sglangExposition+prefillExposition(scrapes.Add(1)))
 	})
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
+		body, _ := io.ReadAll(r.Body)
 		if fail {
 			http.Error(w, `{"error":{"message":"down","type":"server_error"}}`, http.StatusInternalServerError)
 			return
@@ -62,6 +80,16 @@ func testEngine(t *testing.T, fail bool, delay time.Duration) *httptest.Server {
 		select {
 		case <-time.After(delay):
 		case <-r.Context().Done():
+			return
+		}
+		if strings.Contains(string(body), `"stream":true`) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for _, tok := range []string{"a", "b", "c"} {
+				fmt.Fprintf(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"%s\"}}]}\n\n", tok)
+				w.(http.Flusher).Flush()
+				time.Sleep(5 * time.Millisecond)
+			}
+			_, _ = io.WriteString(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":8,\"completion_tokens\":3,\"total_tokens\":11}}\n\ndata: [DONE]\n\n")
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -72,12 +100,17 @@ func testEngine(t *testing.T, fail bool, delay time.Duration) *httptest.Server {
 	return srv
 }
 
-// kvrouteMetrics runs a router over two loopback backends, one failing,
-// drives it until every metric it registers has a sample (a retry, an
-// ejection, a wait in the admission queue, an engine report), scrapes its
-// /metrics and returns every sample name it serves: a histogram x as
-// x_bucket, x_sum and x_count.
-func kvrouteMetrics(t *testing.T) map[string]bool {
+// liveFleet is a router on loopback over two test backends, one failing.
+type liveFleet struct {
+	base      string // the router's URL
+	good, bad *httptest.Server
+	client    *http.Client
+}
+
+// newLiveFleet starts a router over two loopback backends, one failing,
+// with round robin, ejection after one failure and admission at one
+// request in flight per backend.
+func newLiveFleet(t *testing.T) *liveFleet {
 	t.Helper()
 	good, bad := testEngine(t, false, 100*time.Millisecond), testEngine(t, true, 0)
 	cfg, err := config.Parse(fmt.Appendf(nil, `
@@ -109,21 +142,29 @@ upstream: {discover_models: false}
 		defer cancel()
 		_ = s.Shutdown(ctx)
 	})
-	base := "http://" + s.Addr()
-	client := &http.Client{Timeout: 10 * time.Second}
-	post := func() error {
-		resp, err := client.Post(base+"/v1/chat/completions", "application/json",
-			strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":4}`))
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		_, _ = io.Copy(io.Discard, resp.Body)
-		if resp.StatusCode != 200 {
-			return fmt.Errorf("status %d", resp.StatusCode)
-		}
-		return nil
+	return &liveFleet{base: "http://" + s.Addr(), good: good, bad: bad, client: &http.Client{Timeout: 10 * time.Second}}
+}
+
+// post sends one chat completion, streamed or not, and reads it whole.
+func (l *liveFleet) post(stream bool) error {
+	resp, err := l.client.Post(l.base+"/v1/chat/completions", "application/json",
+		strings.NewReader(fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":4,"stream":%t}`, stream)))
+	if err != nil {
+		return err
 	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return nil
+}
+
+// drive sends the traffic that gives every metric a sample: a retry, an
+// ejection, waits in the admission queue, streamed tokens.
+func (l *liveFleet) drive(t *testing.T) {
+	t.Helper()
+	post := func() error { return l.post(false) }
 	// Round robin sends one of the first two to the failing backend: a
 	// 500, an ejection (for a minute: the test's whole life) and a retry
 	// on the good one.
@@ -146,7 +187,20 @@ upstream: {discover_models: false}
 			t.Fatalf("queued completion: %v", err)
 		}
 	}
+	if err := l.post(true); err != nil {
+		t.Fatalf("streamed completion: %v", err)
+	}
+}
 
+// kvrouteMetrics runs a live fleet, drives it until every metric it
+// registers has a sample (a retry, an ejection, a wait in the admission
+// queue, an engine report), scrapes its /metrics and returns every
+// sample name it serves: a histogram x as x_bucket, x_sum and x_count.
+func kvrouteMetrics(t *testing.T) map[string]bool {
+	t.Helper()
+	l := newLiveFleet(t)
+	l.drive(t)
+	client, base := l.client, l.base
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		names, err := scrape(client, base+"/metrics")

@@ -153,7 +153,7 @@ func soakOwnFleet(ctx context.Context, stdout, stderr io.Writer, f *benchFlags, 
 	ectx, stopEngines := context.WithCancel(ctx)
 	defer stopEngines()
 	var yaml strings.Builder
-	fmt.Fprintf(&yaml, "listen: 127.0.0.1:0\npolicy: kvroute\nshutdown_grace: 10s\nlog:\n  level: info\nbackends:\n")
+	fmt.Fprintf(&yaml, "listen: 127.0.0.1:0\npolicy: kvroute\nshutdown_grace: 10s\nlog:\n  level: info\n  access: false\nbackends:\n")
 	for i, p := range presets {
 		em, err := emulator.Start(ectx, emulator.Config{Preset: p, TimeScale: s.timeScale}, "127.0.0.1:0")
 		if err != nil {

@@ -36,7 +36,17 @@ func newMetrics() *metrics {
 	for _, r := range []string{"full", "timeout"} {
 		m.rejections.WithLabelValues(r)
 	}
+	for _, o := range []string{"admitted", "timeout", "cancelled"} {
+		m.wait.WithLabelValues(o)
+	}
 	return m
+}
+
+// RegisterMetrics registers the queue's metrics, at zero, for a router
+// without an admission queue, so that they exist from startup whether
+// the queue is on or not.
+func RegisterMetrics(reg prometheus.Registerer) error {
+	return newMetrics().register(reg)
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {

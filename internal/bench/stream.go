@@ -92,12 +92,7 @@ type chunkEvent struct {
 	usage   *openai.Usage
 }
 
-var (
-	textKey    = []byte(`"text":"`)
-	contentKey = []byte(`"content":"`)
-	usageKey   = []byte(`"usage":{`)
-	errorKey   = []byte(`"error"`)
-)
+var errorKey = []byte(`"error"`)
 
 // parseChunk reads one chunk. Content chunks, the bulk of a stream, are
 // recognised without decoding (a non-empty "text" or "content" string):
@@ -114,22 +109,12 @@ func parseChunk(data []byte) (chunkEvent, error) {
 			return ev, fmt.Errorf("error in stream: %s", eb.Error.Message)
 		}
 	}
-	ev.content = nonEmptyString(data, textKey) || nonEmptyString(data, contentKey)
-	if bytes.Contains(data, usageKey) {
-		var r openai.Response
-		if err := json.Unmarshal(data, &r); err != nil {
-			return ev, fmt.Errorf("malformed usage chunk: %w", err)
-		}
-		ev.usage = r.Usage
+	c, err := openai.ReadChunk(data)
+	if err != nil {
+		return ev, fmt.Errorf("malformed usage chunk: %w", err)
 	}
+	ev.content, ev.usage = c.Content, c.Usage
 	return ev, nil
-}
-
-// nonEmptyString reports whether data has key (`"name":"`) followed by a
-// non-empty string.
-func nonEmptyString(data, key []byte) bool {
-	i := bytes.Index(data, key)
-	return i >= 0 && i+len(key) < len(data) && data[i+len(key)] != '"'
 }
 
 func truncate(b []byte) string {

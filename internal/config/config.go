@@ -364,11 +364,14 @@ type Engines struct {
 
 // Log tunes the router's log.
 type Log struct {
-	// Level is debug, info, warn or error. Default info. Per-request lines
-	// are logged at debug; prompts and Authorization headers never are.
+	// Level is debug, info, warn or error. Default info. Prompts and
+	// Authorization headers are never logged.
 	Level string `yaml:"level"`
 	// Format is text or json. Default text.
 	Format string `yaml:"format"`
+	// Access writes one line per request at info (the access log: every
+	// outcome, refusals included); false leaves it out. Default true.
+	Access bool `yaml:"access"`
 }
 
 // Defaults, named so that docs and tests can refer to them.
@@ -415,7 +418,7 @@ func Default() *Config {
 			FirstTokenTimeout: DefaultFirstToken, StreamIdleTimeout: DefaultStreamIdle, ModelsCacheTTL: DefaultModelsTTL, DiscoverModels: true},
 		Engines:       Engines{Enabled: true, Interval: DefaultEngineInterval, Timeout: DefaultEngineTimeout, StaleAfter: DefaultEngineStale},
 		Fleet:         defaultFleet(),
-		Log:           Log{Level: "info", Format: "text"},
+		Log:           Log{Level: "info", Format: "text", Access: true},
 		Tracing:       defaultTracing(),
 		Passthrough:   defaultPassthrough(),
 		KVEvents:      defaultKVEvents(),

@@ -44,6 +44,7 @@ func TestDefaults(t *testing.T) {
 		{"upstream.discover_models", c.Upstream.DiscoverModels, true},
 		{"log.level", c.Log.Level, "info"},
 		{"log.format", c.Log.Format, "text"},
+		{"log.access", c.Log.Access, true},
 		{"shutdown_grace", c.ShutdownGrace, 30 * time.Second},
 		{"backends[0].name", firstEntry(t, c).Name, "127.0.0.1:9000"},
 		{"backends[0].kind", c.Backends[0].Kind, ""},
@@ -75,7 +76,7 @@ prefix: {block_chars: 32, capacity_blocks: 500}
 health: {interval: 1s, timeout: 500ms, path: /ping, eject_after: 5}
 retry: {attempts: 0}
 upstream: {connect_timeout: 1s, response_header_timeout: 0s, discover_models: false}
-log: {level: debug, format: json}
+log: {level: debug, format: json, access: false}
 shutdown_grace: 3s
 `)
 	if err := c.Validate(); err != nil {
@@ -87,7 +88,7 @@ shutdown_grace: 3s
 		c.Health.Interval != time.Second || c.Health.Timeout != 500*time.Millisecond || c.Health.Path != "/ping" ||
 		c.Health.EjectAfter != 5 || c.Retry.Attempts != 0 || c.Upstream.ConnectTimeout != time.Second ||
 		c.Upstream.ResponseHeaderTimeout != 0 || c.Upstream.DiscoverModels || c.Log.Level != "debug" ||
-		c.Log.Format != "json" || c.ShutdownGrace != 3*time.Second || c.Backends[0].Kind != "sglang" ||
+		c.Log.Format != "json" || c.Log.Access || c.ShutdownGrace != 3*time.Second || c.Backends[0].Kind != "sglang" ||
 		c.Engines.Enabled || c.Engines.Interval != 100*time.Millisecond || c.Engines.Timeout != 300*time.Millisecond ||
 		c.Engines.StaleAfter != 2 {
 		t.Errorf("values not decoded as written: %+v", c)

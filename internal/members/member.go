@@ -40,8 +40,9 @@ type Member struct {
 	br               breaker
 	timer            *time.Timer
 
-	// Metric series, resolved once.
-	ttft, e2e                 prometheus.Observer
+	// Metric series, resolved once (by model, for those labelled so).
+	ttft, e2e, itl            *prometheus.HistogramVec
+	tokensIn, tokensOut       *prometheus.CounterVec
 	ejections, upstreamErrors prometheus.Counter
 	requestsVec               *prometheus.CounterVec
 	requests                  atomic.Pointer[statusCounters]
@@ -60,8 +61,18 @@ func newMember(b *fleet.Backend, e config.Entry, pool string, found *ModelList, 
 	m.setLimits(e)
 	m.quiet.Store(true)
 	if se.TTFT != nil {
-		m.ttft = se.TTFT.WithLabelValues(b.Name)
-		m.e2e = se.E2E.WithLabelValues(b.Name)
+		m.ttft, m.e2e, m.itl, m.tokensIn, m.tokensOut = se.TTFT, se.E2E, se.ITL, se.InputTokens, se.OutputTokens
+		// The backend's models are in its families from its start, at
+		// zero.
+		for _, model := range b.Models {
+			m.ttft.WithLabelValues(b.Name, model)
+			m.e2e.WithLabelValues(b.Name, model)
+			if m.itl != nil {
+				m.itl.WithLabelValues(b.Name, model)
+				m.tokensIn.WithLabelValues(b.Name, model)
+				m.tokensOut.WithLabelValues(b.Name, model)
+			}
+		}
 		m.ejections = se.Ejections.WithLabelValues(b.Name)
 		m.upstreamErrors = se.UpstreamErrors.WithLabelValues(b.Name)
 	}
@@ -119,23 +130,43 @@ func (m *Member) contextLen() int {
 	return c
 }
 
-// ObserveTTFT records a time to first byte.
-func (m *Member) ObserveTTFT(d time.Duration) {
+// ObserveTTFT records a time to first byte of a request for model (its
+// metric label: see Series).
+func (m *Member) ObserveTTFT(model string, d time.Duration) {
 	if m.ttft != nil {
-		m.ttft.Observe(d.Seconds())
+		m.ttft.WithLabelValues(m.B.Name, model).Observe(d.Seconds())
 	}
 }
 
 // ObserveE2E records a request's whole duration.
-func (m *Member) ObserveE2E(d time.Duration) {
+func (m *Member) ObserveE2E(model string, d time.Duration) {
 	if m.e2e != nil {
-		m.e2e.Observe(d.Seconds())
+		m.e2e.WithLabelValues(m.B.Name, model).Observe(d.Seconds())
 	}
 }
 
+// ITL is the observer of model's inter-token gaps on this backend; nil
+// without the family.
+func (m *Member) ITL(model string) prometheus.Observer {
+	if m.itl == nil {
+		return nil
+	}
+	return m.itl.WithLabelValues(m.B.Name, model)
+}
+
+// CountTokens counts the input and output tokens of a request for model
+// that this backend served.
+func (m *Member) CountTokens(model string, in, out int) {
+	if m.tokensIn == nil {
+		return
+	}
+	m.tokensIn.WithLabelValues(m.B.Name, model).Add(float64(in))
+	m.tokensOut.WithLabelValues(m.B.Name, model).Add(float64(out))
+}
+
 // Count counts one request that this backend answered, with the policy
-// that routed it and its status.
-func (m *Member) Count(policy string, status int) {
+// that routed it, its model label and its status.
+func (m *Member) Count(policy, model string, status int) {
 	if m.requestsVec == nil {
 		return
 	}
@@ -145,21 +176,28 @@ func (m *Member) Count(policy string, status int) {
 		c = &statusCounters{policy: policy}
 		m.requests.Store(c)
 	}
-	c.get(m.requestsVec, m.B.Name, status).Inc()
+	c.get(m.requestsVec, m.B.Name, model, status).Inc()
 }
 
 // statusCounters caches one backend's kvroute_requests_total children for
-// one policy, by status.
+// one policy, by model and status.
 type statusCounters struct {
 	policy string
-	m      sync.Map // int -> prometheus.Counter
+	m      sync.Map // modelStatus -> prometheus.Counter
 }
 
-func (c *statusCounters) get(vec *prometheus.CounterVec, backend string, status int) prometheus.Counter {
-	if v, ok := c.m.Load(status); ok {
+// modelStatus keys a child of kvroute_requests_total under one policy.
+type modelStatus struct {
+	model  string
+	status int
+}
+
+func (c *statusCounters) get(vec *prometheus.CounterVec, backend, model string, status int) prometheus.Counter {
+	k := modelStatus{model, status}
+	if v, ok := c.m.Load(k); ok {
 		return v.(prometheus.Counter)
 	}
-	ctr := vec.WithLabelValues(backend, c.policy, strconv.Itoa(status))
-	c.m.Store(status, ctr)
+	ctr := vec.WithLabelValues(backend, c.policy, model, strconv.Itoa(status))
+	c.m.Store(k, ctr)
 	return ctr
 }

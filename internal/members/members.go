@@ -39,10 +39,16 @@ var Resolver discovery.Resolver = net.DefaultResolver
 // Series are the per-backend metric families whose children each Member
 // resolves once, when it joins.
 type Series struct {
-	// Requests is labelled backend, policy, status.
+	// Requests is labelled backend, policy, model, status.
 	Requests *prometheus.CounterVec
-	// TTFT and E2E are labelled backend.
+	// TTFT and E2E are labelled backend, model. A model label is a name
+	// the fleet serves, "other" or "" (the caller bounds it).
 	TTFT, E2E *prometheus.HistogramVec
+	// ITL (the router-side gap between a stream's token chunks) is
+	// labelled backend, model, and so are InputTokens and OutputTokens
+	// (the tokens of the requests the backend served).
+	ITL                       *prometheus.HistogramVec
+	InputTokens, OutputTokens *prometheus.CounterVec
 	// Ejections and UpstreamErrors are labelled backend.
 	Ejections, UpstreamErrors *prometheus.CounterVec
 }

@@ -6,6 +6,7 @@
 package openai
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -131,4 +132,45 @@ type Model struct {
 type ModelList struct {
 	Object string  `json:"object"`
 	Data   []Model `json:"data"`
+}
+
+// Chunk is what a router or client needs of one streamed chunk (the JSON
+// of one SSE data event): whether it carries text, and its usage.
+type Chunk struct {
+	// Content is set when the chunk has a non-empty "text" or "content"
+	// string: a chunk with tokens, not the role-only first chunk nor
+	// the usage-only last one.
+	Content bool
+	// Usage is the chunk's usage object, nil without one.
+	Usage *Usage
+}
+
+var (
+	textKey    = []byte(`"text":"`)
+	contentKey = []byte(`"content":"`)
+	usageKey   = []byte(`"usage":{`)
+)
+
+// ReadChunk reads one chunk. Content chunks, the bulk of a stream, are
+// recognised without decoding: thousands of streams at once make a full
+// decode of every chunk the main cost of reading them. A chunk with a
+// usage object is decoded; its error is that decode's.
+func ReadChunk(data []byte) (Chunk, error) {
+	var c Chunk
+	c.Content = nonEmptyString(data, textKey) || nonEmptyString(data, contentKey)
+	if bytes.Contains(data, usageKey) {
+		var r Response
+		if err := json.Unmarshal(data, &r); err != nil {
+			return c, err
+		}
+		c.Usage = r.Usage
+	}
+	return c, nil
+}
+
+// nonEmptyString reports whether data has key (`"name":"`) followed by a
+// non-empty string.
+func nonEmptyString(data, key []byte) bool {
+	i := bytes.Index(data, key)
+	return i >= 0 && i+len(key) < len(data) && data[i+len(key)] != '"'
 }

@@ -21,7 +21,12 @@ import (
 func newAdmission(cfg *config.Config, f *fleet.Fleet, reg prometheus.Registerer) (*admission.Controller, error) {
 	a := cfg.Admission
 	if !a.Enabled() {
-		return nil, nil
+		// The queue's metrics exist at zero all the same: a dashboard
+		// shows an empty queue, not No data.
+		if reg == nil {
+			return nil, nil
+		}
+		return nil, admission.RegisterMetrics(reg)
 	}
 	order, err := admission.ParseOrder(a.QueueOrder())
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -57,8 +56,10 @@ type exchange struct {
 	// ttft is the time from arrival to the backend's first content byte,
 	// 0 until it comes.
 	ttft time.Duration
-	// view is the request's routing view, once parsed.
+	// view is the request's routing view, once parsed; model its model
+	// as a metric label (modelLabel).
 	view   *request.View
+	model  string
 	body   []byte
 	hashes []uint64 // the prompt's block hashes, for every attempt
 	keys   []uint64 // its token-block keys for the precise index, or nil
@@ -94,17 +95,25 @@ type exchange struct {
 	// not retried.
 	passthrough bool
 
+	// entry is the request's access log line (accesslog.go); nil
+	// outside the access log's handler.
+	entry *accessEntry
+
 	// The exchange's trace (tracing.go): its context and span, the
 	// current attempt's span and its first byte's; nil with tracing off.
 	ctx                          context.Context
 	span, attempt, firstByteSpan trace.Span
+	// op is the request's GenAI operation (gen_ai.operation.name), ""
+	// for none.
+	op string
 }
 
 // serveCompletion serves POST /v1/chat/completions and /v1/completions.
 func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *http.Request) {
 	ex := &exchange{s: s, start: time.Now()}
 	defer ex.settleDeferred()
-	r = ex.begin(r, "kvroute.request")
+	w = unwrapStatus(w)
+	r = ex.begin(r, operationOf(kind))
 	ex.tenant = s.tenantOf(r)
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
@@ -131,7 +140,7 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 		}
 	}
 	v.PrefixSalt = ex.tenant.prefixSalt(v.PrefixSalt)
-	ex.view, ex.body = v, body
+	ex.setView(v, body)
 	if e := s.checkContext(v); e != nil {
 		ex.reject(w, e)
 		return
@@ -145,9 +154,7 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 		return
 	}
 	ex.keys = ex.tokenKeys(r.Context(), v, body)
-	_, span = ex.child("route", trace.SpanKindInternal)
-	a, err := s.sched.RoutePrecise(v, ex.hashes, ex.keys, nil, ex.start)
-	routeSpan(span, s.policyName(), a, err)
+	a, err := ex.route(ex.start)
 	release() // the request's load is accounted (or it failed to route)
 	if err != nil {
 		ex.reject(w, routeError(err, v.Model))
@@ -155,6 +162,21 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 	}
 	ex.assign(a)
 	ex.forward(w, r)
+}
+
+// setView makes v the request's routing view and body its body.
+func (ex *exchange) setView(v *request.View, body []byte) {
+	ex.view, ex.body, ex.model = v, body, modelLabel(ex.s.fleet, v.Model)
+	ex.viewSpan()
+}
+
+// route asks the scheduler for a backend, away from those tried, in a
+// route span of its own: a retry's decision is traced as the first one.
+func (ex *exchange) route(now time.Time) (*scheduler.Assignment, error) {
+	_, span := ex.child("route", trace.SpanKindInternal)
+	a, err := ex.s.sched.RoutePrecise(ex.view, ex.hashes, ex.keys, ex.tried, now)
+	routeSpan(span, ex.s.policyName(), a, err)
+	return a, err
 }
 
 // assign makes a the current attempt's assignment.
@@ -230,7 +252,7 @@ func (ex *exchange) RoundTrip(req *http.Request) (*http.Response, error) {
 			// A half-open breaker's probes are out: go elsewhere if any
 			// other backend can take the request, else probe anyway.
 			ex.tried = append(ex.tried, m.B.ID)
-			if next, err := s.sched.RoutePrecise(ex.view, ex.hashes, ex.keys, ex.tried, time.Now()); err == nil {
+			if next, err := ex.route(time.Now()); err == nil {
 				ex.a.Done(time.Now())
 				ex.assign(next)
 				continue
@@ -276,7 +298,7 @@ func (ex *exchange) RoundTrip(req *http.Request) (*http.Response, error) {
 						ex.a.FirstByte(now)
 						s.adm.Wake() // its prefill left the backend's pending tokens
 						ex.ttft = now.Sub(ex.start)
-						m.ObserveTTFT(ex.ttft)
+						m.ObserveTTFT(ex.model, ex.ttft)
 					}
 					// Success is recorded when the body ends (settle): a
 					// backend that starts responses and then breaks them
@@ -301,7 +323,7 @@ func (ex *exchange) RoundTrip(req *http.Request) (*http.Response, error) {
 		var next *scheduler.Assignment
 		if ex.retries < s.cfg.Retry.Attempts {
 			ex.tried = append(ex.tried, m.B.ID)
-			next, _ = s.sched.RoutePrecise(ex.view, ex.hashes, ex.keys, ex.tried, time.Now())
+			next, _ = ex.route(time.Now())
 		}
 		if next == nil {
 			// Out of attempts or of backends: pass a backend's 5xx through
@@ -316,7 +338,7 @@ func (ex *exchange) RoundTrip(req *http.Request) (*http.Response, error) {
 			_ = resp.Body.Close()
 		}
 		ex.a.Done(time.Now())
-		s.log.Debug("retry", "from", m.B.Name, "to", next.Backend.Name, "err", err)
+		s.log.Warn("retry", "request_id", ex.requestID(), "from", m.B.Name, "to", next.Backend.Name, "attempt", ex.retries+2, "err", err)
 		s.metrics.retries.Inc()
 		ex.assign(next)
 		ex.retries++
@@ -334,6 +356,11 @@ func (ex *exchange) relayResponse(resp *http.Response, head []byte, headErr erro
 		if ex.a != nil && ex.a.Reason != "" {
 			resp.Header.Set(headerReason, ex.a.Reason)
 		}
+	}
+	if ex.entry != nil {
+		// The client has the request's id already (an engine such as
+		// vLLM with --enable-request-id-headers echoes it): once.
+		resp.Header.Del(headerRequestID)
 	}
 	ex.status = resp.StatusCode
 	ex.relay = newRelay(ex, resp, head, headErr)
@@ -354,7 +381,7 @@ func (ex *exchange) proxyError(w http.ResponseWriter, r *http.Request, err error
 	}
 	// The client gets a generic message: the cause names the backend's
 	// address (a dial error's ip:port), which stays in the log.
-	ex.s.log.Warn("proxy error", "backend", ex.target.B.Name, "status", status, "retries", ex.retries, "err", err)
+	ex.s.log.Warn("proxy error", "request_id", ex.requestID(), "backend", ex.target.B.Name, "status", status, "retries", ex.retries, "err", err)
 	openai.WriteError(w, status, openai.TypeServer, code, msg, 0)
 }
 
@@ -400,7 +427,7 @@ func (ex *exchange) settle() {
 			// The backend broke the response after it started; the client
 			// saw a truncated body. Never retried.
 			s.set.Failed(ex.target, rl.broken)
-			s.log.Warn("response broken after first byte", "backend", ex.target.B.Name, "err", rl.broken)
+			s.log.Warn("response broken after first byte", "request_id", ex.requestID(), "backend", ex.target.B.Name, "err", rl.broken)
 		case rl.complete && ex.status/100 == 2 && ex.view != nil:
 			s.set.Succeeded(ex.target, false)
 		}
@@ -413,20 +440,45 @@ func (ex *exchange) settle() {
 	ex.rememberTokens()
 	policy := s.policyName()
 	if ex.target != nil { // a request the router answered itself has none
-		ex.target.Count(policy, ex.status)
+		ex.target.Count(policy, ex.model, ex.status)
 		if ex.view != nil && !ex.passthrough {
-			ex.target.ObserveE2E(now.Sub(ex.start))
+			ex.target.ObserveE2E(ex.model, now.Sub(ex.start))
+		}
+		if rl := ex.relay; rl != nil && rl.counted && rl.complete {
+			in, out := ex.tokens()
+			ex.target.CountTokens(ex.model, in, out)
 		}
 	} else {
-		s.metrics.requests.WithLabelValues(noBackend, policy, strconv.Itoa(ex.status)).Inc()
+		s.metrics.requests.WithLabelValues(noBackend, policy, ex.model, strconv.Itoa(ex.status)).Inc()
 	}
 	ex.record()
-	if ex.view != nil && ex.target != nil && s.log.Enabled(context.Background(), slog.LevelDebug) {
-		s.log.Debug("request", "backend", ex.target.B.Name, "status", ex.status, "model", ex.view.Model,
-			"prompt_tokens", ex.view.PromptTokens, "reason", ex.a.Reason, "retries", ex.retries,
-			"duration", now.Sub(ex.start))
-	}
+	ex.settleAccess()
 	ex.endTrace()
+}
+
+// tokens are the request's input and output tokens: the response's usage
+// when it reported one, else the router's estimate of the prompt and the
+// stream's token chunks.
+func (ex *exchange) tokens() (in, out int) {
+	if ex.view != nil {
+		in = ex.view.PromptTokens
+	}
+	if rl := ex.relay; rl != nil && rl.counted {
+		if u := rl.tally.usage; u != nil {
+			in = u.PromptTokens
+		}
+		out = rl.tally.output()
+	}
+	return in, out
+}
+
+// requestID is the request's X-Request-Id, "" outside the access log's
+// handler.
+func (ex *exchange) requestID() string {
+	if ex.entry == nil {
+		return ""
+	}
+	return ex.entry.id
 }
 
 // errorOf is e as an error, nil for none.
@@ -453,7 +505,7 @@ func routeError(err error, model string) *openai.Error {
 // reject writes a router-made error outside any exchange (the API key
 // check, /v1/models) and counts it.
 func (s *Server) reject(w http.ResponseWriter, e *openai.Error) {
-	s.metrics.requests.WithLabelValues(noBackend, s.policyName(), strconv.Itoa(e.Status)).Inc()
+	s.metrics.requests.WithLabelValues(noBackend, s.policyName(), "", strconv.Itoa(e.Status)).Inc()
 	e.Write(w)
 }
 

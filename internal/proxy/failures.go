@@ -144,7 +144,7 @@ type statusWriter struct {
 }
 
 func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
+	if w.status == 0 && code >= 200 { // not an informational 1xx
 		w.status = code
 	}
 	w.ResponseWriter.WriteHeader(code)

@@ -137,6 +137,9 @@ func (f *fake) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	body, _ := io.ReadAll(r.Body)
 	h := r.Header.Clone()
+	if id := r.Header.Get("X-Request-Id"); id != "" {
+		w.Header().Set("X-Request-Id", id) // as vLLM with --enable-request-id-headers
+	}
 	f.lastBody.Store(&body)
 	f.lastHeader.Store(&h)
 	f.hits.Add(1)

@@ -11,6 +11,7 @@ import (
 	"github.com/kvroute/kvroute/internal/members"
 	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/scheduler"
+	"github.com/kvroute/kvroute/internal/version"
 )
 
 // policyName is the policy label of kvroute_requests_total: the policy
@@ -26,12 +27,14 @@ type metrics struct {
 	reg *prometheus.Registry
 
 	requests       *prometheus.CounterVec
-	ttft, e2e      *prometheus.HistogramVec
-	prefixHit      prometheus.Counter
-	promptTokens   prometheus.Counter
-	retries        prometheus.Counter
-	ejections      *prometheus.CounterVec
-	upstreamErrors *prometheus.CounterVec
+	ttft, e2e, itl *prometheus.HistogramVec
+	// tokensIn and tokensOut count the served requests' tokens.
+	tokensIn, tokensOut *prometheus.CounterVec
+	prefixHit           prometheus.Counter
+	promptTokens        prometheus.Counter
+	retries             prometheus.Counter
+	ejections           *prometheus.CounterVec
+	upstreamErrors      *prometheus.CounterVec
 	// bodyBudgetRejects counts bodies refused for limits.max_buffered_bytes.
 	bodyBudgetRejects prometheus.Counter
 }
@@ -41,18 +44,36 @@ func newMetrics(f *fleet.Fleet) *metrics {
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_requests_total",
-			Help: "Requests by the backend that answered (\"none\" when the router did), policy and HTTP status (499: the client went away first).",
-		}, []string{"backend", "policy", "status"}),
+			Help: "Requests by the backend that answered (\"none\" when the router did), policy, model (a model the fleet serves, \"other\", or \"\" when the request named none) and HTTP status (499: the client went away first).",
+		}, []string{"backend", "policy", "model", "status"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvroute_ttft_seconds",
 			Help:    "Router-observed time from receiving a request to the first response body byte of a 2xx response, retries included.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
-		}, []string{"backend"}),
+		}, []string{"backend", "model"}),
 		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvroute_e2e_seconds",
 			Help:    "Router-observed time from receiving a completion request to the end of its response.",
 			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300},
-		}, []string{"backend"}),
+		}, []string{"backend", "model"}),
+		// vLLM's vllm:inter_token_latency_seconds, seen from the router:
+		// chunks that arrive together have a gap near zero.
+		itl: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvroute_inter_token_latency_seconds",
+			Help:    "Router-observed time between consecutive token chunks of a streamed response.",
+			Buckets: []float64{.001, .005, .01, .025, .05, .075, .1, .15, .2, .3, .4, .5, .75, 1, 2.5, 5, 10},
+		}, []string{"backend", "model"}),
+		// vLLM's vllm:prompt_tokens_total and vllm:generation_tokens_total,
+		// with OpenTelemetry's gen_ai.token.type names (input, output):
+		// kvroute_prompt_tokens_total is the router's own estimate.
+		tokensIn: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_input_tokens_total",
+			Help: "Prompt tokens of the requests a backend served, as the response's usage reports them (the router's estimate when it has none).",
+		}, []string{"backend", "model"}),
+		tokensOut: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_output_tokens_total",
+			Help: "Generated tokens of the requests a backend served, as the response's usage reports them (the stream's token chunks when it has none).",
+		}, []string{"backend", "model"}),
 		prefixHit: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvroute_prefix_hit_tokens_total",
 			Help: "Prompt tokens the router predicted to be in the chosen backend's prefix cache.",
@@ -78,7 +99,7 @@ func newMetrics(f *fleet.Fleet) *metrics {
 			Help: "Requests answered 503 server_busy because their body would exceed limits.max_buffered_bytes.",
 		}),
 	}
-	m.reg.MustRegister(m.bodyBudgetRejects, m.requests, m.ttft, m.e2e, m.prefixHit, m.promptTokens, m.retries, m.ejections, m.upstreamErrors,
+	m.reg.MustRegister(m.bodyBudgetRejects, m.requests, m.ttft, m.e2e, m.itl, m.tokensIn, m.tokensOut, buildInfo(), m.prefixHit, m.promptTokens, m.retries, m.ejections, m.upstreamErrors,
 		&fleetCollector{f: f}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -86,7 +107,8 @@ func newMetrics(f *fleet.Fleet) *metrics {
 // series are the per-backend families whose children each backend's
 // record resolves once.
 func (m *metrics) series() members.Series {
-	return members.Series{Requests: m.requests, TTFT: m.ttft, E2E: m.e2e, Ejections: m.ejections, UpstreamErrors: m.upstreamErrors}
+	return members.Series{Requests: m.requests, TTFT: m.ttft, E2E: m.e2e, ITL: m.itl, InputTokens: m.tokensIn, OutputTokens: m.tokensOut,
+		Ejections: m.ejections, UpstreamErrors: m.upstreamErrors}
 }
 
 // routed counts a routing decision's prompt and predicted cache hit.
@@ -95,6 +117,22 @@ func (m *metrics) routed(v *request.View, a *scheduler.Assignment) {
 	if a.MatchedTokens > 0 {
 		m.prefixHit.Add(float64(a.MatchedTokens))
 	}
+}
+
+// modelLabel bounds a request's model for a metric label: the name when
+// a backend of the fleet lists it among its models, "other" for any
+// other name (a backend that serves any model vouches for none), "" for
+// a request that named none. Clients cannot mint series.
+func modelLabel(f *fleet.Fleet, model string) string {
+	if model == "" {
+		return ""
+	}
+	for _, b := range f.Snapshot().All {
+		if len(b.Models) > 0 && b.Serves(model) {
+			return model
+		}
+	}
+	return "other"
 }
 
 func (m *metrics) handler() http.Handler {
@@ -145,4 +183,18 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descEngineRate, prometheus.GaugeValue, r, b.Name)
 		}
 	}
+}
+
+// buildInfo is kvroute_build_info: 1, labelled with the build's identity
+// (Prometheus's own prometheus_build_info convention), so that a
+// dashboard can tell replicas and rollouts apart.
+func buildInfo() prometheus.Collector {
+	i := version.Get()
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "kvroute_build_info",
+		Help:        "1, labelled with the running kvroute's version, VCS revision and Go version.",
+		ConstLabels: prometheus.Labels{"version": i.Version, "revision": i.Revision, "goversion": i.GoVersion},
+	})
+	g.Set(1)
+	return g
 }

@@ -31,6 +31,7 @@ func TestOutcomeStatusLabels(t *testing.T) {
 		cancel  time.Duration // the client gives up after this; 0: never
 		status  int           // what the client gets (0: nothing)
 		backend string        // the label: "b0" or "none"
+		model   string        // the model label: "shared" unless set
 	}{
 		{name: "ok", mode: modeOK, status: 200, backend: "b0"},
 		{name: "stream ok", mode: modeOK, body: chat("shared", true, "s"), status: 200, backend: "b0"},
@@ -39,8 +40,9 @@ func TestOutcomeStatusLabels(t *testing.T) {
 		{name: "header timeout", mode: modeHang, status: 504, backend: "b0",
 			mod: func(c *config.Config) { c.Upstream.ResponseHeaderTimeout = 100 * time.Millisecond }},
 		{name: "client gone before the first byte", mode: modeHang, cancel: 100 * time.Millisecond, status: 0, backend: "b0"},
-		{name: "bad JSON", mode: modeOK, body: `{"model":`, status: 400, backend: "none"},
-		{name: "unknown model", mode: modeOK, body: chat("nope", false, "x"), status: 404, backend: "none"},
+		{name: "bad JSON", mode: modeOK, body: `{"model":`, status: 400, backend: "none", model: "-"},
+		// A name the fleet does not serve is not a label of its own.
+		{name: "unknown model", mode: modeOK, body: chat("nope", false, "x"), status: 404, backend: "none", model: "other"},
 		{name: "over context", mode: modeOK, body: chat("shared", false, words("long", 4097*request.MaxBytesPerToken)), status: 400, backend: "none"},
 	}
 	for _, tt := range tests {
@@ -84,8 +86,15 @@ func TestOutcomeStatusLabels(t *testing.T) {
 			if n := counterValue(r.srv.metrics.requests); n != 1 {
 				t.Errorf("requests_total sums to %v, want 1", n)
 			}
-			if v := counterValue(r.srv.metrics.requests.WithLabelValues(tt.backend, "round-robin", label)); v != 1 {
-				t.Errorf("requests_total{backend=%q,status=%q} = %v, want 1", tt.backend, label, v)
+			model := tt.model
+			switch model {
+			case "":
+				model = "shared"
+			case "-":
+				model = "" // no model read
+			}
+			if v := counterValue(r.srv.metrics.requests.WithLabelValues(tt.backend, "round-robin", model, label)); v != 1 {
+				t.Errorf("requests_total{backend=%q,model=%q,status=%q} = %v, want 1", tt.backend, model, label, v)
 			}
 			if tt.backend == "none" && want == 400 && tt.body == `{"model":` {
 				return // not parsed: no decision to log

@@ -20,7 +20,8 @@ import (
 func (s *Server) passthrough(w http.ResponseWriter, r *http.Request) {
 	ex := &exchange{s: s, start: time.Now(), passthrough: true}
 	defer ex.settleDeferred()
-	r = ex.begin(r, "kvroute.passthrough")
+	w = unwrapStatus(w)
+	r = ex.begin(r, passOperation(r.URL.Path))
 	ex.tenant = s.tenantOf(r)
 	if e := s.passAllowed(w, r); e != nil {
 		ex.reject(w, e)
@@ -43,7 +44,7 @@ func (s *Server) passthrough(w http.ResponseWriter, r *http.Request) {
 	// match, one token of output. With it the exchange logs the decision
 	// and settles the backend's success as for a completion.
 	v := &request.View{Model: model, MaxTokens: 1}
-	ex.view, ex.body = v, body
+	ex.setView(v, body)
 	_, span := ex.child("admission", trace.SpanKindInternal)
 	release, e := s.admit(r, model, nil)
 	endSpan(span, errorOf(e))
@@ -61,6 +62,15 @@ func (s *Server) passthrough(w http.ResponseWriter, r *http.Request) {
 	}
 	ex.a, ex.target = a, s.set.Of(a.Backend)
 	ex.forward(w, r)
+}
+
+// passOperation is the GenAI operation of a passthrough endpoint: only
+// embeddings has one.
+func passOperation(path string) string {
+	if path == "/v1/embeddings" {
+		return opEmbeddings
+	}
+	return ""
 }
 
 // passAllowed checks a passthrough request's path and method against

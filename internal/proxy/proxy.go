@@ -205,7 +205,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	if s.adminAPI, err = s.newAdmin(); err != nil {
 		return nil, err
 	}
-	if s.tracing, err = newTracing(cfg.Tracing); err != nil {
+	if s.tracing, err = newTracing(cfg.Tracing, logger); err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
 	}
 	creds, err := newCredentials(cfg)
@@ -214,7 +214,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	}
 	s.creds.Store(creds)
 	s.failures = newAuthFailures(cfg.Limits.AuthFailuresPerMinute)
-	s.handler = s.guardLoop(guardFraming(s.limitBody(s.requireKey(s.routes()))))
+	s.handler = s.accessLog(s.guardLoop(guardFraming(s.limitBody(s.requireKey(s.routes())))))
 	return s, nil
 }
 

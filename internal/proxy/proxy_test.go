@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -36,6 +37,12 @@ type rig struct {
 // checks that the router's load accounting returned to zero.
 func newRig(t *testing.T, pol string, n int, mod func(*config.Config)) *rig {
 	t.Helper()
+	return newRigLog(t, pol, n, mod, nil)
+}
+
+// newRigLog is newRig with the router logging to logger.
+func newRigLog(t *testing.T, pol string, n int, mod func(*config.Config), logger *slog.Logger) *rig {
+	t.Helper()
 	r := &rig{t: t, client: &http.Client{Timeout: 10 * time.Second}}
 	cfg := config.Default()
 	cfg.Listen = "127.0.0.1:0"
@@ -54,7 +61,7 @@ func newRig(t *testing.T, pol string, n int, mod func(*config.Config)) *rig {
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("config: %v", err)
 	}
-	srv, err := New(cfg, nil)
+	srv, err := New(cfg, logger)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -49,11 +49,20 @@ type relay struct {
 	// writeAfter ahead of every read; nil without a client write timeout.
 	client     *http.ResponseController
 	writeAfter time.Duration
+	// tally reads the 2xx body's tokens (tally.go); counted is false for
+	// another status.
+	tally   tally
+	counted bool
 }
 
 func newRelay(ex *exchange, resp *http.Response, head []byte, headErr error) *relay {
 	t := &relay{rc: resp.Body, ctx: resp.Request.Context(), head: head, headErr: headErr,
 		sse: resp.StatusCode == http.StatusOK && isSSE(resp.Header.Get("Content-Type"))}
+	if resp.StatusCode/100 == 2 && !ex.passthrough {
+		t.counted = true
+		t.tally.sse = t.sse
+		t.tally.itl = ex.target.ITL(ex.model)
+	}
 	if d := ex.s.cfg.Upstream.StreamIdleTimeout; d > 0 {
 		t.idleAfter = d
 		t.idle = time.AfterFunc(d, func() {
@@ -111,6 +120,13 @@ func (t *relay) read(p []byte) (int, error) {
 	default:
 		n, err = t.readBackend(p)
 	}
+	if t.counted && n > 0 {
+		var now time.Time
+		if t.sse { // only a stream's gaps are timed
+			now = time.Now()
+		}
+		t.tally.note(p[:n], now)
+	}
 	if err != nil {
 		t.end(err)
 	}
@@ -125,6 +141,9 @@ func (t *relay) end(err error) {
 	}
 	if err == io.EOF {
 		t.complete = true
+		if t.counted {
+			t.tally.finish()
+		}
 	} else if t.ctx.Err() == nil {
 		t.broken = err
 	}

@@ -76,7 +76,7 @@ func (s *Server) backendTLSFor(addr string) (*config.BackendTLS, string) {
 		return fleetTLS, host
 	}
 	for _, m := range s.set.All() {
-		if m.B.URL == nil || hostPort(m.B.URL) != addr {
+		if m.B.URL == nil || dialAddr(m.B.URL) != addr {
 			continue
 		}
 		if m.Entry.Base != nil && m.Entry.Base.Hostname() != "" {
@@ -90,8 +90,8 @@ func (s *Server) backendTLSFor(addr string) (*config.BackendTLS, string) {
 	return fleetTLS, host
 }
 
-// hostPort is u's host with its port, as a transport dials it.
-func hostPort(u *url.URL) string {
+// dialAddr is u's host with its port, as a transport dials it.
+func dialAddr(u *url.URL) string {
 	port := u.Port()
 	if port == "" {
 		port = "80"

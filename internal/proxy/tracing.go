@@ -2,10 +2,16 @@ package proxy
 
 import (
 	"context"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
+	"sync/atomic"
+	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -15,16 +21,35 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"golang.org/x/time/rate"
+
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/scheduler"
+	"github.com/kvroute/kvroute/internal/version"
 )
 
 // tracing is the router's OpenTelemetry tracer (tracing.* keys). Each
 // exchange is one span, continuing the client's W3C traceparent, with a
-// child span for its admission wait, its routing decision, and each
-// upstream attempt (whose own traceparent the engine receives) with its
-// first byte. With tracing off the Server has none, and an exchange does
-// nothing for it but a nil check.
+// child span for its admission wait, one for each routing decision (a
+// retry is routed again), and one for each upstream attempt (whose own
+// traceparent the engine receives) with its first byte. With tracing off
+// the Server has none, and an exchange does nothing for it but a nil
+// check.
+//
+// Names and attributes follow OpenTelemetry's semantic conventions. The
+// exchange's span is the generative AI operation as the client sees it,
+// retries included: named "{gen_ai.operation.name} {gen_ai.request.model}"
+// ("chat llama", "text_completion llama", "embeddings e5") once its model
+// is read, "{method} {path}" before (a request refused unread) and for
+// other endpoints; kind SERVER, with gen_ai.operation.name,
+// gen_ai.request.model, gen_ai.response.model, gen_ai.usage.input_tokens
+// and gen_ai.usage.output_tokens, and the HTTP server's
+// http.request.method, url.path, http.response.status_code,
+// server.address, server.port and client.address. An attempt is an HTTP
+// client span named by its method ("POST"), with http.request.method,
+// server.address and server.port of the backend, url.full,
+// http.response.status_code and, on a retry, http.request.resend_count.
 type tracing struct {
 	tp     *sdktrace.TracerProvider
 	tracer trace.Tracer
@@ -62,8 +87,11 @@ var newTraceExporter = func(ctx context.Context, c config.Tracing) (sdktrace.Spa
 	return otlptracehttp.New(ctx, opts...)
 }
 
-// newTracing returns the tracer, or nil when tracing is off.
-func newTracing(c config.Tracing) (*tracing, error) {
+// newTracing returns the tracer, or nil when tracing is off. The
+// OpenTelemetry library's own errors (a collector out of reach) go to log,
+// at most one a minute with the count of those left out; a line says
+// where spans go.
+func newTracing(c config.Tracing, log *slog.Logger) (*tracing, error) {
 	if !c.Enabled {
 		return nil, nil
 	}
@@ -71,7 +99,9 @@ func newTracing(c config.Tracing) (*tracing, error) {
 	if err != nil {
 		return nil, err
 	}
-	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(attribute.String("service.name", c.ServiceName)))
+	otel.SetErrorHandler(newOtelErrors(log, time.Minute))
+	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(attribute.String("service.name", c.ServiceName),
+		attribute.String("service.version", version.Get().Version)))
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +116,69 @@ func newTracing(c config.Tracing) (*tracing, error) {
 		sdktrace.WithResource(res),
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(c.SampleRatio))),
 	)
-	return &tracing{tp: tp, tracer: tp.Tracer("github.com/kvroute/kvroute"), prop: propagation.TraceContext{}}, nil
+	proto, endpoint := traceDestination(c)
+	log.Info("tracing on", "endpoint", endpoint, "protocol", proto, "sample_ratio", c.SampleRatio,
+		"service_name", serviceName(res, c.ServiceName))
+	return &tracing{tp: tp, tracer: tp.Tracer("github.com/kvroute/kvroute", trace.WithInstrumentationVersion(version.Get().Version)),
+		prop: propagation.TraceContext{}}, nil
+}
+
+// traceDestination is where the exporter sends, for the startup line: the
+// protocol and endpoint from the section, else the variables the
+// exporters read, else their defaults.
+func traceDestination(c config.Tracing) (proto, endpoint string) {
+	proto = c.Protocol
+	for _, v := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
+		if proto == "" {
+			proto = os.Getenv(v)
+		}
+	}
+	if proto == "" {
+		proto = config.ProtocolHTTP
+	}
+	endpoint = c.Endpoint
+	for _, v := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
+		if endpoint == "" {
+			endpoint = os.Getenv(v)
+		}
+	}
+	if endpoint == "" {
+		endpoint = "https://localhost:4318 (the exporter's default)"
+		if proto == config.ProtocolGRPC {
+			endpoint = "https://localhost:4317 (the exporter's default)"
+		}
+	}
+	return proto, endpoint
+}
+
+// serviceName is the resource's service.name (OTEL_SERVICE_NAME wins over
+// the section's).
+func serviceName(res *resource.Resource, fallback string) string {
+	if v, ok := res.Set().Value("service.name"); ok {
+		return v.AsString()
+	}
+	return fallback
+}
+
+// otelErrors logs the OpenTelemetry library's errors through the router's
+// logger, at most one per interval (an unreachable collector fails every
+// export), with the count of those it left out.
+type otelErrors struct {
+	log     *slog.Logger
+	limit   *rate.Limiter
+	dropped atomic.Int64
+}
+
+func newOtelErrors(log *slog.Logger, every time.Duration) *otelErrors {
+	return &otelErrors{log: log, limit: rate.NewLimiter(rate.Every(every), 1)}
+}
+
+func (o *otelErrors) Handle(err error) {
+	if !o.limit.Allow() {
+		o.dropped.Add(1)
+		return
+	}
+	o.log.Warn("tracing: OpenTelemetry error", "err", err, "suppressed_since_last", o.dropped.Swap(0))
 }
 
 // shutdown flushes the spans still buffered.
@@ -97,18 +189,70 @@ func (t *tracing) shutdown(ctx context.Context) error {
 	return t.tp.Shutdown(ctx)
 }
 
-// begin starts the exchange's span, continuing the client's traceparent,
-// and returns the request carrying it.
-func (ex *exchange) begin(r *http.Request, name string) *http.Request {
+// The GenAI operations (gen_ai.operation.name) of the endpoints.
+const (
+	opChat           = "chat"
+	opTextCompletion = "text_completion"
+	opEmbeddings     = "embeddings"
+)
+
+// operationOf is the GenAI operation of a completion endpoint.
+func operationOf(k request.Kind) string {
+	if k == request.Chat {
+		return opChat
+	}
+	return opTextCompletion
+}
+
+// begin takes the request's access log entry and starts the exchange's
+// span, continuing the client's traceparent, and returns the request
+// carrying it. op is the request's GenAI operation, "" for none.
+func (ex *exchange) begin(r *http.Request, op string) *http.Request {
+	ex.entry = accessOf(r.Context())
 	t := ex.s.tracing
 	if t == nil {
 		return r
 	}
+	ex.op = op
+	attrs := []attribute.KeyValue{attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)}
+	if host, port, ok := splitHostPort(r.Host); ok {
+		attrs = append(attrs, attribute.String("server.address", host), attribute.Int("server.port", port))
+	}
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		attrs = append(attrs, attribute.String("client.address", host))
+	}
+	if op != "" {
+		attrs = append(attrs, attribute.String("gen_ai.operation.name", op))
+	}
 	ctx := t.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-	ctx, ex.span = t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(ex.start),
-		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
+	ctx, ex.span = t.tracer.Start(ctx, r.Method+" "+r.URL.Path, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(ex.start),
+		trace.WithAttributes(attrs...))
 	ex.ctx = ctx
 	return r.WithContext(ctx)
+}
+
+// splitHostPort splits a Host header or URL host into its name and port (80
+// when it has none).
+func splitHostPort(h string) (string, int, bool) {
+	if h == "" {
+		return "", 0, false
+	}
+	host, p, err := net.SplitHostPort(h)
+	if err != nil {
+		return h, 80, true
+	}
+	port, err := strconv.Atoi(p)
+	return host, port, err == nil
+}
+
+// viewSpan names the exchange's span for its GenAI operation once the
+// request's model is known.
+func (ex *exchange) viewSpan() {
+	if ex.span == nil || ex.op == "" || ex.view.Model == "" {
+		return
+	}
+	ex.span.SetName(ex.op + " " + ex.view.Model)
+	ex.span.SetAttributes(attribute.String("gen_ai.request.model", ex.view.Model))
 }
 
 // child starts a child span of the exchange's; nil when tracing is off.
@@ -155,8 +299,20 @@ func (ex *exchange) startAttempt(out *http.Request) {
 		return
 	}
 	var actx context.Context
-	actx, ex.attempt = ex.child("upstream", trace.SpanKindClient)
-	ex.attempt.SetAttributes(attribute.String("kvroute.backend", ex.target.B.Name), attribute.Int("kvroute.attempt", ex.retries+1))
+	actx, ex.attempt = ex.child(out.Method, trace.SpanKindClient)
+	u := ex.target.B.URL
+	attrs := []attribute.KeyValue{attribute.String("http.request.method", out.Method), attribute.String("url.full", out.URL.Redacted()),
+		attribute.String("kvroute.backend", ex.target.B.Name), attribute.Int("kvroute.attempt", ex.retries+1)}
+	if host, port, ok := splitHostPort(u.Host); ok {
+		if u.Port() == "" && u.Scheme == "https" {
+			port = 443
+		}
+		attrs = append(attrs, attribute.String("server.address", host), attribute.Int("server.port", port))
+	}
+	if ex.retries > 0 {
+		attrs = append(attrs, attribute.Int("http.request.resend_count", ex.retries))
+	}
+	ex.attempt.SetAttributes(attrs...)
 	_, ex.firstByteSpan = ex.s.tracing.tracer.Start(actx, "first_byte")
 	ex.s.tracing.prop.Inject(actx, propagation.HeaderCarrier(out.Header))
 }
@@ -190,6 +346,13 @@ func (ex *exchange) endTrace() {
 		endSpan(ex.attempt, err)
 	}
 	ex.span.SetAttributes(status, attribute.Int("kvroute.retries", ex.retries))
+	if ex.op != "" && ex.relay != nil && ex.relay.counted {
+		in, out := ex.tokens()
+		ex.span.SetAttributes(attribute.Int("gen_ai.usage.input_tokens", in), attribute.Int("gen_ai.usage.output_tokens", out))
+		if m := ex.relay.tally.model; m != "" {
+			ex.span.SetAttributes(attribute.String("gen_ai.response.model", m))
+		}
+	}
 	if ex.status >= 500 {
 		ex.span.SetStatus(codes.Error, http.StatusText(ex.status))
 	}

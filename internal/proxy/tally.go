@@ -1,0 +1,171 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/internal/openai"
+)
+
+// tally reads, without altering it, what a relayed 2xx body says of its
+// tokens: in an event stream, each data event is read as a chunk
+// (openai.ReadChunk: token chunks are recognised without a decode), the
+// gap between token chunks is the router-side inter-token latency, and a
+// usage chunk gives the counts; in a JSON body, the usage object is read
+// from its last bytes, where the engines put it. It holds at most one
+// event line (maxTallyLine) or the JSON body's tail (tallyTail).
+type tally struct {
+	sse bool
+	// line is the stream's current line; skip marks one longer than
+	// maxTallyLine, which is not read.
+	line []byte
+	skip bool
+	// chunks counts token chunks; last is the arrival of the latest.
+	chunks int
+	last   time.Time
+	// itl observes the gaps; nil: not observed.
+	itl prometheus.Observer
+	// usage is the response's, nil until read; model the model the
+	// response names, read from its first data event or bytes
+	// (modelSeen once they were).
+	usage     *openai.Usage
+	model     string
+	modelSeen bool
+	// head and tail are the JSON body's first and last bytes.
+	head, tail []byte
+}
+
+// maxTallyLine bounds the event line a tally reads; tallyTail is how much
+// of a JSON body's end it keeps to find the usage, tallyHead of its start
+// to find the model.
+const (
+	maxTallyLine = 64 << 10
+	tallyTail    = 2 << 10
+	tallyHead    = 512
+)
+
+// readModel reads the JSON body's model from its head.
+func (t *tally) readModel() {
+	t.model, t.modelSeen, t.head = responseModel(t.head), true, nil
+}
+
+// note reads p, relayed at now.
+func (t *tally) note(p []byte, now time.Time) {
+	if !t.sse {
+		if !t.modelSeen {
+			t.head = append(t.head, p[:min(len(p), tallyHead-len(t.head))]...)
+			if len(t.head) == tallyHead {
+				t.readModel()
+			}
+		}
+		if len(p) >= tallyTail {
+			t.tail = append(t.tail[:0], p[len(p)-tallyTail:]...)
+			return
+		}
+		if drop := len(t.tail) + len(p) - tallyTail; drop > 0 {
+			t.tail = append(t.tail[:0], t.tail[drop:]...)
+		}
+		t.tail = append(t.tail, p...)
+		return
+	}
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			t.keep(p)
+			return
+		}
+		t.keep(p[:i])
+		if !t.skip {
+			t.event(bytes.TrimSuffix(t.line, []byte("\r")), now)
+		}
+		t.line, t.skip = t.line[:0], false
+		p = p[i+1:]
+	}
+}
+
+// keep adds p to the current line, within maxTallyLine.
+func (t *tally) keep(p []byte) {
+	if t.skip || len(t.line)+len(p) > maxTallyLine {
+		t.skip = true
+		return
+	}
+	t.line = append(t.line, p...)
+}
+
+// event reads one line of the stream.
+func (t *tally) event(line []byte, now time.Time) {
+	data, ok := bytes.CutPrefix(line, []byte("data:"))
+	if !ok {
+		return
+	}
+	data = bytes.TrimSpace(data)
+	if len(data) == 0 || data[0] != '{' {
+		return // [DONE]
+	}
+	if !t.modelSeen {
+		t.model, t.modelSeen = responseModel(data), true
+	}
+	c, err := openai.ReadChunk(data)
+	if err != nil {
+		return
+	}
+	if c.Usage != nil {
+		t.usage = c.Usage
+	}
+	if c.Content {
+		if t.chunks > 0 && t.itl != nil {
+			t.itl.Observe(now.Sub(t.last).Seconds())
+		}
+		t.chunks++
+		t.last = now
+	}
+}
+
+// finish reads a complete JSON body's usage from its tail.
+func (t *tally) finish() {
+	if t.sse {
+		return
+	}
+	if !t.modelSeen {
+		t.readModel()
+	}
+	i := bytes.LastIndex(t.tail, []byte(`"usage":{`))
+	if i < 0 {
+		return
+	}
+	var u openai.Usage
+	if json.NewDecoder(bytes.NewReader(t.tail[i+len(`"usage":`):])).Decode(&u) == nil {
+		t.usage = &u
+	}
+	t.tail = nil
+}
+
+// output is the response's generated tokens: its usage's, else its token
+// chunks.
+func (t *tally) output() int {
+	if t.usage != nil {
+		return t.usage.CompletionTokens
+	}
+	return t.chunks
+}
+
+// modelKey starts the response's model in its first chunk or JSON body.
+var modelKey = []byte(`"model":"`)
+
+// responseModel is the model named in p (the response's first bytes),
+// "" when they name none. A name with an escape is left out.
+func responseModel(p []byte) string {
+	i := bytes.Index(p, modelKey)
+	if i < 0 {
+		return ""
+	}
+	rest := p[i+len(modelKey):]
+	j := bytes.IndexByte(rest, '"')
+	if j <= 0 || j > 256 || bytes.IndexByte(rest[:j], '\\') >= 0 {
+		return ""
+	}
+	return string(rest[:j])
+}

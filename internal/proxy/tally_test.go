@@ -1,0 +1,99 @@
+package proxy
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// tallyOf reads body through a tally in pieces of at most step bytes.
+func tallyOf(body []byte, sse bool, step int) *tally {
+	t := &tally{sse: sse}
+	now := time.Unix(0, 0)
+	for len(body) > 0 {
+		n := min(step, len(body))
+		t.note(body[:n], now)
+		body = body[n:]
+	}
+	t.finish()
+	return t
+}
+
+func TestTally(t *testing.T) {
+	stream := ": comment\n\n" +
+		`data: {"model":"llama","choices":[{"delta":{"role":"assistant","content":""}}]}` + "\n\n" +
+		`data: {"model":"llama","choices":[{"delta":{"content":"a"}}]}` + "\r\n\r\n" +
+		`data: {"model":"llama","choices":[{"text":"b"}]}` + "\n\n" +
+		`data: {"model":"llama","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":9,"total_tokens":16}}` + "\n\n" +
+		"data: [DONE]\n\n"
+	json := `{"id":"x","model":"llama","choices":[{"message":{"content":"the \"usage\":{ in text"}}],"usage":{"prompt_tokens":5,"completion_tokens":6,"total_tokens":11},"kv_transfer_params":null}`
+	tests := []struct {
+		name               string
+		body               string
+		sse                bool
+		chunks, out, in    int
+		model              string
+		usage              bool
+		longLineSkippedToo bool
+	}{
+		{name: "stream with usage", body: stream, sse: true, chunks: 2, out: 9, in: 7, model: "llama", usage: true},
+		{name: "stream without usage", body: strings.Replace(stream, `"usage"`, `"nousage"`, 1), sse: true, chunks: 2, out: 2, model: "llama"},
+		{name: "JSON", body: json, out: 6, in: 5, model: "llama", usage: true},
+		{name: "JSON with a long text before the usage", body: `{"model":"m","choices":[{"text":"` + strings.Repeat("x", 100<<10) + `"}],"usage":{"prompt_tokens":1,"completion_tokens":2}}`, out: 2, in: 1, model: "m", usage: true},
+		{name: "stream with a line over the bound", body: "data: {\"choices\":[{\"text\":\"" + strings.Repeat("y", maxTallyLine) + "\"}]}\n\n" + `data: {"choices":[{"text":"z"}]}` + "\n\n", sse: true, chunks: 1, out: 1},
+	}
+	for _, tt := range tests {
+		for _, step := range []int{1, 7, 4096, len(tt.body)} {
+			got := tallyOf([]byte(tt.body), tt.sse, step)
+			if got.chunks != tt.chunks || got.output() != tt.out || got.model != tt.model || (got.usage != nil) != tt.usage {
+				t.Errorf("%s, step %d: chunks %d, output %d, model %q, usage %v; want %d, %d, %q, %v",
+					tt.name, step, got.chunks, got.output(), got.model, got.usage, tt.chunks, tt.out, tt.model, tt.usage)
+			}
+			if tt.usage && got.usage.PromptTokens != tt.in {
+				t.Errorf("%s, step %d: prompt tokens %d, want %d", tt.name, step, got.usage.PromptTokens, tt.in)
+			}
+			if len(got.line) > maxTallyLine || len(got.tail) > tallyTail {
+				t.Errorf("%s, step %d: holds %d line and %d tail bytes", tt.name, step, len(got.line), len(got.tail))
+			}
+		}
+	}
+}
+
+// FuzzTally: whatever a backend sends, the tally neither panics nor holds
+// more than its bounds, and reads the same however the bytes are split.
+func FuzzTally(f *testing.F) {
+	f.Add([]byte("data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"usage\":{\"completion_tokens\":3}}\n\n"), true, 3)
+	f.Add([]byte(`{"model":"m","usage":{"prompt_tokens":1}}`), false, 5)
+	f.Fuzz(func(t *testing.T, body []byte, sse bool, step int) {
+		step = 1 + abs(step)%64
+		whole, split := tallyOf(body, sse, len(body)+1), tallyOf(body, sse, step)
+		if len(split.line) > maxTallyLine || len(split.tail) > tallyTail {
+			t.Fatalf("holds %d line and %d tail bytes", len(split.line), len(split.tail))
+		}
+		if sse && (whole.chunks != split.chunks || whole.output() != split.output()) {
+			t.Fatalf("whole: %d chunks, output %d; split by %d: %d, %d", whole.chunks, whole.output(), step, split.chunks, split.output())
+		}
+	})
+}
+
+func abs(n int) int {
+	if n < 0 {
+		return -n
+	}
+	return n
+}
+
+// BenchmarkTally is the tally's cost per event of a chat stream read one
+// event per read, as the relay reads a stream flushed event by event.
+func BenchmarkTally(b *testing.B) {
+	chunk := []byte(`data: {"id":"c-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" token"},"finish_reason":null}]}` + "\n\n")
+	const events = 500
+	b.ReportAllocs()
+	for b.Loop() {
+		t := &tally{sse: true}
+		for range events {
+			t.note(chunk, time.Now())
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*events), "ns/event")
+}
