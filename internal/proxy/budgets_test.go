@@ -314,3 +314,24 @@ func TestOneContinue(t *testing.T) {
 		t.Errorf("%d 100 Continue responses, want 1", continues)
 	}
 }
+
+// FuzzVia reads fuzzed Via headers: no panic; a header that does not
+// hold the router's name is never a loop, and one with the entry the
+// router adds (alone or after others) always is.
+func FuzzVia(f *testing.F) {
+	s := &Server{via: viaName()}
+	for _, seed := range []string{"", "1.1 proxy", "1.0 fred, 1.1 p.example.net", "HTTP/1.1 " + s.via + " (kvroute)", ",,,", "1.1\t" + s.via} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		got := s.looped(http.Header{"Via": {v}})
+		if got && !strings.Contains(v, s.via) {
+			t.Fatalf("%q taken for a loop", v)
+		}
+		for _, h := range []http.Header{{"Via": {v + ", 1.1 " + s.via}}, {"Via": {v, "1.1 " + s.via}}} {
+			if !s.looped(h) {
+				t.Fatalf("%q with the router's entry not taken for a loop", h["Via"])
+			}
+		}
+	})
+}
