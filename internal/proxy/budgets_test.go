@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -334,4 +335,38 @@ func FuzzVia(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestStreamEndOpenAISDK (finding 9): the OpenAI Python SDK reading a
+// stream the router ends (stream idle timeout) raises an APIError with the
+// router's message, not a connection error. Skipped where the SDK is not
+// installed.
+func TestStreamEndOpenAISDK(t *testing.T) {
+	if err := exec.Command("python3", "-c", "import openai").Run(); err != nil {
+		t.Skip("the OpenAI Python SDK is not installed (python3 -c 'import openai' fails)")
+	}
+	r := newRig(t, "round-robin", 1, func(c *config.Config) {
+		c.Upstream.StreamIdleTimeout = 300 * time.Millisecond
+		c.Retry.Attempts = 0
+	})
+	r.backends[0].setMode(modeGated) // the first event, then nothing
+	script := `
+import sys, openai
+c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="x", max_retries=0, timeout=30)
+try:
+    for _ in c.chat.completions.create(model="shared", messages=[{"role": "user", "content": "hi"}], stream=True):
+        pass
+    print("no error")
+except openai.APIConnectionError as e:
+    print("connection error:", type(e).__name__, e)
+except openai.APIError as e:
+    print("api error:", e.message)
+`
+	out, err := exec.Command("python3", "-c", script, r.base).CombinedOutput()
+	if err != nil {
+		t.Fatalf("python: %v: %s", err, out)
+	}
+	if !strings.HasPrefix(string(out), "api error:") || !strings.Contains(string(out), "stream idle timeout") {
+		t.Errorf("the SDK reported %q, want an APIError with the router's message", out)
+	}
 }
