@@ -78,8 +78,8 @@ func (l Limits) validate(bad func(format string, args ...any)) {
 	if l.MinBodyRate < 0 {
 		bad("limits.min_body_rate: %d must not be negative (0 is off)", l.MinBodyRate)
 	}
-	if l.BodyRateGrace < 0 {
-		bad("limits.body_rate_grace: %v must not be negative", l.BodyRateGrace)
+	if l.BodyRateGrace <= 0 {
+		bad("limits.body_rate_grace: %v must be positive (a body's first bytes need time to arrive)", l.BodyRateGrace)
 	}
 	if l.MaxConnections < 0 {
 		bad("limits.max_connections: %d must not be negative (0 derives it from the file descriptor limit)", l.MaxConnections)

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -312,5 +313,60 @@ func TestOneContinue(t *testing.T) {
 	}
 	if continues != 1 {
 		t.Errorf("%d 100 Continue responses, want 1", continues)
+	}
+}
+
+// FuzzVia reads fuzzed Via headers: no panic; a header that does not
+// hold the router's name is never a loop, and one with the entry the
+// router adds (alone or after others) always is.
+func FuzzVia(f *testing.F) {
+	s := &Server{via: viaName()}
+	for _, seed := range []string{"", "1.1 proxy", "1.0 fred, 1.1 p.example.net", "HTTP/1.1 " + s.via + " (kvroute)", ",,,", "1.1\t" + s.via} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		got := s.looped(http.Header{"Via": {v}})
+		if got && !strings.Contains(v, s.via) {
+			t.Fatalf("%q taken for a loop", v)
+		}
+		for _, h := range []http.Header{{"Via": {v + ", 1.1 " + s.via}}, {"Via": {v, "1.1 " + s.via}}} {
+			if !s.looped(h) {
+				t.Fatalf("%q with the router's entry not taken for a loop", h["Via"])
+			}
+		}
+	})
+}
+
+// TestStreamEndOpenAISDK (finding 9): the OpenAI Python SDK reading a
+// stream the router ends (stream idle timeout) raises an APIError with the
+// router's message, not a connection error. Skipped where the SDK is not
+// installed.
+func TestStreamEndOpenAISDK(t *testing.T) {
+	if err := exec.Command("python3", "-c", "import openai").Run(); err != nil {
+		t.Skip("the OpenAI Python SDK is not installed (python3 -c 'import openai' fails)")
+	}
+	r := newRig(t, "round-robin", 1, func(c *config.Config) {
+		c.Upstream.StreamIdleTimeout = 300 * time.Millisecond
+		c.Retry.Attempts = 0
+	})
+	r.backends[0].setMode(modeGated) // the first event, then nothing
+	script := `
+import sys, openai
+c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="x", max_retries=0, timeout=30)
+try:
+    for _ in c.chat.completions.create(model="shared", messages=[{"role": "user", "content": "hi"}], stream=True):
+        pass
+    print("no error")
+except openai.APIConnectionError as e:
+    print("connection error:", type(e).__name__, e)
+except openai.APIError as e:
+    print("api error:", e.message)
+`
+	out, err := exec.Command("python3", "-c", script, r.base).CombinedOutput()
+	if err != nil {
+		t.Fatalf("python: %v: %s", err, out)
+	}
+	if !strings.HasPrefix(string(out), "api error:") || !strings.Contains(string(out), "stream idle timeout") {
+		t.Errorf("the SDK reported %q, want an APIError with the router's message", out)
 	}
 }

@@ -25,28 +25,22 @@ type connLimit struct {
 	done  chan struct{}
 	once  sync.Once
 
+	// wentIdle is signalled when a connection becomes idle, for an
+	// Accept waiting for a place.
+	wentIdle chan struct{}
+
 	mu   sync.Mutex
 	idle map[*limitedConn]time.Time // since when each is idle
 }
 
 func newConnLimit(ln net.Listener, n int, hits *limitHits) *connLimit {
-	return &connLimit{Listener: ln, slots: make(chan struct{}, n), hits: hits, done: make(chan struct{}), idle: map[*limitedConn]time.Time{}}
+	return &connLimit{Listener: ln, slots: make(chan struct{}, n), hits: hits, done: make(chan struct{}),
+		wentIdle: make(chan struct{}, 1), idle: map[*limitedConn]time.Time{}}
 }
 
 func (l *connLimit) Accept() (net.Conn, error) {
-	select {
-	case l.slots <- struct{}{}:
-	default:
-		l.hits.hit(limitConnections, "")
-		if c := l.longestIdle(); c != nil {
-			l.hits.hit(limitIdleClosed, c.RemoteAddr().String())
-			_ = c.Close()
-		}
-		select {
-		case l.slots <- struct{}{}:
-		case <-l.done:
-			return nil, net.ErrClosed
-		}
+	if err := l.place(); err != nil {
+		return nil, err
 	}
 	c, err := l.Listener.Accept()
 	if err != nil {
@@ -54,6 +48,37 @@ func (l *connLimit) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	return &limitedConn{Conn: c, l: l}, nil
+}
+
+// place waits for a place for the next connection: a free one, else one
+// freed by closing the longest idle connection, now or as soon as one
+// becomes idle, else one freed by a connection's end.
+func (l *connLimit) place() error {
+	select {
+	case l.slots <- struct{}{}:
+		return nil
+	default:
+	}
+	l.hits.hit(limitConnections, "")
+	for {
+		select {
+		case l.slots <- struct{}{}:
+			return nil
+		default:
+		}
+		if c := l.longestIdle(); c != nil {
+			l.hits.hit(limitIdleClosed, c.RemoteAddr().String())
+			_ = c.Close() // frees its place before it returns
+			continue
+		}
+		select {
+		case l.slots <- struct{}{}:
+			return nil
+		case <-l.wentIdle:
+		case <-l.done:
+			return net.ErrClosed
+		}
+	}
 }
 
 func (l *connLimit) Close() error {
@@ -87,6 +112,10 @@ func (l *connLimit) track(c net.Conn, state http.ConnState) {
 	defer l.mu.Unlock()
 	if state == http.StateIdle {
 		l.idle[lc] = time.Now()
+		select {
+		case l.wentIdle <- struct{}{}:
+		default:
+		}
 	} else {
 		delete(l.idle, lc)
 	}

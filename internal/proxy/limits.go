@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/openai"
@@ -75,11 +76,34 @@ func (s *Server) limitBody(next http.Handler) http.Handler {
 		}
 		d := &deadlineBody{ReadCloser: r.Body, rc: http.NewResponseController(w), start: time.Now(),
 			timeout: l.BodyTimeout, rate: float64(l.MinBodyRate), grace: l.BodyRateGrace}
-		if d.extend() == nil {
-			r.Body = d
+		if d.extend() != nil {
+			next.ServeHTTP(w, r)
+			return
 		}
+		r.Body = d
 		next.ServeHTTP(w, r)
+		d.linger(w)
 	})
+}
+
+// lingerTime bounds how long the router reads and discards the rest of a
+// body it refused before closing the connection (a lingering close, as
+// nginx's lingering_time): a client that sends its whole body before it
+// reads the answer (most HTTP client libraries) then reads the 413, 429 or
+// 503 instead of a reset connection.
+const lingerTime = 5 * time.Second
+
+// linger sends the answer to a request whose body was left unread and
+// whose connection is to be closed, then discards what comes of the body
+// for at most lingerTime.
+func (d *deadlineBody) linger(w http.ResponseWriter) {
+	if d.done || !strings.EqualFold(w.Header().Get("Connection"), "close") {
+		return
+	}
+	if d.rc.Flush() != nil || d.rc.SetReadDeadline(time.Now().Add(lingerTime)) != nil {
+		return
+	}
+	_, _ = io.Copy(io.Discard, d.ReadCloser)
 }
 
 // deadlineBody keeps the connection's read deadline at the body's

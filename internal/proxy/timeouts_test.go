@@ -20,8 +20,10 @@ import (
 
 // TestStreamIdleTimeout: a backend that sends the first event of a stream
 // and then nothing gets its stream ended after upstream.stream_idle_timeout
-// with the router's error event (code stream_idle_timeout, no [DONE], a
-// truncated body), its upstream request cancelled, and one failure on its
+// with the router's error event (code stream_idle_timeout, no [DONE], and
+// a clean end of the chunked body: it was cut before issue 28, which
+// clients reported as a network error), its upstream request cancelled,
+// and one failure on its
 // breaker. A stream whose events come more often than the timeout is
 // untouched: the timer counts silence, not the stream's length.
 func TestStreamIdleTimeout(t *testing.T) {
