@@ -37,6 +37,9 @@ const (
 	modeHang
 	// modeGated sends the first event, then waits for gate before the rest.
 	modeGated
+	// modeBreakAfterDone sends the whole stream, data: [DONE] included,
+	// then breaks the connection before the chunked body's end.
+	modeBreakAfterDone
 )
 
 // holdPrefill in a prompt makes a fake hold the request in its prefill
@@ -212,6 +215,9 @@ func (f *fake) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		_, _ = io.WriteString(w, ev)
 		flusher.Flush()
+	}
+	if mode(f.mode.Load()) == modeBreakAfterDone {
+		panic(http.ErrAbortHandler)
 	}
 }
 

@@ -490,6 +490,50 @@ func TestNoRetryAfterFirstByte(t *testing.T) {
 	}
 }
 
+// TestBrokenAfterDone: a backend that breaks its connection after the
+// stream's data: [DONE] has not broken the stream: the client gets it
+// whole, with no error event after the end, and the request counts as
+// served.
+func TestBrokenAfterDone(t *testing.T) {
+	r := newRig(t, "round-robin", 1, func(c *config.Config) { c.Health.EjectAfter = 100 })
+	r.backends[0].setMode(modeBreakAfterDone)
+	res := r.post("/v1/chat/completions", chat("shared", true, "end, then go"))
+	if res.readErr != nil {
+		t.Errorf("the body did not end cleanly: %v", res.readErr)
+	}
+	if want := strings.Join(streamEvents(r.backends[0].name, 4), ""); res.status != http.StatusOK || string(res.body) != want {
+		t.Errorf("client got %d %q, want the whole stream %q", res.status, res.body, want)
+	}
+}
+
+// TestSSETail: where a relayed stream stopped, whatever the writes' sizes.
+func TestSSETail(t *testing.T) {
+	for _, c := range []struct {
+		writes         []string
+		boundary, done bool
+	}{
+		{nil, true, false},
+		{[]string{"data: {}\n\n"}, true, false},
+		{[]string{"data: {}\n"}, false, false},
+		{[]string{"data: [DONE]\n\n"}, true, true},
+		{[]string{"data:[DONE]\r\n\r\n"}, true, true},
+		{[]string{"data: [DO", "NE]\n", "\n"}, true, true},
+		{[]string{"d", "a", "t", "a", ":", " ", "[DONE]", "\r", "\r"}, true, true},
+		{[]string{"data: [DONE]\n\ndata: {}\n\n"}, true, false},
+		{[]string{"data: [DONE]\n"}, false, false},
+		{[]string{"data: x[DONE]\n\n"}, true, false},
+		{[]string{strings.Repeat("x", 100), "data: [DONE]\n\n"}, true, true},
+	} {
+		var tail sseTail
+		for _, w := range c.writes {
+			tail.note([]byte(w))
+		}
+		if tail.atBoundary() != c.boundary || tail.done() != c.done {
+			t.Errorf("%q: boundary %v done %v, want %v %v", c.writes, tail.atBoundary(), tail.done(), c.boundary, c.done)
+		}
+	}
+}
+
 // checkErrorShape checks an OpenAI-shaped error.
 func checkErrorShape(t *testing.T, res result, status int, typ string) {
 	t.Helper()

@@ -94,6 +94,13 @@ func (t *relay) Read(p []byte) (int, error) {
 		return n, err
 	}
 	t.tail.note(p[:n])
+	if t.broken != nil && t.tail.done() {
+		// The backend went away after the stream's last event: the client
+		// has the whole response, which ends as a complete one.
+		t.broken = nil
+		t.end(io.EOF)
+		return n, io.EOF
+	}
 	if t.broken != nil {
 		t.cut, t.cutting = streamErrorEvent(err, t.tail.atBoundary()), true
 		if n == 0 {

@@ -33,6 +33,8 @@ import (
 //     connection error), and the connection stays usable.
 //
 // The bytes the backend sent before the break reach the client unchanged.
+// A backend that breaks its connection after its stream's data: [DONE]
+// has not broken the stream: it ends as a complete one, with no event.
 // Non-SSE bodies (a JSON completion) get no event, which would corrupt
 // them: they are aborted instead, so that the HTTP framing itself is
 // truncated (an unterminated chunked body, or fewer bytes than the
@@ -52,25 +54,44 @@ func isSSE(contentType string) bool {
 }
 
 // sseTail remembers the last bytes relayed, to tell whether the stream
-// stopped between events.
+// stopped between events, and whether its last event was data: [DONE].
 type sseTail struct {
-	b [4]byte
+	b [tailBytes]byte
 	n int
 }
 
+// tailBytes holds the longest ending looked for: "data: [DONE]\r\n\r\n".
+const tailBytes = 16
+
 func (t *sseTail) note(p []byte) {
-	for _, c := range p[max(0, len(p)-4):] {
-		copy(t.b[:], t.b[1:])
-		t.b[3] = c
-		t.n = min(t.n+1, 4)
-	}
+	p = p[max(0, len(p)-tailBytes):]
+	keep := min(t.n, tailBytes-len(p))
+	copy(t.b[tailBytes-len(p)-keep:], t.b[tailBytes-keep:])
+	copy(t.b[tailBytes-len(p):], p)
+	t.n = keep + len(p)
 }
+
+func (t *sseTail) bytes() []byte { return t.b[tailBytes-t.n:] }
 
 // atBoundary reports whether nothing, or a whole number of events, was
 // relayed.
 func (t *sseTail) atBoundary() bool {
-	s := t.b[4-t.n:]
+	s := t.bytes()
 	return t.n == 0 || bytes.HasSuffix(s, []byte("\n\n")) || bytes.HasSuffix(s, []byte("\r\n\r\n")) || bytes.HasSuffix(s, []byte("\r\r"))
+}
+
+// done reports whether the last event relayed was the stream's end,
+// data: [DONE] (with or without the space, with any of SSE's line ends):
+// a backend that breaks its connection after it has not broken the
+// stream, which the client holds whole.
+func (t *sseTail) done() bool {
+	s := t.bytes()
+	for _, end := range []string{"\n\n", "\r\n\r\n", "\r\r"} {
+		if ev, ok := bytes.CutSuffix(s, []byte(end)); ok {
+			return bytes.HasSuffix(ev, []byte("data: [DONE]")) || bytes.HasSuffix(ev, []byte("data:[DONE]"))
+		}
+	}
+	return false
 }
 
 // streamErrorEvent is the event that ends a broken stream (see above).
