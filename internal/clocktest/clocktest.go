@@ -18,6 +18,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -34,9 +35,10 @@ const (
 
 // Meter measures how far the process falls behind while a test runs.
 type Meter struct {
-	stop chan struct{}
-	done chan struct{}
-	iter int // iterations of spin in one unit of work
+	stopOnce sync.Once
+	stop     chan struct{}
+	done     chan struct{}
+	iter     int // iterations of spin in one unit of work
 
 	mu        sync.Mutex
 	asked     time.Time // when the nap under way began
@@ -57,15 +59,23 @@ func Start(tb testing.TB) *Meter {
 	m.asked = time.Now()
 	go m.run()
 	tb.Cleanup(func() {
-		close(m.stop)
-		<-m.done
+		m.Stop()
 		tb.Logf("clock: %s", m)
 	})
 	return m
 }
 
-// sink keeps the compiler from removing the work.
-var sink uint64
+// Stop stops the measurement before the test ends (a helper that waits
+// for one condition stops its Meter when it returns); what was measured
+// stays readable.
+func (m *Meter) Stop() {
+	m.stopOnce.Do(func() { close(m.stop) })
+	<-m.done
+}
+
+// sink keeps the compiler from removing the work; Meters of parallel
+// tests share it.
+var sink atomic.Uint64
 
 // spin is the unit of work: n rounds of an xorshift.
 func spin(n int) time.Duration {
@@ -76,7 +86,7 @@ func spin(n int) time.Duration {
 		x ^= x >> 7
 		x ^= x << 17
 	}
-	sink += x
+	sink.Add(x)
 	return time.Since(start)
 }
 
@@ -231,7 +241,7 @@ func (m *Meter) Context(parent context.Context, d time.Duration) (context.Contex
 	return ctx, func() { cancel(context.Canceled) }
 }
 
-// Until polls cond every millisecond until it holds, and reports whether
+// Until polls cond every 2 ms until it holds, and reports whether
 // it did before d, scaled as the wait goes (see Scale), ran out.
 func (m *Meter) Until(d time.Duration, cond func() bool) bool {
 	start := time.Now()
@@ -239,7 +249,7 @@ func (m *Meter) Until(d time.Duration, cond func() bool) bool {
 		if time.Since(start) > m.Scale(d) {
 			return cond()
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(2 * time.Millisecond)
 	}
 	return true
 }

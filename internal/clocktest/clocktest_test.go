@@ -49,3 +49,18 @@ func TestScale(t *testing.T) {
 		t.Error("a second is not within a second")
 	}
 }
+
+// Meters of parallel tests run side by side (the race detector checks
+// that they share nothing unguarded).
+func TestParallelMeters(t *testing.T) {
+	for _, name := range []string{"a", "b"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			m := Start(t)
+			defer m.Stop()
+			if !m.Until(time.Minute, func() bool { return m.Late() >= 0 }) {
+				t.Error("a condition that holds did not")
+			}
+		})
+	}
+}

@@ -163,15 +163,14 @@ func startOne(t *testing.T, cfg Config, srv *engineServer) (*fleet.Backend, *Mon
 	return b, m, logs
 }
 
-// waitFor polls cond until it holds or 5 s pass.
+// waitFor polls cond until it holds or 5 s pass, stretched by how far
+// the process falls behind meanwhile.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
+	clock := clocktest.Start(t)
+	defer clock.Stop()
+	if !clock.Until(5*time.Second, cond) {
+		t.Fatalf("timed out waiting for %s (%s)", what, clock)
 	}
 }
 
