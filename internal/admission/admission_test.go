@@ -36,15 +36,14 @@ func newController(t *testing.T, cfg Config, sat func(string) bool) *Controller 
 	return c
 }
 
-// waitLen waits until c has n waiters, bounded by a second.
+// waitLen waits until c has n waiters, bounded by a second stretched by
+// how far the process falls behind meanwhile.
 func waitLen(t *testing.T, c *Controller, n int) {
 	t.Helper()
-	deadline := time.Now().Add(time.Second)
-	for c.Len() != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("queue length %d, want %d", c.Len(), n)
-		}
-		time.Sleep(time.Millisecond)
+	clock := clocktest.Start(t)
+	defer clock.Stop()
+	if !clock.Until(time.Second, func() bool { return c.Len() == n }) {
+		t.Fatalf("queue length %d, want %d (%s)", c.Len(), n, clock)
 	}
 }
 
@@ -312,6 +311,7 @@ func TestStorm(t *testing.T) {
 		requests = 400
 		slots    = 4
 	)
+	clock := clocktest.Start(t) // before the baseline, which counts its goroutine
 	baseline := runtime.NumGoroutine()
 	var inflight, peak atomic.Int64
 	c := newController(t, Config{MaxQueue: 300, MaxWait: 300 * time.Millisecond, Recheck: 5 * time.Millisecond},
@@ -354,12 +354,8 @@ func TestStorm(t *testing.T) {
 	if n := value(t, c.m.length); n != 0 {
 		t.Errorf("length gauge %v after the storm", n)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for runtime.NumGoroutine() > baseline {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines after the storm, %d before", runtime.NumGoroutine(), baseline)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !clock.Until(2*time.Second, func() bool { return runtime.NumGoroutine() <= baseline }) {
+		t.Fatalf("%d goroutines after the storm, %d before (%s)", runtime.NumGoroutine(), baseline, clock)
 	}
 	t.Logf("peak in flight %d with %d slots; rejected %d, cancelled %d", peak.Load(), slots, rejected.Load(), cancelled.Load())
 }
