@@ -3,13 +3,14 @@
 // the bound to it, or skip saying what it measured, instead of failing on
 // a loaded machine or passing silently.
 //
-// A Meter runs one goroutine for the life of a test. It sleeps a short
-// period and records how late it woke (the time the process waited for a
-// CPU beyond what it asked: what every timer-driven emulator step,
-// heartbeat and timeout of the code under test also waits), and now and
-// then times a fixed unit of CPU work, long enough to span the kernel's
-// time slices: the unit's mean time over its fastest is the stretch that
-// CPU-bound work suffers. Both cost about one percent of a core.
+// A Meter runs one goroutine for the life of a test (or until Stop). It
+// sleeps a short period and records how late it woke (the time the
+// process waited for a CPU beyond what it asked: what every timer-driven
+// emulator step, heartbeat and timeout of the code under test also
+// waits), and every twentieth nap times a fixed unit of CPU work, long
+// enough that sharing the CPU with other threads interrupts it: the
+// unit's mean time over its fastest is the stretch that CPU-bound work
+// suffers. Together they cost about two percent of a core.
 //
 // It is used by tests only, and must not be imported by other code.
 package clocktest
@@ -28,8 +29,8 @@ const (
 	period = 5 * time.Millisecond
 	// workEvery is how many naps pass between two units of work.
 	workEvery = 20
-	// unit is about how long one unit of work takes on a quiet core:
-	// several kernel time slices, so that sharing the CPU shows in it.
+	// unit is about how long one unit of work takes on a quiet core: as
+	// long as a kernel time slice, so that sharing the CPU shows in it.
 	unit = 2 * time.Millisecond
 )
 
