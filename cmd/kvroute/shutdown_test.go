@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/clocktest"
 )
 
 // TestMain lets the test binary run as kvroute itself when
@@ -137,6 +139,7 @@ backends:
 			if _, err := br.ReadString('\n'); err != nil {
 				t.Fatalf("first event: %v", err)
 			}
+			clock := clocktest.Start(t)
 			signalled := time.Now()
 			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 				t.Fatal(err)
@@ -148,8 +151,8 @@ backends:
 					break
 				}
 				_ = c.Close()
-				if time.Since(signalled) > 2*time.Second {
-					t.Fatal("still accepting connections 2s after SIGTERM")
+				if took := time.Since(signalled); !clock.Within(t, took, 2*time.Second, "closing the listener") {
+					t.Fatalf("still accepting connections %v after SIGTERM (%s)", took, clock)
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
@@ -173,8 +176,8 @@ backends:
 			var err2 error
 			select {
 			case err2 = <-exited:
-			case <-time.After(tt.grace + 5*time.Second):
-				t.Fatal("kvroute serve still running after the grace period")
+			case <-time.After(clock.Scale(tt.grace + 5*time.Second)):
+				t.Fatalf("kvroute serve still running after the grace period (%s)", clock)
 			}
 			code := 0
 			if ee, ok := errors.AsType[*exec.ExitError](err2); ok {

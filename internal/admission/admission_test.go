@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/kvroute/kvroute/internal/clocktest"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/openai"
 )
@@ -35,15 +36,14 @@ func newController(t *testing.T, cfg Config, sat func(string) bool) *Controller 
 	return c
 }
 
-// waitLen waits until c has n waiters, bounded by a second.
+// waitLen waits until c has n waiters, bounded by a second stretched by
+// how far the process falls behind meanwhile.
 func waitLen(t *testing.T, c *Controller, n int) {
 	t.Helper()
-	deadline := time.Now().Add(time.Second)
-	for c.Len() != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("queue length %d, want %d", c.Len(), n)
-		}
-		time.Sleep(time.Millisecond)
+	clock := clocktest.Start(t)
+	defer clock.Stop()
+	if !clock.Until(time.Second, func() bool { return c.Len() == n }) {
+		t.Fatalf("queue length %d, want %d (%s)", c.Len(), n, clock)
 	}
 }
 
@@ -84,6 +84,7 @@ func value(t *testing.T, m prometheus.Metric) float64 {
 func TestAdmitAtOnceWhenNotSaturated(t *testing.T) {
 	var sat switchable
 	c := newController(t, Config{}, sat.saturated)
+	clock := clocktest.Start(t)
 	for _, ctrl := range []*Controller{c, nil} {
 		start := time.Now()
 		rel, err := ctrl.Admit(context.Background(), "m", 0, "")
@@ -91,8 +92,8 @@ func TestAdmitAtOnceWhenNotSaturated(t *testing.T) {
 			t.Fatal(err)
 		}
 		rel()
-		if d := time.Since(start); d > 50*time.Millisecond {
-			t.Errorf("admit took %v", d)
+		if d := time.Since(start); !clock.Within(t, d, 50*time.Millisecond, "admitting to an unsaturated fleet") {
+			t.Errorf("admit took %v (%s)", d, clock)
 		}
 		if ctrl.Len() != 0 {
 			t.Errorf("queue length %d", ctrl.Len())
@@ -219,6 +220,7 @@ func TestTimeoutIs429(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	clock := clocktest.Start(t)
 	start := time.Now()
 	_, err = c.Admit(context.Background(), "m", 0, "")
 	waited := time.Since(start)
@@ -229,8 +231,8 @@ func TestTimeoutIs429(t *testing.T) {
 	if oe.Status != http.StatusTooManyRequests || oe.Type != openai.TypeRateLimit || oe.RetryAfter < 1 || oe.Code != "queue_timeout" {
 		t.Errorf("error %+v", oe)
 	}
-	if waited < 60*time.Millisecond || waited > time.Second {
-		t.Errorf("waited %v, want about 60ms", waited)
+	if waited < 60*time.Millisecond || !clock.Within(t, waited, time.Second, "a 60ms queue timeout") {
+		t.Errorf("waited %v, want about 60ms (%s)", waited, clock)
 	}
 	if c.Len() != 0 {
 		t.Errorf("queue length %d after timeout", c.Len())
@@ -247,6 +249,7 @@ func TestFullQueueIs429AtOnce(t *testing.T) {
 	var sat switchable
 	sat.on.Store(true)
 	c := newController(t, Config{MaxQueue: 2, MaxWait: 5 * time.Second}, sat.saturated)
+	clock := clocktest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	a := enqueue(t, c, ctx, "a", 0, "A")
 	b := enqueue(t, c, ctx, "b", 0, "B")
@@ -256,8 +259,8 @@ func TestFullQueueIs429AtOnce(t *testing.T) {
 	if !ok || oe.Status != http.StatusTooManyRequests || oe.Code != "queue_full" || oe.RetryAfter < 1 || oe.Type != openai.TypeRateLimit {
 		t.Fatalf("error %v, want 429 queue_full with Retry-After", err)
 	}
-	if d := time.Since(start); d > 100*time.Millisecond {
-		t.Errorf("full queue answered after %v", d)
+	if d := time.Since(start); !clock.Within(t, d, 100*time.Millisecond, "answering from a full queue") {
+		t.Errorf("full queue answered after %v (%s)", d, clock)
 	}
 	if n := value(t, c.m.rejections.WithLabelValues("full")); n != 1 {
 		t.Errorf("full rejections %v", n)
@@ -271,6 +274,7 @@ func TestCancelRemovesAtOnce(t *testing.T) {
 	var sat switchable
 	sat.on.Store(true)
 	c := newController(t, Config{MaxWait: time.Minute}, sat.saturated)
+	clock := clocktest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	stay := enqueue(t, c, context.Background(), "stay", 0, "A")
 	gone := enqueue(t, c, ctx, "gone", 0, "B")
@@ -281,11 +285,11 @@ func TestCancelRemovesAtOnce(t *testing.T) {
 		if !errors.Is(r.err, context.Canceled) {
 			t.Errorf("error %v, want context.Canceled", r.err)
 		}
-	case <-time.After(time.Second):
-		t.Fatal("cancelled waiter still waiting")
+	case <-time.After(clock.Scale(time.Second)):
+		t.Fatalf("cancelled waiter still waiting (%s)", clock)
 	}
-	if d := time.Since(start); d > 100*time.Millisecond {
-		t.Errorf("removal took %v", d)
+	if d := time.Since(start); !clock.Within(t, d, 100*time.Millisecond, "removing a cancelled waiter") {
+		t.Errorf("removal took %v (%s)", d, clock)
 	}
 	waitLen(t, c, 1)
 	sat.on.Store(false)
@@ -307,6 +311,7 @@ func TestStorm(t *testing.T) {
 		requests = 400
 		slots    = 4
 	)
+	clock := clocktest.Start(t) // before the baseline, which counts its goroutine
 	baseline := runtime.NumGoroutine()
 	var inflight, peak atomic.Int64
 	c := newController(t, Config{MaxQueue: 300, MaxWait: 300 * time.Millisecond, Recheck: 5 * time.Millisecond},
@@ -349,12 +354,8 @@ func TestStorm(t *testing.T) {
 	if n := value(t, c.m.length); n != 0 {
 		t.Errorf("length gauge %v after the storm", n)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for runtime.NumGoroutine() > baseline {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines after the storm, %d before", runtime.NumGoroutine(), baseline)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !clock.Until(2*time.Second, func() bool { return runtime.NumGoroutine() <= baseline }) {
+		t.Fatalf("%d goroutines after the storm, %d before (%s)", runtime.NumGoroutine(), baseline, clock)
 	}
 	t.Logf("peak in flight %d with %d slots; rejected %d, cancelled %d", peak.Load(), slots, rejected.Load(), cancelled.Load())
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/clocktest"
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/report"
@@ -119,7 +120,10 @@ func burstTrace(t *testing.T, p engine.Preset, sh burstShape, seed uint64) strin
 // keep every routing decision independent of host timing. And the policies'
 // live runs go side by side, each on its own engines and router and
 // staggered so that their bursts do not coincide: that gives each run four
-// times the wall-clock budget of a sequence at the same total CPU.
+// times the wall-clock budget of a sequence at the same total CPU. When
+// the machine still falls behind by more than a tolerance (package
+// clocktest measures it during the run), a disagreement skips the test
+// with the figures instead of failing it.
 func TestCrossCheck(t *testing.T) {
 	if testing.Short() {
 		t.Skip("live run")
@@ -149,7 +153,8 @@ func crossCheck(t *testing.T, engines []engine.Preset, shape burstShape, timeSca
 	t.Logf("%d requests over %v emulated (offered load %.2f), time scale %g", len(reqs), span, offered, timeScale)
 
 	policies := []string{"round-robin", "random", "least-request", "power-of-two"}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	clock := clocktest.Start(t)
+	ctx, cancel := clock.Context(context.Background(), time.Minute)
 	defer cancel()
 	live := make([]report.Run, len(policies))
 	slip := make([]time.Duration, len(policies))
@@ -178,9 +183,14 @@ func crossCheck(t *testing.T, engines []engine.Preset, shape burstShape, timeSca
 	wg.Wait()
 	for i, pol := range policies {
 		if errs[i] != nil {
-			t.Fatalf("%s: live run: %v", pol, errs[i])
+			t.Fatalf("%s: live run: %v (%v)", pol, errs[i], context.Cause(ctx))
 		}
 	}
+	// Disagreements are judged last, once the checks that no load
+	// excuses have run: a machine that fell behind by more than what is
+	// compared can tolerate explains them, and skips.
+	var apart []string
+	tolerance := time.Duration(math.MaxInt64)
 	for i, pol := range policies {
 		simRun, err := sim.Run(reqs, sim.Config{Engines: engines, Policy: pol, Seed: seed})
 		if err != nil {
@@ -194,11 +204,23 @@ func crossCheck(t *testing.T, engines []engine.Preset, shape burstShape, timeSca
 			continue
 		}
 		if d := math.Abs(lv.TTFT.Mean-simRun.TTFT.Mean) / simRun.TTFT.Mean; d > 0.15 {
-			t.Errorf("%s: mean TTFT live %.1f ms, sim %.1f ms: %.0f%% apart, want within 15%% (engines' worst slip behind the real clock %v)",
-				pol, lv.TTFT.Mean, simRun.TTFT.Mean, 100*d, slip[i])
+			apart = append(apart, fmt.Sprintf("%s: mean TTFT live %.1f ms, sim %.1f ms: %.0f%% apart, want within 15%% (engines' worst slip behind the real clock %v)",
+				pol, lv.TTFT.Mean, simRun.TTFT.Mean, 100*d, slip[i]))
+			// The live TTFT takes what the host adds to it; the tolerance,
+			// in wall-clock time, is what the host may add.
+			tolerance = min(tolerance, time.Duration(0.15*simRun.TTFT.Mean/timeScale*float64(time.Millisecond)))
 		}
 		if d := math.Abs(lv.PrefixHitRate - simRun.PrefixHitRate); d > 0.05 {
-			t.Errorf("%s: hit rate live %.1f%%, sim %.1f%%: %.1f points apart, want within 5", pol, 100*lv.PrefixHitRate, 100*simRun.PrefixHitRate, 100*d)
+			apart = append(apart, fmt.Sprintf("%s: hit rate live %.1f%%, sim %.1f%%: %.1f points apart, want within 5", pol, 100*lv.PrefixHitRate, 100*simRun.PrefixHitRate, 100*d))
+			// Decisions agree while no completion races an arrival: while
+			// the engines keep up within the quiet margin between bursts.
+			tolerance = min(tolerance, time.Duration(float64(shape.margin)/timeScale))
+		}
+	}
+	if len(apart) > 0 {
+		clock.SkipIfBehind(t, tolerance, "%s", strings.Join(apart, "; "))
+		for _, a := range apart {
+			t.Error(a + " (" + clock.String() + ")")
 		}
 	}
 }

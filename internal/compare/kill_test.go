@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/clocktest"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/sim"
@@ -22,7 +23,8 @@ func TestKillReplica(t *testing.T) {
 	const peerTimeout = 2 * time.Second
 	killAt := time.Second
 	var kills []Kill
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	clock := clocktest.Start(t)
+	ctx, cancel := clock.Context(context.Background(), time.Minute)
 	defer cancel()
 	rep, err := Run(ctx, reqs, Config{
 		Engines: engines, TimeScale: timeScale, Policies: []string{"kvroute"}, Seed: 2, Replicas: 3,
@@ -35,7 +37,7 @@ func TestKillReplica(t *testing.T) {
 		},
 	})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v (%v)", err, context.Cause(ctx))
 	}
 	if len(rep.Runs) != 2 || len(kills) != 1 {
 		t.Fatalf("%d runs, %d kills; want 2 and 1", len(rep.Runs), len(kills))
@@ -55,12 +57,19 @@ func TestKillReplica(t *testing.T) {
 	if k.Survivors.Errors != 0 || k.Survivors.Completed+k.Lost > len(reqs) || k.Survivors.Completed < len(reqs)/2 {
 		t.Errorf("survivors: %d completed, %d errors of %d requests (%d lost with the killed replica)", k.Survivors.Completed, k.Survivors.Errors, len(reqs), k.Lost)
 	}
-	hb := config.DefaultSyncHeartbeat
-	if k.Forgotten < peerTimeout-hb || k.Forgotten > peerTimeout+hb+500*time.Millisecond {
-		t.Errorf("the survivors forgot the killed replica %v after the kill (0: not within the wait), want %v to %v", k.Forgotten, peerTimeout-hb, peerTimeout+hb+500*time.Millisecond)
-	}
-	if k.PeerLoadLeft != 0 {
+	// A replica never forgotten keeps its load: the check below judges that.
+	if k.PeerLoadLeft != 0 && k.Forgotten != 0 {
 		t.Errorf("the survivors still count %d in-flight requests of peers after the run", k.PeerLoadLeft)
+	}
+	// The expiry runs on a heartbeat's tick and the peer was last heard on
+	// one: each can come late by a wake-up's lateness on a busy machine,
+	// and the wait for it stretches with the machine's load. The watch
+	// gives up after the peer timeout and three heartbeats (Forgotten 0).
+	hb := config.DefaultSyncHeartbeat
+	early, late := peerTimeout-hb-clock.Late(), clock.Scale(peerTimeout+hb+500*time.Millisecond)
+	if k.Forgotten < early || k.Forgotten > late {
+		clock.SkipIfBehind(t, 500*time.Millisecond, "the survivors forgot the killed replica %v after the kill (0: not within the wait)", k.Forgotten)
+		t.Errorf("the survivors forgot the killed replica %v after the kill (0: not within the wait), want %v to %v (%s)", k.Forgotten, early, late, clock)
 	}
 }
 

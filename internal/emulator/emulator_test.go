@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/kvroute/kvroute/internal/clocktest"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
@@ -501,7 +502,9 @@ func TestIdleTTFTMatchesTimingModel(t *testing.T) {
 
 	// Never early; the best of five runs late by at most a few percent.
 	// Noise on a busy machine only ever adds delay, so the best run is the
-	// emulator's own accuracy.
+	// emulator's own accuracy, unless the machine is so busy that every
+	// run waits: then it skips, saying what it measured.
+	clock := clocktest.Start(t)
 	lo, hi := time.Duration(float64(wantReal)*0.99), time.Duration(float64(wantReal)*1.04)
 	var got []time.Duration
 	for i := range 5 {
@@ -526,7 +529,8 @@ func TestIdleTTFTMatchesTimingModel(t *testing.T) {
 		got = append(got, ttft)
 	}
 	if best := slices.Min(got); best > hi {
-		t.Errorf("best TTFT %v, want %v within +4%%", best, wantReal)
+		clock.SkipIfBehind(t, hi-wantReal, "best TTFT %v, over %v", best, hi)
+		t.Errorf("best TTFT %v, want %v within +4%% (%s)", best, wantReal, clock)
 	}
 }
 

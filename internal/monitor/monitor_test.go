@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/internal/adapter"
+	"github.com/kvroute/kvroute/internal/clocktest"
 	"github.com/kvroute/kvroute/internal/fleet"
 )
 
@@ -162,15 +163,14 @@ func startOne(t *testing.T, cfg Config, srv *engineServer) (*fleet.Backend, *Mon
 	return b, m, logs
 }
 
-// waitFor polls cond until it holds or 5 s pass.
+// waitFor polls cond until it holds or 5 s pass, stretched by how far
+// the process falls behind meanwhile.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
+	clock := clocktest.Start(t)
+	defer clock.Stop()
+	if !clock.Until(5*time.Second, cond) {
+		t.Fatalf("timed out waiting for %s (%s)", what, clock)
 	}
 }
 
@@ -427,15 +427,16 @@ func TestBackendsAddedLaterAndShutdown(t *testing.T) {
 		t.Fatal("a backend without URL got engine state")
 	}
 
+	clock := clocktest.Start(t)
 	cancel()
 	start := time.Now()
 	select {
 	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Run did not return after cancel")
+	case <-time.After(clock.Scale(5 * time.Second)):
+		t.Fatalf("Run did not return after cancel (%s)", clock)
 	}
-	if d := time.Since(start); d > time.Second {
-		t.Errorf("Run took %v to stop", d)
+	if d := time.Since(start); !clock.Within(t, d, time.Second, "stopping the monitor") {
+		t.Errorf("Run took %v to stop (%s)", d, clock)
 	}
 	for _, b := range f.Snapshot().All {
 		if b.Engine() != nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/clocktest"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
@@ -71,12 +72,10 @@ func TestKVEventsLoopback(t *testing.T) {
 	ix := r.srv.Scheduler().Precise()
 	waitFor := func(what string, ok func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(5 * time.Millisecond)
+		clock := clocktest.Start(t)
+		defer clock.Stop()
+		if !clock.Until(5*time.Second, ok) {
+			t.Fatalf("timed out waiting for %s (%s)", what, clock)
 		}
 	}
 	// Every engine's stream starts flowing and is trusted: its first

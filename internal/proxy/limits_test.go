@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/clocktest"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
@@ -112,14 +113,15 @@ func TestSlowHeaders(t *testing.T) {
 	if _, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: "); err != nil {
 		t.Fatal(err)
 	}
+	clock := clocktest.Start(t)
 	start := time.Now()
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	_, err := io.ReadAll(c) // the server closes the connection
 	if err != nil {
 		t.Fatalf("connection not closed by the router: %v", err)
 	}
-	if d := time.Since(start); d > 2*time.Second {
-		t.Errorf("closed after %v, want about 200ms", d)
+	if d := time.Since(start); !clock.Within(t, d, 2*time.Second, "closing a connection with half-sent headers") {
+		t.Errorf("closed after %v, want about 200ms (%s)", d, clock)
 	}
 	if r.backends[0].hits.Load() != 0 {
 		t.Error("a backend saw the request")
@@ -131,6 +133,7 @@ func TestSlowHeaders(t *testing.T) {
 func TestSlowBody(t *testing.T) {
 	r := newRig(t, "kvroute", 1, func(c *config.Config) { c.Limits.BodyTimeout = 300 * time.Millisecond })
 	body := chat("shared", false, "hello")
+	clock := clocktest.Start(t)
 	c := dial(t, r.srv.Addr())
 	_, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+
 		itoa(len(body))+"\r\n\r\n"+body[:10])
@@ -153,8 +156,9 @@ func TestSlowBody(t *testing.T) {
 	}
 	// The connection is closed at once, not kept for the rest of the body.
 	start := time.Now()
-	if _, err := io.ReadAll(c); err != nil || time.Since(start) > 2*time.Second {
-		t.Errorf("connection not closed after the 408: %v after %v", err, time.Since(start))
+	_, err = io.ReadAll(c)
+	if d := time.Since(start); err != nil || !clock.Within(t, d, 2*time.Second, "closing the connection after the 408") {
+		t.Errorf("connection not closed after the 408: %v after %v (%s)", err, d, clock)
 	}
 }
 

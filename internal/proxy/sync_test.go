@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/kvroute/kvroute/internal/clocktest"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/peerlink"
 )
@@ -105,17 +106,16 @@ func (rs *replicas) router(i int, serves func(int) []int) *rig {
 
 func (rs *replicas) link(i int) *peerlink.Link { return rs.rigs[i].srv.Peers() }
 
-// waitFor polls cond until it holds, failing the test after 5 s.
+// waitFor polls cond until it holds, failing the test after 5 s
+// stretched by how far the process falls behind meanwhile.
 func (rs *replicas) waitFor(what string, cond func() bool) {
 	rs.t.Helper()
 	start := time.Now()
-	deadline := start.Add(5 * time.Second)
+	clock := clocktest.Start(rs.t)
+	defer clock.Stop()
 	defer func() { rs.t.Logf("waited %v for %s", time.Since(start), what) }()
-	for !cond() {
-		if time.Now().After(deadline) {
-			rs.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !clock.Until(5*time.Second, cond) {
+		rs.t.Fatalf("timed out waiting for %s (%s)", what, clock)
 	}
 }
 

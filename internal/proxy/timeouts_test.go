@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/clocktest"
 	"github.com/kvroute/kvroute/internal/config"
 )
 
@@ -186,20 +187,27 @@ func TestFirstTokenTimeoutEjects(t *testing.T) {
 				r.backends[0].setMode(modeHang)
 				r.backends[0].cancelled = cancelled
 			}
-			r.client.Timeout = 3 * time.Second
+			// A client timeout a hundred times the first-token timeout
+			// catches an attempt that is never cut (it would wait for the
+			// 10-minute header timeout) on however busy a machine.
+			clock := clocktest.Start(t)
+			r.client.Timeout = 100 * timeout
 			hb := r.backendByName(hungName)
 			good := r.backends[1].name
+			// A request met the hung backend if it was retried: a count, not
+			// a time, so a slow machine cannot make a quick request look
+			// like one that waited.
 			var slow int
 			for i := range 12 {
-				start := time.Now()
+				retries := counterValue(r.srv.metrics.retries)
 				res := r.post("/v1/chat/completions", chat("shared", true, fmt.Sprintf("hang %d", i)))
 				if res.status == 0 {
-					t.Fatalf("request %d got no answer", i)
+					t.Fatalf("request %d got no answer within %v (%s)", i, r.client.Timeout, clock)
 				}
 				if want := strings.Join(streamEvents(good, 4), ""); res.status != http.StatusOK || string(res.body) != want {
 					t.Errorf("request %d: status %d from %s: %.200s", i, res.status, res.header.Get("X-Kvroute-Backend"), res.body)
 				}
-				if time.Since(start) > timeout/2 {
+				if counterValue(r.srv.metrics.retries) > retries {
 					slow++
 				}
 			}
@@ -209,11 +217,11 @@ func TestFirstTokenTimeoutEjects(t *testing.T) {
 			if st := r.srv.set.Of(hb).Breaker(); hb.Healthy() || st.State != "open" {
 				t.Errorf("hung backend: healthy %v, breaker %s; want ejected", hb.Healthy(), st.State)
 			}
-			for range slow {
+			for i := range slow {
 				select {
 				case <-cancelled:
-				case <-time.After(time.Second):
-					t.Fatal("a hung upstream request was not cancelled")
+				case <-time.After(clock.Scale(time.Second)):
+					t.Fatalf("hung upstream request %d of %d was not cancelled within %v (%s)", i+1, slow, clock.Scale(time.Second), clock)
 				}
 			}
 			t.Logf("12 streaming requests complete; %d met the hung backend and were retried after %v, then its breaker was open", slow, timeout)
