@@ -177,6 +177,29 @@ func (l *Link) Counts() Counts {
 // Connected reports whether the link is connected to NATS now.
 func (l *Link) Connected() bool { return l.nc != nil && l.nc.IsConnected() }
 
+// CaughtUp returns a channel that is closed while this replica is not
+// catching up with its peers after a reconnection (replica.Peers.CatchUp).
+// nats.go reports the connection up before it runs the reconnection's
+// handler, on another goroutine: a request that finds the connection
+// back after a cut starts the catch-up itself, so that none is routed in
+// between on this replica's own state.
+func (l *Link) CaughtUp() <-chan struct{} {
+	if l.peers.Pending() && l.Connected() {
+		l.catchUp(l.nc)
+	}
+	return l.peers.CaughtUp()
+}
+
+// catchUp starts the catch-up after nc's latest reconnection, unless it
+// has started already: requests wait until the peers known before the
+// cut have sent their load and decisions, at most a peer timeout (after
+// which a peer not heard from is presumed gone).
+func (l *Link) catchUp(nc *nats.Conn) {
+	if gen, ok := l.peers.CatchUp(nc.Stats().Reconnects); ok {
+		time.AfterFunc(l.cfg.PeerTimeout, func() { l.peers.EndCatchUp(gen) })
+	}
+}
+
 func (l *Link) subject(parts ...string) string {
 	return l.cfg.Subject + "." + strings.Join(parts, ".")
 }
@@ -195,11 +218,7 @@ func (l *Link) Start(ctx context.Context) error {
 		nats.ReconnectBufSize(-1),
 		nats.ConnectHandler(func(nc *nats.Conn) { l.wake(nc, "connected") }),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
-			// Requests wait until the peers known before the cut have sent
-			// their load and decisions, at most a peer timeout (after
-			// which a peer not heard from is presumed gone).
-			gen := l.peers.CatchUp()
-			time.AfterFunc(l.cfg.PeerTimeout, func() { l.peers.EndCatchUp(gen) })
+			l.catchUp(nc)
 			l.wake(nc, "reconnected")
 		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {

@@ -106,15 +106,17 @@ func (rs *replicas) router(i int, serves func(int) []int) *rig {
 
 func (rs *replicas) link(i int) *peerlink.Link { return rs.rigs[i].srv.Peers() }
 
-// waitFor polls cond until it holds, failing the test after 5 s
-// stretched by how far the process falls behind meanwhile.
+// waitFor polls cond until it holds, failing the test after 30 s
+// stretched by how far the process falls behind meanwhile: a bound on a
+// hang, not on speed (a loaded 2-core machine under -race has taken over
+// 5 s for three replicas to see five long prompts).
 func (rs *replicas) waitFor(what string, cond func() bool) {
 	rs.t.Helper()
 	start := time.Now()
 	clock := clocktest.Start(rs.t)
 	defer clock.Stop()
 	defer func() { rs.t.Logf("waited %v for %s", time.Since(start), what) }()
-	if !clock.Until(5*time.Second, cond) {
+	if !clock.Until(30*time.Second, cond) {
 		rs.t.Fatalf("timed out waiting for %s (%s)", what, clock)
 	}
 }

@@ -56,6 +56,8 @@ type catchUp struct {
 	// gen numbers the catch-ups, so that the end of an old one's bound
 	// does not end a newer one.
 	gen uint64
+	// epoch is the reconnection the last catch-up began after (CatchUp).
+	epoch uint64
 	// done is closed while no catch-up is under way.
 	done chan struct{}
 }
@@ -156,19 +158,27 @@ func (p *Peers) Cut() {
 	}
 }
 
-// CatchUp starts the catch-up after a reconnection: until every peer live
-// at the Cut has sent a heartbeat and a snapshot since, CaughtUp's channel
-// stays open (requests wait for it, so that this replica does not route
-// new conversations on a picture without its peers' load and sessions).
-// The caller bounds it with EndCatchUp(gen). Without a Cut before, or
-// with no peer to wait for, it ends at once.
-func (p *Peers) CatchUp() (gen uint64) {
+// CatchUp starts the catch-up after reconnection epoch (the connection
+// numbers its reconnections): until every peer live at the Cut has sent a
+// heartbeat and a snapshot since, CaughtUp's channel stays open (requests
+// wait for it, so that this replica does not route new conversations on
+// a picture without its peers' load and sessions). A second call for the
+// same epoch does nothing and returns false: the first to see the
+// connection back (the reconnection's handler, or a request, see
+// Pending) starts it. The caller bounds a catch-up it started with
+// EndCatchUp(gen). Without a Cut before, or with no peer to wait for, it
+// ends at once.
+func (p *Peers) CatchUp(epoch uint64) (gen uint64, started bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if epoch != 0 && epoch == p.catch.epoch {
+		return 0, false
+	}
+	p.catch.epoch = epoch
 	p.catch.gen++
 	if len(p.catch.want) == 0 {
 		p.catch.want = nil
-		return p.catch.gen
+		return p.catch.gen, true
 	}
 	for id := range p.catch.want {
 		p.catch.want[id] = 0
@@ -178,7 +188,23 @@ func (p *Peers) CatchUp() (gen uint64) {
 		p.catch.done = make(chan struct{})
 	default:
 	}
-	return p.catch.gen
+	return p.catch.gen, true
+}
+
+// Pending reports whether a Cut awaits its catch-up: the connection
+// dropped, and no CatchUp has begun since.
+func (p *Peers) Pending() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.catch.want == nil {
+		return false
+	}
+	select {
+	case <-p.catch.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // EndCatchUp ends catch-up gen if it is still under way: its bound has

@@ -339,7 +339,7 @@ func TestPeersCatchUp(t *testing.T) {
 			return false
 		}
 	}
-	if p.CatchUp(); !caughtUp() {
+	if p.CatchUp(1); !caughtUp() {
 		t.Fatal("a connection without a cut before waits")
 	}
 	hb := func(id string, seq uint64) *Batch {
@@ -356,7 +356,14 @@ func TestPeersCatchUp(t *testing.T) {
 	if !caughtUp() {
 		t.Fatal("requests wait while the replica is cut off")
 	}
-	gen := p.CatchUp()
+	if !p.Pending() {
+		t.Fatal("a cut does not await its catch-up")
+	}
+	gen, _ := p.CatchUp(2)
+	// The reconnection's handler, after a request started its catch-up.
+	if _, started := p.CatchUp(2); started || p.Pending() || caughtUp() {
+		t.Fatalf("a second start of one reconnection's catch-up: started %v, pending %v, caught up %v; want false, false, false", started, p.Pending(), caughtUp())
+	}
 	for _, step := range []struct {
 		b    *Batch
 		want bool
@@ -374,7 +381,7 @@ func TestPeersCatchUp(t *testing.T) {
 	// A second cut: q never comes back. The first catch-up's bound passes
 	// and does not end the second; the second's does, and is counted.
 	p.Cut()
-	gen2 := p.CatchUp()
+	gen2, _ := p.CatchUp(3)
 	p.Apply(hb("p", 4), t0)
 	p.Apply(snap("p"), t0)
 	p.EndCatchUp(gen)
