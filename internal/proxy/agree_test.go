@@ -52,6 +52,7 @@ func agreeRound(t *testing.T, round int) {
 			}()
 		}
 	}
+	rs.held = int64(total)
 	rs.waitFor("every replica to see the held prompts", func() bool { return rs.fleetInFlight(total) })
 	rs.settle()
 

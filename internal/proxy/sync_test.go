@@ -45,6 +45,9 @@ type replicas struct {
 	ns    *server.Server
 	fakes []*fake
 	rigs  []*rig
+	// held is how many requests a test keeps in flight on purpose: settle
+	// waits for the rest to be done.
+	held int64
 }
 
 // newReplicas starts nb fakes, a NATS server and n routers with sync on
@@ -138,6 +141,19 @@ func (rs *replicas) waitPeers(want int) {
 // every replica has applied what the others sent.
 func (rs *replicas) settle() {
 	rs.t.Helper()
+	// A client has its answer before the exchange settles (the ticket's
+	// Done, and with it the event that tells the peers, follows the last
+	// byte): wait for every replica's own requests to be done first, or
+	// the outbox may look drained before their Done is queued.
+	rs.waitFor("every replica's requests to settle", func() bool {
+		var own int64
+		for _, r := range rs.rigs {
+			for _, b := range r.srv.Fleet().Snapshot().All {
+				own += b.OwnLoad().InFlight
+			}
+		}
+		return own == rs.held
+	})
 	sent := make([]uint64, len(rs.rigs))
 	for i := range rs.rigs {
 		l := rs.link(i)
