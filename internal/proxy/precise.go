@@ -124,7 +124,10 @@ func (ex *exchange) tokenKeys(ctx context.Context, v *request.View, body []byte)
 		p.latency.Observe(d.Seconds()) // a cache hit takes microseconds
 	}
 	ex.tokenized = tokenized{key, toks}
-	return s.sched.TokenKeys(toks, s.sched.Precise().Salt(v.Model))
+	// The chain is salted as the engine salts it: the LoRA adapter, then
+	// the request's cache_salt (and its tenant's, with isolate_prefix) on
+	// the first block, as the engines' events' extra keys carry it.
+	return s.sched.TokenKeys(toks, prefix.JoinSalt(s.sched.Precise().Salt(v.Model), v.PrefixSalt))
 }
 
 // tokenizerBackend picks the healthy backend serving v's model to ask for

@@ -122,3 +122,60 @@ func TestPreciseRouting(t *testing.T) {
 		t.Error("a prompt under min_prompt_tokens was tokenized")
 	}
 }
+
+// TestPreciseCacheSalt: an engine's events for a request with a
+// cache_salt carry the salt in the first block's extra keys, and the
+// router salts the request's token keys alike: a salted request matches
+// the blocks stored under its salt, and neither an unsalted request nor
+// another salt matches them.
+func TestPreciseCacheSalt(t *testing.T) {
+	tk := newTokenizer(t)
+	r := newRig(t, "prefix", 3, func(c *config.Config) {
+		for i := range c.Backends {
+			c.Backends[i].KVEvents = fmt.Sprintf("tcp://127.0.0.1:%d", 1+i)
+		}
+		c.KVEvents.Tokenizer = tk.srv.URL
+		c.KVEvents.TokenizeCache = 0
+	})
+	prompt := words("salted", 64*20)
+	toks := ids(prompt)
+	ix := r.srv.Scheduler().Precise()
+	now := time.Now()
+	next := uint64(100)
+	// b1 holds the prompt stored under cache_salt s1; b2 holds it unsalted.
+	for _, b := range r.srv.Fleet().Snapshot().All {
+		ix.Reset(b.ID, true, now)
+		if b.Name != "b1" && b.Name != "b2" {
+			continue
+		}
+		hashes := make([]uint64, len(toks)/16)
+		for i := range hashes {
+			next++
+			hashes[i] = next
+		}
+		ev := kvevents.Event{Kind: kvevents.BlockStored, BlockHashes: hashes, TokenIDs: toks[:16*len(hashes)], BlockSize: 16}
+		if b.Name == "b1" {
+			ev.ExtraKeys = make([][]byte, len(hashes))
+			ev.ExtraKeys[0] = kvevents.CacheSaltKeys("s1")
+		}
+		ix.Apply(b.ID, []kvevents.Event{ev}, now)
+	}
+	for _, tt := range []struct{ salt, want, match string }{
+		{"s1", "b1", "prefix=20/20 match=precise"},
+		{"", "b2", "prefix=20/20 match=precise"},
+		{"s2", "", "prefix=0/20"},
+	} {
+		body := `{"model":"shared","messages":[{"role":"user","content":"` + prompt + `"}]`
+		if tt.salt != "" {
+			body += `,"cache_salt":"` + tt.salt + `"`
+		}
+		res := r.post("/v1/chat/completions", body+"}")
+		if res.status != 200 {
+			t.Fatalf("status %d: %s", res.status, res.body)
+		}
+		got, reason := res.header.Get(headerBackend), res.header.Get(headerReason)
+		if (tt.want != "" && got != tt.want) || !strings.Contains(reason, tt.match) {
+			t.Errorf("cache_salt %q: routed to %s (%q), want %s with %q", tt.salt, got, reason, tt.want, tt.match)
+		}
+	}
+}
