@@ -184,11 +184,17 @@ func (l *Link) Connected() bool { return l.nc != nil && l.nc.IsConnected() }
 // back after a cut starts the catch-up itself, so that none is routed in
 // between on this replica's own state.
 func (l *Link) CaughtUp() <-chan struct{} {
+	if l.peers.Quiet() {
+		return closed
+	}
 	if l.peers.Pending() && l.Connected() {
 		l.catchUp(l.nc)
 	}
 	return l.peers.CaughtUp()
 }
+
+// closed is a closed channel: CaughtUp's answer when no catch-up is due.
+var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // catchUp starts the catch-up after nc's latest reconnection, unless it
 // has started already: requests wait until the peers known before the

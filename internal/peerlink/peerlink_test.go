@@ -32,8 +32,12 @@ func TestAuthenticatedPeers(t *testing.T) {
 	}
 	keyed := config.Default().Sync
 	keyed.KeyFile = keyFile
-	r1, a1, _ := replicaUnder(t, ns.ClientURL(), "r1", keyed, 0, time.Second)
-	r2, _, _ := replicaUnder(t, ns.ClientURL(), "r2", keyed, 0, time.Second)
+	// Peers are forgotten, and messages refused as replays, after 30 s: a
+	// busy machine that stalls r1 for a second neither expires r2 nor
+	// turns its heartbeats into refused ones; the replay below is older.
+	const peerTimeout = 30 * time.Second
+	r1, a1, _ := replicaUnder(t, ns.ClientURL(), "r1", keyed, 0, peerTimeout)
+	r2, _, _ := replicaUnder(t, ns.ClientURL(), "r2", keyed, 0, peerTimeout)
 	waitUntil(t, "the keyed replicas to hear each other", func() bool { return r1.Peers().Live() == 1 && r2.Peers().Live() == 1 })
 	reg := prometheus.NewRegistry()
 	if err := r1.register(reg); err != nil {
@@ -86,7 +90,7 @@ func TestAuthenticatedPeers(t *testing.T) {
 	}
 
 	// A replica without the key is no peer of the keyed ones, nor they of it.
-	r3, _, _ := replicaUnder(t, ns.ClientURL(), "r3", config.Default().Sync, 0, time.Second)
+	r3, _, _ := replicaUnder(t, ns.ClientURL(), "r3", config.Default().Sync, 0, peerTimeout)
 	waitUntil(t, "r3 to drop the keyed replicas' heartbeats", func() bool { return r3.Peers().Stats().Malformed >= 2 })
 	waitUntil(t, "r1 to drop r3's heartbeats", func() bool { return r1.Peers().Stats().Unauthenticated > want })
 	if r1.Peers().Live() != 1 || r3.Peers().Live() != 0 {

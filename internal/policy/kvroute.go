@@ -262,7 +262,7 @@ func (p *KVRoute) Pick(in *Input) Decision {
 		// request's TTFT; it equals est when the fleet is not backlogged.
 		// It is priced at the fleet's rate: the capacity lost is the
 		// fleet's, and a backend's own rate would amplify its deviations.
-		score := est + missCost*float64(max(prompt-cached, 1))/fleetRate
+		score := scored(est, missCost, prompt, cached, fleetRate)
 		// With several replicas, each one ranks the candidates by a score
 		// skewed towards its own arc of the fleet (see ReplicaSkew); the
 		// rules below still weigh the unskewed score.
@@ -368,7 +368,7 @@ func (p *KVRoute) leaveShared(in *Input, holder int, prompt, budget int64, token
 		l := b.KnownLoad()
 		cached := int64(float64(in.Matched[i]) * tokensPerBlock)
 		est := p.estimate(b, nil, &l, prompt, cached, budget, rate)
-		score := est + missCost*float64(max(prompt-cached, 1))/rate
+		score := scored(est, missCost, prompt, cached, rate)
 		if i == holder {
 			holderScore, holderLoad = score, l.InFlight
 			continue
@@ -400,6 +400,13 @@ func (p *KVRoute) leaveShared(in *Input, holder int, prompt, budget int64, token
 // spread over n candidates: see MissCostPerWaiter.
 func missCharge(waiting int64, n int) float64 {
 	return MissCostPerWaiter * max(float64(waiting)/float64(n)-FreeWaiters, 0)
+}
+
+// scored is a candidate's score: its estimate est plus the fleet's share
+// of recomputing the request's uncached tokens (prompt - cached, at least
+// one), missCost times again (see missCharge), at rate.
+func scored(est, missCost float64, prompt, cached int64, rate float64) float64 {
+	return est + missCost*float64(max(prompt-cached, 1))/rate
 }
 
 // sessionRank is backend b's rank for the session with key hash h: a

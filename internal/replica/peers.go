@@ -3,6 +3,7 @@ package replica
 import (
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -60,6 +61,9 @@ type catchUp struct {
 	epoch uint64
 	// done is closed while no catch-up is under way.
 	done chan struct{}
+	// quiet is want == nil, for Quiet to read without p.mu: no cut
+	// awaits its catch-up and none is under way.
+	quiet atomic.Bool
 }
 
 const (
@@ -139,8 +143,10 @@ func NewPeers(self string, f *fleet.Fleet, s *scheduler.Scheduler, timeout time.
 	}
 	done := make(chan struct{})
 	close(done)
-	return &Peers{self: self, blockChars: s.BlockChars(), timeout: timeout, fleet: f, sched: s, peers: map[string]*peer{},
+	p := &Peers{self: self, blockChars: s.BlockChars(), timeout: timeout, fleet: f, sched: s, peers: map[string]*peer{},
 		catch: catchUp{done: done}}
+	p.catch.quiet.Store(true)
+	return p
 }
 
 // Cut records that this replica has lost its connection to its peers:
@@ -153,6 +159,7 @@ func (p *Peers) Cut() {
 		return // cut again before the last catch-up ended: keep waiting for those
 	}
 	p.catch.want = make(map[string]uint8, len(p.peers))
+	p.catch.quiet.Store(false)
 	for id := range p.peers {
 		p.catch.want[id] = 0
 	}
@@ -178,6 +185,7 @@ func (p *Peers) CatchUp(epoch uint64) (gen uint64, started bool) {
 	p.catch.gen++
 	if len(p.catch.want) == 0 {
 		p.catch.want = nil
+		p.catch.quiet.Store(true)
 		return p.catch.gen, true
 	}
 	for id := range p.catch.want {
@@ -190,6 +198,12 @@ func (p *Peers) CatchUp(epoch uint64) (gen uint64, started bool) {
 	}
 	return p.catch.gen, true
 }
+
+// Quiet reports, without taking the lock that applying peers' batches
+// holds, that no cut awaits its catch-up and none is under way
+// (CaughtUp's channel is closed then): every request asks, and a
+// snapshot being applied must not hold it up.
+func (p *Peers) Quiet() bool { return p.catch.quiet.Load() }
 
 // Pending reports whether a Cut awaits its catch-up: the connection
 // dropped, and no CatchUp has begun since.
@@ -226,6 +240,7 @@ func (p *Peers) EndCatchUp(gen uint64) {
 // endCatchUp ends the catch-up under way, if any. The caller holds p.mu.
 func (p *Peers) endCatchUp() {
 	p.catch.want = nil
+	p.catch.quiet.Store(true)
 	select {
 	case <-p.catch.done:
 	default:
