@@ -154,7 +154,9 @@ func (s *Server) tokenize(w http.ResponseWriter, hr *http.Request) {
 		return
 	}
 	kind := request.Completion
-	if probe["messages"] != nil {
+	if m := probe["messages"]; m != nil && string(m) != "null" {
+		// vLLM's chat form needs a list: null messages leave the
+		// completion form, which ignores the member.
 		kind = request.Chat
 	}
 	v, ok := s.parse(w, kind, body)

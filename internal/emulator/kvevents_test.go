@@ -48,6 +48,7 @@ func TestTokenize(t *testing.T) {
 		{"messages", map[string]any{"model": s.Model(), "messages": msgs, "add_generation_prompt": true}, chat.Prompt},
 		// Keys are vLLM's, exactly: MESSAGES is an unknown field.
 		{"MESSAGES are not messages", map[string]any{"prompt": "abc", "MESSAGES": msgs, "RETURN_TOKEN_STRS": true}, "abc"},
+		{"null messages are none", map[string]any{"prompt": "abc", "messages": nil}, "abc"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			tr := tokenizeOK(t, hs.URL, tt.body)
