@@ -103,13 +103,30 @@ func (ex *exchange) tokenKeys(ctx context.Context, v *request.View, body []byte)
 			return nil
 		}
 	}
+	key := tokenize.Key{Model: v.Model, Prompt: xxhash.Sum64String(v.Prompt)}
+	toks, ok := p.tok.Cached(key)
+	if !ok {
+		if toks = ex.askTokens(ctx, base, key, v, body); toks == nil {
+			return nil
+		}
+	}
+	ex.tokenized = tokenized{key, toks}
+	// The chain is salted as the engine salts it: the LoRA adapter, then
+	// the request's cache_salt (and its tenant's, with isolate_prefix) on
+	// the first block, as the engines' events' extra keys carry it.
+	return s.sched.TokenKeys(toks, prefix.JoinSalt(s.sched.Precise().Salt(v.Model), v.PrefixSalt))
+}
+
+// askTokens asks base's /tokenize for the ids of v's prompt (an answer
+// not cached), or returns nil, counting why.
+func (ex *exchange) askTokens(ctx context.Context, base *url.URL, key tokenize.Key, v *request.View, body []byte) []uint32 {
+	s, p := ex.s, ex.s.precise
 	req, err := tokenize.RequestOf(v.Model, body)
 	if err != nil {
 		p.failures.WithLabelValues("body").Inc()
 		return nil
 	}
 	start := time.Now()
-	key := tokenize.Key{Model: v.Model, Prompt: xxhash.Sum64String(v.Prompt)}
 	toks, err := p.tok.Tokens(ctx, base, key, req)
 	if err != nil {
 		reason := "error"
@@ -120,14 +137,8 @@ func (ex *exchange) tokenKeys(ctx context.Context, v *request.View, body []byte)
 		s.log.Debug("tokenize failed: routing approximately", "err", err)
 		return nil
 	}
-	if d := time.Since(start); d > 50*time.Microsecond {
-		p.latency.Observe(d.Seconds()) // a cache hit takes microseconds
-	}
-	ex.tokenized = tokenized{key, toks}
-	// The chain is salted as the engine salts it: the LoRA adapter, then
-	// the request's cache_salt (and its tenant's, with isolate_prefix) on
-	// the first block, as the engines' events' extra keys carry it.
-	return s.sched.TokenKeys(toks, prefix.JoinSalt(s.sched.Precise().Salt(v.Model), v.PrefixSalt))
+	p.latency.Observe(time.Since(start).Seconds())
+	return toks
 }
 
 // tokenizerBackend picks the healthy backend serving v's model to ask for

@@ -138,6 +138,15 @@ func (c *Client) Remember(key Key, toks []uint32) {
 	}
 }
 
+// Cached returns the remembered answer for key, if any: a caller that has
+// it need not build the Request (a parse of the whole body) at all.
+func (c *Client) Cached(key Key) ([]uint32, bool) {
+	if c.cache == nil {
+		return nil, false
+	}
+	return c.cache.get(key)
+}
+
 // Request is the body of one /tokenize call: vLLM's chat form (model,
 // messages, tools) or its completion form (model, prompt), the client's
 // own JSON passed through.
