@@ -20,19 +20,12 @@ import (
 )
 
 // natsServer runs a NATS server in-process on a loopback port (port 0:
-// a free one).
+// a free one), stopped when the test ends.
 func natsServer(t *testing.T, port int) *server.Server {
 	t.Helper()
-	if port == 0 {
-		port = -1 // nats-server's "random port"
-	}
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, NoLog: true, NoSigs: true})
+	ns, err := peerlink.LoopbackServer(port)
 	if err != nil {
 		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats-server did not start")
 	}
 	t.Cleanup(ns.Shutdown)
 	return ns
