@@ -29,38 +29,35 @@ const limitLogEvery = 10 * time.Second
 // number of hits since its last line, so that a flood of hits cannot
 // flood the log.
 type limitHits struct {
-	counter *prometheus.CounterVec
-	log     *slog.Logger
-	limits  map[string]*limitLog
+	log    *slog.Logger
+	limits map[string]*limitLog
 }
 
-// limitLog is one limit's log throttle.
+// limitLog is one limit's counter and log throttle.
 type limitLog struct {
+	hits   prometheus.Counter
 	every  rate.Sometimes
 	unseen atomic.Int64
 }
 
 func newLimitHits(reg prometheus.Registerer, log *slog.Logger) *limitHits {
-	h := &limitHits{
-		counter: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvroute_client_limit_hits_total",
-			Help: "Times a client hit one of the router's limits on connections, headers and bodies, by limit.",
-		}, []string{"limit"}),
-		log:    log,
-		limits: map[string]*limitLog{},
-	}
-	reg.MustRegister(h.counter)
+	counter := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvroute_client_limit_hits_total",
+		Help: "Times a client hit one of the router's limits on connections, headers and bodies, by limit.",
+	}, []string{"limit"})
+	reg.MustRegister(counter)
+	h := &limitHits{log: log, limits: map[string]*limitLog{}}
 	for _, l := range []string{limitConnections, limitIdleClosed, limitHeaderBytes, limitBodyTimeout, limitBodyRate, limitClientShare, limitLoop} {
-		h.limits[l] = &limitLog{every: rate.Sometimes{Interval: limitLogEvery}}
-		h.counter.WithLabelValues(l) // shown at 0 before the first hit
+		// The child exists from the start: shown at 0 before the first hit.
+		h.limits[l] = &limitLog{hits: counter.WithLabelValues(l), every: rate.Sometimes{Interval: limitLogEvery}}
 	}
 	return h
 }
 
 // hit counts one hit of limit by the client at remote ("" when unknown).
 func (h *limitHits) hit(limit, remote string) {
-	h.counter.WithLabelValues(limit).Inc()
 	l := h.limits[limit]
+	l.hits.Inc()
 	l.unseen.Add(1)
 	l.every.Do(func() {
 		h.log.Warn("client limit hit", "limit", limit, "client", remote, "hits", l.unseen.Swap(0), "log_every", limitLogEvery)

@@ -62,6 +62,9 @@ func newRelay(ex *exchange, resp *http.Response, head []byte, headErr error) *re
 		t.counted = true
 		t.tally.sse = t.sse
 		t.tally.itl = ex.target.ITL(ex.model)
+		// Only the exchange's GenAI span reports the response's model
+		// (endTrace): without one it is not read.
+		t.tally.modelSeen = ex.span == nil || ex.op == ""
 	}
 	if d := ex.s.cfg.Upstream.StreamIdleTimeout; d > 0 {
 		t.idleAfter = d

@@ -30,7 +30,8 @@ type tally struct {
 	itl prometheus.Observer
 	// usage is the response's, nil until read; model the model the
 	// response names, read from its first data event or bytes
-	// (modelSeen once they were).
+	// (modelSeen once they were, or from the start when nothing reports
+	// the model: tracing is off).
 	usage     *openai.Usage
 	model     string
 	modelSeen bool
