@@ -113,11 +113,7 @@ func demoMain(ctx context.Context, stdout io.Writer, o demoOptions) error {
 	if o.span != demoSpan {
 		rerun = "" // a test's shortened run: only compare reproduces it
 	}
-	var verdict string
-	lead := func(c *compared) []string {
-		verdict = demoVerdict(c.rep)
-		return demoOpening(verdict, c, rerun)
-	}
+	lead := func(c *compared) []string { return demoOpening(demoVerdict(c.rep), c, rerun) }
 	var tables bytes.Buffer
 	c, err := compareMain(ctx, &tables, &w, o.timeScale, lead)
 	if err != nil {
@@ -128,7 +124,7 @@ func demoMain(ctx context.Context, stdout io.Writer, o demoOptions) error {
 		return fmt.Errorf("demo: missing a run")
 	}
 	fmt.Fprintln(stdout)
-	for _, l := range demoOpening(verdict, c, rerun) {
+	for _, l := range lead(c) {
 		fmt.Fprintln(stdout, l)
 	}
 	fmt.Fprintln(stdout)

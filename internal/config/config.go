@@ -663,8 +663,9 @@ func (c *Config) Validate() error {
 
 // Check runs every check `kvroute serve` makes before it starts: Validate,
 // then what the configuration names outside itself, in files and the
-// environment (the admin token and API keys with their lengths and
-// formats, the trusted priority sources, the TLS certificates and keys).
+// environment (the admin token, API keys and sync key with their lengths
+// and formats, the TLS certificates and keys; Validate already parses the
+// trusted priority sources and keys).
 // `kvroute validate` and serve call it alike, so that a configuration
 // validate accepts does not stop serve from starting.
 func (c *Config) Check() error {
@@ -678,11 +679,10 @@ func (c *Config) Check() error {
 	if _, err := c.Auth.KeyDigests(); err != nil {
 		errs = append(errs, err)
 	}
-	if _, err := c.Admission.TrustedFronts(); err != nil {
-		errs = append(errs, err)
-	}
-	if _, err := c.Admission.KeyPriorityDigests(); err != nil {
-		errs = append(errs, err)
+	if c.Sync.Enabled() {
+		if _, err := c.Sync.ResolveKey(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if c.ListenTLS.Enabled() {
 		if _, err := c.ListenTLS.Load(); err != nil {

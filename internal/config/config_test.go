@@ -288,4 +288,10 @@ func TestCheckReadsOutside(t *testing.T) {
 	if err := c.Check(); err == nil || !strings.Contains(err.Error(), AdminTokenEnv) {
 		t.Errorf("Check with a short %s: %v", AdminTokenEnv, err)
 	}
+	t.Setenv(AdminTokenEnv, "")
+	t.Setenv(SyncKeyEnv, "short")
+	c, _ = Parse([]byte("backends: [{url: 'http://a:1'}]\nsync: {url: 'nats://a:4222', replica_id: r-1}"))
+	if err := c.Check(); err == nil || !strings.Contains(err.Error(), SyncKeyEnv) {
+		t.Errorf("Check with a short %s and sync on: %v", SyncKeyEnv, err)
+	}
 }

@@ -62,18 +62,18 @@ func (l Limits) validate(bad func(format string, args ...any)) {
 	if l.ClientWriteTimeout < 0 {
 		bad("limits.client_write_timeout: %v must not be negative", l.ClientWriteTimeout)
 	}
-	if l.MaxBufferedBytes < 0 {
-		bad("limits.max_buffered_bytes: %d must not be negative", l.MaxBufferedBytes)
-	} else if l.MaxBufferedBytes > 0 && l.MaxBufferedBytes < l.MaxBodyBytes {
-		bad("limits.max_buffered_bytes: %d is below max_body_bytes (%d): no body of the largest size could be read", l.MaxBufferedBytes, l.MaxBodyBytes)
+	// A body budget, when set, must hold at least one body of max_body_bytes.
+	budget := func(key string, v ByteSize) {
+		if v < 0 {
+			bad("limits.%s: %d must not be negative", key, v)
+		} else if v > 0 && v < l.MaxBodyBytes {
+			bad("limits.%s: %d is below max_body_bytes (%d): no body of the largest size could be read", key, v, l.MaxBodyBytes)
+		}
 	}
+	budget("max_buffered_bytes", l.MaxBufferedBytes)
+	budget("max_buffered_bytes_per_client", l.MaxBufferedBytesPerClient)
 	if l.MaxBytesPerToken < 1 {
 		bad("limits.max_bytes_per_token: %d must be at least 1", l.MaxBytesPerToken)
-	}
-	if l.MaxBufferedBytesPerClient < 0 {
-		bad("limits.max_buffered_bytes_per_client: %d must not be negative", l.MaxBufferedBytesPerClient)
-	} else if l.MaxBufferedBytesPerClient > 0 && l.MaxBufferedBytesPerClient < l.MaxBodyBytes {
-		bad("limits.max_buffered_bytes_per_client: %d is below max_body_bytes (%d): no body of the largest size could be read", l.MaxBufferedBytesPerClient, l.MaxBodyBytes)
 	}
 	if l.MinBodyRate < 0 {
 		bad("limits.min_body_rate: %d must not be negative (0 is off)", l.MinBodyRate)

@@ -97,12 +97,3 @@ func (b *BackendTLS) ClientConfig(host string) (*tls.Config, error) {
 	}
 	return c, nil
 }
-
-// TLSOf returns the backend TLS settings of an entry: its own, else the
-// fleet's (upstream.tls); nil means Go's defaults.
-func (c *Config) TLSOf(e Entry) *BackendTLS {
-	if e.TLS != nil {
-		return e.TLS
-	}
-	return c.Upstream.TLS
-}

@@ -37,7 +37,7 @@ func accessLines(t *testing.T, logs *lockedBuffer) []map[string]any {
 // read its response).
 func accessLine(t *testing.T, logs *lockedBuffer, id string) map[string]any {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(patience)
 	for {
 		for _, m := range accessLines(t, logs) {
 			if m["request_id"] == id {
@@ -249,11 +249,10 @@ func TestTokenMetrics(t *testing.T) {
 		t.Fatalf("status %d", res.status)
 	}
 	m := r.srv.metrics
-	deadline := time.Now().Add(3 * time.Second)
-	for counterValue(m.tokensOut.WithLabelValues("b0", "shared")) < 6 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
 	events := r.backends[0].events
+	waitFor(t, "both answers' output tokens", func() bool {
+		return counterValue(m.tokensOut.WithLabelValues("b0", "shared")) >= float64(events+2)
+	})
 	if got := counterValue(m.tokensOut.WithLabelValues("b0", "shared")); got != float64(events+2) {
 		t.Errorf("output tokens %v, want %d (the stream's chunks) + 2 (the JSON answer's usage)", got, events)
 	}
@@ -287,7 +286,7 @@ func TestAccessLogRefusals(t *testing.T) {
 	})
 	body := chat("shared", false, "x")
 	r.backends[0].health.Store(false)
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(patience)
 	for i := 0; ; i++ {
 		id := fmt.Sprintf("unhealthy-%d", i)
 		res := r.post("/v1/chat/completions", body, "X-Request-Id", id, "Authorization", "Bearer good-key")

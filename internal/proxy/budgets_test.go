@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -220,15 +222,33 @@ func TestMaxConnections(t *testing.T) {
 	if res := readAnswer(t, third); res.status != http.StatusOK {
 		t.Fatalf("third connection: status %d", res.status)
 	}
-	// A fourth waits: both places are busy (the first, and the third
-	// until it is idle again); closing the first lets it in.
+	// A fourth takes the place of the third, idle after its answer.
 	fourth := dial(t, r.srv.Addr())
 	if _, err := io.WriteString(fourth, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
-	_ = busy.Close()
 	if res := readAnswer(t, fourth); res.status != http.StatusOK {
 		t.Fatalf("fourth connection: status %d", res.status)
+	}
+	// A fifth, sending its headers, takes the fourth's place; a sixth
+	// then waits, both places busy with a request, until the first is
+	// closed.
+	fifth := dial(t, r.srv.Addr())
+	if _, err := io.WriteString(fifth, "GET /healthz HTTP/1.1\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	sixth := dial(t, r.srv.Addr())
+	if _, err := io.WriteString(sixth, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	// A lower bound: a loaded machine only makes an answer later.
+	_ = sixth.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if n, err := sixth.Read(make([]byte, 1)); n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("sixth connection: read %d bytes (%v) while both places were busy, want it to wait", n, err)
+	}
+	_ = busy.Close()
+	if res := readAnswer(t, sixth); res.status != http.StatusOK {
+		t.Fatalf("sixth connection: status %d", res.status)
 	}
 	// /metrics needs a connection too: the third, now idle, is closed for it.
 	if n := r.limitHitsOf("max_connections"); n < 1 {

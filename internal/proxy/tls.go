@@ -85,7 +85,7 @@ func (s *Server) backendTLSFor(addr string) (*config.BackendTLS, string) {
 		if m.Entry.TLS != nil {
 			return m.Entry.TLS, host
 		}
-		return fleetTLS, host
+		break
 	}
 	return fleetTLS, host
 }

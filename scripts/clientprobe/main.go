@@ -39,7 +39,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: clientprobe headers|bodies [flags]")
+		fmt.Fprintln(os.Stderr, "usage: clientprobe headers|bodies|idle [flags]")
 		os.Exit(2)
 	}
 	var err error
