@@ -315,6 +315,15 @@ func (p *KVRoute) Pick(in *Input) Decision {
 		}
 		return Decision{Index: best, EstTTFT: bestEst, Note: "spill"}
 	}
+	if keyed && in.Replicas > 1 {
+		// A conversation's first turn is placed on the same shared view
+		// its later turns are weighed on: placed on this replica's own
+		// view (learned rates, engine reports), it could land where the
+		// next replica's shared view sees a holder to leave at once.
+		if _, to, toEst := p.leaveShared(in, -1, prompt, budget, tokensPerBlock); to >= 0 {
+			return Decision{Index: to, EstTTFT: toEst, Note: "shared"}
+		}
+	}
 	// Without a session key, a prompt stays with the holder of its longest
 	// match when that holds at least one prefill chunk (of the engines')
 	// more than the best

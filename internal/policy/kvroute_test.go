@@ -775,6 +775,52 @@ func TestKVRouteReplicasAgreeOnHolder(t *testing.T) {
 	}
 }
 
+// TestKVRouteReplicasAgreeOnFirstTurn: a new conversation's first turn is
+// placed on what every replica sees alike too, so that the replica taking
+// the second turn does not find a holder to leave at once: three replicas
+// with the views of TestKVRouteReplicasAgreeOnHolder but no holder place
+// it on one backend.
+func TestKVRouteReplicasAgreeOnFirstTurn(t *testing.T) {
+	const turn = 200
+	for _, pending := range [][3]int64{{30, 0, 0}, {400, 0, 0}, {40, 300, 0}, {0, 0, 0}} {
+		picks := map[int]int{}
+		for r := range 3 {
+			f := fleet.New()
+			cands := []*fleet.Backend{f.Add("b0", nil, nil), f.Add("b1", nil, nil), f.Add("b2", nil, nil)}
+			for i, p := range pending {
+				if p == 0 {
+					continue
+				}
+				if r == 0 {
+					cands[i].Start(p, p, 100, fxT0)
+				} else {
+					cands[i].AddPeerLoad(fleet.Load{InFlight: 1, PendingPrefill: p})
+				}
+			}
+			switch r {
+			case 1:
+				cands[1].AddPresumedLoad(fleet.Load{InFlight: 2, PendingPrefill: 2 * turn})
+			case 2:
+				for range int(fxRateSamples) {
+					tk := cands[0].Start(100000, 100000, 0, fxT0)
+					tk.FirstByte(fxT0.Add(time.Second))
+					tk.Done(fxT0)
+				}
+				cands[2].SetEngine(&fleet.EngineState{At: fxT0, Waiting: 3, Missing: fleet.EngineRunning})
+			}
+			p := fxNew(t, "kvroute", Options{}).(*KVRoute)
+			in := fxInput(cands, make([]fxLoad, 3), turn, "new-conv")
+			in.Replicas, in.ReplicaArc = 3, float64(r)/3
+			d := p.Pick(in)
+			t.Logf("pending %v, replica %d: %s (%s)", pending, r, cands[d.Index].Name, d.Note)
+			picks[d.Index]++
+		}
+		if len(picks) != 1 {
+			t.Errorf("pending %v: the three replicas placed a new conversation on %d different backends: %v", pending, len(picks), picks)
+		}
+	}
+}
+
 // TestKVRouteReplicasKeepBestHolder: with several replicas, as on one
 // router, a holder that is the best keeps the turn whatever its requests
 // in flight (the in-flight bound limits the premium of staying, and there
