@@ -175,16 +175,14 @@ func (ex *exchange) settleAccess() {
 	if e == nil {
 		return
 	}
-	e.status, e.code, e.ttft = ex.status, ex.rejected, ex.ttft
-	if ex.view != nil {
-		e.model = ex.view.Model
+	e.status, e.code, e.ttft = ex.Status, ex.Code, ex.TTFT
+	if ex.View != nil {
+		e.model = ex.View.Model
 	}
 	e.tokensIn, e.tokensOut = ex.tokens()
-	if ex.target != nil {
-		e.backend, e.attempts = ex.target.B.Name, ex.retries+1
-	}
-	if ex.a != nil {
-		e.reason = ex.a.Reason
+	if l := ex.Leg(); l.Target != nil {
+		e.backend, e.attempts = l.Target.B.Name, ex.Retries()+1
+		e.reason = l.A.Reason
 	}
 	if ex.span != nil {
 		e.traceID = ex.span.SpanContext().TraceID()

@@ -1,24 +1,18 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"io"
-	"net"
 	"net/http"
 	"net/http/httputil"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/kvroute/kvroute/internal/members"
+	"github.com/kvroute/kvroute/internal/lifecycle"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
-	"github.com/kvroute/kvroute/internal/scheduler"
 )
 
 // Response headers the router adds; client-sent headers with this prefix
@@ -32,68 +26,45 @@ const (
 
 // statusClientGone labels requests whose client went away before the
 // response started (nginx's convention).
-const statusClientGone = 499
+const statusClientGone = lifecycle.StatusClientGone
 
-// exchange is one client request, owned by the handler's goroutine from
-// its parse to its one settle, which counts it in the metrics, logs its
-// decision, releases its load and wakes the admission queue, exactly once,
-// whatever happened (a panic of the reverse proxy's copy included). The
-// standard library's reverse proxy does the forwarding, with the exchange
-// as its transport (RoundTrip: the attempt loop) and its error handler;
-// the response body it relays is the exchange's relay (relay.go).
+// exchange is the HTTP front of one client request's lifecycle
+// (lifecycle.Request, which it embeds): it reads and parses the body,
+// hands the request to the lifecycle's Route, forwards it with the
+// standard library's reverse proxy, whose transport is the lifecycle's
+// attempt loop (RoundTrip) and whose error handler its Fail, relays the
+// response body (relay.go) and, in its handler's one deferred call, has
+// the lifecycle settle the request (Settle), after which it writes its
+// own records: the access log entry, the trace, the body's budget.
 //
 // Its life, top to bottom:
 //
-//	read body, parse, check context, admit   (serveCompletion)
-//	route ─▶ attempt ─▶ first byte?           (RoundTrip: retry on another backend
-//	           ▲            │ no                until the first byte, at most
-//	           └── reroute ◀┘                   retry.attempts times)
-//	relay the body                            (relay)
-//	settle(status)                            (settle)
+//	read body, parse, check context            (serveCompletion)
+//	tokenize, admit, route                     (lifecycle: Route)
+//	attempt ─▶ first byte? ─no─▶ reroute ─┐    (lifecycle: RoundTrip, at most
+//	   ▲                                  │     retry.attempts retries)
+//	   └──────────────────────────────────┘
+//	relay the body                             (relay)
+//	settle                                     (lifecycle: Settle, then Settled)
 type exchange struct {
-	s     *Server
-	start time.Time
-	// ttft is the time from arrival to the backend's first content byte,
-	// 0 until it comes.
-	ttft time.Duration
-	// view is the request's routing view, once parsed; model its model
-	// as a metric label (modelLabel).
-	view   *request.View
-	model  string
-	body   []byte
-	hashes []uint64 // the prompt's block hashes, for every attempt
-	keys   []uint64 // its token-block keys for the precise index, or nil
-	// tokenized is the tokenizer's answer behind keys, cached at settle
+	lifecycle.Request
+	s *Server
+	w http.ResponseWriter
+	r *http.Request
+	// tokenized is the tokenizer's answer behind Keys, cached at settle
 	// if the engine accepted the request (precise.go).
 	tokenized tokenized
-	// a is the current attempt's assignment (completions); target the
-	// backend of the current attempt.
-	a      *scheduler.Assignment
-	target *members.Member
-	// tried are the IDs of backends that failed this request.
-	tried   []int
-	retries int
-
-	// status is the request's outcome: the status the client got, or 499
-	// when it left first; 0 until known.
-	status int
 	// relay is the response body being relayed, nil before one was chosen.
 	relay *relay
 	// client controls the client's response (its write deadline, see
 	// relay); nil without limits.client_write_timeout.
 	client *http.ResponseController
-	// rejected is the error code of a request the router answered itself.
-	rejected string
 	// held is the room taken for the body in the budget of buffered
 	// bodies, given back by settle.
 	held int64
 	// tenant is who sent the request (tenant.go): whether it sees the
 	// decision headers, and its prefix salt.
 	tenant tenant
-	// passthrough marks a request to another endpoint than the
-	// completions (passthrough.go): its view has no prompt, and it is
-	// not retried.
-	passthrough bool
 
 	// entry is the request's access log line (accesslog.go); nil
 	// outside the access log's handler.
@@ -108,21 +79,50 @@ type exchange struct {
 	op string
 }
 
+// newExchange starts the exchange of r, answered on w.
+func (s *Server) newExchange(w http.ResponseWriter, r *http.Request, op string, passthrough bool) (*exchange, *http.Request) {
+	ex := &exchange{s: s, w: unwrapStatus(w)}
+	ex.Init(time.Now(), ex, ex)
+	ex.Passthrough = passthrough
+	r = ex.begin(r, op)
+	ex.r = r
+	if ex.entry != nil {
+		ex.ID = ex.entry.id
+	}
+	ex.tenant = s.tenantOf(r)
+	return ex, r
+}
+
+// newPlane builds what every request's lifecycle shares, once the
+// members, the admission queue and the decision log are.
+func (s *Server) newPlane() *lifecycle.Plane {
+	return &lifecycle.Plane{
+		Sched: s.sched, Set: s.set, Upstream: s.upstream, Log: s.log,
+		Attempts:          s.cfg.Retry.Attempts,
+		HeaderTimeout:     s.cfg.Upstream.ResponseHeaderTimeout,
+		FirstTokenTimeout: s.cfg.Upstream.FirstTokenTimeout,
+		Wake:              s.adm.Wake,
+		Routed:            s.metrics.routed,
+		Retried:           s.metrics.retries,
+		Unrouted: func(policy, model string, status int) {
+			s.metrics.requests.WithLabelValues(noBackend, policy, model, strconv.Itoa(status)).Inc()
+		},
+		Decisions: s.decisions,
+	}
+}
+
 // serveCompletion serves POST /v1/chat/completions and /v1/completions.
 func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *http.Request) {
-	ex := &exchange{s: s, start: time.Now()}
+	ex, r := s.newExchange(w, r, operationOf(kind), false)
 	defer ex.settleDeferred()
-	w = unwrapStatus(w)
-	r = ex.begin(r, operationOf(kind))
-	ex.tenant = s.tenantOf(r)
 	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		ex.reject(w, &openai.Error{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest, Code: "method_not_allowed", Message: r.Method + " is not allowed on " + r.URL.Path + "; use POST"})
+		ex.w.Header().Set("Allow", http.MethodPost)
+		ex.Reject(&openai.Error{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest, Code: "method_not_allowed", Message: r.Method + " is not allowed on " + r.URL.Path + "; use POST"})
 		return
 	}
-	body, e := ex.readBody(w, r)
+	body, e := ex.readBody(ex.w, r)
 	if e != nil {
-		ex.reject(w, e)
+		ex.Reject(e)
 		return
 	}
 	v, e := request.Parse(kind, body, s.parse)
@@ -130,7 +130,7 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 		e = errMissingModel()
 	}
 	if e != nil {
-		ex.reject(w, e)
+		ex.Reject(e)
 		return
 	}
 	// The session header wins over the body's session field.
@@ -142,54 +142,26 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 	v.PrefixSalt = ex.tenant.prefixSalt(v.PrefixSalt)
 	ex.setView(v, body)
 	if e := s.checkContext(v); e != nil {
-		ex.reject(w, e)
+		ex.Reject(e)
 		return
 	}
-	ex.hashes = s.sched.Hashes(v)
-	_, span := ex.child("admission", trace.SpanKindInternal)
-	release, e := s.admit(r, v.Model, s.costOf(v, ex.hashes))
-	endSpan(span, errorOf(e))
-	if e != nil {
-		ex.reject(w, e)
-		return
+	ex.Hashes = s.sched.Hashes(v)
+	if s.plane.Route(&ex.Request) {
+		ex.forward()
 	}
-	ex.keys = ex.tokenKeys(r.Context(), v, body)
-	a, err := ex.route(ex.start)
-	release() // the request's load is accounted (or it failed to route)
-	if err != nil {
-		ex.reject(w, routeError(err, v.Model))
-		return
-	}
-	ex.assign(a)
-	ex.forward(w, r)
 }
 
 // setView makes v the request's routing view and body its body.
 func (ex *exchange) setView(v *request.View, body []byte) {
-	ex.view, ex.body, ex.model = v, body, modelLabel(ex.s.fleet, v.Model)
+	ex.View, ex.Body, ex.Model = v, body, modelLabel(ex.s.fleet, v.Model)
 	ex.viewSpan()
 }
 
-// route asks the scheduler for a backend, away from those tried, in a
-// route span of its own: a retry's decision is traced as the first one.
-func (ex *exchange) route(now time.Time) (*scheduler.Assignment, error) {
-	_, span := ex.child("route", trace.SpanKindInternal)
-	a, err := ex.s.sched.RoutePrecise(ex.view, ex.hashes, ex.keys, ex.tried, now)
-	routeSpan(span, ex.s.policyName(), a, err)
-	return a, err
-}
-
-// assign makes a the current attempt's assignment.
-func (ex *exchange) assign(a *scheduler.Assignment) {
-	ex.a, ex.target = a, ex.s.set.Of(a.Backend)
-	ex.s.metrics.routed(ex.view, a)
-}
-
-// forward hands the request to the reverse proxy, with the exchange as its
-// transport and error handler.
-func (ex *exchange) forward(w http.ResponseWriter, r *http.Request) {
+// forward hands the request to the reverse proxy, with the lifecycle's
+// attempt loop as its transport and its Fail as its error handler.
+func (ex *exchange) forward() {
 	if ex.s.cfg.Limits.ClientWriteTimeout > 0 {
-		ex.client = http.NewResponseController(w)
+		ex.client = http.NewResponseController(ex.w)
 		// The next request on the connection starts without a deadline.
 		defer func() { _ = ex.client.SetWriteDeadline(time.Time{}) }()
 	}
@@ -208,153 +180,52 @@ func (ex *exchange) forward(w http.ResponseWriter, r *http.Request) {
 		// see as a connection error (and the OpenAI SDKs retry).
 		FlushInterval: 0,
 	}
-	rp.ServeHTTP(w, r)
+	rp.ServeHTTP(ex.w, ex.r)
 }
 
-// reject answers with a router-made error.
-func (ex *exchange) reject(w http.ResponseWriter, e *openai.Error) {
-	ex.status, ex.rejected = e.Status, e.Code
-	if e.Status == statusClientGone {
-		return // nobody to answer
-	}
-	e.Write(w)
-}
-
-// RoundTrip is the attempt loop. It sends the request to the current
-// backend and, when that backend fails before the first response byte
-// (connection error, 5xx, or a body that breaks before its first byte),
-// re-routes it to another one, at most retry.attempts times. It waits for
-// the first body byte before handing the response to the reverse proxy, so
-// that nothing has reached the client while a retry is still possible.
-// Its error, when no backend produced a response, is classified by
-// failureStatus.
+// RoundTrip is the reverse proxy's transport: the lifecycle's legs and
+// their attempt loops.
 func (ex *exchange) RoundTrip(req *http.Request) (*http.Response, error) {
-	s := ex.s
-	if ex.passthrough {
-		setTarget(req, ex.target.B.URL)
-		setBody(req, ex.body)
-		ex.startAttempt(req)
-		resp, err := s.upstream.RoundTrip(req)
-		if err != nil {
-			ex.attemptFailed(err)
-			return nil, err
-		}
-		ex.firstByteSeen()
-		ex.a.FirstByte(time.Now())
-		ex.relayResponse(resp, nil, nil)
-		return resp, nil
-	}
-	ctx := req.Context()
-	out := req
-	for {
-		m := ex.target
-		if !s.set.Allow(m) {
-			// A half-open breaker's probes are out: go elsewhere if any
-			// other backend can take the request, else probe anyway.
-			ex.tried = append(ex.tried, m.B.ID)
-			if next, err := ex.route(time.Now()); err == nil {
-				ex.a.Done(time.Now())
-				ex.assign(next)
-				continue
-			}
-		}
-		if ex.retries > 0 {
-			out = req.Clone(ctx)
-		}
-		setTarget(out, m.B.URL)
-		setBody(out, ex.body)
-
-		ex.startAttempt(out)
-		sent, ft := s.boundFirstToken(ex.view, out)
-		resp, err := s.upstream.RoundTrip(sent)
-		var head []byte
-		var perr error
-		if err == nil && resp.StatusCode/100 == 2 {
-			head, perr = s.firstByte(resp.Body)
-		}
-		if ft.done() {
-			if resp != nil {
-				_ = resp.Body.Close()
-			}
-			resp, err = nil, errFirstTokenTimeout
-		}
-		if err == nil {
-			switch {
-			case resp.StatusCode >= 500:
-				err = members.StatusError(resp.StatusCode)
-			case resp.StatusCode/100 != 2:
-				// The backend's own answer (a 4xx such as a too long
-				// prompt): not a failure of the backend, and its timing
-				// says nothing of prefill.
-				s.set.Succeeded(m, false)
-				ex.firstByteSeen()
-				ex.relayResponse(resp, nil, nil)
-				return resp, nil
-			default:
-				if len(head) > 0 || perr == io.EOF {
-					ex.firstByteSeen()
-					if len(head) > 0 {
-						now := time.Now()
-						ex.a.FirstByte(now)
-						s.adm.Wake() // its prefill left the backend's pending tokens
-						ex.ttft = now.Sub(ex.start)
-						m.ObserveTTFT(ex.model, ex.ttft)
-					}
-					// Success is recorded when the body ends (settle): a
-					// backend that starts responses and then breaks them
-					// must collect consecutive failures.
-					ex.relayResponse(resp, head, perr)
-					return resp, nil
-				}
-				_ = resp.Body.Close()
-				resp, err = nil, perr
-			}
-		}
-
-		// The attempt failed before its first byte.
-		ex.attemptFailed(err)
-		if ctx.Err() != nil {
-			if resp != nil {
-				_ = resp.Body.Close()
-			}
-			return nil, ctx.Err()
-		}
-		s.set.Failed(m, err)
-		var next *scheduler.Assignment
-		if ex.retries < s.cfg.Retry.Attempts {
-			ex.tried = append(ex.tried, m.B.ID)
-			next, _ = ex.route(time.Now())
-		}
-		if next == nil {
-			// Out of attempts or of backends: pass a backend's 5xx through
-			// as it is (it says what went wrong), else report the error.
-			if resp != nil {
-				ex.relayResponse(resp, nil, nil)
-				return resp, nil
-			}
-			return nil, err
-		}
-		if resp != nil {
-			_ = resp.Body.Close()
-		}
-		ex.a.Done(time.Now())
-		s.log.Warn("retry", "request_id", ex.requestID(), "from", m.B.Name, "to", next.Backend.Name, "attempt", ex.retries+2, "err", err)
-		s.metrics.retries.Inc()
-		ex.assign(next)
-		ex.retries++
-	}
+	return ex.s.plane.RoundTrip(&ex.Request, req)
 }
 
-// relayResponse makes resp the response the client gets: its status is the
-// request's outcome (unless the client leaves first), the router's headers
-// name the backend (for a tenant that may see them), and its body is
-// relayed through the exchange. head and
-// headErr are what firstByte read.
-func (ex *exchange) relayResponse(resp *http.Response, head []byte, headErr error) {
+// proxyError is the reverse proxy's ErrorHandler: no backend produced a
+// response.
+func (ex *exchange) proxyError(_ http.ResponseWriter, r *http.Request, err error) {
+	ex.s.plane.Fail(&ex.Request, r.Context().Err() != nil, err)
+}
+
+// Admit waits for the request's admission (lifecycle.Front), in a span of
+// its own.
+func (ex *exchange) Admit(r *lifecycle.Request) (func(), *openai.Error) {
+	_, span := ex.child("admission", trace.SpanKindInternal)
+	var cost func() time.Duration
+	if !ex.Passthrough {
+		cost = ex.s.costOf(r.View, r.Hashes)
+	}
+	release, e := ex.s.admit(ex.r, r.View.Model, cost)
+	endSpan(span, errorOf(e))
+	return release, e
+}
+
+// Tokenize returns the precise index's keys of the prompt
+// (lifecycle.Front).
+func (ex *exchange) Tokenize(r *lifecycle.Request) []uint64 {
+	return ex.tokenKeys(ex.r.Context(), r.View, r.Body)
+}
+
+// WriteError writes a router-made error (lifecycle.Front).
+func (ex *exchange) WriteError(e *openai.Error) { e.Write(ex.w) }
+
+// Respond makes resp the response the client gets (lifecycle.Front): the
+// router's headers name the backend (for a tenant that may see them), and
+// its body is relayed through the exchange. head and headErr are what the
+// lifecycle read of its body.
+func (ex *exchange) Respond(l *lifecycle.Leg, resp *http.Response, head []byte, headErr error) {
 	if ex.tenant.reveal {
-		resp.Header.Set(headerBackend, ex.target.B.Name)
-		if ex.a != nil && ex.a.Reason != "" {
-			resp.Header.Set(headerReason, ex.a.Reason)
+		resp.Header.Set(headerBackend, l.Target.B.Name)
+		if l.A.Reason != "" {
+			resp.Header.Set(headerReason, l.A.Reason)
 		}
 	}
 	if ex.entry != nil {
@@ -362,36 +233,29 @@ func (ex *exchange) relayResponse(resp *http.Response, head []byte, headErr erro
 		// vLLM with --enable-request-id-headers echoes it): once.
 		resp.Header.Del(headerRequestID)
 	}
-	ex.status = resp.StatusCode
-	ex.relay = newRelay(ex, resp, head, headErr)
+	ex.relay = newRelay(ex, l, resp, head, headErr)
 	resp.Body = ex.relay
 }
 
-// proxyError answers when no backend produced a response: the reverse
-// proxy's ErrorHandler.
-func (ex *exchange) proxyError(w http.ResponseWriter, r *http.Request, err error) {
-	if r.Context().Err() != nil {
-		ex.status = statusClientGone // nobody to answer
-		return
+// Ended is how the relayed body ended (lifecycle.Front).
+func (ex *exchange) Ended() lifecycle.BodyEnd {
+	rl := ex.relay
+	if rl == nil {
+		return lifecycle.BodyEnd{}
 	}
-	status, code, msg := failureStatus(err)
-	ex.status = status
-	if ex.retries > 0 {
-		msg += " (after " + strconv.Itoa(ex.retries) + " retries)"
-	}
-	// The client gets a generic message: the cause names the backend's
-	// address (a dial error's ip:port), which stays in the log.
-	ex.s.log.Warn("proxy error", "request_id", ex.requestID(), "backend", ex.target.B.Name, "status", status, "retries", ex.retries, "err", err)
-	openai.WriteError(w, status, openai.TypeServer, code, msg, 0)
+	end := lifecycle.BodyEnd{Complete: rl.complete, Broken: rl.broken, Counted: rl.counted}
+	end.In, end.Out = ex.tokens()
+	return end
 }
 
-// failureStatus is the status, error code and client message of a
-// request that no backend answered: 504 for a timeout, else 502.
-func failureStatus(err error) (int, string, string) {
-	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
-		return http.StatusGatewayTimeout, "backend_timeout", "the backend did not answer in time"
-	}
-	return http.StatusBadGateway, "backend_error", "the backend failed to answer"
+// Settled writes the exchange's own records once the lifecycle settled
+// (lifecycle.Front): the body's budget, the tokenizer's cache, the access
+// log entry and the trace.
+func (ex *exchange) Settled(*lifecycle.Request) {
+	ex.s.bodies.give(ex.held)
+	ex.rememberTokens()
+	ex.settleAccess()
+	ex.endTrace()
 }
 
 // settleDeferred settles the exchange when its handler returns, and also
@@ -400,68 +264,18 @@ func failureStatus(err error) (int, string, string) {
 // re-raising the panic once the request is counted.
 func (ex *exchange) settleDeferred() {
 	if p := recover(); p != nil {
-		if ex.status == 0 {
-			ex.status = http.StatusBadGateway
-		}
-		ex.settle()
+		ex.s.plane.Settle(&ex.Request, true)
 		panic(p)
 	}
-	ex.settle()
-}
-
-// settle ends the exchange: it feeds the body's end to the breaker,
-// releases the assignment and wakes the admission queue, counts the
-// request and records its decision. settleDeferred, the handler's one
-// deferred call, is its only caller, which makes it run exactly once.
-func (ex *exchange) settle() {
-	s := ex.s
-	now := time.Now()
-	if ex.status == 0 {
-		// The handler returned without an outcome: the client left
-		// before one was known.
-		ex.status = statusClientGone
-	}
-	if rl := ex.relay; rl != nil {
-		switch {
-		case rl.broken != nil:
-			// The backend broke the response after it started; the client
-			// saw a truncated body. Never retried.
-			s.set.Failed(ex.target, rl.broken)
-			s.log.Warn("response broken after first byte", "request_id", ex.requestID(), "backend", ex.target.B.Name, "err", rl.broken)
-		case rl.complete && ex.status/100 == 2 && ex.view != nil:
-			s.set.Succeeded(ex.target, false)
-		}
-	}
-	if ex.a != nil {
-		ex.a.Done(now)
-		s.adm.Wake()
-	}
-	s.bodies.give(ex.held)
-	ex.rememberTokens()
-	policy := s.policyName()
-	if ex.target != nil { // a request the router answered itself has none
-		ex.target.Count(policy, ex.model, ex.status)
-		if ex.view != nil && !ex.passthrough {
-			ex.target.ObserveE2E(ex.model, now.Sub(ex.start))
-		}
-		if rl := ex.relay; rl != nil && rl.counted && rl.complete {
-			in, out := ex.tokens()
-			ex.target.CountTokens(ex.model, in, out)
-		}
-	} else {
-		s.metrics.requests.WithLabelValues(noBackend, policy, ex.model, strconv.Itoa(ex.status)).Inc()
-	}
-	ex.record()
-	ex.settleAccess()
-	ex.endTrace()
+	ex.s.plane.Settle(&ex.Request, false)
 }
 
 // tokens are the request's input and output tokens: the response's usage
 // when it reported one, else the router's estimate of the prompt and the
 // stream's token chunks.
 func (ex *exchange) tokens() (in, out int) {
-	if ex.view != nil {
-		in = ex.view.PromptTokens
+	if ex.View != nil {
+		in = ex.View.PromptTokens
 	}
 	if rl := ex.relay; rl != nil && rl.counted {
 		if u := rl.tally.usage; u != nil {
@@ -472,34 +286,12 @@ func (ex *exchange) tokens() (in, out int) {
 	return in, out
 }
 
-// requestID is the request's X-Request-Id, "" outside the access log's
-// handler.
-func (ex *exchange) requestID() string {
-	if ex.entry == nil {
-		return ""
-	}
-	return ex.entry.id
-}
-
 // errorOf is e as an error, nil for none.
 func errorOf(e *openai.Error) error {
 	if e == nil {
 		return nil
 	}
 	return e
-}
-
-// routeError maps the scheduler's errors to client errors.
-func routeError(err error, model string) *openai.Error {
-	switch {
-	case errors.Is(err, scheduler.ErrUnknownModel):
-		return &openai.Error{Status: http.StatusNotFound, Type: openai.TypeNotFound, Code: "model_not_found",
-			Message: "the model '" + model + "' does not exist on any backend"}
-	case errors.Is(err, scheduler.ErrNoBackend):
-		return &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Code: "no_healthy_backend",
-			Message: "no healthy backend serves the model '" + model + "'", RetryAfter: 1}
-	}
-	return &openai.Error{Status: http.StatusInternalServerError, Type: openai.TypeServer, Code: "routing_error", Message: err.Error()}
 }
 
 // reject writes a router-made error outside any exchange (the API key
@@ -524,29 +316,8 @@ func rewrite(pr *httputil.ProxyRequest) {
 	}
 }
 
-// setTarget points out at the backend with base URL base, keeping the
-// inbound path (appended to base's path) and query.
-func setTarget(out *http.Request, base *url.URL) {
-	u := out.URL
-	u.Scheme, u.Host = base.Scheme, base.Host
-	if base.Path != "" {
-		if u.RawPath != "" {
-			u.RawPath = base.EscapedPath() + u.RawPath
-		}
-		u.Path = base.Path + u.Path
-	}
-	out.Host = ""
-}
-
-// setBody makes body, read whole by the exchange, out's body.
-func setBody(out *http.Request, body []byte) {
-	out.ContentLength, out.TransferEncoding = int64(len(body)), nil
-	if len(body) == 0 {
-		out.Body, out.GetBody = http.NoBody, func() (io.ReadCloser, error) { return http.NoBody, nil }
-		return
-	}
-	out.Body = io.NopCloser(bytes.NewReader(body))
-	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-}
-
-var _ http.RoundTripper = (*exchange)(nil)
+var (
+	_ http.RoundTripper = (*exchange)(nil)
+	_ lifecycle.Front   = (*exchange)(nil)
+	_ lifecycle.Trace   = (*exchange)(nil)
+)

@@ -2,9 +2,6 @@ package proxy
 
 import (
 	"net/http"
-	"time"
-
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
@@ -15,21 +12,19 @@ import (
 // completion but for the parse: the path is checked, the body read whole
 // within the same limits (413 or 503 before a byte is sent), its model
 // read (request.ModelOf), admitted, and routed by the scheduler among the
-// healthy backends that serve the model, which opens its load ticket.
-// It is not retried.
+// healthy backends that serve the model, which opens its load ticket. Its
+// lifecycle is a completion's (the breaker's Allow and judgement
+// included), but it is not retried and has no tokens.
 func (s *Server) passthrough(w http.ResponseWriter, r *http.Request) {
-	ex := &exchange{s: s, start: time.Now(), passthrough: true}
+	ex, r := s.newExchange(w, r, passOperation(r.URL.Path), true)
 	defer ex.settleDeferred()
-	w = unwrapStatus(w)
-	r = ex.begin(r, passOperation(r.URL.Path))
-	ex.tenant = s.tenantOf(r)
-	if e := s.passAllowed(w, r); e != nil {
-		ex.reject(w, e)
+	if e := s.passAllowed(ex.w, r); e != nil {
+		ex.Reject(e)
 		return
 	}
-	body, e := ex.readBody(w, r)
+	body, e := ex.readBody(ex.w, r)
 	if e != nil {
-		ex.reject(w, e)
+		ex.Reject(e)
 		return
 	}
 	model, e := request.ModelOf(r.Header.Get("Content-Type"), body)
@@ -37,7 +32,7 @@ func (s *Server) passthrough(w http.ResponseWriter, r *http.Request) {
 		e = errMissingModel()
 	}
 	if e != nil {
-		ex.reject(w, e)
+		ex.Reject(e)
 		return
 	}
 	// The routing view of a request without a prompt: no prefix to
@@ -45,23 +40,9 @@ func (s *Server) passthrough(w http.ResponseWriter, r *http.Request) {
 	// and settles the backend's success as for a completion.
 	v := &request.View{Model: model, MaxTokens: 1}
 	ex.setView(v, body)
-	_, span := ex.child("admission", trace.SpanKindInternal)
-	release, e := s.admit(r, model, nil)
-	endSpan(span, errorOf(e))
-	if e != nil {
-		ex.reject(w, e)
-		return
+	if s.plane.Route(&ex.Request) {
+		ex.forward()
 	}
-	_, span = ex.child("route", trace.SpanKindInternal)
-	a, err := s.sched.RouteHashed(v, nil, nil, ex.start)
-	routeSpan(span, s.policyName(), a, err)
-	release()
-	if err != nil {
-		ex.reject(w, routeError(err, model))
-		return
-	}
-	ex.a, ex.target = a, s.set.Of(a.Backend)
-	ex.forward(w, r)
 }
 
 // passOperation is the GenAI operation of a passthrough endpoint: only

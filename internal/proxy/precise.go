@@ -80,7 +80,7 @@ type tokenized struct {
 // unknown model) is never cached, so that refused requests cannot fill
 // the cache.
 func (ex *exchange) rememberTokens() {
-	if p := ex.s.precise; p != nil && ex.tokenized.tokens != nil && ex.status/100 == 2 {
+	if p := ex.s.precise; p != nil && ex.tokenized.tokens != nil && ex.Status/100 == 2 {
 		p.tok.Remember(ex.tokenized.key, ex.tokenized.tokens)
 	}
 }

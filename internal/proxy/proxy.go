@@ -33,6 +33,7 @@ import (
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/lifecycle"
 	"github.com/kvroute/kvroute/internal/members"
 	"github.com/kvroute/kvroute/internal/monitor"
 	"github.com/kvroute/kvroute/internal/openai"
@@ -82,6 +83,8 @@ type Server struct {
 
 	// adm is the admission queue; nil when no admission limit is set.
 	adm *admission.Controller
+	// plane is what every request's lifecycle shares (exchange.go).
+	plane *lifecycle.Plane
 	// bodies is the budget of request bodies held in memory, and shares
 	// each client's part of it while its bodies arrive (body.go).
 	bodies budget
@@ -205,6 +208,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	if s.adminAPI, err = s.newAdmin(); err != nil {
 		return nil, err
 	}
+	s.plane = s.newPlane()
 	if s.tracing, err = newTracing(cfg.Tracing, logger); err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
 	}

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/lifecycle"
 )
 
 // relay is the body of the response the client gets, as the reverse proxy
@@ -55,13 +57,13 @@ type relay struct {
 	counted bool
 }
 
-func newRelay(ex *exchange, resp *http.Response, head []byte, headErr error) *relay {
+func newRelay(ex *exchange, l *lifecycle.Leg, resp *http.Response, head []byte, headErr error) *relay {
 	t := &relay{rc: resp.Body, ctx: resp.Request.Context(), head: head, headErr: headErr,
 		sse: resp.StatusCode == http.StatusOK && isSSE(resp.Header.Get("Content-Type"))}
-	if resp.StatusCode/100 == 2 && !ex.passthrough {
+	if resp.StatusCode/100 == 2 && !ex.Passthrough {
 		t.counted = true
 		t.tally.sse = t.sse
-		t.tally.itl = ex.target.ITL(ex.model)
+		t.tally.itl = l.Target.ITL(ex.Model)
 		// Only the exchange's GenAI span reports the response's model
 		// (endTrace): without one it is not read.
 		t.tally.modelSeen = ex.span == nil || ex.op == ""

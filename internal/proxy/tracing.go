@@ -24,6 +24,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/lifecycle"
 	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/scheduler"
 	"github.com/kvroute/kvroute/internal/version"
@@ -225,7 +226,7 @@ func (ex *exchange) begin(r *http.Request, op string) *http.Request {
 		attrs = append(attrs, attribute.String("gen_ai.operation.name", op))
 	}
 	ctx := t.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-	ctx, ex.span = t.tracer.Start(ctx, r.Method+" "+r.URL.Path, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(ex.start),
+	ctx, ex.span = t.tracer.Start(ctx, r.Method+" "+r.URL.Path, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(ex.Start),
 		trace.WithAttributes(attrs...))
 	ex.ctx = ctx
 	return r.WithContext(ctx)
@@ -248,11 +249,11 @@ func splitHostPort(h string) (string, int, bool) {
 // viewSpan names the exchange's span for its GenAI operation once the
 // request's model is known.
 func (ex *exchange) viewSpan() {
-	if ex.span == nil || ex.op == "" || ex.view.Model == "" {
+	if ex.span == nil || ex.op == "" || ex.View.Model == "" {
 		return
 	}
-	ex.span.SetName(ex.op + " " + ex.view.Model)
-	ex.span.SetAttributes(attribute.String("gen_ai.request.model", ex.view.Model))
+	ex.span.SetName(ex.op + " " + ex.View.Model)
+	ex.span.SetAttributes(attribute.String("gen_ai.request.model", ex.View.Model))
 }
 
 // child starts a child span of the exchange's; nil when tracing is off.
@@ -292,40 +293,54 @@ func routeSpan(sp trace.Span, policy string, a *scheduler.Assignment, err error)
 	endSpan(sp, err)
 }
 
-// startAttempt starts an upstream attempt's span and its first-byte span,
-// and puts the attempt's traceparent on out for the engine.
-func (ex *exchange) startAttempt(out *http.Request) {
+// Route starts a routing decision's span (lifecycle.Trace).
+func (ex *exchange) Route() func(*scheduler.Assignment, error) {
+	_, span := ex.child("route", trace.SpanKindInternal)
+	if span == nil {
+		return noRouteSpan
+	}
+	policy := ex.s.policyName()
+	return func(a *scheduler.Assignment, err error) { routeSpan(span, policy, a, err) }
+}
+
+// noRouteSpan ends no span.
+func noRouteSpan(*scheduler.Assignment, error) {}
+
+// Attempt starts an upstream attempt's span and its first-byte span, and
+// puts the attempt's traceparent on out for the engine (lifecycle.Trace).
+func (ex *exchange) Attempt(_ *lifecycle.Request, l *lifecycle.Leg, out *http.Request) {
 	if ex.span == nil {
 		return
 	}
 	var actx context.Context
 	actx, ex.attempt = ex.child(out.Method, trace.SpanKindClient)
-	u := ex.target.B.URL
+	u := l.Target.B.URL
 	attrs := []attribute.KeyValue{attribute.String("http.request.method", out.Method), attribute.String("url.full", out.URL.Redacted()),
-		attribute.String("kvroute.backend", ex.target.B.Name), attribute.Int("kvroute.attempt", ex.retries+1)}
+		attribute.String("kvroute.backend", l.Target.B.Name), attribute.Int("kvroute.attempt", l.Retries+1)}
 	if host, port, ok := splitHostPort(u.Host); ok {
 		if u.Port() == "" && u.Scheme == "https" {
 			port = 443
 		}
 		attrs = append(attrs, attribute.String("server.address", host), attribute.Int("server.port", port))
 	}
-	if ex.retries > 0 {
-		attrs = append(attrs, attribute.Int("http.request.resend_count", ex.retries))
+	if l.Retries > 0 {
+		attrs = append(attrs, attribute.Int("http.request.resend_count", l.Retries))
 	}
 	ex.attempt.SetAttributes(attrs...)
 	_, ex.firstByteSpan = ex.s.tracing.tracer.Start(actx, "first_byte")
 	ex.s.tracing.prop.Inject(actx, propagation.HeaderCarrier(out.Header))
 }
 
-// attemptFailed ends the current attempt's spans with its error.
-func (ex *exchange) attemptFailed(err error) {
+// AttemptFailed ends the current attempt's spans with its error
+// (lifecycle.Trace).
+func (ex *exchange) AttemptFailed(err error) {
 	endSpan(ex.firstByteSpan, err)
 	endSpan(ex.attempt, err)
 	ex.firstByteSpan, ex.attempt = nil, nil
 }
 
-// firstByteSeen ends the first-byte span.
-func (ex *exchange) firstByteSeen() {
+// FirstByte ends the first-byte span (lifecycle.Trace).
+func (ex *exchange) FirstByte() {
 	endSpan(ex.firstByteSpan, nil)
 	ex.firstByteSpan = nil
 }
@@ -335,7 +350,7 @@ func (ex *exchange) endTrace() {
 	if ex.span == nil {
 		return
 	}
-	status := attribute.Int("http.response.status_code", ex.status)
+	status := attribute.Int("http.response.status_code", ex.Status)
 	var err error
 	if ex.relay != nil && ex.relay.broken != nil {
 		err = ex.relay.broken
@@ -345,7 +360,7 @@ func (ex *exchange) endTrace() {
 		ex.attempt.SetAttributes(status)
 		endSpan(ex.attempt, err)
 	}
-	ex.span.SetAttributes(status, attribute.Int("kvroute.retries", ex.retries))
+	ex.span.SetAttributes(status, attribute.Int("kvroute.retries", ex.Retries()))
 	if ex.op != "" && ex.relay != nil && ex.relay.counted {
 		in, out := ex.tokens()
 		ex.span.SetAttributes(attribute.Int("gen_ai.usage.input_tokens", in), attribute.Int("gen_ai.usage.output_tokens", out))
@@ -353,11 +368,11 @@ func (ex *exchange) endTrace() {
 			ex.span.SetAttributes(attribute.String("gen_ai.response.model", m))
 		}
 	}
-	if ex.status >= 500 {
-		ex.span.SetStatus(codes.Error, http.StatusText(ex.status))
+	if ex.Status >= 500 {
+		ex.span.SetStatus(codes.Error, http.StatusText(ex.Status))
 	}
-	if ex.rejected != "" {
-		ex.span.SetAttributes(attribute.String("kvroute.error_code", ex.rejected))
+	if ex.Code != "" {
+		ex.span.SetAttributes(attribute.String("kvroute.error_code", ex.Code))
 	}
 	ex.span.End()
 }

@@ -1,0 +1,368 @@
+package lifecycle
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/members"
+	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/scheduler"
+)
+
+// Timeout is a backend that kept the router waiting past one of the
+// upstream timeouts. It is a net.Error timeout (504 when no retry is left)
+// and counts as a failure of the backend.
+type Timeout string
+
+func (e Timeout) Error() string { return string(e) }
+
+// Timeout reports true: a Timeout is a net.Error timeout.
+func (Timeout) Timeout() bool { return true }
+
+// Temporary reports true, as net.Error asks.
+func (Timeout) Temporary() bool { return true }
+
+var (
+	// ErrFirstByteTimeout is a backend that sent its response headers
+	// and then nothing within upstream.response_header_timeout.
+	ErrFirstByteTimeout error = Timeout("no response byte within upstream.response_header_timeout after the headers")
+	// ErrFirstTokenTimeout is a streaming request that got no body byte
+	// within upstream.first_token_timeout of being sent.
+	ErrFirstTokenTimeout error = Timeout("no first token within upstream.first_token_timeout")
+)
+
+// attempt is what one try of a leg produced: a response to hand on (err
+// nil), or the failure before its first byte (err), with the backend's
+// 5xx response when it answered one.
+type attempt struct {
+	resp    *http.Response
+	head    []byte
+	headErr error
+	err     error
+}
+
+// close drops the attempt's response.
+func (at *attempt) close() {
+	if at.resp != nil {
+		_ = at.resp.Body.Close()
+	}
+}
+
+// RoundTrip is the reverse proxy's transport: it runs the request's legs
+// in order, each through its attempt loop, reads an earlier leg's body to
+// its end, and hands the last leg's response to the front (Respond). Its
+// error, when no backend produced a response, goes to Fail.
+func (p *Plane) RoundTrip(r *Request, req *http.Request) (*http.Response, error) {
+	base := *req.URL
+	last := len(r.Legs) - 1
+	for i := range r.Legs {
+		r.cur = i
+		l := &r.Legs[i]
+		at := p.attempts(r, l, req, &base, i == 0, i == last)
+		if at.err != nil {
+			return nil, at.err
+		}
+		l.status = at.resp.StatusCode
+		if i == last {
+			l.responded = true
+			r.answer(at.resp.StatusCode, "")
+			r.front.Respond(l, at.resp, at.head, at.headErr)
+			return at.resp, nil
+		}
+		if err := p.drain(l, at); err != nil {
+			return nil, err
+		}
+	}
+	panic("lifecycle: a request without legs")
+}
+
+// attempts is a leg's attempt loop. It sends the request to the leg's
+// backend and, when that backend fails before the first response byte
+// (connection error, 5xx, or a body that breaks before its first byte),
+// re-routes it to another one, at most Attempts times (never a
+// passthrough). It waits for the first body byte before handing the
+// response on, so that nothing has reached the client while a retry is
+// still possible. req is sent as it is on the first leg's first attempt;
+// every other attempt sends a copy aimed from base.
+func (p *Plane) attempts(r *Request, l *Leg, req *http.Request, base *url.URL, first, last bool) attempt {
+	ctx := req.Context()
+	for n := 0; ; n++ {
+		p.probe(r, l)
+		out := req
+		if n > 0 || !first {
+			out = req.Clone(ctx)
+			u := *base
+			out.URL = &u
+		}
+		setTarget(out, l.Target.B.URL)
+		setBody(out, l.body(r.Body))
+		at := p.try(r, l, out, last)
+		if at.err == nil {
+			return at
+		}
+		// The attempt failed before its first byte.
+		r.trace.AttemptFailed(at.err)
+		if ctx.Err() != nil {
+			at.close()
+			return attempt{err: ctx.Err()}
+		}
+		next := p.reroute(r, l)
+		if next == nil {
+			// Out of attempts or of backends: pass a backend's 5xx
+			// through as it is (it says what went wrong), else report
+			// the error. Settle judges it.
+			l.failed = at.err
+			if at.resp != nil {
+				at.err = nil
+			}
+			return at
+		}
+		p.judge(r, l, at.err, BodyEnd{})
+		at.close()
+		l.A.Done(time.Now())
+		p.Log.Warn("retry", "request_id", r.ID, "from", l.Target.B.Name, "to", next.Backend.Name, "attempt", l.Retries+2, "err", at.err)
+		if p.Retried != nil {
+			p.Retried.Inc()
+		}
+		p.assign(r, l, next)
+		l.Retries++
+	}
+}
+
+// probe keeps a request off a half-open backend whose probes are out: it
+// goes elsewhere if any other backend can take it (releasing the first
+// assignment), else probes anyway.
+func (p *Plane) probe(r *Request, l *Leg) {
+	if p.Set.Allow(l.Target) {
+		return
+	}
+	l.Tried = append(l.Tried, l.Target.B.ID)
+	if next, err := p.route(r, l, time.Now()); err == nil {
+		l.A.Done(time.Now())
+		p.assign(r, l, next)
+	}
+}
+
+// reroute is the next backend for a leg whose attempt failed, nil when it
+// is out of attempts (a passthrough has none) or of backends.
+func (p *Plane) reroute(r *Request, l *Leg) *scheduler.Assignment {
+	if r.Passthrough || l.Retries >= p.Attempts {
+		return nil
+	}
+	l.Tried = append(l.Tried, l.Target.B.ID)
+	next, _ := p.route(r, l, time.Now())
+	return next
+}
+
+// try sends out to the leg's backend once and classifies the answer: a
+// response to hand on, or a failure before the first byte.
+func (p *Plane) try(r *Request, l *Leg, out *http.Request, last bool) attempt {
+	r.trace.Attempt(r, l, out)
+	sent, ft := p.boundFirstToken(r, out)
+	resp, err := p.Upstream.RoundTrip(sent)
+	at := attempt{resp: resp, err: err}
+	if err == nil && resp.StatusCode/100 == 2 {
+		at.head, at.headErr = p.firstByte(resp.Body)
+	}
+	if ft.done() {
+		at.close()
+		return attempt{err: ErrFirstTokenTimeout}
+	}
+	if err != nil {
+		return at
+	}
+	switch {
+	case resp.StatusCode >= 500:
+		at.err = members.StatusError(resp.StatusCode)
+	case resp.StatusCode/100 != 2:
+		// The backend's own answer (a 4xx such as a too long prompt):
+		// handed on; its timing says nothing of prefill.
+		r.trace.FirstByte()
+	case len(at.head) > 0:
+		r.trace.FirstByte()
+		p.firstContent(r, l, last)
+	case at.headErr == io.EOF:
+		r.trace.FirstByte() // an empty body, complete
+	default:
+		at.close()
+		return attempt{err: at.headErr}
+	}
+	return at
+}
+
+// firstContent notes a leg's first content byte: its prefill left the
+// backend's pending tokens (which may admit a held request), and for the
+// last leg the request's TTFT, observed as such for a stream only (a JSON
+// answer's first byte comes with its last).
+func (p *Plane) firstContent(r *Request, l *Leg, last bool) {
+	now := time.Now()
+	l.A.FirstByte(now)
+	p.wake()
+	if !last {
+		return
+	}
+	r.TTFT = now.Sub(r.Start)
+	if r.View != nil && r.View.Stream {
+		l.Target.ObserveTTFT(r.Model, r.TTFT)
+	}
+}
+
+// drain reads an earlier leg's response to its end (its answer feeds the
+// next leg through that leg's Rewrite, not the client), noting how it
+// ended for Settle; a failure ends the request.
+func (p *Plane) drain(l *Leg, at attempt) error {
+	defer at.close()
+	if l.failed != nil {
+		return l.failed
+	}
+	if at.resp.StatusCode/100 != 2 {
+		l.failed = members.StatusError(at.resp.StatusCode)
+		return l.failed
+	}
+	l.responded = true
+	if at.headErr == nil {
+		if _, err := io.Copy(io.Discard, at.resp.Body); err != nil {
+			l.end.Broken = err
+			return err
+		}
+	}
+	l.end.Complete = true
+	return nil
+}
+
+// Fail answers a request that no backend answered (the reverse proxy's
+// error handler): nothing when the client left (499), else 504 for a
+// timeout and 502 for anything else, with a generic message: the cause
+// names the backend's address (a dial error's ip:port), which stays in
+// the log.
+func (p *Plane) Fail(r *Request, clientGone bool, err error) {
+	if clientGone {
+		r.answer(StatusClientGone, "")
+		return
+	}
+	status, code, msg := failureStatus(err)
+	retries := r.Retries()
+	if retries > 0 {
+		msg += " (after " + strconv.Itoa(retries) + " retries)"
+	}
+	p.Log.Warn("proxy error", "request_id", r.ID, "backend", r.Leg().Target.B.Name, "status", status, "retries", retries, "err", err)
+	r.answer(status, "")
+	r.front.WriteError(&openai.Error{Status: status, Type: openai.TypeServer, Code: code, Message: msg})
+}
+
+// failureStatus is the status, error code and client message of a
+// request that no backend answered: 504 for a timeout, else 502.
+func failureStatus(err error) (int, string, string) {
+	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+		return http.StatusGatewayTimeout, "backend_timeout", "the backend did not answer in time"
+	}
+	return http.StatusBadGateway, "backend_error", "the backend failed to answer"
+}
+
+// body is what leg l sends of the request's body.
+func (l *Leg) body(b []byte) []byte {
+	if l.Rewrite == nil {
+		return b
+	}
+	return l.Rewrite(b)
+}
+
+// firstByte is peek bounded by upstream.response_header_timeout: engines
+// such as vLLM send a stream's headers before its prefill, so a stuck
+// engine is one that sends headers and then nothing. The timeout closes
+// the body, which ends the upstream request; nothing has reached the
+// client yet, so the request can still be retried.
+func (p *Plane) firstByte(body io.ReadCloser) ([]byte, error) {
+	d := p.HeaderTimeout
+	if d <= 0 {
+		return peek(body)
+	}
+	var fired atomic.Bool
+	t := time.AfterFunc(d, func() {
+		fired.Store(true)
+		_ = body.Close()
+	})
+	head, err := peek(body)
+	if !t.Stop() && fired.Load() {
+		return nil, ErrFirstByteTimeout
+	}
+	return head, err
+}
+
+// peek reads until the first byte of body arrives or the body ends.
+func peek(body io.Reader) ([]byte, error) {
+	buf := make([]byte, 4096)
+	for {
+		n, err := body.Read(buf)
+		if n > 0 || err != nil {
+			return buf[:n], err
+		}
+	}
+}
+
+// firstToken bounds a streaming attempt, from its sending to its first
+// body byte, by upstream.first_token_timeout: it cancels the attempt's
+// context, which ends the wait for headers and for the first byte alike.
+// A nil *firstToken bounds nothing.
+type firstToken struct {
+	t     *time.Timer
+	fired atomic.Bool
+}
+
+// boundFirstToken returns out under the first-token bound when r is a
+// streaming request and the bound is set, else out and nil.
+func (p *Plane) boundFirstToken(r *Request, out *http.Request) (*http.Request, *firstToken) {
+	d := p.FirstTokenTimeout
+	if r.View == nil || !r.View.Stream || d <= 0 {
+		return out, nil
+	}
+	ctx, cancel := context.WithCancelCause(out.Context())
+	ft := &firstToken{}
+	ft.t = time.AfterFunc(d, func() {
+		ft.fired.Store(true)
+		cancel(ErrFirstTokenTimeout)
+	})
+	// The attempt's context is a child of the request's, which the front
+	// cancels when the request ends: cancel need not be kept.
+	return out.WithContext(ctx), ft
+}
+
+// done stops the bound once the attempt has its first byte (or failed)
+// and reports whether the bound fired first, in which case the attempt's
+// context is cancelled and the attempt is a timeout.
+func (ft *firstToken) done() bool {
+	return ft != nil && !ft.t.Stop() && ft.fired.Load()
+}
+
+// setTarget points out at the backend with base URL base, keeping the
+// inbound path (appended to base's path) and query.
+func setTarget(out *http.Request, base *url.URL) {
+	u := out.URL
+	u.Scheme, u.Host = base.Scheme, base.Host
+	if base.Path != "" {
+		if u.RawPath != "" {
+			u.RawPath = base.EscapedPath() + u.RawPath
+		}
+		u.Path = base.Path + u.Path
+	}
+	out.Host = ""
+}
+
+// setBody makes body, read whole by the front, out's body.
+func setBody(out *http.Request, body []byte) {
+	out.ContentLength, out.TransferEncoding = int64(len(body)), nil
+	if len(body) == 0 {
+		out.Body, out.GetBody = http.NoBody, func() (io.ReadCloser, error) { return http.NoBody, nil }
+		return
+	}
+	out.Body = io.NopCloser(bytes.NewReader(body))
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+}

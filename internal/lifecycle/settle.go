@@ -1,0 +1,117 @@
+package lifecycle
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/admin"
+)
+
+// Settle ends the request, exactly once: the front's one deferred call,
+// also when the front aborts a response (aborted: the reverse proxy's
+// panic on a body broken after the headers). It settles the status, judges
+// each leg's last attempt (the breaker's one feed at the end of a
+// request), releases every assignment and wakes the admission queue,
+// counts the request and its tokens, logs its decision, then lets the
+// front write its own records.
+func (p *Plane) Settle(r *Request, aborted bool) {
+	now := time.Now()
+	r.Status = r.final(aborted)
+	end := r.front.Ended()
+	routed := false
+	for i := range r.Legs {
+		l := &r.Legs[i]
+		if l.A == nil {
+			continue
+		}
+		if i == len(r.Legs)-1 && l.responded {
+			l.end = end
+		}
+		p.judge(r, l, l.failed, l.end)
+		l.A.Done(now)
+		routed = true
+	}
+	if routed {
+		p.wake()
+	}
+	p.count(r, end, now)
+	p.record(r)
+	r.front.Settled(r)
+}
+
+// final is the request's status: the one answered, else 502 for a
+// response the front aborted, else 499 (the client left before an answer
+// was known).
+func (r *Request) final(aborted bool) int {
+	switch {
+	case r.answered != 0:
+		return r.answered
+	case aborted:
+		return http.StatusBadGateway
+	}
+	return StatusClientGone
+}
+
+// judge feeds the breaker of leg l's backend with the outcome of one
+// attempt, the one place where a request's outcome reaches a breaker:
+// failed (a connection error, a timeout, a 5xx, passed through or not)
+// and a body the backend broke count against the backend, a complete 2xx
+// body for it, and anything else says nothing of its health: a 4xx is the
+// backend's answer to the client's mistake, and a client that left ended
+// the body itself. A failed attempt that is retried is judged at once (its
+// backend may be ejected while the retry runs); the last attempt of each
+// leg by Settle, once.
+func (p *Plane) judge(r *Request, l *Leg, failed error, end BodyEnd) {
+	switch {
+	case failed != nil:
+		p.Set.Failed(l.Target, failed)
+	case end.Broken != nil:
+		// The backend broke the response after it started; the client
+		// saw a truncated body. Never retried.
+		p.Set.Failed(l.Target, end.Broken)
+		p.Log.Warn("response broken after first byte", "request_id", r.ID, "backend", l.Target.B.Name, "err", end.Broken)
+	case end.Complete && l.status/100 == 2:
+		p.Set.Succeeded(l.Target, false)
+	}
+}
+
+// count counts the request in the backend's series (or as answered by the
+// router), with its whole duration for a completion and its tokens for a
+// complete 2xx body.
+func (p *Plane) count(r *Request, end BodyEnd, now time.Time) {
+	policy := p.policy()
+	t := r.Leg().Target
+	if t == nil { // a request the router answered itself has none
+		if p.Unrouted != nil {
+			p.Unrouted(policy, r.Model, r.Status)
+		}
+		return
+	}
+	t.Count(policy, r.Model, r.Status)
+	if r.View != nil && !r.Passthrough {
+		t.ObserveE2E(r.Model, now.Sub(r.Start))
+	}
+	if end.Counted && end.Complete {
+		t.CountTokens(r.Model, end.In, end.Out)
+	}
+}
+
+// record logs the settled routing decision of a routed request: its final
+// backend and reason (or the error code of a request the router answered
+// itself), how many retries it took, and its status. It reads the
+// request's view, never its body.
+func (p *Plane) record(r *Request) {
+	if r.View == nil || p.Decisions == nil {
+		return
+	}
+	d := admin.Decision{Time: r.Start, Model: r.View.Model, Session: r.View.SessionKey, PromptTokens: r.View.PromptTokens,
+		TTFTMillis: float64(r.TTFT) / float64(time.Millisecond), Retries: r.Retries(), Status: r.Status, Reason: r.Code}
+	l := r.Leg()
+	if l.Target != nil {
+		d.Backend = l.Target.B.Name
+	}
+	if l.A != nil {
+		d.Reason = l.A.Reason
+	}
+	p.Decisions.Record(d)
+}
