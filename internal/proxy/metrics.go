@@ -48,7 +48,7 @@ func newMetrics(f *fleet.Fleet) *metrics {
 		}, []string{"backend", "policy", "model", "status"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvroute_ttft_seconds",
-			Help:    "Router-observed time from receiving a request to the first response body byte of a 2xx response, retries included.",
+			Help:    "Router-observed time from receiving a streaming request to the first response body byte of a 2xx response, retries included (a JSON answer's first byte comes with its last: see kvroute_e2e_seconds).",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 		}, []string{"backend", "model"}),
 		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{
