@@ -21,7 +21,7 @@ func (s *Scheduler) narrow(sc *scratch, v *request.View) int {
 		}
 		kept := sc.cands[:0]
 		for i, b := range sc.cands {
-			if sc.tiers[i] == low {
+			if low >= 0 && sc.tiers[i] == low {
 				kept = append(kept, b)
 			}
 		}
