@@ -187,14 +187,14 @@ const (
 //	work_i  = PendingPrefill_i + external waiting_i + computed(Uncached_i)
 //	steps_i = max(1, ceil(work_i / chunk_i))
 //	dec_i   = DecodeSeqCost*Decoding_i + DecodeContextCost*DecodeTokens_i
-//	est_i   = (work_i + steps_i*dec_i) / PrefillRate_i + Extra_i
+//	est_i   = (work_i + steps_i*dec_i) / PrefillRate_i
 //
 // Uncached_i and Extra_i are the scheduler's (Input.Uncached, Input.Extra);
 // chunk_i is the engine's token budget per step (chunkTokens). When the
 // engine's running-sequence cap is known and the requests there fill it,
 // the request first waits for a slot (see slotWait), and est_i is at least
-// that wait plus its own prefill. Pick estimates every candidate once,
-// then chooses by small rules (kvroute_pick.go).
+// that wait plus its own prefill; Extra_i is added last. Pick estimates
+// every candidate once, then chooses by small rules (kvroute_pick.go).
 //
 // See docs/routing.md for the reasoning behind each term.
 type KVRoute struct {
