@@ -23,8 +23,7 @@
 // Our observables, and what they approximate:
 //   - overlap: Dynamo's router gets exact KV events (stored/removed blocks)
 //     from the engines; we use the router's approximate prefix index
-//     (Input.Matched, blocks of Input.BlockChars characters), converted to
-//     tokens with request.BytesPerToken;
+//     (Input.Uncached: the prompt less its match, in tokens);
 //   - queued prefill tokens: fleet Load.PendingPrefill, the uncached prompt
 //     tokens of requests routed there whose first token has not come back,
 //     which is what Dynamo's active-sequence tracker counts;
@@ -36,10 +35,6 @@
 //     request's own blocks are the same on every worker in our estimate, so
 //     they do not change the argmin.
 package policy
-
-import (
-	"github.com/kvroute/kvroute/internal/request"
-)
 
 // Dynamo KV router defaults.
 const (
@@ -65,10 +60,8 @@ func (*Dynamo) Name() string { return "dynamo-kv" }
 // dynamoCost is Dynamo's logit for candidate i of in.
 func dynamoCost(in *Input, i int) float64 {
 	l := in.Candidates[i].Load()
-	cachedTok := int64(in.Matched[i]) * int64(in.BlockChars) / request.BytesPerToken
 	isl := int64(in.View.PromptTokens)
-	uncached := max(isl-cachedTok, 0)
-	prefill := float64(l.PendingPrefill+uncached) / DynamoBlockTokens
+	prefill := float64(l.PendingPrefill+in.Uncached[i]) / DynamoBlockTokens
 	requestBlocks := (isl + DynamoBlockTokens - 1) / DynamoBlockTokens
 	decode := float64((l.DecodeTokens+l.PendingPrefill)/DynamoBlockTokens + requestBlocks)
 	return DynamoOverlapWeight*prefill + decode

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -183,15 +184,17 @@ const (
 //
 // For candidate i, with all token counts estimated by the router:
 //
-//	work_i  = PendingPrefill_i + external waiting_i + uncached_i
+//	work_i  = PendingPrefill_i + external waiting_i + computed(Uncached_i)
 //	steps_i = max(1, ceil(work_i / chunk_i))
 //	dec_i   = DecodeSeqCost*Decoding_i + DecodeContextCost*DecodeTokens_i
 //	est_i   = (work_i + steps_i*dec_i) / PrefillRate_i
 //
-// chunk_i is the engine's token budget per step when known, else
-// PrefillChunkTokens. When the engine's running-sequence cap is known and
-// the requests there fill it, the request first waits for a slot (see
-// slotWait), and est_i is at least that wait plus its own prefill.
+// Uncached_i and Extra_i are the scheduler's (Input.Uncached, Input.Extra);
+// chunk_i is the engine's token budget per step (chunkTokens). When the
+// engine's running-sequence cap is known and the requests there fill it,
+// the request first waits for a slot (see slotWait), and est_i is at least
+// that wait plus its own prefill; Extra_i is added last. Pick estimates
+// every candidate once, then chooses by small rules (kvroute_pick.go).
 //
 // See docs/routing.md for the reasoning behind each term.
 type KVRoute struct {
@@ -200,6 +203,8 @@ type KVRoute struct {
 	// last maps a session key's hash to the ID of the backend its
 	// conversation last went to; see sessionSlotsLog2 and packSession.
 	last [1 << sessionSlotsLog2]atomic.Uint64
+	// pool holds the candidates' estimates of a pick (*[]candidate).
+	pool sync.Pool
 }
 
 // NewKVRoute returns a kvroute policy. Options.LoadFactor bounds the
@@ -211,212 +216,6 @@ func NewKVRoute(o Options) *KVRoute {
 
 // Name implements Policy.
 func (*KVRoute) Name() string { return "kvroute" }
-
-// Pick implements Policy.
-func (p *KVRoute) Pick(in *Input) Decision {
-	cands := in.Candidates
-	n := len(cands)
-	prompt, budget := int64(0), int64(0)
-	lastID, keyed := -1, false
-	if in.View != nil {
-		prompt, budget = int64(in.View.PromptTokens), int64(in.View.MaxTokens)
-		if keyed = in.View.SessionKey != ""; keyed {
-			lastID = p.lookupSession(in.SessionHash)
-		}
-	}
-	tokensPerBlock := float64(in.BlockChars) / request.BytesPerToken
-
-	// First pass: the fleet's rate and backlog (see RateTrust and
-	// MissCostPerWaiter).
-	var logRate float64
-	var waiting int64
-	for _, b := range cands {
-		logRate += math.Log(learnedRate(b))
-		l := b.Load()
-		waiting += l.InFlight - l.Decoding
-	}
-	fleetRate := math.Exp(logRate / float64(n))
-	missCost := missCharge(waiting, n)
-
-	start := p.rot.start(n)
-	best, holder := -1, -1
-	var bestKey, bestScore, bestEst, holderScore, holderEst float64
-	var bestLoad, bestWritten, holderLoad, total int64
-	var holderMatch int32
-	fit := -1
-	var fitKey, fitScore, fitEst float64
-	var fitLoad, fitWritten int64
-	for k := range n {
-		i := start + k
-		if i >= n {
-			i -= n
-		}
-		b := cands[i]
-		l := b.Load()
-		total += l.InFlight
-		cached := int64(float64(in.Matched[i]) * tokensPerBlock)
-		rate := trustedRate(learnedRate(b), fleetRate)
-		e := freshEngine(b, in.Now)
-		est := p.estimate(b, e, &l, prompt, cached, budget, rate)
-		// The score adds the fleet's share of the recomputation to this
-		// request's TTFT; it equals est when the fleet is not backlogged.
-		// It is priced at the fleet's rate: the capacity lost is the
-		// fleet's, and a backend's own rate would amplify its deviations.
-		score := scored(est, missCost, prompt, cached, fleetRate)
-		// With several replicas, each one ranks the candidates by a score
-		// skewed towards its own arc of the fleet (see ReplicaSkew); the
-		// rules below still weigh the unskewed score.
-		key := score
-		if in.Replicas > 1 && in.Burst {
-			key *= 1 + ReplicaSkew*arcDistance(in.ReplicaArc, evenArc(cands, b))
-		}
-		// Exact float ties happen (idle, rates within RateTrust's band,
-		// equal matches, none at all say): break them by fewer in flight,
-		// then by the emptier cache, then by the rotating scan order (see
-		// emptier).
-		w := written(b)
-		if best < 0 || key < bestKey || (key == bestKey && emptier(l.InFlight, w, bestLoad, bestWritten)) {
-			best, bestKey, bestScore, bestEst, bestLoad, bestWritten = i, key, score, est, l.InFlight, w
-		}
-		if fitsKV(e, &l, prompt-cached) &&
-			(fit < 0 || key < fitKey || (key == fitKey && emptier(l.InFlight, w, fitLoad, fitWritten))) {
-			fit, fitKey, fitScore, fitEst, fitLoad, fitWritten = i, key, score, est, l.InFlight, w
-		}
-		// The holder: the longest match for this prompt; on equal matches
-		// (none at all, say) the backend the session last went to, then the
-		// lower score.
-		if m := in.Matched[i]; holder < 0 || m > holderMatch ||
-			(m == holderMatch && cands[holder].ID != lastID && (b.ID == lastID || score < holderScore)) {
-			holder, holderScore, holderEst, holderLoad, holderMatch = i, score, est, l.InFlight, m
-		}
-	}
-
-	// Room in the KV cache (see FitRatio): the rules below compare against
-	// the best candidate that has it, when that costs little.
-	if fit >= 0 && fit != best && fitScore <= FitRatio*bestScore {
-		best, bestScore, bestEst = fit, fitScore, fitEst
-	}
-	if keyed && (holderMatch > 0 || cands[holder].ID == lastID) {
-		if in.Replicas > 1 {
-			// Several replicas take a conversation's turns in turn: whether
-			// it leaves its holder, and for which backend, is decided on
-			// what they all see alike (see leaveShared).
-			if leave, to, toEst := p.leaveShared(in, holder, prompt, budget, tokensPerBlock); leave {
-				return Decision{Index: to, EstTTFT: toEst, Note: "spill"}
-			}
-			return Decision{Index: holder, EstTTFT: holderEst, Note: "sticky"}
-		}
-		if holder == best {
-			return Decision{Index: best, EstTTFT: bestEst, Note: "sticky"}
-		}
-		if holderScore <= AffinityRatio*bestScore+AffinitySlack &&
-			holderLoad+1 <= boundedLoadCap(p.loadFactor, total, n)+AffinitySlots {
-			return Decision{Index: holder, EstTTFT: holderEst, Note: "sticky"}
-		}
-		return Decision{Index: best, EstTTFT: bestEst, Note: "spill"}
-	}
-	if keyed && in.Replicas > 1 {
-		// A conversation's first turn is placed on the same shared view
-		// its later turns are weighed on: placed on this replica's own
-		// view (learned rates, engine reports), it could land where the
-		// next replica's shared view sees a holder to leave at once.
-		if _, to, toEst := p.leaveShared(in, -1, prompt, budget, tokensPerBlock); to >= 0 {
-			return Decision{Index: to, EstTTFT: toEst, Note: "shared"}
-		}
-	}
-	// Without a session key, a prompt stays with the holder of its longest
-	// match when that holds at least one prefill chunk (of the engines')
-	// more than the best
-	// candidate, within CacheStickyRatio of the best score and CHWBL's bound
-	// (see CacheStickyTokens).
-	if holder != best &&
-		float64(holderMatch-in.Matched[best])*tokensPerBlock >= stickyTokens(cands[holder], cands[best]) &&
-		holderScore <= CacheStickyRatio*bestScore &&
-		holderLoad+1 <= boundedLoadCap(p.loadFactor, total, n)+AffinitySlots {
-		return Decision{Index: holder, EstTTFT: holderEst, Note: "cache"}
-	}
-	note := "load"
-	if in.Matched[best] > 0 && in.Matched[best] >= maxMatched(in.Matched) {
-		note = "cache"
-	}
-	return Decision{Index: best, EstTTFT: bestEst, Note: note}
-}
-
-// leaveShared decides, with several replicas, whether a conversation
-// leaves its holder (candidate holder): the session bound (AffinityRatio,
-// AffinitySlack and CHWBL's in-flight bound) weighed on what every replica
-// sees alike rather than on this replica's own view. That is the load
-// every replica accounts (fleet.Backend.KnownLoad: its own and its peers'
-// requests, without the load it presumes of its peers within a burst),
-// the prefix index's matches, and one rate for every backend
-// (fleet.DefaultPrefillRate), without the learned rates and engine
-// reports, which each replica learns and scrapes on its own. Replicas that
-// take a conversation's turns in turn then keep it on one backend, or move
-// it together: a conversation decided on private views went back and
-// forth between two backends whenever the replicas' views straddled the
-// bound, and a turn that left went wherever each replica's own view
-// ranked best. to is where it goes if it leaves: the lowest shared
-// score (ties broken alike by every replica, see sessionRank), with its
-// estimate.
-func (p *KVRoute) leaveShared(in *Input, holder int, prompt, budget int64, tokensPerBlock float64) (leave bool, to int, toEst float64) {
-	cands := in.Candidates
-	n := len(cands)
-	const rate = fleet.DefaultPrefillRate
-	var total, waiting, holderLoad int64
-	for _, b := range cands {
-		l := b.KnownLoad()
-		total += l.InFlight
-		waiting += l.InFlight - l.Decoding
-	}
-	missCost := missCharge(waiting, n)
-	var holderScore, toScore float64
-	var toLoad int64
-	var toRank uint64
-	to = -1
-	for i, b := range cands {
-		l := b.KnownLoad()
-		cached := int64(float64(in.Matched[i]) * tokensPerBlock)
-		est := p.estimate(b, nil, &l, prompt, cached, budget, rate)
-		score := scored(est, missCost, prompt, cached, rate)
-		if i == holder {
-			holderScore, holderLoad = score, l.InFlight
-			continue
-		}
-		// Exact ties (idle backends that hold nothing of it) go by fewer
-		// in flight, then by a rank of the session and the backend that
-		// every replica computes alike and that differs from one
-		// conversation to the next (rendezvous hashing), so that the
-		// conversations that leave spread instead of all taking one.
-		rank := sessionRank(in.SessionHash, b)
-		if to < 0 || score < toScore || (score == toScore && (l.InFlight < toLoad || (l.InFlight == toLoad && rank < toRank))) {
-			to, toScore, toEst, toLoad, toRank = i, score, est, l.InFlight, rank
-		}
-	}
-	if to < 0 {
-		return false, holder, 0
-	}
-	// As on one router, the holder that is the best keeps the turn
-	// whatever the in-flight bound: the bound limits the premium of
-	// staying, and there is none.
-	stay := holderScore <= toScore ||
-		holderScore <= AffinityRatio*toScore+AffinitySlack &&
-			holderLoad+1 <= boundedLoadCap(p.loadFactor, total, n)+AffinitySlots
-	return !stay, to, toEst
-}
-
-// missCharge is how many times again a candidate's uncached tokens are
-// charged when waiting requests (routed, before their first token) are
-// spread over n candidates: see MissCostPerWaiter.
-func missCharge(waiting int64, n int) float64 {
-	return MissCostPerWaiter * max(float64(waiting)/float64(n)-FreeWaiters, 0)
-}
-
-// scored is a candidate's score: its estimate est plus the fleet's share
-// of recomputing the request's uncached tokens (prompt - cached, at least
-// one), missCost times again (see missCharge), at rate.
-func scored(est, missCost float64, prompt, cached int64, rate float64) float64 {
-	return est + missCost*float64(max(prompt-cached, 1))/rate
-}
 
 // sessionRank is backend b's rank for the session with key hash h: a
 // mix of the two that every replica computes alike (splitmix64's
@@ -505,14 +304,12 @@ func emptier(inFlight, w, bestLoad, bestWritten int64) bool {
 }
 
 // estimate is a candidate's estimated TTFT in seconds for a request of
-// prompt tokens of which cached are in its prefix cache and of an output
+// prompt tokens of which it computes uncached (at least one, see
+// computed) and of an output
 // budget of budget tokens (0 unknown), at rate tokens/s, given the
 // router's load l on backend b and the engine's fresh report e (nil if
 // none; see freshEngine).
-func (p *KVRoute) estimate(b *fleet.Backend, e *fleet.EngineState, l *fleet.Load, prompt, cached, budget int64, rate float64) float64 {
-	// The engine computes at least the last prompt token even on a full
-	// hit (it needs its logits), so the uncached work is never zero.
-	uncached := max(prompt-cached, 1)
+func (p *KVRoute) estimate(b *fleet.Backend, e *fleet.EngineState, l *fleet.Load, prompt, uncached, budget int64, rate float64) float64 {
 	work := l.PendingPrefill + uncached
 	decoding, context := l.Decoding, l.DecodeTokens
 	// queued is every request at the engine, running or waiting: the
@@ -545,10 +342,7 @@ func (p *KVRoute) estimate(b *fleet.Backend, e *fleet.EngineState, l *fleet.Load
 	}
 
 	lim := b.Limits()
-	chunk := int64(PrefillChunkTokens)
-	if lim.MaxBatchedTokens > 0 {
-		chunk = int64(lim.MaxBatchedTokens)
-	}
+	chunk := chunkTokens(lim)
 	steps := max(fleet.SatAdd(work, chunk-1)/chunk, 1)
 	dec := DecodeSeqCost*float64(decoding) + DecodeContextCost*float64(context)
 	est := (float64(work) + float64(steps)*dec) / rate
@@ -618,16 +412,22 @@ func stickyTokens(holder, best *fleet.Backend) float64 {
 	t := math.Inf(1)
 	for _, b := range [2]*fleet.Backend{holder, best} {
 		lim := b.Limits()
-		c := float64(CacheStickyTokens)
-		if lim.MaxBatchedTokens > 0 {
-			c = float64(lim.MaxBatchedTokens)
-		}
+		c := float64(chunkTokens(lim))
 		if lim.ContextLen > 0 {
 			c = min(c, StickyContextShare*float64(lim.ContextLen))
 		}
 		t = min(t, c)
 	}
 	return t
+}
+
+// chunkTokens is the engine's token budget per step (the prefill chunk):
+// its max_num_batched_tokens when known, else PrefillChunkTokens.
+func chunkTokens(lim fleet.Limits) int64 {
+	if lim.MaxBatchedTokens > 0 {
+		return int64(lim.MaxBatchedTokens)
+	}
+	return PrefillChunkTokens
 }
 
 // freshEngine is b's engine report if it is at most EngineStateMaxAge old,
@@ -651,14 +451,6 @@ func fitsKV(e *fleet.EngineState, l *fleet.Load, uncached int64) bool {
 		return true
 	}
 	return free-float64(l.PendingPrefill) >= float64(uncached)
-}
-
-func maxMatched(m []int32) int32 {
-	var x int32
-	for _, v := range m {
-		x = max(x, v)
-	}
-	return x
 }
 
 // Routed implements Observer: it remembers where a session's request went,

@@ -83,14 +83,30 @@ func fxInput(cands []*fleet.Backend, loads []fxLoad, promptTokens int, session s
 	for i := range loads {
 		m[i] = loads[i].matched
 	}
-	return &Input{
+	return fxTokens(&Input{
 		View:        &request.View{PromptTokens: promptTokens, SessionKey: session},
 		BlockChars:  64,
 		Candidates:  cands,
 		Matched:     m,
 		Now:         fxT0,
 		SessionHash: HashSession(session),
+	})
+}
+
+// fxTokens sets in.Cached and in.Uncached from in.Matched as the scheduler
+// does (blocks of in.BlockChars characters, request.BytesPerToken a token,
+// at most the prompt); call it again after changing Matched.
+func fxTokens(in *Input) *Input {
+	prompt := int64(0)
+	if in.View != nil {
+		prompt = int64(in.View.PromptTokens)
 	}
+	in.Cached, in.Uncached = make([]int64, len(in.Matched)), make([]int64, len(in.Matched))
+	for i, m := range in.Matched {
+		in.Cached[i] = min(prompt, int64(m)*int64(in.BlockChars)/request.BytesPerToken)
+		in.Uncached[i] = prompt - in.Cached[i]
+	}
+	return in
 }
 
 // fxNew returns a fresh instance of a registered policy.
@@ -586,6 +602,7 @@ func TestKVRouteSpreadThenStick(t *testing.T) {
 		for i := range cands {
 			if holds[i][doc] {
 				in.Matched[i] = blocks
+				fxTokens(in)
 			}
 		}
 		d := p.Pick(in)
@@ -671,11 +688,20 @@ func TestKVRouteReplicaSkew(t *testing.T) {
 	}
 	loads[3].pending = []int64{19000}
 	cands := fxBackends(t, loads...)
+	cachedLoads := append([]fxLoad(nil), loads...)
+	cachedLoads[5].pending = []int64{loads[5].pending[0] + 2*CacheStickyTokens}
+	cachedCands := fxBackends(t, cachedLoads...)
 
 	pick := func(replicas, rank int, burst bool, matched int32) int {
 		in := fxInput(cands, loads, 2000, "")
 		if matched > 0 {
+			// The prompt holds the cached prefix and 2000 tokens more;
+			// backend 5's queue is as much longer as the others' prefill
+			// of that prefix, so that the skew alone would send it
+			// elsewhere from some replicas.
+			in = fxInput(cachedCands, cachedLoads, int(matched)*16+2000, "")
 			in.Matched[5] = matched
+			fxTokens(in)
 		}
 		in.Replicas, in.Burst = replicas, burst
 		if replicas > 1 {

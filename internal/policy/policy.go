@@ -34,7 +34,16 @@ type Input struct {
 	// Matched[i] is the number of leading blocks of Hashes that
 	// Candidates[i] holds according to the router's prefix index.
 	Matched []int32
-	Now     time.Time
+	// Cached[i] is Matched[i] in prompt tokens (at most
+	// View.PromptTokens), and Uncached[i] the rest of the prompt
+	// (View.PromptTokens - Cached[i]): the tokens Candidates[i] would
+	// compute. The scheduler converts blocks to tokens once, for every
+	// policy; a policy never converts blocks itself.
+	Cached, Uncached []int64
+	// Extra[i] is the seconds the scheduler's scorers (Scorer) add to
+	// the time to first token on Candidates[i]; nil without scorers.
+	Extra []float64
+	Now   time.Time
 	// SessionHash is HashSession(View.SessionKey), hashed once per
 	// request by the scheduler; 0 when the request has no session key.
 	SessionHash uint64

@@ -26,7 +26,7 @@
 //
 // Our observables, and what they approximate:
 //   - the global tree is the router's prefix index: the engines holding the
-//     longest cached prefix are the candidates with the largest Input.Matched;
+//     longest cached prefix are the candidates with the largest Input.Cached;
 //   - prefill time is tokens over the backend's learned prefill rate
 //     (fleet Backend.PrefillRate), for Preble's profiled prefill model;
 //   - time per output token: Preble learns it from finished requests; our
@@ -52,7 +52,6 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
-	"github.com/kvroute/kvroute/internal/request"
 )
 
 // Preble E2 defaults.
@@ -115,12 +114,6 @@ func (w *prebleWindow) expire(now int64) {
 	}
 }
 
-// prebleCached returns the prompt tokens candidate i holds.
-func prebleCached(in *Input, i int) int64 {
-	c := int64(in.Matched[i]) * int64(in.BlockChars) / request.BytesPerToken
-	return min(c, int64(in.View.PromptTokens))
-}
-
 // meanOutput is the output length assumed for a request without a budget.
 func (p *Preble) meanOutput() float64 {
 	if p.outN == 0 {
@@ -153,7 +146,7 @@ func (p *Preble) cost(in *Input, i int, now int64, explore bool) float64 {
 		}
 	}
 	// M: what the request's new tokens push out, weighted by reuse.
-	uncached := int64(in.View.PromptTokens) - prebleCached(in, i)
+	uncached := in.Uncached[i]
 	evict := uncached
 	if free, ok := b.Engine().FreeKVTokens(); ok {
 		evict = max(uncached-int64(free), 0)
@@ -169,7 +162,7 @@ func (p *Preble) cost(in *Input, i int, now int64, explore bool) float64 {
 func (p *Preble) Pick(in *Input) Decision {
 	var best int64 = -1
 	for i := range in.Candidates {
-		best = max(best, prebleCached(in, i))
+		best = max(best, in.Cached[i])
 	}
 	exploit := best > int64(in.View.PromptTokens)-best
 	now := in.Now.UnixNano()
@@ -177,7 +170,7 @@ func (p *Preble) Pick(in *Input) Decision {
 	defer p.mu.Unlock()
 	pick, pickCost := -1, 0.0
 	for i := range in.Candidates {
-		if exploit && prebleCached(in, i) != best {
+		if exploit && in.Cached[i] != best {
 			continue
 		}
 		c := p.cost(in, i, now, !exploit)
@@ -194,10 +187,10 @@ func (p *Preble) Pick(in *Input) Decision {
 // Routed implements Observer: the request joins its engine's window.
 func (p *Preble) Routed(in *Input, d Decision) {
 	b := in.Candidates[d.Index]
-	cached := prebleCached(in, d.Index)
+	cached := in.Cached[d.Index]
 	rec := prebleRec{
 		at:         in.Now.UnixNano(),
-		prefillSec: float64(int64(in.View.PromptTokens)-cached) / b.PrefillRate(),
+		prefillSec: float64(in.Uncached[d.Index]) / b.PrefillRate(),
 		prompt:     int64(in.View.PromptTokens),
 		hit:        cached,
 	}

@@ -124,6 +124,7 @@ func BenchmarkPreblePickExplore(b *testing.B) {
 	p := NewPreble()
 	in := peerBenchInput(b, p)
 	clear(in.Matched) // nothing cached: every candidate is costed
+	fxTokens(in)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {

@@ -40,6 +40,7 @@ func TestSessionHashSticky(t *testing.T) {
 	sub := fxInput(nil, nil, 100, "")
 	sub.Candidates = []*fleet.Backend{cands[0], cands[1], cands[3]}
 	sub.Matched = make([]int32, 3)
+	fxTokens(sub)
 	for key, was := range home {
 		sub.View.SessionKey = key
 		sub.SessionHash = HashSession(key)

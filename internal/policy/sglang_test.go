@@ -46,14 +46,14 @@ func peerInput(t testing.TB, prompt string, cands []*fleet.Backend, matched []in
 	if matched == nil {
 		matched = make([]int32, len(cands))
 	}
-	return &Input{
+	return fxTokens(&Input{
 		View:       &request.View{Kind: request.Completion, Prompt: prompt, PromptTokens: request.EstimateTokens(prompt)},
 		Hashes:     prefix.Hash(nil, prompt, prefix.DefaultBlockChars),
 		BlockChars: prefix.DefaultBlockChars,
 		Candidates: cands,
 		Matched:    matched,
 		Now:        peerT0,
-	}
+	})
 }
 
 // peerRoute picks and reports the pick to the policy if it observes.
@@ -241,7 +241,7 @@ func peerBenchInput(b *testing.B, p Policy) *Input {
 	}
 	in := peerInput(b, "0007"+base[4:], bs, nil)
 	in.Matched[7] = int32(len(in.Hashes))
-	return in
+	return fxTokens(in)
 }
 
 func BenchmarkSGLangPick(b *testing.B) {

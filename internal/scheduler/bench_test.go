@@ -3,6 +3,7 @@ package scheduler
 import (
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/prefix"
 	"github.com/kvroute/kvroute/internal/request"
 )
@@ -32,6 +33,14 @@ func benchScheduler(b *testing.B) (*Scheduler, string) {
 // longest-prefix policy), insert, account, reason.
 func BenchmarkRoute(b *testing.B) {
 	s, prompt := benchScheduler(b)
+	routeLoop(b, s, view("", prompt))
+}
+
+// BenchmarkRouteKVRoute is BenchmarkRoute with the kvroute policy: the
+// whole decision as kvroute serve makes it by default.
+func BenchmarkRouteKVRoute(b *testing.B) {
+	s, prompt := benchScheduler(b)
+	s.SetPolicy(policy.NewKVRoute(policy.Options{}))
 	routeLoop(b, s, view("", prompt))
 }
 

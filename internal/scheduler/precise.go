@@ -60,12 +60,10 @@ func (s *Scheduler) match(sc *scratch, hashes, keys []uint64, now time.Time) {
 			break
 		}
 	}
-	// A block of BlockTokens tokens is BlockTokens*BytesPerToken
-	// characters as the router estimates them.
-	chars := int64(s.precise.BlockTokens()) * request.BytesPerToken
+	bt := int64(s.precise.BlockTokens())
 	for _, b := range sc.cands {
 		if sc.trusted[b.ID] {
-			sc.all[b.ID] = int32(min(int64(len(hashes)), int64(sc.exact[b.ID])*chars/int64(s.blockCh)))
+			sc.all[b.ID] = int32(min(int64(len(hashes)), s.blocksOf(int64(sc.exact[b.ID])*bt)))
 		}
 	}
 }

@@ -41,6 +41,12 @@ type Config struct {
 	// Precise, when set, makes the scheduler keep a precise index fed by
 	// the engines' KV cache events (see RoutePrecise).
 	Precise *prefix.PreciseConfig
+	// Filters narrow every request's candidates before the pick, and
+	// Scorers add their costs to each candidate's (policy.Input.Extra):
+	// the seams of features the policies need not weigh themselves
+	// (policy.Filter, policy.Scorer). None by default.
+	Filters []policy.Filter
+	Scorers []policy.Scorer
 }
 
 // Scheduler routes requests over a fleet with one policy.
@@ -54,6 +60,8 @@ type Scheduler struct {
 	index   *prefix.Index
 	precise *prefix.Precise // nil unless Config.Precise
 	blockCh int
+	filters []policy.Filter
+	scorers []policy.Scorer
 	scratch sync.Pool
 	// picks counts routings whose request has no key for warm-up (see
 	// warmKey).
@@ -83,6 +91,11 @@ type scratch struct {
 	trusted []bool  // whether exact[b] is trusted
 	reason  []byte
 	in      policy.Input
+	// cached, uncached and extra are policy.Input's, per candidate;
+	// tiers is a Filter's tier per candidate (narrow).
+	cached, uncached []int64
+	extra            []float64
+	tiers            []int
 }
 
 // New returns a scheduler over f using p.
@@ -97,6 +110,8 @@ func New(f *fleet.Fleet, p policy.Policy, cfg Config) *Scheduler {
 		fleet:   f,
 		index:   prefix.NewIndex(cfg.Capacity),
 		blockCh: cfg.BlockChars,
+		filters: cfg.Filters,
+		scorers: cfg.Scorers,
 	}
 	if cfg.Precise != nil {
 		s.precise = prefix.NewPrecise(*cfg.Precise)
@@ -116,7 +131,7 @@ func (s *Scheduler) Index() *prefix.Index { return s.index }
 // one conversion the live router (from engine metrics) and the simulator
 // (from the engine preset) share.
 func (s *Scheduler) SetKVCapacity(backend int, kvTokens int64) {
-	s.index.SetCapacity(backend, int(kvTokens*request.BytesPerToken/int64(s.blockCh)))
+	s.index.SetCapacity(backend, int(s.blocksOf(kvTokens)))
 }
 
 // Policy returns the scheduler's policy.
@@ -232,15 +247,20 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		}
 		return nil, ErrUnknownModel
 	}
+	if s.narrow(sc, v) == 0 {
+		return nil, ErrNoBackend
+	}
 
 	if cap(sc.all) < snap.IDs {
 		sc.all = make([]int32, snap.IDs)
 	}
 	sc.all = sc.all[:snap.IDs]
 	s.match(sc, hashes, keys, now)
-	sc.matched = sc.matched[:0]
+	sc.matched, sc.cached, sc.uncached = sc.matched[:0], sc.cached[:0], sc.uncached[:0]
 	for _, b := range sc.cands {
-		sc.matched = append(sc.matched, sc.all[b.ID])
+		m := sc.all[b.ID]
+		c, u := s.split(v, m)
+		sc.matched, sc.cached, sc.uncached = append(sc.matched, m), append(sc.cached, c), append(sc.uncached, u)
 	}
 
 	sc.in = policy.Input{
@@ -249,6 +269,9 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		BlockChars:  s.blockCh,
 		Candidates:  sc.cands,
 		Matched:     sc.matched,
+		Cached:      sc.cached,
+		Uncached:    sc.uncached,
+		Extra:       s.score(sc, v),
 		Now:         now,
 		SessionHash: session,
 	}
@@ -275,12 +298,11 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 	}
 	b := sc.cands[d.Index]
 	blocks := int(sc.matched[d.Index])
-	matchedTok := min(v.PromptTokens, blocks*s.blockCh/request.BytesPerToken)
 	a := &Assignment{
 		Backend:       b,
-		MatchedTokens: matchedTok,
+		MatchedTokens: int(sc.cached[d.Index]),
 		EstTTFT:       d.EstTTFT,
-		ticket:        b.Start(int64(v.PromptTokens), int64(v.PromptTokens-matchedTok), int64(budget), now),
+		ticket:        b.Start(int64(v.PromptTokens), sc.uncached[d.Index], int64(budget), now),
 	}
 	s.presume(b, a.ticket.Started(), sc.in.Replicas, now)
 	s.decide.Unlock()
@@ -387,5 +409,6 @@ func (s *Scheduler) Uncached(v *request.View, hashes []uint64) int {
 			best = max(best, sc.all[b.ID])
 		}
 	}
-	return max(v.PromptTokens-int(best)*s.blockCh/request.BytesPerToken, 0)
+	_, u := s.split(v, best)
+	return int(u)
 }

@@ -1,0 +1,349 @@
+package policy
+
+import (
+	"math"
+
+	"github.com/kvroute/kvroute/internal/fleet"
+)
+
+// KVRoute's pick runs in two stages. First every candidate is estimated
+// once (estimateAll: one read of its load, of its rate and of its engine
+// report) into a candidate; then small rules, each a pure function of
+// candidates, choose among them:
+//
+//	best    the lowest key (the score, skewed with several replicas),
+//	        exact ties to the emptier, then the scan order (lowest)
+//	fit     the same among the candidates with room in their KV cache
+//	holder  the longest cached prefix; ties to the backend the session
+//	        last went to, then the lower score (holderOf)
+//	room    best becomes fit when that costs at most FitRatio (room)
+//	session a conversation stays on its holder unless that costs more
+//	        than AffinityRatio or the in-flight bound allows (sticks);
+//	        with several replicas, weighed on the view they share
+//	        (leaveShared, staysShared, leastShared)
+//	cache   a prompt without a session key stays with a holder a prefill
+//	        chunk ahead of best (keepsCache)
+//	note    "cache" when best holds the longest prefix, else "load" (note)
+//
+// docs/routing.md gives the reasoning behind each rule.
+
+// candidate is one candidate's estimate for a request, made once for
+// every rule to read.
+type candidate struct {
+	i  int // index in Input.Candidates
+	id int // its backend's fleet ID
+	// load is the candidate's load, read once: fleet.Backend.Load on this
+	// replica's view, KnownLoad on the shared one.
+	load fleet.Load
+	// rate is the learned prefill rate (see learnedRate), before
+	// trustedRate; 0 on the shared view.
+	rate    float64
+	cached  int64 // prompt tokens it holds (Input.Cached)
+	written int64 // tokens the router has written to its cache (see emptier)
+	est     float64
+	score   float64 // est plus the fleet's share of the recomputation (see scored)
+	key     float64 // what best ranks by: score, skewed by ReplicaSkew
+	fits    bool    // its free KV cache holds the uncached tokens (fitsKV)
+}
+
+// fleetView is what the rules read of the candidates as a whole.
+type fleetView struct {
+	total, waiting int64 // requests in flight, and those before their first token
+	// rate is the fleet's prefill rate: the geometric mean of the
+	// candidates' learned rates, or fleet.DefaultPrefillRate on the
+	// shared view.
+	rate     float64
+	missCost float64 // see missCharge
+	// bound is CHWBL's in-flight bound for a backend a request stays on,
+	// with AffinitySlots of slack (see boundedLoadCap).
+	bound int64
+}
+
+// pickRequest is what a pick reads of the request.
+type pickRequest struct {
+	prompt, budget int64
+	keyed          bool // it has a session key
+	lastID         int  // the backend its session last went to, or -1
+}
+
+// Pick implements Policy.
+func (p *KVRoute) Pick(in *Input) Decision {
+	r := p.request(in)
+	cs := p.getScratch(len(in.Candidates))
+	defer p.pool.Put(cs)
+	c := *cs
+	f := p.estimateAll(in, &r, false, p.rot.start(len(c)), c)
+	best, holder := &c[lowest(c, false)], &c[holderOf(c, r.lastID)]
+	if fit := lowest(c, true); fit >= 0 && room(&c[fit], best) {
+		best = &c[fit]
+	}
+	if r.keyed && (holder.cached > 0 || holder.id == r.lastID) {
+		if in.Replicas > 1 {
+			// Several replicas take a conversation's turns in turn:
+			// whether it leaves its holder, and for which backend, is
+			// decided on what they all see alike (see leaveShared).
+			if leave, to, toEst := p.leaveShared(in, &r, holder.i); leave {
+				return Decision{Index: to, EstTTFT: toEst, Note: "spill"}
+			}
+			return Decision{Index: holder.i, EstTTFT: holder.est, Note: "sticky"}
+		}
+		if holder == best || sticks(holder, best, f.bound) {
+			return Decision{Index: holder.i, EstTTFT: holder.est, Note: "sticky"}
+		}
+		return Decision{Index: best.i, EstTTFT: best.est, Note: "spill"}
+	}
+	if r.keyed && in.Replicas > 1 {
+		// A conversation's first turn is placed on the same shared view
+		// its later turns are weighed on: placed on this replica's own
+		// view (learned rates, engine reports), it could land where the
+		// next replica's shared view sees a holder to leave at once.
+		if _, to, toEst := p.leaveShared(in, &r, -1); to >= 0 {
+			return Decision{Index: to, EstTTFT: toEst, Note: "shared"}
+		}
+	}
+	if holder != best && keepsCache(holder, best, stickyTokens(in.Candidates[holder.i], in.Candidates[best.i]), f.bound) {
+		return Decision{Index: holder.i, EstTTFT: holder.est, Note: "cache"}
+	}
+	return Decision{Index: best.i, EstTTFT: best.est, Note: note(best, holder)}
+}
+
+// request reads what the pick needs of in.View.
+func (p *KVRoute) request(in *Input) pickRequest {
+	r := pickRequest{lastID: -1}
+	if in.View != nil {
+		r.prompt, r.budget = int64(in.View.PromptTokens), int64(in.View.MaxTokens)
+		if r.keyed = in.View.SessionKey != ""; r.keyed {
+			r.lastID = p.lookupSession(in.SessionHash)
+		}
+	}
+	return r
+}
+
+// getScratch returns a pooled slice of n candidates (put back in p.pool).
+func (p *KVRoute) getScratch(n int) *[]candidate {
+	cs, _ := p.pool.Get().(*[]candidate)
+	if cs == nil {
+		cs = new([]candidate)
+	}
+	if cap(*cs) < n {
+		*cs = make([]candidate, n)
+	}
+	*cs = (*cs)[:n]
+	return cs
+}
+
+// estimateAll estimates every candidate of in into c (len(c) ==
+// len(in.Candidates)), candidate i at c[(i-start) mod n], so that the
+// rules scan from start; each candidate's load is read once. On this
+// replica's view (shared false) a candidate is costed with its own
+// accounted load, its trusted rate and its fresh engine report; on the
+// view every replica shares (see leaveShared), with the load they all
+// account, fleet.DefaultPrefillRate and no engine report.
+func (p *KVRoute) estimateAll(in *Input, r *pickRequest, shared bool, start int, c []candidate) fleetView {
+	cands := in.Candidates
+	n := len(cands)
+	f := fleetView{rate: fleet.DefaultPrefillRate}
+	// First the fleet's rate and backlog (see RateTrust and
+	// MissCostPerWaiter), summed in the candidates' order.
+	var logRate float64
+	for i, b := range cands {
+		k := i - start
+		if k < 0 {
+			k += n
+		}
+		x := &c[k]
+		*x = candidate{i: i, id: b.ID, cached: in.Cached[i]}
+		if shared {
+			x.load = b.KnownLoad()
+		} else {
+			x.load, x.rate = b.Load(), learnedRate(b)
+			logRate += math.Log(x.rate)
+		}
+		f.total += x.load.InFlight
+		f.waiting += x.load.InFlight - x.load.Decoding
+	}
+	if !shared {
+		f.rate = math.Exp(logRate / float64(n))
+	}
+	f.missCost = missCharge(f.waiting, n)
+	f.bound = boundedLoadCap(p.loadFactor, f.total, n) + AffinitySlots
+	skew := !shared && in.Replicas > 1 && in.Burst
+	for k := range c {
+		x := &c[k]
+		b := cands[x.i]
+		rate, e := f.rate, (*fleet.EngineState)(nil)
+		if !shared {
+			rate, e = trustedRate(x.rate, f.rate), freshEngine(b, in.Now)
+			x.written = written(b)
+			x.fits = fitsKV(e, &x.load, in.Uncached[x.i])
+		}
+		work := computed(in.Uncached[x.i])
+		x.est = p.estimate(b, e, &x.load, r.prompt, work, r.budget, rate)
+		if in.Extra != nil {
+			x.est += in.Extra[x.i]
+		}
+		// The score adds the fleet's share of the recomputation to this
+		// request's TTFT; it equals est when the fleet is not backlogged.
+		// It is priced at the fleet's rate: the capacity lost is the
+		// fleet's, and a backend's own rate would amplify its deviations.
+		x.score = scored(x.est, f.missCost, work, f.rate)
+		// With several replicas, each one ranks the candidates by a score
+		// skewed towards its own arc of the fleet (see ReplicaSkew); the
+		// rules still weigh the unskewed score.
+		x.key = x.score
+		if skew {
+			x.key *= 1 + ReplicaSkew*arcDistance(in.ReplicaArc, evenArc(cands, b))
+		}
+	}
+	return f
+}
+
+// computed is the prompt tokens an engine computes for a request of
+// which uncached are not in its cache: the engine computes at least the
+// last prompt token even on a full hit (it needs its logits), so never 0.
+func computed(uncached int64) int64 { return max(uncached, 1) }
+
+// missCharge is how many times again a candidate's uncached tokens are
+// charged when waiting requests (routed, before their first token) are
+// spread over n candidates: see MissCostPerWaiter.
+func missCharge(waiting int64, n int) float64 {
+	return MissCostPerWaiter * max(float64(waiting)/float64(n)-FreeWaiters, 0)
+}
+
+// scored is a candidate's score: its estimate est plus the fleet's share
+// of recomputing the work tokens it would compute (see computed),
+// missCost times again (see missCharge), at rate.
+func scored(est, missCost float64, work int64, rate float64) float64 {
+	return est + missCost*float64(work)/rate
+}
+
+// lowest returns the index in c of the candidate with the lowest key
+// (among those with room in their KV cache, when fits), exact float ties
+// (idle, rates within RateTrust's band, equal matches, none at all say)
+// going to the emptier (see emptier), then to the first in c's order (the
+// rotating scan); -1 when none qualifies.
+func lowest(c []candidate, fits bool) int {
+	best := -1
+	for k := range c {
+		x := &c[k]
+		if fits && !x.fits {
+			continue
+		}
+		if best < 0 || x.key < c[best].key ||
+			(x.key == c[best].key && emptier(x.load.InFlight, x.written, c[best].load.InFlight, c[best].written)) {
+			best = k
+		}
+	}
+	return best
+}
+
+// holderOf returns the index in c of the holder: the candidate with the
+// longest cached prefix of the prompt; on equal lengths (none at all,
+// say) the backend the session last went to (ID lastID), then the lower
+// score, then the first in c's order. c must not be empty.
+func holderOf(c []candidate, lastID int) int {
+	h := 0
+	for k := 1; k < len(c); k++ {
+		x, y := &c[k], &c[h]
+		if x.cached > y.cached || (x.cached == y.cached && y.id != lastID && (x.id == lastID || x.score < y.score)) {
+			h = k
+		}
+	}
+	return h
+}
+
+// room reports whether the best candidate that has room in its KV cache
+// for the prompt (fit) takes the place of the best overall: when it is
+// another and costs at most FitRatio times its score (see FitRatio).
+func room(fit, best *candidate) bool {
+	return fit != best && fit.score <= FitRatio*best.score
+}
+
+// sticks reports whether a conversation stays on its holder h rather
+// than going to b: h costs at most AffinityRatio times b's score plus
+// AffinitySlack, and holds fewer requests than bound (CHWBL's, see
+// fleetView.bound).
+func sticks(h, b *candidate, bound int64) bool {
+	return h.score <= AffinityRatio*b.score+AffinitySlack && h.load.InFlight+1 <= bound
+}
+
+// staysShared is sticks on the view several replicas share, where to is
+// the best candidate other than h: a holder that costs no more than to
+// keeps the turn whatever the in-flight bound (the bound limits the
+// premium of staying, and there is none).
+func staysShared(h, to *candidate, bound int64) bool {
+	return h.score <= to.score || sticks(h, to, bound)
+}
+
+// keepsCache reports whether a request without a session key stays with
+// the holder h of its longest cached prefix rather than going to the best
+// candidate b: h is another backend with at least lead more tokens of it
+// cached (see stickyTokens), costs at most CacheStickyRatio times b's
+// score, and holds fewer requests than bound (see CacheStickyTokens).
+func keepsCache(h, b *candidate, lead float64, bound int64) bool {
+	return h != b && float64(h.cached-b.cached) >= lead &&
+		h.score <= CacheStickyRatio*b.score && h.load.InFlight+1 <= bound
+}
+
+// note is the Decision's note for best when no rule kept the holder h:
+// "cache" when best holds the longest cached prefix (as long as h's), else
+// "load".
+func note(best, h *candidate) string {
+	if best.cached > 0 && best.cached >= h.cached {
+		return "cache"
+	}
+	return "load"
+}
+
+// leaveShared decides, with several replicas, whether a conversation
+// leaves its holder (candidate holder of in; -1 for a first turn): the
+// session bound (sticks) weighed on what every replica sees alike rather
+// than on this replica's own view. That is the load every replica
+// accounts (fleet.Backend.KnownLoad: its own and its peers' requests,
+// without the load it presumes of its peers within a burst), the prefix
+// index's matches, and one rate for every backend
+// (fleet.DefaultPrefillRate), without the learned rates and engine
+// reports, which each replica learns and scrapes on its own. Replicas that
+// take a conversation's turns in turn then keep it on one backend, or move
+// it together: a conversation decided on private views went back and
+// forth between two backends whenever the replicas' views straddled the
+// bound, and a turn that left went wherever each replica's own view
+// ranked best. to is where it goes if it leaves: the lowest shared score
+// (see leastShared), with its estimate; -1 with one candidate.
+func (p *KVRoute) leaveShared(in *Input, r *pickRequest, holder int) (leave bool, to int, toEst float64) {
+	cs := p.getScratch(len(in.Candidates))
+	defer p.pool.Put(cs)
+	c := *cs
+	f := p.estimateAll(in, r, true, 0, c)
+	t := leastShared(c, holder, in.SessionHash, in.Candidates)
+	if t < 0 {
+		return false, holder, 0
+	}
+	leave = holder >= 0 && !staysShared(&c[holder], &c[t], f.bound)
+	return leave, c[t].i, c[t].est
+}
+
+// leastShared returns the index in c (estimated from start 0) of the
+// candidate other than skip with the lowest score. Exact ties (idle
+// backends that hold nothing of it) go by fewer in flight, then by a rank
+// of the session (key hash session) and the backend that every replica
+// computes alike and that differs from one conversation to the next
+// (rendezvous hashing, sessionRank), so that the conversations that leave
+// spread instead of all taking one. -1 when c holds skip alone.
+func leastShared(c []candidate, skip int, session uint64, cands []*fleet.Backend) int {
+	to := -1
+	var toRank uint64
+	for k := range c {
+		x := &c[k]
+		if x.i == skip {
+			continue
+		}
+		rank := sessionRank(session, cands[x.i])
+		if to < 0 || x.score < c[to].score ||
+			(x.score == c[to].score && (x.load.InFlight < c[to].load.InFlight ||
+				(x.load.InFlight == c[to].load.InFlight && rank < toRank))) {
+			to, toRank = k, rank
+		}
+	}
+	return to
+}
