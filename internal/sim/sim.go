@@ -550,16 +550,14 @@ func (s *sim) stepStart(i int) {
 		KVBlocks:  n.kvBlocks,
 		BlockSize: engine.BlockSize,
 	}
-	// What the live monitor teaches from each scrape, to every replica's
-	// picture of the engine: the report, the running and waiting counts,
-	// and the inter-token latency since the last reading.
-	itlN, itl := float64(n.itlN), n.itlSum.Seconds()
+	// Taught as the live monitor teaches a scrape (fleet.Backend.Learn),
+	// to every replica's picture of the engine: the report, and the
+	// inter-token latency since the last reading. As from the emulated
+	// engine's /metrics, no running-sequence cap (vLLM exports none) and
+	// no prefill time (kvroute engine exports none), so no prefill rate.
+	r := fleet.Reading{State: es, DecodeTokens: float64(n.itlN), DecodeSeconds: n.itlSum.Seconds()}
 	n.itlN, n.itlSum = 0, 0
-	s.forBackends(i, func(b *fleet.Backend) {
-		b.SetEngine(es)
-		b.ObserveRunning(st.Running, st.Waiting, st.KVUsage)
-		b.ObserveEngineDecode(itlN, itl)
-	})
+	s.forBackends(i, func(b *fleet.Backend) { b.Learn(r) })
 	if d <= 0 {
 		// Nothing could run: the engine waits for the next arrival.
 		n.busy = false
