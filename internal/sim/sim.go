@@ -246,10 +246,10 @@ type sim struct {
 	tokens      []uint32 // the prompt's token ids, scratch of route
 	// rep is the router replicas; nil with one router.
 	rep *replicaSet
-	// fleet is the router's fleet; held the requests held for late
-	// binding, nil without Config.Hold (hold.go).
+	// fleet is the router's fleet; held the admission gate holding
+	// requests for late binding, nil without Config.Hold (hold.go).
 	fleet *fleet.Fleet
-	held  *admission.Queue
+	held  *admission.Gate
 }
 
 func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
@@ -317,7 +317,7 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 		})
 	}
 	if cfg.Hold != nil {
-		s.held = admission.NewQueue(cfg.Hold.Order, cfg.Hold.Slack, cfg.Hold.Cap)
+		s.held = cfg.Hold.gate(f)
 	}
 	s.order = make([]int, len(reqs))
 	for i := range s.order {
