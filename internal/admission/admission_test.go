@@ -509,3 +509,24 @@ func BenchmarkLimitsSaturated(b *testing.B) {
 		sat("m", now)
 	}
 }
+
+// BenchmarkAdmitLimits is the fast path as the router runs it: a request
+// admitted at once over a fleet of 16 backends below every limit.
+func BenchmarkAdmitLimits(b *testing.B) {
+	f := fleet.New()
+	u, _ := url.Parse("http://a")
+	for i := range 16 {
+		f.Add(fmt.Sprint(i), u, nil)
+	}
+	c, err := New(Config{}, Limits{MaxInFlight: 8, MaxPendingPrefill: 1 << 20, MaxEngineWaiting: 4}.Saturated(f), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		rel, _ := c.Admit(ctx, "m", 0, "t")
+		rel()
+		c.Wake()
+	}
+}
