@@ -402,7 +402,7 @@ func (m *Monitor) warn(w *watcher, now time.Time, err error) {
 // engine does not expose (-1) is marked missing, never read as 0: a
 // llama.cpp server reports no KV usage, and 0 would read as an empty cache.
 func engineState(st adapter.State, now time.Time) *fleet.EngineState {
-	e := &fleet.EngineState{At: now}
+	e := &fleet.EngineState{At: now, KVBlocks: max(st.NumGPUBlocks, 0), BlockSize: max(st.BlockSize, 0)}
 	if st.Running < 0 {
 		e.Missing |= fleet.EngineRunning
 	}
@@ -415,8 +415,6 @@ func engineState(st adapter.State, now time.Time) *fleet.EngineState {
 	e.Running = int(max(st.Running, 0))
 	e.Waiting = int(max(st.Waiting, 0))
 	e.KVUsage = min(max(st.KVUsage, 0), 1)
-	e.KVBlocks = max(st.NumGPUBlocks, 0)
-	e.BlockSize = max(st.BlockSize, 0)
 	return e
 }
 
