@@ -15,12 +15,13 @@
 // A nil *Controller admits everything at no cost, which is how the proxy
 // runs when no limit is configured.
 //
-// The order of the waiters (Queue) and the rule that holds a request
-// (Limits.SaturatedAt) are pure code, with the time given: the Controller
-// wraps them with a lock, timers and its waiters' channels for the live
-// router, and the simulator drives them in virtual time (late binding:
-// hold while every backend has four steps of prefill queued, bind as one
-// frees up).
+// The admission decision (Gate: who goes at once, who is granted next, and
+// the grant in transit), the order of the waiters (Queue) and the rule that
+// holds a request (Limits.SaturatedAt) are pure code, with the time given:
+// the Controller wraps a Gate with a lock, timers and its waiters' channels
+// for the live router, and the simulator drives one in virtual time (late
+// binding: hold while every backend has four steps of prefill queued, bind
+// as one frees up).
 package admission
 
 import (
@@ -95,20 +96,19 @@ func (c Config) withDefaults() Config {
 // use; a nil *Controller admits every request at once.
 type Controller struct {
 	cfg       Config
-	saturated func(model string) bool
+	saturated func(model string, now time.Time) bool
 	m         *metrics
 
-	// queued mirrors the number of waiters so that Admit and Wake can skip
-	// the lock when nobody waits, the common case.
+	// queued mirrors gate.Len() and idle gate.Idle(), so that Admit, Wake
+	// and Len can skip the lock when nobody waits and no grant is in
+	// transit, the common case.
 	queued atomic.Int64
+	idle   atomic.Bool
 
 	mu sync.Mutex
-	// q is the waiters, in the order they are taken.
-	q *Queue
-	// transit counts waiters granted admission that have not released it
-	// yet: their load is not visible to saturated, so granting more would
-	// admit the whole queue on one freed slot.
-	transit int
+	// gate decides: the waiters, in the order they are taken, and the
+	// grant in transit.
+	gate *Gate
 	// ticking is whether the re-check goroutine runs; it runs only while
 	// somebody waits, so an idle controller owns no goroutine.
 	ticking bool
@@ -129,15 +129,17 @@ type waiter struct {
 	released atomic.Bool
 }
 
-// New returns a controller that queues requests while saturated(model)
-// reports true. saturated is called with the controller's lock held, so it
-// must be quick and must not call back into the controller. Metrics are
-// registered on reg unless it is nil.
-func New(cfg Config, saturated func(model string) bool, reg prometheus.Registerer) (*Controller, error) {
+// New returns a controller that queues requests while saturated(model, now)
+// reports true (Limits.Saturated gives one). saturated is called with the
+// controller's lock held, so it must be quick and must not call back into
+// the controller. Metrics are registered on reg unless it is nil.
+func New(cfg Config, saturated func(model string, now time.Time) bool, reg prometheus.Registerer) (*Controller, error) {
 	if saturated == nil {
 		return nil, fmt.Errorf("admission: nil saturated function")
 	}
-	c := &Controller{cfg: cfg.withDefaults(), saturated: saturated, m: newMetrics(), q: NewQueue(cfg.Order, cfg.Slack, cfg.Cap)}
+	c := &Controller{cfg: cfg.withDefaults(), saturated: saturated, m: newMetrics(),
+		gate: NewGate(cfg.Order, cfg.Slack, cfg.Cap, saturated)}
+	c.idle.Store(true)
 	if reg != nil {
 		if err := c.m.register(reg); err != nil {
 			return nil, fmt.Errorf("admission: register metrics: %w", err)
@@ -150,11 +152,12 @@ func New(cfg Config, saturated func(model string) bool, reg prometheus.Registere
 func noRelease() {}
 
 // Admit returns when the request may be routed. It returns at once when
-// the model's backends are not all saturated and nobody of equal or higher
+// the model's backends are not all saturated, nobody of equal or higher
 // priority waits (a newcomer never skips the queue past a waiter of its
-// priority). Otherwise the request waits for capacity, and is taken in the
-// queue's order (see Queue: in the Deadline order a short newcomer may be
-// taken before a long request that arrived shortly before it).
+// priority) and no waiter's grant is in transit (see Gate). Otherwise the
+// request waits for capacity, and is taken in the queue's order (see
+// Queue: in the Deadline order a short newcomer may be taken before a long
+// request that arrived shortly before it).
 //
 // The error is an *openai.Error with status 429 when the queue is full or
 // the request waited Config.MaxWait, or the context's error when the client
@@ -164,7 +167,9 @@ func noRelease() {}
 // the request's load shows in what saturated reads (right after routing),
 // or when it gives the request up before that. Until then no other waiter
 // is admitted, so that one freed slot admits one request and not the whole
-// queue. Further calls of release do nothing.
+// queue. Further calls of release do nothing. Slow work (reading the body,
+// tokenizing the prompt) therefore belongs before Admit: run while holding
+// a grant, it would hold up every waiter behind it.
 func (c *Controller) Admit(ctx context.Context, model string, priority int, tenant string) (release func(), err error) {
 	return c.AdmitCost(ctx, model, priority, tenant, nil)
 }
@@ -177,9 +182,11 @@ func (c *Controller) AdmitCost(ctx context.Context, model string, priority int, 
 	if c == nil {
 		return noRelease, nil
 	}
-	// Fast path: nobody waits. Concurrent arrivals may all pass here at
-	// once; the limits are soft by that much.
-	if c.queued.Load() == 0 && !c.saturated(model) {
+	// Fast path: nobody waits and no grant is in transit, so the gate
+	// lets the request go exactly when its model is not saturated.
+	// Concurrent arrivals may all pass here at once; the limits are soft
+	// by that much.
+	if c.idle.Load() && !c.saturated(model, time.Now()) {
 		return noRelease, nil
 	}
 	var own time.Duration
@@ -187,24 +194,24 @@ func (c *Controller) AdmitCost(ctx context.Context, model string, priority int, 
 		own = cost()
 	}
 	c.mu.Lock()
-	if !c.q.WaitingAtOrAbove(priority) && c.transit == 0 && !c.saturated(model) {
+	now := time.Now()
+	if c.gate.GoesNow(model, priority, now) {
 		c.mu.Unlock()
 		return noRelease, nil
 	}
-	if int(c.queued.Load()) >= c.cfg.MaxQueue {
+	if c.gate.Len() >= c.cfg.MaxQueue {
 		ra := c.retryAfterLocked()
 		c.mu.Unlock()
 		c.m.rejections.WithLabelValues("full").Inc()
 		return nil, &openai.Error{Status: http.StatusTooManyRequests, Type: openai.TypeRateLimit, Code: "queue_full", RetryAfter: ra,
 			Message: fmt.Sprintf("every backend for model %q is saturated and the router's queue is full (%d waiting); retry later", model, c.cfg.MaxQueue)}
 	}
-	now := time.Now()
 	w := &waiter{entry: Entry{Model: model, Priority: priority, Tenant: tenant, Enqueued: now, Cost: own}, enqueued: now, ready: make(chan struct{})}
 	w.entry.Value = w
-	c.enqueueLocked(w)
+	c.gate.Wait(&w.entry)
 	// Capacity may already be free for this model (the waiters ahead may be
 	// for another one).
-	c.dispatchLocked()
+	c.dispatchLocked(now)
 	if !c.ticking {
 		c.ticking = true
 		go c.tick()
@@ -221,7 +228,8 @@ func (c *Controller) AdmitCost(ctx context.Context, model string, priority int, 
 
 	c.mu.Lock()
 	if !w.granted {
-		c.removeLocked(w)
+		c.gate.Leave(&w.entry)
+		c.mirrorLocked()
 		ra := c.retryAfterLocked()
 		c.mu.Unlock()
 		waited := time.Since(w.enqueued)
@@ -251,8 +259,8 @@ func (c *Controller) release(w *waiter) {
 		return
 	}
 	c.mu.Lock()
-	c.transit--
-	c.dispatchLocked()
+	c.gate.Release()
+	c.dispatchLocked(time.Now())
 	c.mu.Unlock()
 }
 
@@ -264,7 +272,7 @@ func (c *Controller) Wake() {
 		return
 	}
 	c.mu.Lock()
-	c.dispatchLocked()
+	c.dispatchLocked(time.Now())
 	c.mu.Unlock()
 }
 
@@ -281,51 +289,40 @@ func (c *Controller) Len() int {
 func (c *Controller) tick() {
 	t := time.NewTicker(c.cfg.Recheck)
 	defer t.Stop()
-	for range t.C {
+	for now := range t.C {
 		c.mu.Lock()
-		if c.queued.Load() == 0 {
+		if c.gate.Len() == 0 {
 			c.ticking = false
 			c.mu.Unlock()
 			return
 		}
-		c.dispatchLocked()
+		c.dispatchLocked(now)
 		c.mu.Unlock()
 	}
 }
 
-func (c *Controller) enqueueLocked(w *waiter) {
-	c.q.Push(&w.entry)
-	c.queued.Add(1)
-	c.m.length.Inc()
+// mirrorLocked publishes the gate's length and idleness to the lock-free
+// readers and the length gauge, after the gate changed.
+func (c *Controller) mirrorLocked() {
+	n := c.gate.Len()
+	c.queued.Store(int64(n))
+	c.idle.Store(c.gate.Idle())
+	c.m.length.Set(float64(n))
 }
 
-// removeLocked takes w out of the queue wherever it is.
-func (c *Controller) removeLocked(w *waiter) {
-	if c.q.Remove(&w.entry) {
-		c.queued.Add(-1)
-		c.m.length.Dec()
+// dispatchLocked grants the waiter the gate grants at now, if any: the
+// first in queue order whose model is not saturated, unless a grant is
+// still in transit.
+func (c *Controller) dispatchLocked(now time.Time) {
+	if e := c.gate.Grant(now); e != nil {
+		c.grantLocked(e.Value.(*waiter), now)
 	}
+	c.mirrorLocked()
 }
 
-// dispatchLocked grants the first waiter, in queue order (see Queue), whose
-// model is not saturated, unless a grant is still in transit.
-func (c *Controller) dispatchLocked() {
-	if c.transit > 0 || c.queued.Load() == 0 {
-		return
-	}
-	e := c.q.Next(func(model string) bool { return !c.saturated(model) })
-	if e == nil {
-		return
-	}
-	c.queued.Add(-1)
-	c.m.length.Dec()
-	c.grantLocked(e.Value.(*waiter))
-}
-
-// grantLocked admits w, which Next has taken out of the queue.
-func (c *Controller) grantLocked(w *waiter) {
+// grantLocked admits w, which the gate granted at now.
+func (c *Controller) grantLocked(w *waiter, now time.Time) {
 	c.m.admitted.Inc()
-	now := time.Now()
 	if !c.lastGrant.IsZero() {
 		// Intervals longer than MaxWait are idle gaps, not drain rate.
 		if d := now.Sub(c.lastGrant); d < c.cfg.MaxWait {
@@ -338,7 +335,6 @@ func (c *Controller) grantLocked(w *waiter) {
 	}
 	c.lastGrant = now
 	w.granted = true
-	c.transit++
 	close(w.ready)
 }
 
@@ -438,10 +434,10 @@ func (l Limits) BackendSaturated(b *fleet.Backend, now time.Time) bool {
 }
 
 // Saturated returns the function New takes: SaturatedAt over the fleet's
-// healthy backends, at the wall clock's now.
-func (l Limits) Saturated(f *fleet.Fleet) func(model string) bool {
-	return func(model string) bool {
-		return l.SaturatedAt(f.Snapshot().Healthy, model, time.Now())
+// healthy backends.
+func (l Limits) Saturated(f *fleet.Fleet) func(model string, now time.Time) bool {
+	return func(model string, now time.Time) bool {
+		return l.SaturatedAt(f.Snapshot().Healthy, model, now)
 	}
 }
 

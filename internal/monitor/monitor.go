@@ -1,7 +1,8 @@
 // Package monitor keeps the fleet's picture of each engine's own load fresh:
 // it scrapes every backend's /metrics (and llama.cpp's /slots) on an
-// interval, parses the exposition with package adapter, and publishes the
-// reading to the backend with fleet.Backend.SetEngine. From vLLM's
+// interval, parses the exposition with package adapter, and teaches the
+// reading to the backend with fleet.Backend.Learn (which the simulator
+// calls with its engine model's readings too). From vLLM's
 // cache_config_info it also derives the backend's prefix index capacity and
 // hands it to a callback.
 //
@@ -309,20 +310,6 @@ func (m *Monitor) scrapeOnce(ctx context.Context, w *watcher) {
 			"last_ok", w.lastOK)
 	}
 	w.failures, w.lastOK = 0, now
-	w.observePrefill(st)
-	w.observeDecode(st)
-	// The running-sequence cap: the engine's word (llama.cpp's slots),
-	// else what its running and waiting counts teach (fleet.CapConfirmations).
-	if st.MaxNumSeqs > 0 {
-		w.b.SetEngineMaxNumSeqs(st.MaxNumSeqs)
-	}
-	if st.Running >= 0 && st.Waiting >= 0 {
-		w.b.ObserveRunning(int(st.Running), int(st.Waiting), st.KVUsage)
-	}
-	if c := w.b.Limits().MaxNumSeqs; c != w.seqCap {
-		w.seqCap = c
-		m.log.Info("running-sequence cap", "backend", w.b.Name, "max_num_seqs", c)
-	}
 	if st.ContextLen > 0 && st.ContextLen != w.ctxTokens && m.cfg.SetContext != nil {
 		w.ctxTokens = st.ContextLen
 		m.cfg.SetContext(w.b, st.ContextLen)
@@ -335,15 +322,8 @@ func (m *Monitor) scrapeOnce(ctx context.Context, w *watcher) {
 		}
 		w.detected = st.Kind
 	}
-	e := engineState(st, now)
-	if st.NumGPUBlocks > 0 {
-		e.KVBlocks = st.NumGPUBlocks
-	}
-	if st.BlockSize > 0 {
-		e.BlockSize = st.BlockSize
-	}
 	// The capacity goes first, so that whoever sees this report also sees
-	// the index sized by it.
+	// the index sized by it; Learn publishes the report last.
 	if st.BlockSize > 0 && st.NumGPUBlocks > 0 && m.cfg.SetCapacity != nil {
 		tokens := int64(st.NumGPUBlocks) * int64(st.BlockSize)
 		if tokens != w.capTokens {
@@ -353,7 +333,13 @@ func (m *Monitor) scrapeOnce(ctx context.Context, w *watcher) {
 				"num_gpu_blocks", st.NumGPUBlocks, "block_size", st.BlockSize, "kv_tokens", tokens)
 		}
 	}
-	w.b.SetEngine(e)
+	w.b.Learn(w.reading(st, now))
+	// The running-sequence cap: the engine's word (llama.cpp's slots),
+	// else what its running and waiting counts taught (fleet.CapConfirmations).
+	if c := w.b.Limits().MaxNumSeqs; c != w.seqCap {
+		w.seqCap = c
+		m.log.Info("running-sequence cap", "backend", w.b.Name, "max_num_seqs", c)
+	}
 }
 
 // counters are an engine's lifetime count of tokens and of the seconds
@@ -382,23 +368,22 @@ func (c *counters) take(tokens, seconds, least float64) (dt, ds float64, ok bool
 	return dt, ds, ok
 }
 
-// observePrefill teaches the backend the prefill throughput that the
-// engine's counters show: the tokens it computed over the time it spent
-// prefilling since the last lesson, once that is at least
-// fleet.MinRateWork tokens.
-func (w *watcher) observePrefill(st adapter.State) {
+// reading is what reading st taken at now teaches w's backend
+// (fleet.Backend.Learn): the report, the cap the engine reports, the
+// prefill throughput its counters show (the tokens it computed over the
+// time it spent prefilling since the last lesson, once that is at least
+// fleet.MinRateWork tokens) and its time per output token (the growth of
+// its inter-token latency's sum over that of its count since the last
+// lesson, once at least one token came).
+func (w *watcher) reading(st adapter.State, now time.Time) fleet.Reading {
+	r := fleet.Reading{State: engineState(st, now), MaxNumSeqs: st.MaxNumSeqs}
 	if dt, ds, ok := w.prefill.take(st.PrefillTokens, st.PrefillSeconds, fleet.MinRateWork); ok {
-		w.b.ObserveEnginePrefill(dt, ds)
+		r.PrefillTokens, r.PrefillSeconds = dt, ds
 	}
-}
-
-// observeDecode teaches the backend the time per output token that the
-// engine's inter-token latency shows: the growth of its sum over that of
-// its count since the last lesson, once at least one token came.
-func (w *watcher) observeDecode(st adapter.State) {
 	if dt, ds, ok := w.decode.take(st.DecodeTokens, st.DecodeSeconds, 1); ok {
-		w.b.ObserveEngineDecode(dt, ds)
+		r.DecodeTokens, r.DecodeSeconds = dt, ds
 	}
+	return r
 }
 
 // warn logs a failed or late scrape of w's backend: the first, then at
@@ -412,11 +397,12 @@ func (m *Monitor) warn(w *watcher, now time.Time, err error) {
 	w.lastWarn, w.unlogged = now, 0
 }
 
-// engineState is the fleet's form of reading st taken at now. A field the
+// engineState is the fleet's form of reading st taken at now, with the KV
+// capacity vLLM's cache_config_info gives (0 when unknown). A field the
 // engine does not expose (-1) is marked missing, never read as 0: a
 // llama.cpp server reports no KV usage, and 0 would read as an empty cache.
 func engineState(st adapter.State, now time.Time) *fleet.EngineState {
-	e := &fleet.EngineState{At: now}
+	e := &fleet.EngineState{At: now, KVBlocks: max(st.NumGPUBlocks, 0), BlockSize: max(st.BlockSize, 0)}
 	if st.Running < 0 {
 		e.Missing |= fleet.EngineRunning
 	}

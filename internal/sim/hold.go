@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/admission"
+	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/request"
 )
 
@@ -13,6 +14,13 @@ import (
 // and binds held requests, in the queue's Order, when a first token or a
 // completion frees an engine. Binding is an ordinary routing decision, at
 // that moment: the hold decides when, the policy still decides where.
+//
+// The decision is the live router's own: an admission.Gate, which the live
+// admission Controller wraps with its lock and channels, driven here in
+// virtual time. A request granted by the gate is routed at once, so its
+// grant is in transit for no virtual time (the live router's transit lasts
+// as long as its routing); the gate's other rules (no arrival passes a
+// waiter, one grant at a time) apply as they do live.
 type Hold struct {
 	// Tokens is the per-engine bound of queued prefill, in tokens.
 	Tokens int64
@@ -29,28 +37,30 @@ type held struct {
 	hashes []uint64
 }
 
-// limits are the hold's admission limits.
-func (h *Hold) limits() admission.Limits {
-	return admission.Limits{MaxPendingPrefill: h.Tokens}
+// gate returns the hold's admission gate over the healthy backends of f.
+func (h *Hold) gate(f *fleet.Fleet) *admission.Gate {
+	lim := admission.Limits{MaxPendingPrefill: h.Tokens}
+	return admission.NewGate(h.Order, h.Slack, h.Cap, lim.Saturated(f))
 }
 
-// hold queues the k-th request in the router and reports true when late
-// binding is on and it must wait: others wait already, or every engine is
-// at the bound. It then binds what it can, as the live queue does when a
-// request joins it.
+// hold reports true when late binding is on and the k-th request may not
+// go at once (see admission.Gate.GoesNow): it then waits in the gate, and
+// the gate grants what it can, as the live queue does when a request joins
+// it. Every request has priority 0 and one tenant: the simulated clients
+// send neither.
 func (s *sim) hold(k int, v *request.View, hashes []uint64) bool {
 	if s.held == nil {
 		return false
 	}
 	now := Epoch.Add(s.now)
-	if s.held.Len() == 0 && !s.cfg.Hold.limits().SaturatedAt(s.fleet.Snapshot().Healthy, v.Model, now) {
+	if s.held.GoesNow(v.Model, 0, now) {
 		return false
 	}
 	hs := hashes
 	if hs == nil {
 		hs = s.sched.Hashes(v)
 	}
-	s.held.Push(&admission.Entry{
+	s.held.Wait(&admission.Entry{
 		Model:    v.Model,
 		Enqueued: now,
 		Cost:     admission.Cost(s.sched.Uncached(v, hs)),
@@ -60,22 +70,18 @@ func (s *sim) hold(k int, v *request.View, hashes []uint64) bool {
 	return true
 }
 
-// bindHeld routes held requests, in the queue's order, while an engine is
-// below the bound.
+// bindHeld routes the held requests the gate grants: each is routed at
+// once, which puts its load where the gate's saturation rule reads it, and
+// then releases its grant, which lets the gate grant the next.
 func (s *sim) bindHeld() {
-	if s.held == nil || s.held.Len() == 0 {
+	if s.held == nil {
 		return
 	}
-	lim := s.cfg.Hold.limits()
 	now := Epoch.Add(s.now)
-	ready := func(model string) bool { return !lim.SaturatedAt(s.fleet.Snapshot().Healthy, model, now) }
-	for {
-		e := s.held.Next(ready)
-		if e == nil {
-			return
-		}
+	for e := s.held.Grant(now); e != nil; e = s.held.Grant(now) {
 		h := e.Value.(*held)
 		s.bind(h.k, h.v, h.hashes)
+		s.held.Release()
 	}
 }
 
@@ -85,8 +91,7 @@ func (s *sim) finish() {
 	if s.held == nil {
 		return
 	}
-	for s.held.Len() > 0 {
-		e := s.held.Next(func(string) bool { return true })
+	for _, e := range s.held.Flush() {
 		h := e.Value.(*held)
 		s.fail(h.k, h.v.PromptTokens, 0, "held in the router at the end of the run")
 	}

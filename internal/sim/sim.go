@@ -246,10 +246,10 @@ type sim struct {
 	tokens      []uint32 // the prompt's token ids, scratch of route
 	// rep is the router replicas; nil with one router.
 	rep *replicaSet
-	// fleet is the router's fleet; held the requests held for late
-	// binding, nil without Config.Hold (hold.go).
+	// fleet is the router's fleet; held the admission gate holding
+	// requests for late binding, nil without Config.Hold (hold.go).
 	fleet *fleet.Fleet
-	held  *admission.Queue
+	held  *admission.Gate
 }
 
 func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
@@ -317,7 +317,7 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 		})
 	}
 	if cfg.Hold != nil {
-		s.held = admission.NewQueue(cfg.Hold.Order, cfg.Hold.Slack, cfg.Hold.Cap)
+		s.held = cfg.Hold.gate(f)
 	}
 	s.order = make([]int, len(reqs))
 	for i := range s.order {
@@ -550,16 +550,14 @@ func (s *sim) stepStart(i int) {
 		KVBlocks:  n.kvBlocks,
 		BlockSize: engine.BlockSize,
 	}
-	// What the live monitor teaches from each scrape, to every replica's
-	// picture of the engine: the report, the running and waiting counts,
-	// and the inter-token latency since the last reading.
-	itlN, itl := float64(n.itlN), n.itlSum.Seconds()
+	// Taught as the live monitor teaches a scrape (fleet.Backend.Learn),
+	// to every replica's picture of the engine: the report, and the
+	// inter-token latency since the last reading. As from the emulated
+	// engine's /metrics, no running-sequence cap (vLLM exports none) and
+	// no prefill time (kvroute engine exports none), so no prefill rate.
+	r := fleet.Reading{State: es, DecodeTokens: float64(n.itlN), DecodeSeconds: n.itlSum.Seconds()}
 	n.itlN, n.itlSum = 0, 0
-	s.forBackends(i, func(b *fleet.Backend) {
-		b.SetEngine(es)
-		b.ObserveRunning(st.Running, st.Waiting, st.KVUsage)
-		b.ObserveEngineDecode(itlN, itl)
-	})
+	s.forBackends(i, func(b *fleet.Backend) { b.Learn(r) })
 	if d <= 0 {
 		// Nothing could run: the engine waits for the next arrival.
 		n.busy = false
