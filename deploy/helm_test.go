@@ -15,6 +15,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvroute/kvroute/internal/config"
@@ -45,13 +46,29 @@ type serviceMonitor struct {
 
 // rendered is one helm template run, decoded.
 type rendered struct {
-	deployment *appsv1.Deployment
-	service    *corev1.Service
-	configMap  *corev1.ConfigMap
-	pdb        *policyv1.PodDisruptionBudget
-	secret     *corev1.Secret
-	monitor    *serviceMonitor
+	deployment      *appsv1.Deployment
+	service         *corev1.Service
+	configMap       *corev1.ConfigMap
+	pdb             *policyv1.PodDisruptionBudget
+	secrets         []*corev1.Secret
+	monitor         *serviceMonitor
+	serviceAccounts []*corev1.ServiceAccount
+	roles           []*rbacv1.Role
+	roleBindings    []*rbacv1.RoleBinding
 }
+
+// secret returns the rendered Secret of that name, or nil.
+func (r *rendered) secret(name string) *corev1.Secret {
+	for _, s := range r.secrets {
+		if s.Name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+// releaseNamespace is the namespace the tests install the chart in.
+const releaseNamespace = "inference"
 
 // helmTemplate renders the chart with the given values file content and
 // decodes every object strictly into its Kubernetes API type.
@@ -61,7 +78,7 @@ func helmTemplate(t *testing.T, values string) (*rendered, error) {
 	if err := os.WriteFile(vf, []byte(values), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("helm", "template", "r", "helm/kvroute", "--namespace", "inference", "-f", vf)
+	cmd := exec.Command("helm", "template", "r", "helm/kvroute", "--namespace", releaseNamespace, "-f", vf)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -94,8 +111,21 @@ func helmTemplate(t *testing.T, values string) (*rendered, error) {
 			r.pdb = &policyv1.PodDisruptionBudget{}
 			obj = r.pdb
 		case "Secret":
-			r.secret = &corev1.Secret{}
-			obj = r.secret
+			sec := &corev1.Secret{}
+			r.secrets = append(r.secrets, sec)
+			obj = sec
+		case "ServiceAccount":
+			sa := &corev1.ServiceAccount{}
+			r.serviceAccounts = append(r.serviceAccounts, sa)
+			obj = sa
+		case "Role":
+			role := &rbacv1.Role{}
+			r.roles = append(r.roles, role)
+			obj = role
+		case "RoleBinding":
+			b := &rbacv1.RoleBinding{}
+			r.roleBindings = append(r.roleBindings, b)
+			obj = b
 		case "ServiceMonitor":
 			r.monitor = &serviceMonitor{}
 			obj = r.monitor
@@ -166,8 +196,8 @@ preStopSleepSeconds: 0
 			if r.deployment == nil || r.service == nil || r.configMap == nil || r.pdb == nil {
 				t.Fatalf("missing objects: %+v", r)
 			}
-			if (r.secret != nil) != tt.secret || (r.monitor != nil) != tt.monitor {
-				t.Errorf("secret %v, service monitor %v; want %v, %v", r.secret != nil, r.monitor != nil, tt.secret, tt.monitor)
+			if (len(r.secrets) != 0) != tt.secret || (r.monitor != nil) != tt.monitor {
+				t.Errorf("secret %v, service monitor %v; want %v, %v", len(r.secrets) != 0, r.monitor != nil, tt.secret, tt.monitor)
 			}
 			checkDeployment(t, r, tt.replicas)
 			cfg := checkConfig(t, r)
@@ -231,8 +261,15 @@ func checkDeployment(t *testing.T, r *rendered, replicas int32) {
 	if !slices.Equal(c.Args, []string{"serve", "--config", "/etc/kvroute/kvroute.yaml"}) {
 		t.Errorf("args %v", c.Args)
 	}
-	if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].MountPath != "/etc/kvroute" || c.VolumeMounts[0].SubPath != "" ||
-		len(pod.Spec.Volumes) != 1 || pod.Spec.Volumes[0].ConfigMap == nil || pod.Spec.Volumes[0].ConfigMap.Name != r.configMap.Name {
+	configMounted := false
+	for _, m := range c.VolumeMounts {
+		for _, v := range pod.Spec.Volumes {
+			if m.Name == v.Name && m.MountPath == "/etc/kvroute" && m.SubPath == "" && v.ConfigMap != nil && v.ConfigMap.Name == r.configMap.Name {
+				configMounted = true
+			}
+		}
+	}
+	if !configMounted {
 		t.Errorf("the config map %q is not mounted as the directory /etc/kvroute: %+v %+v", r.configMap.Name, c.VolumeMounts, pod.Spec.Volumes)
 	}
 	// The checksum annotation is the config's, so that a changed config
@@ -241,15 +278,15 @@ func checkDeployment(t *testing.T, r *rendered, replicas int32) {
 	if got := pod.Annotations["checksum/config"]; got != hex.EncodeToString(sum[:]) {
 		t.Errorf("checksum/config %q is not the sha256 of the rendered config (%x)", got, sum)
 	}
-	if r.secret != nil {
+	if sec := r.secret("r-kvroute-admin"); sec != nil {
 		var ref *corev1.SecretKeySelector
 		for _, e := range c.Env {
 			if e.Name == "KVROUTE_ADMIN_TOKEN" && e.ValueFrom != nil {
 				ref = e.ValueFrom.SecretKeyRef
 			}
 		}
-		if ref == nil || ref.Name != r.secret.Name || r.secret.StringData[ref.Key] == "" {
-			t.Errorf("KVROUTE_ADMIN_TOKEN %+v does not come from the chart's secret %q", ref, r.secret.Name)
+		if ref == nil || ref.Name != sec.Name || sec.StringData[ref.Key] == "" {
+			t.Errorf("KVROUTE_ADMIN_TOKEN %+v does not come from the chart's secret %q", ref, sec.Name)
 		}
 	}
 }
@@ -297,6 +334,27 @@ func TestHelmChartRefuses(t *testing.T) {
 		"engines: [{service: vllm, scheme: tcp}]":  "/engines/0/scheme",
 		"goMemLimitRatio: 1.5":                     "/goMemLimitRatio",
 		"admin: {enabled: yes-please}":             "/admin/enabled",
+		// API discovery and sync.
+		"discovery: consul": "/discovery",
+		"engines: [{service: vllm, selector: {app: 1}}]":                "/engines/0/selector/app",
+		"engines: [{service: vllm, discovery: k8s}]":                    "/engines/0/discovery",
+		"rbac: {create: 'no'}":                                          "/rbac/create",
+		"sync: {enabled: 'true'}":                                       "/sync/enabled",
+		"sync: {url: 'http://nats:4222'}":                               "/sync/url",
+		"sync: {url: 'nats://a:4222;nats://b:4222'}":                    "/sync/url",
+		"sync: {key: a-key-of-31-characters-is-short}":                  "/sync/key",
+		"sync: {credentials: {secret: creds}}":                          "/sync/credentials",
+		"sync: {enabled: true, key: ci-only-not-a-secret-0123456789ab}": "sync.enabled needs sync.url",
+		"sync: {enabled: true, url: 'nats://nats:4222'}":                "sync.enabled needs sync.existingSecret or sync.key",
+		"sync: {enabled: true, url: 'nats://nats:4222', existingSecret: s}\nconfig: {sync: {url: 'nats://other:4222'}}":      "config.sync.url",
+		"sync: {enabled: true, url: 'nats://nats:4222', existingSecret: s}\nconfig: {sync: {token: t}}":                      "config.sync.token",
+		"replicaCount: 3\nsync: {enabled: true, url: 'nats://nats:4222', existingSecret: s}\nconfig: {sync: {max_peers: 2}}": "config.sync.max_peers",
+		"discovery: kubernetes\nengines: [{service: vllm, selector: {app: vllm}}]":                                           "exactly one of service",
+		"discovery: kubernetes\nengines: [{port: 8000}]":                                                                     "exactly one of service",
+		"discovery: kubernetes\nengines: [{inferencePool: p, port: 8000}]":                                                   "leave port and portName out with inferencePool",
+		"discovery: kubernetes\nengines: [{selector: {app: vllm}}]":                                                          "port or portName is required with selector",
+		"discovery: kubernetes\nengines: [{service: vllm, srv: true}]":                                                       "engines[0].srv",
+		"engines: [{service: vllm, selector: {app: vllm}}]":                                                                  "selector and inferencePool need discovery: kubernetes",
 	} {
 		_, err := helmTemplate(t, values)
 		if err == nil || !strings.Contains(err.Error(), want) {
@@ -316,6 +374,9 @@ func TestHelmChartRefuses(t *testing.T) {
 	}
 	if _, err := helmTemplate(t, "admin: {enabled: true, token: sixteen-chars-ok}"); err != nil {
 		t.Errorf("a 16-character token: %v", err)
+	}
+	if _, err := helmTemplate(t, "sync: {enabled: true, url: 'nats://nats:4222', key: a-key-of-32-characters-is-enough}"); err != nil {
+		t.Errorf("a 32-character sync key: %v", err)
 	}
 }
 
@@ -403,29 +464,13 @@ func TestHelmChartRuntime(t *testing.T) {
 		cfg.Upstream.ConnectTimeout.String() != "2s" {
 		t.Errorf("listen_tls %+v, upstream %+v, want both from the Secrets and the values' upstream keys kept", cfg.ListenTLS, cfg.Upstream)
 	}
-	c := r.deployment.Spec.Template.Spec.Containers[0]
-	mounts := map[string]string{}
-	for _, m := range c.VolumeMounts {
-		mounts[m.Name] = m.MountPath
-	}
-	secrets := map[string]string{}
-	for _, v := range r.deployment.Spec.Template.Spec.Volumes {
-		if v.Secret != nil {
-			secrets[v.Name] = v.Secret.SecretName
-		}
-	}
 	for file, secret := range map[string]string{cfg.ListenTLS.CertFile: "router-tls", cfg.ListenTLS.KeyFile: "router-tls",
 		cfg.Upstream.TLS.CAFile: "engines-ca", cfg.Upstream.TLS.KeyFile: "engines-ca"} {
-		found := false
-		for name, path := range mounts {
-			if filepath.Dir(file) == path && secrets[name] == secret {
-				found = true
-			}
-		}
-		if !found {
-			t.Errorf("%s is not in a mount of the Secret %s: mounts %v, secrets %v", file, secret, mounts, secrets)
+		if !inSecretMount(r, file, secret) {
+			t.Errorf("%s is not in a mount of the Secret %s: %+v", file, secret, r.deployment.Spec.Template.Spec.Volumes)
 		}
 	}
+	c := r.deployment.Spec.Template.Spec.Containers[0]
 	if c.ReadinessProbe.HTTPGet.Scheme != corev1.URISchemeHTTPS || c.LivenessProbe.HTTPGet.Scheme != corev1.URISchemeHTTPS {
 		t.Errorf("probes %+v %+v, want HTTPS on a TLS listener", c.ReadinessProbe.HTTPGet, c.LivenessProbe.HTTPGet)
 	}

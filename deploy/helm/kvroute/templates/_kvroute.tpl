@@ -68,29 +68,15 @@ its headless Service's A/AAAA records, or its SRV record.
 {{- end }}
 {{- $backends := list }}
 {{- range $i, $e := .Values.engines }}
-{{- if not $e.service }}
-{{- fail (printf "engines[%d].service: the name of the engines' headless Service is required" $i) }}
-{{- end }}
-{{- $ns := default $.Release.Namespace $e.namespace }}
-{{- $host := printf "%s.%s.svc.%s" $e.service $ns $.Values.clusterDomain }}
-{{- $scheme := default "http" $e.scheme }}
-{{- $b := dict "discovery" "dns" }}
-{{- if $e.srv }}
-{{- $_ := set $b "srv" (printf "_%s._tcp.%s" (default "http" $e.portName) $host) }}
-{{- $_ := set $b "url" (printf "%s://%s" $scheme $host) }}
-{{- else }}
-{{- $_ := set $b "url" (printf "%s://%s:%d" $scheme $host (int (default 8000 $e.port))) }}
-{{- end }}
-{{- with $e.name }}{{ $_ := set $b "name" . }}{{ end }}
-{{- with $e.models }}{{ $_ := set $b "models" . }}{{ end }}
-{{- with $e.kind }}{{ $_ := set $b "kind" . }}{{ end }}
-{{- with $e.dnsInterval }}{{ $_ := set $b "dns_interval" . }}{{ end }}
-{{- $backends = append $backends $b }}
+{{- $backends = append $backends (fromJson (include "kvroute.backend" (list $ $i $e))) }}
 {{- end }}
 {{- if not $backends }}
 {{- fail "engines: at least one engine pool is required" }}
 {{- end }}
 {{- $_ := set $cfg "backends" $backends }}
+{{- if .Values.sync.enabled }}
+{{- $_ := set $cfg "sync" (fromJson (include "kvroute.syncConfig" .)) }}
+{{- end }}
 {{- toYaml $cfg }}
 {{- end }}
 
@@ -138,4 +124,151 @@ selector unless it names one. */}}
 {{- $_ := set $p.httpGet "scheme" "HTTPS" }}
 {{- end }}
 {{- toYaml $p }}
+{{- end }}
+
+{{/*
+How engine pool i finds its engines: its discovery, else the chart's.
+*/}}
+{{- define "kvroute.discovery" -}}
+{{- $root := index . 0 }}{{ $e := index . 1 }}
+{{- $d := default $root.Values.discovery $e.discovery }}
+{{- if not (has $d (list "dns" "kubernetes")) }}
+{{- fail (printf "discovery: %q is not dns or kubernetes" $d) }}
+{{- end }}
+{{- $d }}
+{{- end }}
+
+{{/*
+One backends[] entry of the config, as JSON, from engine pool i: with dns
+discovery, the headless Service's A/AAAA or SRV records; with kubernetes,
+a Service's EndpointSlices, pods by label or an InferencePool, watched in
+the Kubernetes API (the RBAC in rbac.yaml lets the router read them).
+*/}}
+{{- define "kvroute.backend" -}}
+{{- $root := index . 0 }}{{ $i := index . 1 }}{{ $e := index . 2 }}
+{{- $ns := default $root.Release.Namespace $e.namespace }}
+{{- $scheme := default "http" $e.scheme }}
+{{- $b := dict }}
+{{- if eq (include "kvroute.discovery" (list $root $e)) "kubernetes" }}
+{{- if $e.srv }}
+{{- fail (printf "engines[%d].srv: SRV records are for discovery: dns, not kubernetes" $i) }}
+{{- end }}
+{{- $k := dict "namespace" $ns }}
+{{- $what := 0 }}
+{{- with $e.service }}{{ $_ := set $k "service" . }}{{ $what = add1 $what }}{{ end }}
+{{- with $e.selector }}{{ $_ := set $k "selector" . }}{{ $what = add1 $what }}{{ end }}
+{{- with $e.inferencePool }}{{ $_ := set $k "inference_pool" . }}{{ $what = add1 $what }}{{ end }}
+{{- if ne $what 1 }}
+{{- fail (printf "engines[%d]: with discovery: kubernetes set exactly one of service (its EndpointSlices), selector (pods by label) and inferencePool" $i) }}
+{{- end }}
+{{- if $e.inferencePool }}
+{{- if or $e.port $e.portName }}
+{{- fail (printf "engines[%d]: leave port and portName out with inferencePool (its targetPorts give the port)" $i) }}
+{{- end }}
+{{- else if $e.portName }}
+{{- $_ := set $k "port" $e.portName }}
+{{- else if $e.port }}
+{{- $_ := set $k "port" (toString (int $e.port)) }}
+{{- else if $e.selector }}
+{{- fail (printf "engines[%d]: port or portName is required with selector" $i) }}
+{{- end }}
+{{- $_ := set $b "discovery" "kubernetes" }}
+{{- $_ := set $b "kubernetes" $k }}
+{{- if ne $scheme "http" }}
+{{- $_ := set $b "url" (printf "%s://%s.%s" $scheme (default "pods" (default $e.inferencePool $e.service)) $ns) }}
+{{- end }}
+{{- else }}
+{{- if not $e.service }}
+{{- fail (printf "engines[%d].service: the name of the engines' headless Service is required" $i) }}
+{{- end }}
+{{- if or $e.selector $e.inferencePool }}
+{{- fail (printf "engines[%d]: selector and inferencePool need discovery: kubernetes" $i) }}
+{{- end }}
+{{- $host := printf "%s.%s.svc.%s" $e.service $ns $root.Values.clusterDomain }}
+{{- $_ := set $b "discovery" "dns" }}
+{{- if $e.srv }}
+{{- $_ := set $b "srv" (printf "_%s._tcp.%s" (default "http" $e.portName) $host) }}
+{{- $_ := set $b "url" (printf "%s://%s" $scheme $host) }}
+{{- else }}
+{{- $_ := set $b "url" (printf "%s://%s:%d" $scheme $host (int (default 8000 $e.port))) }}
+{{- end }}
+{{- with $e.dnsInterval }}{{ $_ := set $b "dns_interval" . }}{{ end }}
+{{- end }}
+{{- with $e.name }}{{ $_ := set $b "name" . }}{{ end }}
+{{- with $e.models }}{{ $_ := set $b "models" . }}{{ end }}
+{{- with $e.kind }}{{ $_ := set $b "kind" . }}{{ end }}
+{{- toJson $b }}
+{{- end }}
+
+{{/*
+What the router reads in the Kubernetes API, as JSON: for each namespace
+with an engine pool on kubernetes discovery, the resources of the Role
+there. Pods always (a selector's or an InferencePool's pods, and the
+labels of a Service's endpoints); EndpointSlices for a Service;
+InferencePools for a pool. {} with DNS discovery only.
+*/}}
+{{- define "kvroute.apiAccess" -}}
+{{- $access := dict }}
+{{- range $e := .Values.engines }}
+{{- if eq (include "kvroute.discovery" (list $ $e)) "kubernetes" }}
+{{- $ns := default $.Release.Namespace $e.namespace }}
+{{- $r := default (dict "pods" true) (get $access $ns) }}
+{{- if $e.service }}{{ $_ := set $r "endpointslices" true }}{{ end }}
+{{- if $e.inferencePool }}{{ $_ := set $r "inferencepools" true }}{{ end }}
+{{- $_ := set $access $ns $r }}
+{{- end }}
+{{- end }}
+{{- toJson $access }}
+{{- end }}
+
+{{/* The ServiceAccount the routers run as with API discovery. */}}
+{{- define "kvroute.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kvroute.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The sync key's Secret: an existing one, or the chart's. */}}
+{{- define "kvroute.syncSecret" -}}
+{{- default (printf "%s-sync" (include "kvroute.fullname" .)) .Values.sync.existingSecret }}
+{{- end }}
+
+{{/*
+The config's sync section, as JSON: config.sync (heartbeat, peer_timeout,
+max_peers...) with the NATS URL, the credentials file and the TLS files
+the chart mounts. The shared key is KVROUTE_SYNC_KEY, from the Secret.
+*/}}
+{{- define "kvroute.syncConfig" -}}
+{{- $s := deepCopy (default (dict) (get (default (dict) .Values.config) "sync")) }}
+{{- range $k := list "url" "key_file" "credentials_file" "tls" "user" "password" "token" }}
+{{- if hasKey $s $k }}
+{{- fail (printf "config.sync.%s: with sync.enabled the chart sets the NATS URL, key and credentials from sync.*; remove it from config.sync" $k) }}
+{{- end }}
+{{- end }}
+{{- if not .Values.sync.url }}
+{{- fail "sync.enabled needs sync.url, the NATS server(s), e.g. nats://nats.nats.svc.cluster.local:4222" }}
+{{- end }}
+{{- if not (or .Values.sync.existingSecret .Values.sync.key) }}
+{{- fail "sync.enabled needs sync.existingSecret or sync.key: the key the replicas sign their messages with (openssl rand -hex 32)" }}
+{{- end }}
+{{- with $s.max_peers }}
+{{- if lt (int .) (int $.Values.replicaCount) }}
+{{- fail (printf "config.sync.max_peers: %d is fewer than replicaCount (%d): a rolling update runs old and new replicas side by side" (int .) (int $.Values.replicaCount)) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $s "url" .Values.sync.url }}
+{{- with .Values.sync.credentials.existingSecret }}
+{{- $_ := set $s "credentials_file" (printf "/etc/kvroute-sync-creds/%s" $.Values.sync.credentials.secretKey) }}
+{{- end }}
+{{- with .Values.sync.tls.existingSecret }}
+{{- $t := dict "ca_file" "/etc/kvroute-sync-tls/ca.crt" }}
+{{- if $.Values.sync.tls.clientCert }}
+{{- $_ := set $t "cert_file" "/etc/kvroute-sync-tls/tls.crt" }}
+{{- $_ := set $t "key_file" "/etc/kvroute-sync-tls/tls.key" }}
+{{- end }}
+{{- $_ := set $s "tls" $t }}
+{{- end }}
+{{- toJson $s }}
 {{- end }}
