@@ -74,8 +74,10 @@ type Front interface {
 // Trace is told of a request's steps for its trace; the front supplies it
 // (a no-op with tracing off).
 type Trace interface {
-	// Route starts a routing decision's span and returns its end.
-	Route() func(a *scheduler.Assignment, err error)
+	// RouteStart starts a routing decision's span; RouteEnd ends it with
+	// what was decided.
+	RouteStart()
+	RouteEnd(a *scheduler.Assignment, err error)
 	// Attempt starts an upstream attempt's span, out being what is sent.
 	Attempt(r *Request, l *Leg, out *http.Request)
 	// AttemptFailed ends the current attempt's spans with err.

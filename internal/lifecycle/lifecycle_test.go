@@ -52,9 +52,8 @@ func (f *bareFront) Respond(_ *Leg, resp *http.Response, head []byte, headErr er
 // noTrace traces nothing.
 type noTrace struct{}
 
-func (noTrace) Route() func(*scheduler.Assignment, error) {
-	return func(*scheduler.Assignment, error) {}
-}
+func (noTrace) RouteStart()                           {}
+func (noTrace) RouteEnd(*scheduler.Assignment, error) {}
 func (noTrace) Attempt(*Request, *Leg, *http.Request) {}
 func (noTrace) AttemptFailed(error)                   {}
 func (noTrace) FirstByte()                            {}

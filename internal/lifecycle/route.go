@@ -41,9 +41,9 @@ func (p *Plane) Route(r *Request) bool {
 // tried, in a route span of its own: a retry's decision is traced as the
 // first one.
 func (p *Plane) route(r *Request, l *Leg, now time.Time) (*scheduler.Assignment, error) {
-	end := r.trace.Route()
+	r.trace.RouteStart()
 	a, err := p.Sched.RoutePrecise(r.View, r.Hashes, r.Keys, l.Tried, now)
-	end(a, err)
+	r.trace.RouteEnd(a, err)
 	return a, err
 }
 

@@ -71,9 +71,10 @@ type exchange struct {
 	entry *accessEntry
 
 	// The exchange's trace (tracing.go): its context and span, the
-	// current attempt's span and its first byte's; nil with tracing off.
-	ctx                          context.Context
-	span, attempt, firstByteSpan trace.Span
+	// current routing decision's span, the current attempt's span and
+	// its first byte's; nil with tracing off.
+	ctx                                   context.Context
+	span, routing, attempt, firstByteSpan trace.Span
 	// op is the request's GenAI operation (gen_ai.operation.name), ""
 	// for none.
 	op string

@@ -293,18 +293,19 @@ func routeSpan(sp trace.Span, policy string, a *scheduler.Assignment, err error)
 	endSpan(sp, err)
 }
 
-// Route starts a routing decision's span (lifecycle.Trace).
-func (ex *exchange) Route() func(*scheduler.Assignment, error) {
-	_, span := ex.child("route", trace.SpanKindInternal)
-	if span == nil {
-		return noRouteSpan
-	}
-	policy := ex.s.policyName()
-	return func(a *scheduler.Assignment, err error) { routeSpan(span, policy, a, err) }
+// RouteStart starts a routing decision's span (lifecycle.Trace): a
+// retry's decision is traced as the first one.
+func (ex *exchange) RouteStart() {
+	_, ex.routing = ex.child("route", trace.SpanKindInternal)
 }
 
-// noRouteSpan ends no span.
-func noRouteSpan(*scheduler.Assignment, error) {}
+// RouteEnd ends the routing decision's span (lifecycle.Trace).
+func (ex *exchange) RouteEnd(a *scheduler.Assignment, err error) {
+	if ex.routing != nil {
+		routeSpan(ex.routing, ex.s.policyName(), a, err)
+		ex.routing = nil
+	}
+}
 
 // Attempt starts an upstream attempt's span and its first-byte span, and
 // puts the attempt's traceparent on out for the engine (lifecycle.Trace).
