@@ -217,38 +217,9 @@ func (s *Scheduler) RouteHashed(v *request.View, hashes []uint64, exclude []int,
 // when it has them (see RoutePrecise).
 func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, exclude []int, now time.Time) (*Assignment, error) {
 	snap := s.fleet.Snapshot()
-	sc.cands = sc.cands[:0]
 	session := policy.HashSession(v.SessionKey)
-	warm := s.warmKey(v, session, hashes)
-	held := 0
-	for _, b := range snap.Healthy {
-		if b.Serves(v.Model) && !excluded(exclude, b.ID) {
-			if !warmAdmits(b, warm, now) {
-				held++
-				continue
-			}
-			sc.cands = append(sc.cands, b)
-		}
-	}
-	if len(sc.cands) == 0 && held > 0 {
-		// Only warming backends can take the request: warm-up slows a
-		// newcomer's ramp, it must not turn a request away.
-		for _, b := range snap.Healthy {
-			if b.Serves(v.Model) && !excluded(exclude, b.ID) {
-				sc.cands = append(sc.cands, b)
-			}
-		}
-	}
-	if len(sc.cands) == 0 {
-		for _, b := range snap.All {
-			if b.Serves(v.Model) {
-				return nil, ErrNoBackend
-			}
-		}
-		return nil, ErrUnknownModel
-	}
-	if s.narrow(sc, v) == 0 {
-		return nil, ErrNoBackend
+	if err := s.candidates(sc, snap, v, s.warmKey(v, session, hashes), exclude, now); err != nil {
+		return nil, err
 	}
 
 	if cap(sc.all) < snap.IDs {
@@ -256,12 +227,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 	}
 	sc.all = sc.all[:snap.IDs]
 	s.match(sc, hashes, keys, now)
-	sc.matched, sc.cached, sc.uncached = sc.matched[:0], sc.cached[:0], sc.uncached[:0]
-	for _, b := range sc.cands {
-		m := sc.all[b.ID]
-		c, u := s.split(v, m)
-		sc.matched, sc.cached, sc.uncached = append(sc.matched, m), append(sc.cached, c), append(sc.uncached, u)
-	}
+	s.tokens(sc, v)
 
 	sc.in = policy.Input{
 		View:        v,

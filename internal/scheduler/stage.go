@@ -1,8 +1,58 @@
 package scheduler
 
 import (
+	"time"
+
+	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/request"
 )
+
+// The stages of a routing decision before the policy's pick, in order:
+// candidates (healthy, serving the model, not excluded, warm-up, then the
+// filters: narrow), the prefix match (match), tokens, and the scorers
+// (score). The filters and scorers are the seams of features the policies
+// need not weigh themselves (policy.Filter, policy.Scorer).
+
+// candidates sets sc.cands to the backends of snap that may take v: the
+// healthy ones that serve its model and are not in exclude, those of them
+// that warm-up admits for the key warm (all of them if it admits none),
+// then narrowed by the filters. The error is ErrUnknownModel when no
+// backend, healthy or not, serves the model, ErrNoBackend when none may
+// take it.
+func (s *Scheduler) candidates(sc *scratch, snap *fleet.Snapshot, v *request.View, warm uint64, exclude []int, now time.Time) error {
+	sc.cands = sc.cands[:0]
+	held := 0
+	for _, b := range snap.Healthy {
+		if b.Serves(v.Model) && !excluded(exclude, b.ID) {
+			if !warmAdmits(b, warm, now) {
+				held++
+				continue
+			}
+			sc.cands = append(sc.cands, b)
+		}
+	}
+	if len(sc.cands) == 0 && held > 0 {
+		// Only warming backends can take the request: warm-up slows a
+		// newcomer's ramp, it must not turn a request away.
+		for _, b := range snap.Healthy {
+			if b.Serves(v.Model) && !excluded(exclude, b.ID) {
+				sc.cands = append(sc.cands, b)
+			}
+		}
+	}
+	if len(sc.cands) == 0 {
+		for _, b := range snap.All {
+			if b.Serves(v.Model) {
+				return ErrNoBackend
+			}
+		}
+		return ErrUnknownModel
+	}
+	if s.narrow(sc, v) == 0 {
+		return ErrNoBackend
+	}
+	return nil
+}
 
 // narrow runs the scheduler's filters (Config.Filters, policy.Filter)
 // over sc.cands, in order: each keeps the candidates of the lowest
@@ -29,6 +79,17 @@ func (s *Scheduler) narrow(sc *scratch, v *request.View) int {
 		sc.cands = kept
 	}
 	return len(sc.cands)
+}
+
+// tokens sets sc.matched, sc.cached and sc.uncached per candidate from
+// the match in sc.all (see split).
+func (s *Scheduler) tokens(sc *scratch, v *request.View) {
+	sc.matched, sc.cached, sc.uncached = sc.matched[:0], sc.cached[:0], sc.uncached[:0]
+	for _, b := range sc.cands {
+		m := sc.all[b.ID]
+		c, u := s.split(v, m)
+		sc.matched, sc.cached, sc.uncached = append(sc.matched, m), append(sc.cached, c), append(sc.uncached, u)
+	}
 }
 
 // score sums the scheduler's scorers' costs (Config.Scorers,
