@@ -30,9 +30,8 @@ type Hold struct {
 	Slack float64
 	Cap   time.Duration
 	// Transit is the time from a grant to the routing of the request
-	// granted; 0 routes it at the grant's instant, which is as long as a
-	// live router's routing takes, to the resolution of the simulator's
-	// events.
+	// granted (work the router does in between); 0 routes it at the
+	// grant's instant, as a live router routes in microseconds.
 	Transit time.Duration
 }
 
