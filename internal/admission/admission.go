@@ -289,14 +289,14 @@ func (c *Controller) Len() int {
 func (c *Controller) tick() {
 	t := time.NewTicker(c.cfg.Recheck)
 	defer t.Stop()
-	for now := range t.C {
+	for range t.C {
 		c.mu.Lock()
 		if c.gate.Len() == 0 {
 			c.ticking = false
 			c.mu.Unlock()
 			return
 		}
-		c.dispatchLocked(now)
+		c.dispatchLocked(time.Now())
 		c.mu.Unlock()
 	}
 }

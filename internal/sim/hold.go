@@ -17,10 +17,11 @@ import (
 //
 // The decision is the live router's own: an admission.Gate, which the live
 // admission Controller wraps with its lock and channels, driven here in
-// virtual time. A request granted by the gate is routed at once, so its
-// grant is in transit for no virtual time (the live router's transit lasts
-// as long as its routing); the gate's other rules (no arrival passes a
-// waiter, one grant at a time) apply as they do live.
+// virtual time. A request the gate grants is routed Transit later, and
+// its grant released then: meanwhile the gate grants nobody else and
+// every arrival waits (see admission.Gate), as live while the router
+// routes a granted request (or does any other work between the grant and
+// the routing, such as a tokenizer call).
 type Hold struct {
 	// Tokens is the per-engine bound of queued prefill, in tokens.
 	Tokens int64
@@ -28,6 +29,10 @@ type Hold struct {
 	Order admission.Order
 	Slack float64
 	Cap   time.Duration
+	// Transit is the time from a grant to the routing of the request
+	// granted (work the router does in between); 0 routes it at the
+	// grant's instant, as a live router routes in microseconds.
+	Transit time.Duration
 }
 
 // held is one request the router holds.
@@ -70,19 +75,39 @@ func (s *sim) hold(k int, v *request.View, hashes []uint64) bool {
 	return true
 }
 
-// bindHeld routes the held requests the gate grants: each is routed at
-// once, which puts its load where the gate's saturation rule reads it, and
-// then releases its grant, which lets the gate grant the next.
+// bindHeld routes the held requests the gate grants, one at a time: each
+// is routed Hold.Transit after its grant (at once without), which puts its
+// load where the gate's saturation rule reads it, and then releases its
+// grant, which lets the gate grant the next.
 func (s *sim) bindHeld() {
 	if s.held == nil {
 		return
 	}
 	now := Epoch.Add(s.now)
 	for e := s.held.Grant(now); e != nil; e = s.held.Grant(now) {
-		h := e.Value.(*held)
-		s.bind(h.k, h.v, h.hashes)
-		s.held.Release()
+		s.granted = e.Value.(*held)
+		if s.cfg.Hold.Transit > 0 {
+			s.push(s.now+s.cfg.Hold.Transit, evBind, 0)
+			return
+		}
+		s.routeGranted()
 	}
+}
+
+// bindGranted routes the granted request at the end of its transit, and
+// grants the next.
+func (s *sim) bindGranted() {
+	s.routeGranted()
+	s.bindHeld()
+}
+
+// routeGranted routes the request whose grant is in transit and releases
+// the grant.
+func (s *sim) routeGranted() {
+	h := s.granted
+	s.granted = nil
+	s.bind(h.k, h.v, h.hashes)
+	s.held.Release()
 }
 
 // finish fails the requests still held when no event is left to bind

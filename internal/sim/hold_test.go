@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,22 +18,30 @@ import (
 // three cold 1k-token prompts at 10-12 ms, every block of its own.
 func holdTrace(t *testing.T) []workload.Request {
 	t.Helper()
+	return coldTrace(t, func(line func(ms, in int)) {
+		for i := range 4 {
+			line(i, 32768)
+		}
+		for i := range 3 {
+			line(10+i, 1024)
+		}
+	})
+}
+
+// coldTrace loads the trace that write writes with line(ms, tokens), each
+// request a cold prompt of its own blocks with 4 output tokens.
+func coldTrace(t *testing.T, write func(line func(ms, in int))) []workload.Request {
+	t.Helper()
 	var b strings.Builder
 	id := 0
-	line := func(ms, in int) {
+	write(func(ms, in int) {
 		var ids []string
 		for range (in + 511) / 512 {
 			ids = append(ids, fmt.Sprint(id))
 			id++
 		}
 		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": 4, "hash_ids": [%s]}`+"\n", ms, in, strings.Join(ids, ", "))
-	}
-	for i := range 4 {
-		line(i, 32768)
-	}
-	for i := range 3 {
-		line(10+i, 1024)
-	}
+	})
 	path := filepath.Join(t.TempDir(), "trace.jsonl")
 	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
@@ -145,4 +154,72 @@ func TestHoldWithReplicasRefused(t *testing.T) {
 	if _, err := newSim(reqs, Config{Engines: engines, Policy: "kvroute", Replicas: 2, Hold: &Hold{Tokens: 1}}); err == nil {
 		t.Error("late binding with 2 replicas accepted")
 	}
+}
+
+// TestHoldTransit gives each grant a transit of 30 ms before its request
+// is routed (a router that tokenizes while holding the grant, say), on two
+// engines held at a bound of 16,384 tokens, with 1k-token prompts arriving
+// every 50 ms for 20 s behind four long ones: held while the long ones
+// prefill, then draining, the queue empty at times with a grant in
+// transit. The gate grants one request at a time, so held requests are
+// routed at least a transit apart (the queue drains at one request per
+// transit), and no arrival passes a granted request that is not routed
+// yet, though the capacity it will take still reads as free (FCFS: every
+// request is routed in its order of arrival).
+func TestHoldTransit(t *testing.T) {
+	const transit = 30 * time.Millisecond
+	reqs := coldTrace(t, func(line func(ms, in int)) {
+		for i := range 4 {
+			line(i, 32768)
+		}
+		for ms := 10; ms < 20000; ms += 50 {
+			line(ms, 1024)
+		}
+	})
+	engines, err := ParseEngines("2", testPreset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := Run(reqs, Config{Engines: engines, Policy: "kvroute", Seed: 1,
+		Hold: &Hold{Tokens: 16384, Order: admission.FCFS, Transit: transit}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run.Completed != len(reqs) || run.Errors != 0 {
+		t.Fatalf("completed %d, errors %d, want %d and 0", run.Completed, run.Errors, len(reqs))
+	}
+	routed := make([]time.Duration, len(reqs)) // when each request reached its engine
+	var binds []time.Duration                  // when each held request did
+	for _, smp := range run.Samples {
+		routed[smp.Request] = smp.Start + smp.Held
+		if smp.Held > 0 {
+			binds = append(binds, smp.Start+smp.Held)
+		}
+	}
+	if len(binds) < 3 {
+		t.Fatalf("%d requests held: the run tests nothing", len(binds))
+	}
+	slices.Sort(binds)
+	for i := 1; i < len(binds); i++ {
+		if gap := binds[i] - binds[i-1]; gap < transit {
+			t.Errorf("held requests routed %v apart, at %v and %v: two grants in transit at once", gap, binds[i-1], binds[i])
+		}
+	}
+	inTransit := 0 // arrivals while a grant was in transit
+	for k, r := range reqs {
+		for _, b := range binds {
+			if r.At >= b-transit && r.At < b {
+				inTransit++
+				break
+			}
+		}
+		if k > 0 && routed[k] < routed[k-1] {
+			t.Errorf("request %d (arrived at %v) routed at %v, before request %d (arrived at %v) at %v",
+				k, r.At, routed[k], k-1, reqs[k-1].At, routed[k-1])
+		}
+	}
+	if inTransit == 0 {
+		t.Fatal("no request arrived while a grant was in transit: the run tests nothing")
+	}
+	t.Logf("%d of %d requests held, %d arrived while a grant was in transit", len(binds), len(reqs), inTransit)
 }

@@ -116,6 +116,7 @@ const (
 	evStepStart
 	evKV    // an engine's events reach the router (kvevents.go)
 	evFault // engine 0 restarts (kvevents.go)
+	evBind  // a held request's grant reaches routing (hold.go, Hold.Transit)
 )
 
 // event is one entry of the event heap. Arrivals are not kept in the heap
@@ -250,6 +251,9 @@ type sim struct {
 	// requests for late binding, nil without Config.Hold (hold.go).
 	fleet *fleet.Fleet
 	held  *admission.Gate
+	// granted is the held request whose grant is in transit until its
+	// evBind (Hold.Transit), or nil.
+	granted *held
 }
 
 func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
@@ -379,6 +383,8 @@ func (s *sim) until(at time.Duration) {
 			s.deliverKV(int(e.engine))
 		case evFault:
 			s.restart(int(e.engine))
+		case evBind:
+			s.bindGranted()
 		}
 	}
 	if at >= 0 {
