@@ -1,9 +1,9 @@
 // Command kvroute-image builds kvroute's container image without Docker or
-// a registry, and reproducibly: the same checkout and Go toolchain give the
-// same image digest. It builds the static binary for each platform, packs
-// it as the repository's Dockerfile would (internal/image), and writes an
-// OCI image layout, a tarball that docker load and kind load take, or
-// pushes to a registry:
+// a registry, and reproducibly: the same checkout, Go toolchain and CA
+// bundle give the same image digest. It builds the static binary for each
+// platform, packs it as the repository's Dockerfile would (internal/image),
+// and writes an OCI image layout, a tarball that docker load and kind load
+// take, or pushes to a registry:
 //
 //	go run ./cmd/kvroute-image                               # ./kvroute-oci, linux/amd64 and linux/arm64
 //	go run ./cmd/kvroute-image -tar kvroute.tar -platform linux/amd64
@@ -97,7 +97,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	if *caCerts != "" {
 		if opts.CACerts, err = os.ReadFile(*caCerts); err != nil {
-			return fmt.Errorf("-ca-certs: %w", err)
+			return fmt.Errorf("-ca-certs: %w (name this system's PEM bundle, or -ca-certs \"\" for an image without one)", err)
 		}
 	}
 
