@@ -162,15 +162,21 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 
 // writeLayout writes an OCI image layout whose index.json names the
 // multi-platform index by its tag (org.opencontainers.image.ref.name), as
-// skopeo's oci:DIR:TAG and crane push read it.
+// skopeo's oci:DIR:TAG and crane push read it, and by its full name.
 func writeLayout(dir string, idx v1.ImageIndex, ref name.Tag) error {
 	p, err := layout.Write(dir, empty.Index)
 	if err != nil {
 		return err
 	}
+	// containerd (ctr import, and so kind and k3s) names the image after
+	// io.containerd.image.name, in Docker's normal form.
+	reg := ref.RegistryStr()
+	if reg == name.DefaultRegistry {
+		reg = "docker.io"
+	}
 	return p.AppendIndex(idx, layout.WithAnnotations(map[string]string{
 		"org.opencontainers.image.ref.name": ref.TagStr(),
-		"io.containerd.image.name":          ref.Name(),
+		"io.containerd.image.name":          reg + "/" + ref.RepositoryStr() + ":" + ref.TagStr(),
 	}))
 }
 

@@ -81,6 +81,7 @@ func TestDefaultsRunInTheChart(t *testing.T) {
 	}
 	if len(im.Manifests) != 1 || !im.Manifests[0].MediaType.IsIndex() ||
 		im.Manifests[0].Annotations["org.opencontainers.image.ref.name"] != chart.AppVersion ||
+		im.Manifests[0].Annotations["io.containerd.image.name"] != "docker.io/"+values.Image.Repository+":"+chart.AppVersion ||
 		!strings.Contains(out.String(), "index\t"+im.Manifests[0].Digest.String()) {
 		t.Errorf("layout index %+v; want one index, tagged %s, that the output names:\n%s", im.Manifests, chart.AppVersion, out.String())
 	}
