@@ -1,9 +1,9 @@
 // Command kvroute-image builds kvroute's container image without Docker or
-// a registry, and reproducibly: the same checkout and Go toolchain give the
-// same image digest. It builds the static binary for each platform, packs
-// it as the repository's Dockerfile would (internal/image), and writes an
-// OCI image layout, a tarball that docker load and kind load take, or
-// pushes to a registry:
+// a registry, and reproducibly: the same checkout, Go toolchain and CA
+// bundle give the same image digest. It builds the static binary for each
+// platform, packs it as the repository's Dockerfile would (internal/image),
+// and writes an OCI image layout, a tarball that docker load and kind load
+// take, or pushes to a registry:
 //
 //	go run ./cmd/kvroute-image                               # ./kvroute-oci, linux/amd64 and linux/arm64
 //	go run ./cmd/kvroute-image -tar kvroute.tar -platform linux/amd64
@@ -97,7 +97,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	if *caCerts != "" {
 		if opts.CACerts, err = os.ReadFile(*caCerts); err != nil {
-			return fmt.Errorf("-ca-certs: %w", err)
+			return fmt.Errorf("-ca-certs: %w (name this system's PEM bundle, or -ca-certs \"\" for an image without one)", err)
 		}
 	}
 
@@ -162,15 +162,21 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 
 // writeLayout writes an OCI image layout whose index.json names the
 // multi-platform index by its tag (org.opencontainers.image.ref.name), as
-// skopeo's oci:DIR:TAG and crane push read it.
+// skopeo's oci:DIR:TAG and crane push read it, and by its full name.
 func writeLayout(dir string, idx v1.ImageIndex, ref name.Tag) error {
 	p, err := layout.Write(dir, empty.Index)
 	if err != nil {
 		return err
 	}
+	// containerd (ctr import, and so kind and k3s) names the image after
+	// io.containerd.image.name, in Docker's normal form.
+	reg := ref.RegistryStr()
+	if reg == name.DefaultRegistry {
+		reg = "docker.io"
+	}
 	return p.AppendIndex(idx, layout.WithAnnotations(map[string]string{
 		"org.opencontainers.image.ref.name": ref.TagStr(),
-		"io.containerd.image.name":          ref.Name(),
+		"io.containerd.image.name":          reg + "/" + ref.RepositoryStr() + ":" + ref.TagStr(),
 	}))
 }
 
