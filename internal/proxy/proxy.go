@@ -22,7 +22,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvroute/kvroute/internal/tokenize"
 	"log"
 	"log/slog"
 	"net"
@@ -41,6 +40,7 @@ import (
 	"github.com/kvroute/kvroute/internal/peerlink"
 	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/scheduler"
+	"github.com/kvroute/kvroute/internal/tokenize"
 )
 
 // Server is the data plane: one exchange per request (exchange.go) over
