@@ -126,6 +126,8 @@ type Parts struct {
 	Admission *admission.Controller
 	// Peers is the link to the other replicas; nil with sync off.
 	Peers *peerlink.Link
+	// Tracer traces each exchange (NewTracer); nil with tracing off.
+	Tracer *Tracer
 	// Decisions is the log the exchanges record to, and Admin the API
 	// mounted at /admin/ (on the client listener without admin.listen).
 	Decisions *admin.Log
@@ -151,6 +153,7 @@ func New(p Parts) (*Server, error) {
 		peers:     p.Peers,
 		decisions: p.Decisions,
 		adminAPI:  p.Admin,
+		tracing:   p.Tracer,
 		parse:     request.Options{SessionField: cfg.Session.BodyField, MaxMessages: cfg.Limits.MaxMessages},
 		proxyLog:  slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 	}
@@ -163,10 +166,6 @@ func New(p Parts) (*Server, error) {
 		Name: "kvroute_buffered_body_bytes",
 		Help: "Bytes of request bodies the router holds in memory (read whole before routing, kept until the request ends), against limits.max_buffered_bytes.",
 	}, func() float64 { return float64(s.bodies.used.Load()) }))
-	var err error
-	if s.tracing, err = newTracing(cfg.Tracing, logger); err != nil {
-		return nil, fmt.Errorf("tracing: %w", err)
-	}
 	creds, err := newCredentials(cfg)
 	if err != nil {
 		return nil, err
@@ -176,6 +175,22 @@ func New(p Parts) (*Server, error) {
 	s.handler = s.accessLog(s.guardLoop(guardFraming(s.limitBody(s.requireKey(s.routes())))))
 	return s, nil
 }
+
+// Tracer is the data plane's OpenTelemetry tracer (tracing.go).
+type Tracer = tracing
+
+// NewTracer builds the tracer of the tracing section, or returns nil
+// when tracing is off.
+func NewTracer(c config.Tracing, log *slog.Logger) (*Tracer, error) {
+	t, err := newTracing(c, log)
+	if err != nil {
+		return nil, fmt.Errorf("tracing: %w", err)
+	}
+	return t, nil
+}
+
+// Shutdown flushes the spans still buffered; a nil tracer has none.
+func (t *Tracer) Shutdown(ctx context.Context) error { return t.shutdown(ctx) }
 
 // Handler returns the router's HTTP handler.
 func (s *Server) Handler() http.Handler { return s.handler }
@@ -259,8 +274,7 @@ func (s *Server) Addr() string {
 
 // Shutdown closes the admin listener, stops accepting connections and
 // waits for in-flight requests (streams included) to finish until ctx is
-// done, when it closes the remaining connections; then it flushes the
-// spans still buffered.
+// done, when it closes the remaining connections.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	srv, asrv := s.httpSrv, s.adminSrv
@@ -273,9 +287,6 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		if err = srv.Shutdown(ctx); err != nil {
 			_ = srv.Close()
 		}
-	}
-	if terr := s.tracing.shutdown(ctx); err == nil {
-		err = terr
 	}
 	return err
 }

@@ -2,8 +2,8 @@
 // validated configuration it builds every part of one router (the fleet,
 // the scheduler and its policy, the control plane's members with their KV
 // event streams, the engine monitor, admission, the link to the peer
-// replicas, the tokenizer, the admin API, the metrics registry, the
-// connections to the backends) and hands them, already built, to the data
+// replicas, the tokenizer, the tracer, the admin API, the metrics
+// registry, the connections to the backends) and hands them, already built, to the data
 // plane (package proxy). It starts and stops them in order and applies
 // reloads.
 //
@@ -46,6 +46,7 @@ type Server struct {
 	monitor  *monitor.Monitor // nil with engines.enabled off
 	scrapes  *http.Transport  // the monitor's connections; nil when monitor is
 	peers    *peerlink.Link   // nil with sync off
+	tracer   *proxy.Tracer    // nil with tracing off
 	adminAPI *admin.Handler
 	proxy    *proxy.Server
 
@@ -140,9 +141,12 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		logger.Info("admin API enabled", "path", admin.Prefix)
 	}
 	s.adminAPI = admin.New(token, adminSource{s}, decisions)
+	if s.tracer, err = proxy.NewTracer(cfg.Tracing, logger); err != nil {
+		return nil, err
+	}
 	s.proxy, err = proxy.New(proxy.Parts{Config: cfg, Log: logger, Fleet: s.fleet, Scheduler: s.sched, Members: s.set,
 		Upstream: s.upstream, Metrics: s.metrics, Tokenizer: tok, Admission: adm, Peers: s.peers,
-		Decisions: decisions, Admin: s.adminAPI})
+		Tracer: s.tracer, Decisions: decisions, Admin: s.adminAPI})
 	if err != nil {
 		return nil, err
 	}
@@ -227,9 +231,9 @@ func (s *Server) AdminAddr() string { return s.proxy.AdminAddr() }
 
 // Shutdown stops the health checks and the monitor, stops accepting
 // connections and waits for in-flight requests (streams included) to
-// finish until ctx is done, when it closes the remaining connections;
-// the link to the peers closes last, so that the requests' ends are
-// shared too.
+// finish until ctx is done, when it closes the remaining connections,
+// and flushes the spans still buffered; the link to the peers closes
+// last, so that the requests' ends are shared too.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	stop := s.stop
@@ -240,6 +244,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.checks.Wait()
 	s.set.Wait()
 	err := s.proxy.Shutdown(ctx)
+	if terr := s.tracer.Shutdown(ctx); err == nil {
+		err = terr
+	}
 	s.upstream.CloseIdleConnections()
 	if s.scrapes != nil {
 		s.scrapes.CloseIdleConnections()
