@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/config"
-	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/server"
 )
 
 // vllmExposition is what the test backends serve at /metrics: enough of
@@ -130,7 +130,7 @@ upstream: {discover_models: false}
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := proxy.New(cfg, nil)
+	s, err := server.New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -107,7 +107,7 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	fmt.Fprintf(stdout, "workload: %d requests over %.0fs emulated (%.0fs of wall clock per policy)\n", len(reqs), span, span/timeScale)
 	var oracle *report.Oracle
 	if w.oracle {
-		if oracle, _, err = workloadOracle(stdout, reqs, engines, offered); err != nil {
+		if oracle, err = workloadOracle(stdout, reqs, engines, offered); err != nil {
 			return nil, err
 		}
 	}
@@ -142,7 +142,7 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 		return nil, err
 	}
 	if oracle != nil {
-		applyOracle(rep.Runs, oracle)
+		sim.ApplyOracle(rep.Runs, oracle)
 		rep.Oracle = oracle
 	}
 	fmt.Fprintf(stdout, "\noffered load %.2f of the fleet's prefill capacity (every prompt token counted uncached)\n", offered)

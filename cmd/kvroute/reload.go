@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/config"
-	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/server"
 )
 
 // watchReloads reloads srv's configuration with load on SIGHUP and, when
@@ -17,7 +17,7 @@ import (
 // config file, and the listener's certificate and key, which cert-manager
 // renews in place), until ctx is done. An invalid configuration is logged
 // and ignored.
-func watchReloads(ctx context.Context, paths []string, poll time.Duration, srv *proxy.Server, load func() (*config.Config, error), log *slog.Logger) {
+func watchReloads(ctx context.Context, paths []string, poll time.Duration, srv *server.Server, load func() (*config.Config, error), log *slog.Logger) {
 	reload := make(chan struct{}, 1)
 	kick := func() {
 		select {

@@ -14,7 +14,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/policy"
-	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/server"
 )
 
 func init() {
@@ -144,7 +144,7 @@ flags:
 		return 2
 	}
 	log := newLogger(os.Stderr, cfg.Log)
-	srv, err := proxy.New(cfg, log)
+	srv, err := server.New(cfg, log)
 	if err != nil {
 		log.Error("start", "err", err)
 		return 1

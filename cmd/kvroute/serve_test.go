@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/config"
-	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/server"
 )
 
 // serveLoader parses args as serve does (flags, then the environment)
@@ -130,7 +130,7 @@ func TestReloadWatchesCertFiles(t *testing.T) {
 	}
 	plain := config.Default() // the router itself serves plain HTTP: only its reload is driven
 	plain.Backends, plain.Upstream.DiscoverModels = cfg.Backends, false
-	srv, err := proxy.New(plain, nil)
+	srv, err := server.New(plain, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

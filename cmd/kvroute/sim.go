@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/bench"
@@ -226,73 +225,40 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, lb *lateFlags, sweep 
 	}
 	capacity := sim.Capacity(engines)
 	fmt.Fprintf(stdout, "fleet: %d engines, prefill capacity %.0f prompt tokens/s\n", len(engines), capacity)
-
-	rep := &report.Report{}
-	var jobs []sim.Job
-	var routed atomic.Int64 // every run's requests routed so far
-	// oracles[k] bounds the k-th load's requests: a synthetic workload is
-	// regenerated at each load's rate, so each load has its own bound.
-	var oracles []*report.Oracle
-	for _, load := range loads {
-		reqs, offered, err := sim.LoadAt(w.workload, w.options(), load, capacity)
-		if err != nil {
-			return err
-		}
-		var own []time.Duration
-		if w.oracle {
-			var o *report.Oracle
-			o, own, err = workloadOracle(stdout, reqs, engines, load)
-			if err != nil {
-				return err
-			}
-			oracles = append(oracles, o)
-		}
-		faults, err := kv.faults(reqs)
-		if err != nil {
-			return err
-		}
-		for _, p := range policies {
-			for _, h := range holds {
-				for _, v := range variants {
-					jobs = append(jobs, sim.Job{Reqs: reqs, Config: sim.Config{
-						Engines: engines, KVBlocks: w.kvBlocks, ConfigureLimits: w.configureLimits, Policy: p, Seed: w.seed, OfferedLoad: offered,
-						Name: p + h.suffix + v.suffix, KVEvents: v.kv, Faults: faults,
-						Replicas: w.replicas, SyncDelay: w.syncDelay, NoSync: w.noSync,
-						Hold: h.hold, OracleTTFT: own, Routed: &routed,
-					}})
-				}
-			}
-		}
+	plan, err := sim.Matrix{
+		Base: sim.Config{Engines: engines, KVBlocks: w.kvBlocks, ConfigureLimits: w.configureLimits, Seed: w.seed,
+			Replicas: w.replicas, SyncDelay: w.syncDelay, NoSync: w.noSync},
+		Workload: w.workload, Options: w.options(), Loads: loads, Policies: policies,
+		Holds: holds, KV: variants, Oracle: w.oracle, Fault: kv.fault,
+	}.Plan()
+	if err != nil {
+		return err
 	}
-	if len(oracles) == 1 {
-		rep.Oracle = oracles[0]
+	for i, o := range plan.Oracles {
+		printOracle(stdout, loads[i], o, plan.OraclePreset)
+	}
+	rep := &report.Report{}
+	if len(plan.Oracles) == 1 {
+		rep.Oracle = plan.Oracles[0]
 	}
 	start := time.Now()
-	total := 0
-	for _, j := range jobs {
-		total += len(j.Reqs)
-	}
+	total, jobs := plan.Requests(), plan.Jobs
 	stop := progressOut().Lines(func(el time.Duration) string {
-		return fmt.Sprintf("sim: %d/%d requests routed over %d runs, %v", routed.Load(), total, len(jobs), el)
+		return fmt.Sprintf("sim: %d/%d requests routed over %d runs, %v", plan.Routed.Load(), total, len(jobs), el)
 	})
-	runs, err := sim.RunAll(jobs, parallel)
+	runs, err := plan.Run(parallel)
 	stop()
 	if err != nil {
 		return err
 	}
 	elapsed := time.Since(start)
-	perLoad := len(policies) * len(holds) * len(variants)
-	if w.oracle {
-		for i := 0; i < len(runs); i += perLoad {
-			applyOracle(runs[i:i+perLoad], oracles[i/perLoad])
-		}
-	}
+	perLoad := plan.PerLoad
 	rep.Runs = runs
 
 	for i := 0; i < len(runs); i += perLoad {
 		group := &report.Report{Runs: runs[i : i+perLoad]}
 		if w.oracle {
-			group.Oracle = oracles[i/perLoad]
+			group.Oracle = plan.Oracles[i/perLoad]
 		}
 		fmt.Fprintf(stdout, "\noffered load %.2f of the fleet's prefill capacity (every prompt token counted uncached), %d requests\n",
 			group.Runs[0].OfferedLoad, len(jobs[i].Reqs))
@@ -321,40 +287,23 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, lb *lateFlags, sweep 
 	return nil
 }
 
-// fastestPreset is the preset with the highest prefill capacity: the fleet-level
-// TTFT bound assumes the best engine.
-// workloadOracle computes the bounds of reqs (sim.Oracle) on the fleet's
-// fastest preset, which bounds every engine of a mixed fleet, and prints them.
-// It also returns each request's own oracle TTFT (sim.OracleTTFTs).
-func workloadOracle(stdout io.Writer, reqs []workload.Request, engines []engine.Preset, load float64) (*report.Oracle, []time.Duration, error) {
-	p := fastestPreset(engines)
-	o, own, err := sim.OracleTTFTs(reqs, p, request.Options{})
+// workloadOracle computes the bounds of reqs (sim.OracleTTFTs) on the
+// fleet's fastest preset, which bounds every engine of a mixed fleet, and
+// prints them.
+func workloadOracle(stdout io.Writer, reqs []workload.Request, engines []engine.Preset, load float64) (*report.Oracle, error) {
+	p := sim.FastestPreset(engines)
+	o, _, err := sim.OracleTTFTs(reqs, p, request.Options{})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
+	printOracle(stdout, load, &o, p)
+	return &o, nil
+}
+
+// printOracle prints a load's bounds, computed on preset p.
+func printOracle(stdout io.Writer, load float64, o *report.Oracle, p engine.Preset) {
 	fmt.Fprintf(stdout, "oracle at load %.2f: hit rate %.1f%% (one server, infinite cache), TTFT mean >= %.1f ms, p99 >= %.1f ms (cached prefix, no queueing, %s)\n",
 		load, 100*o.HitRate, o.MeanTTFTms, o.P99TTFTms, p.Name)
-	return &o, own, nil
-}
-
-// applyOracle sets each run's hit rate as a share of the oracle's.
-func applyOracle(runs []report.Run, o *report.Oracle) {
-	if o.HitRate <= 0 {
-		return
-	}
-	for i := range runs {
-		runs[i].OfOracle = runs[i].PrefixHitRate / o.HitRate
-	}
-}
-
-func fastestPreset(engines []engine.Preset) engine.Preset {
-	best := engines[0]
-	for _, p := range engines[1:] {
-		if p.PrefillTokensPerSec() > best.PrefillTokensPerSec() {
-			best = p
-		}
-	}
-	return best
 }
 
 func writeReportJSON(path string, rep *report.Report) error {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"time"
@@ -51,33 +50,14 @@ func (l *lateFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&l.cap, "hold-cap", admission.DefaultCap, "with --late-binding and --hold-order deadline: the most a deadline lies after its arrival")
 }
 
-// hold is one run per policy: its name's suffix and its hold (nil: none).
-type hold struct {
-	suffix string
-	hold   *sim.Hold
-}
-
 // holds are the runs of each policy that --late-binding asks for.
-func (l *lateFlags) holds() ([]hold, error) {
+func (l *lateFlags) holds() ([]sim.Variant, error) {
 	if l.mode != "on" && l.mode != "both" {
-		return []hold{{}}, nil
+		return sim.HoldVariants(sim.LateOff, sim.Hold{})
 	}
-	if l.tokens <= 0 {
-		return nil, errors.New("--hold-tokens must be positive")
-	}
-	if !(l.slack > 0) {
-		return nil, errors.New("--hold-slack must be positive")
-	}
-	if l.cap <= 0 {
-		return nil, errors.New("--hold-cap must be positive")
-	}
-	o, err := admission.ParseOrder(l.order)
+	o, err := sim.ParseHoldOrder(l.order)
 	if err != nil {
-		return nil, fmt.Errorf("--hold-order: %w", err)
+		return nil, err
 	}
-	on := hold{"+late", &sim.Hold{Tokens: l.tokens, Order: o, Slack: l.slack, Cap: l.cap}}
-	if l.mode == "on" {
-		return []hold{on}, nil
-	}
-	return []hold{{}, on}, nil
+	return sim.HoldVariants(sim.LateBinding(l.mode), sim.Hold{Tokens: l.tokens, Order: o, Slack: l.slack, Cap: l.cap})
 }

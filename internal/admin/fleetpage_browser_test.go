@@ -19,7 +19,7 @@ import (
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
-	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/server"
 )
 
 // TestFleetPageInBrowser serves the fleet page from a live router over
@@ -84,7 +84,7 @@ func TestFleetPageInBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := proxy.New(cfg, nil)
+	srv, err := server.New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

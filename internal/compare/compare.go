@@ -25,8 +25,8 @@ import (
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/kvevents"
-	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/report"
+	"github.com/kvroute/kvroute/internal/server"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -61,7 +61,7 @@ type Config struct {
 	Replicas int
 	// KillReplicaAt > 0 kills the last replica of the replica run that
 	// long (wall clock) after the run starts, as a crash would (see
-	// proxy.Server.Kill); the client then sends the requests it refuses
+	// server.Server.Kill); the client then sends the requests it refuses
 	// to the next replica (see bench.Config.Spread), and Killed hears
 	// what happened.
 	KillReplicaAt time.Duration
@@ -196,7 +196,7 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 	}
 	var (
 		targets []string
-		routers []*proxy.Server
+		routers []*server.Server
 	)
 	if replicas > 1 {
 		url, err := stack.nats()
@@ -256,11 +256,11 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 
 // startRouter validates c, starts a router with it and sizes its prefix
 // index from the engines' KV caches.
-func startRouter(stack *servers, c *config.Config, logger *slog.Logger, engineOf map[string]int, kv []int) (*proxy.Server, error) {
+func startRouter(stack *servers, c *config.Config, logger *slog.Logger, engineOf map[string]int, kv []int) (*server.Server, error) {
 	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("router config: %w", err)
 	}
-	rt, err := proxy.New(c, logger)
+	rt, err := server.New(c, logger)
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)
 	}

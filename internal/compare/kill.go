@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/config"
-	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/report"
+	"github.com/kvroute/kvroute/internal/server"
 )
 
 // Kill is what happened when a replica run lost its last replica (see
@@ -40,7 +40,7 @@ type Kill struct {
 // watches the others forget it.
 type killer struct {
 	at        time.Duration
-	routers   []*proxy.Server
+	routers   []*server.Server
 	sync      config.Sync
 	timer     *time.Timer
 	watched   sync.WaitGroup

@@ -19,7 +19,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/engine"
-	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/server"
 )
 
 // TestLoadManyStreams drives several engines with many concurrent
@@ -70,7 +70,7 @@ func TestLoadManyStreams(t *testing.T) {
 		if err := cc.Validate(); err != nil {
 			t.Fatal(err)
 		}
-		rt, err := proxy.New(cc, nil)
+		rt, err := server.New(cc, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -71,7 +71,7 @@ func benchRouter(b *testing.B, backendURL, model, pol string, tracing bool) stri
 	old := newTraceExporter
 	newTraceExporter = func(context.Context, config.Tracing) (sdktrace.SpanExporter, error) { return dropExporter{}, nil }
 	defer func() { newTraceExporter = old }()
-	srv, err := New(cfg, nil)
+	srv, err := newRouter(cfg, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

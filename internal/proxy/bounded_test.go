@@ -114,7 +114,7 @@ func TestRefusedPromptsNotCached(t *testing.T) {
 	if grown > prompts*promptBytes/3 {
 		t.Errorf("live heap grew by %d bytes after %d refused prompts of %d bytes: their token ids were cached", grown, prompts, promptBytes)
 	}
-	if b := r.srv.precise.tok.CachedBytes(); b != 0 {
+	if b := r.srv.precise.CachedBytes(); b != 0 {
 		t.Errorf("the tokenizer cache holds %d bytes of refused prompts", b)
 	}
 	calls := tk.calls.Load()

@@ -49,7 +49,7 @@ func TestEngineMonitorWired(t *testing.T) {
 			if err := cfg.Validate(); err != nil {
 				t.Fatal(err)
 			}
-			s, err := New(cfg, nil)
+			s, err := newRouter(cfg, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

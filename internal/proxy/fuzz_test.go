@@ -20,7 +20,7 @@ import (
 // relayRig is a router (handler only) in front of one backend that answers
 // each request with the bytes the fuzz input chose.
 type relayRig struct {
-	srv     *Server
+	srv     *router
 	answers sync.Map // X-Fuzz-Key -> []byte
 	split   sync.Map // X-Fuzz-Key -> int
 	next    atomic.Int64
@@ -50,7 +50,7 @@ func newRelayRig(f *testing.F) *relayRig {
 	if err := cfg.Validate(); err != nil {
 		f.Fatal(err)
 	}
-	srv, err := New(cfg, nil)
+	srv, err := newRouter(cfg, nil)
 	if err != nil {
 		f.Fatal(err)
 	}

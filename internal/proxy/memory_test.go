@@ -59,7 +59,7 @@ func memoryRig(t testing.TB) (string, func()) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := New(cfg, nil)
+	srv, err := newRouter(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

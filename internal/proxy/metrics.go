@@ -21,9 +21,11 @@ func (s *Server) policyName() string { return s.sched.Policy().Name() }
 // noBackend is the backend label of requests the router answered itself.
 const noBackend = "none"
 
-// metrics are the router's Prometheus metrics, in a registry of their own
-// so that several routers can live in one process (tests, compare).
-type metrics struct {
+// Metrics are the router's Prometheus metrics, in a registry of their own
+// so that several routers can live in one process (tests, compare): the
+// data plane's families, the fleet's gauges and the process's. The other
+// parts of the router register theirs in Registry.
+type Metrics struct {
 	reg *prometheus.Registry
 
 	requests       *prometheus.CounterVec
@@ -39,8 +41,9 @@ type metrics struct {
 	bodyBudgetRejects prometheus.Counter
 }
 
-func newMetrics(f *fleet.Fleet) *metrics {
-	m := &metrics{
+// NewMetrics returns the router's metrics over f, in a new registry.
+func NewMetrics(f *fleet.Fleet) *Metrics {
+	m := &Metrics{
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_requests_total",
@@ -104,15 +107,18 @@ func newMetrics(f *fleet.Fleet) *metrics {
 	return m
 }
 
-// series are the per-backend families whose children each backend's
+// Registry is the registry every part of the router registers in.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Series are the per-backend families whose children each backend's
 // record resolves once.
-func (m *metrics) series() members.Series {
+func (m *Metrics) Series() members.Series {
 	return members.Series{Requests: m.requests, TTFT: m.ttft, E2E: m.e2e, ITL: m.itl, InputTokens: m.tokensIn, OutputTokens: m.tokensOut,
 		Ejections: m.ejections, UpstreamErrors: m.upstreamErrors}
 }
 
 // routed counts a routing decision's prompt and predicted cache hit.
-func (m *metrics) routed(v *request.View, a *scheduler.Assignment) {
+func (m *Metrics) routed(v *request.View, a *scheduler.Assignment) {
 	m.promptTokens.Add(float64(v.PromptTokens))
 	if a.MatchedTokens > 0 {
 		m.prefixHit.Add(float64(a.MatchedTokens))
@@ -135,7 +141,7 @@ func modelLabel(f *fleet.Fleet, model string) string {
 	return "other"
 }
 
-func (m *metrics) handler() http.Handler {
+func (m *Metrics) handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
 }
 

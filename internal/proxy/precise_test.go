@@ -111,7 +111,7 @@ func TestPreciseRouting(t *testing.T) {
 	if reason := res.header.Get("X-Kvroute-Reason"); !strings.Contains(reason, "match=approximate") {
 		t.Errorf("tokenizer down: reason %q, want match=approximate", reason)
 	}
-	if n := counterValue(r.srv.precise.failures.WithLabelValues("error")); n != 1 {
+	if n := counterValue(r.srv.precise.Failures(tokenize.FailError)); n != 1 {
 		t.Errorf("%v tokenize failures counted, want 1", n)
 	}
 

@@ -4,9 +4,13 @@
 // reverse proxy (streams flushed event by event), retries on another
 // backend when one fails before the first response byte, and settles the
 // request once: metrics, decision log, load release, admission wake. It
-// also serves /v1/models, the probes, /metrics and the admin API, and wires
-// the control plane (package members, which owns everything known about
-// each backend) and the engine monitor.
+// also serves /v1/models, the probes, /metrics and the admin API, with the
+// client limits (connections, bodies, API keys) in front of them.
+//
+// It is given every part it uses already built (Parts: the control plane's
+// members, the scheduler, admission, the link to the peers, the tokenizer,
+// the admin API); package server builds them from the configuration,
+// starts and stops them, and applies reloads.
 //
 // It must not make routing decisions of its own for completions (package
 // scheduler does) nor keep per-backend state (package members does), and
@@ -16,7 +20,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log"
@@ -25,7 +28,6 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -35,17 +37,15 @@ import (
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/lifecycle"
 	"github.com/kvroute/kvroute/internal/members"
-	"github.com/kvroute/kvroute/internal/monitor"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/peerlink"
-	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/scheduler"
+	"github.com/kvroute/kvroute/internal/tokenize"
 )
 
-// Server is one router: the control plane's set of backends (package
-// members), a scheduler with one policy, and the data plane in front of
-// them: one exchange per request (exchange.go).
+// Server is the data plane: one exchange per request (exchange.go) over
+// the parts it is given (Parts).
 type Server struct {
 	cfg      *config.Config
 	log      *slog.Logger
@@ -53,17 +53,11 @@ type Server struct {
 	sched    *scheduler.Scheduler
 	set      *members.Set
 	upstream *http.Transport
-	metrics  *metrics
-	monitor  *monitor.Monitor // nil with engines.enabled off
-	scrapes  *http.Transport  // the monitor's connections; nil when monitor is
+	metrics  *Metrics
 	parse    request.Options
 	handler  http.Handler
 	// proxyLog is the reverse proxy's error log, at debug level.
 	proxyLog *log.Logger
-	// cert is the listener's certificate (listen_tls), replaced on reload;
-	// nil without TLS. upstreamTLS is upstream.tls, replaced on reload.
-	cert        atomic.Pointer[tls.Certificate]
-	upstreamTLS atomic.Pointer[config.BackendTLS]
 	// tracing is the OpenTelemetry tracer; nil with tracing off.
 	tracing *tracing
 	// creds are the API keys and the sources of priority, replaced on
@@ -71,10 +65,7 @@ type Server struct {
 	creds atomic.Pointer[credentials]
 	// precise gets requests' token ids for precise routing (precise.go);
 	// nil when no backend has a KV event stream.
-	precise *precise
-	// streamMetrics count the KV event streams (kvstream.go); nil with
-	// precise.
-	streamMetrics *streamMetrics
+	precise *tokenize.Tokenizer
 
 	// decisions is the admin API's log of the last routing decisions,
 	// and adminAPI the handler mounted at /admin/.
@@ -107,111 +98,78 @@ type Server struct {
 	// peers is the link to the other replicas; nil with sync off.
 	peers *peerlink.Link
 
-	// reload serialises Reload; last is the configuration last applied
-	// (the startup one until the first reload).
-	reload sync.Mutex
-	last   *config.Config
-
 	mu      sync.Mutex // guards the fields below
 	httpSrv *http.Server
 	ln      net.Listener
 	// adminSrv and adminLn serve admin.listen; nil without it.
 	adminSrv *http.Server
 	adminLn  net.Listener
-	stop     context.CancelFunc
-	checks   sync.WaitGroup
 }
 
-// New builds a router from cfg, which must have passed Validate. Backends
-// without a configured models list are asked for their /v1/models (bounded
-// by health.timeout) when upstream.discover_models is on; that is the only
-// network I/O New does. A nil logger discards logs.
-//
-// In-process users (tests, `kvroute compare`) build the Config with
-// config.Default, set Backends and Policy, call Validate, then New and
-// either Start or mount Handler in a server of their own.
-func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
+// Parts are what the data plane is given, built by the composition root
+// (package server) from the configuration.
+type Parts struct {
+	// Config must have passed Validate; the data plane reads its limits,
+	// timeouts and sections as they were at startup, but for what Reload
+	// replaces.
+	Config *config.Config
+	// Log nil discards logs.
+	Log       *slog.Logger
+	Fleet     *fleet.Fleet
+	Scheduler *scheduler.Scheduler
+	Members   *members.Set
+	// Upstream carries the requests to the backends.
+	Upstream *http.Transport
+	// Metrics is the router's registry with the data plane's families
+	// (NewMetrics).
+	Metrics *Metrics
+	// Tokenizer gets token ids for precise routing; nil without.
+	Tokenizer *tokenize.Tokenizer
+	// Admission is the admission queue; nil admits everything.
+	Admission *admission.Controller
+	// Peers is the link to the other replicas; nil with sync off.
+	Peers *peerlink.Link
+	// Tracer traces each exchange (NewTracer); nil with tracing off.
+	Tracer *Tracer
+	// Decisions is the log the exchanges record to, and Admin the API
+	// mounted at /admin/ (on the client listener without admin.listen).
+	Decisions *admin.Log
+	Admin     *admin.Handler
+}
+
+// New builds the data plane over p. It does no I/O.
+func New(p Parts) (*Server, error) {
+	cfg, logger := p.Config, p.Log
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	entries, err := cfg.Entries()
-	if err != nil {
-		return nil, err
-	}
-	p, err := policy.New(cfg.Policy, policy.Options{Seed: cfg.PolicyOptions.Seed, LoadFactor: cfg.PolicyOptions.LoadFactor})
-	if err != nil {
-		return nil, err
-	}
 	s := &Server{
-		cfg:      cfg,
-		log:      logger,
-		fleet:    fleet.New(),
-		parse:    request.Options{SessionField: cfg.Session.BodyField, MaxMessages: cfg.Limits.MaxMessages},
-		last:     cfg,
-		proxyLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
-	}
-	s.upstream = newTransport(cfg.Upstream, s.dialBackendTLS)
-	s.upstreamTLS.Store(cfg.Upstream.TLS)
-	if cfg.ListenTLS.Enabled() {
-		c, err := cfg.ListenTLS.Load()
-		if err != nil {
-			return nil, err
-		}
-		s.cert.Store(c)
+		cfg:       cfg,
+		log:       logger,
+		fleet:     p.Fleet,
+		sched:     p.Scheduler,
+		set:       p.Members,
+		upstream:  p.Upstream,
+		metrics:   p.Metrics,
+		precise:   p.Tokenizer,
+		adm:       p.Admission,
+		peers:     p.Peers,
+		decisions: p.Decisions,
+		adminAPI:  p.Admin,
+		tracing:   p.Tracer,
+		parse:     request.Options{SessionField: cfg.Session.BodyField, MaxMessages: cfg.Limits.MaxMessages},
+		proxyLog:  slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 	}
 	s.bodies.limit = cfg.Limits.BufferedBytes()
 	s.shares.limit = cfg.Limits.BufferedBytesPerClient()
 	s.via = viaName()
 	s.passAllow = cfg.Passthrough.Endpoints()
-	sc := scheduler.Config{BlockChars: cfg.Prefix.BlockChars, Capacity: cfg.Prefix.CapacityBlocks}
-	if wantsPrecise(entries) {
-		pc := cfg.KVEvents.Precise()
-		sc.Precise = &pc
-	}
-	s.sched = scheduler.New(s.fleet, p, sc)
-	s.metrics = newMetrics(s.fleet)
 	s.limits = newLimitHits(s.metrics.reg, logger)
-	if sc.Precise != nil {
-		if s.precise, err = newPrecise(cfg, s.fleet, s.sched.Precise(), s.metrics.reg, s.dialBackendTLS); err != nil {
-			return nil, err
-		}
-		s.streamMetrics = newStreamMetrics(s.metrics.reg)
-	}
 	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kvroute_buffered_body_bytes",
 		Help: "Bytes of request bodies the router holds in memory (read whole before routing, kept until the request ends), against limits.max_buffered_bytes.",
 	}, func() float64 { return float64(s.bodies.used.Load()) }))
-	var stream members.Stream
-	if s.precise != nil {
-		stream = s.kvStream
-	}
-	s.set = members.New(members.Config{
-		Fleet:          s.fleet,
-		Forget:         s.sched.Index().RemoveBackend,
-		Transport:      s.upstream,
-		Log:            logger,
-		Series:         s.metrics.series(),
-		Health:         cfg.Health,
-		DiscoverModels: cfg.Upstream.DiscoverModels,
-		FleetSection:   cfg.Fleet,
-		KVStream:       stream,
-	}, entries)
-	if s.adm, err = newAdmission(cfg, s.fleet, s.metrics.reg); err != nil {
-		return nil, err
-	}
-	if err := s.newMonitor(); err != nil {
-		return nil, err
-	}
-	if err := s.newSync(); err != nil {
-		return nil, err
-	}
-	if s.adminAPI, err = s.newAdmin(); err != nil {
-		return nil, err
-	}
 	s.plane = s.newPlane()
-	if s.tracing, err = newTracing(cfg.Tracing, logger); err != nil {
-		return nil, fmt.Errorf("tracing: %w", err)
-	}
 	creds, err := newCredentials(cfg)
 	if err != nil {
 		return nil, err
@@ -222,66 +180,59 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	return s, nil
 }
 
+// Tracer is the data plane's OpenTelemetry tracer (tracing.go).
+type Tracer = tracing
+
+// NewTracer builds the tracer of the tracing section, or returns nil
+// when tracing is off.
+func NewTracer(c config.Tracing, log *slog.Logger) (*Tracer, error) {
+	t, err := newTracing(c, log)
+	if err != nil {
+		return nil, fmt.Errorf("tracing: %w", err)
+	}
+	return t, nil
+}
+
+// Shutdown flushes the spans still buffered; a nil tracer has none.
+func (t *Tracer) Shutdown(ctx context.Context) error { return t.shutdown(ctx) }
+
 // Handler returns the router's HTTP handler.
 func (s *Server) Handler() http.Handler { return s.handler }
 
-// Scheduler returns the scheduler, for in-process users that want to read
-// its policy or prefix index.
-func (s *Server) Scheduler() *scheduler.Scheduler { return s.sched }
-
-// Fleet returns the fleet of backends, whose Load the router keeps.
-func (s *Server) Fleet() *fleet.Fleet { return s.fleet }
-
-// Start listens on the configured address, serves in the background and
-// starts the active health checks. Use Addr to learn the bound address
-// when listen ends in ":0".
-func (s *Server) Start() error {
-	var aln net.Listener
-	if a := s.cfg.Admin.Listen; a != "" {
-		var err error
-		if aln, err = s.listen(a); err != nil {
-			return fmt.Errorf("admin.listen: %w", err)
-		}
-	}
-	ln, err := s.listen(s.cfg.Listen)
+// PrepareReload reads what the data plane takes from cfg on a reload (the
+// API keys and the sources of priority) and returns the function that
+// applies it: nothing is applied unless every part of a reload could be
+// read.
+func (s *Server) PrepareReload(cfg *config.Config) (apply func(), err error) {
+	creds, err := newCredentials(cfg)
 	if err != nil {
-		if aln != nil {
-			_ = aln.Close()
-		}
-		return fmt.Errorf("listen: %w", err)
+		return nil, err
 	}
-	ctx, stop := context.WithCancel(context.Background())
+	return func() { s.creds.Store(creds) }, nil
+}
+
+// Serve serves the client API on ln (wrapped in the connection limit)
+// and, when adminLn is not nil, the admin API and /metrics on it, in the
+// background.
+func (s *Server) Serve(ln, adminLn net.Listener) {
 	conns := newConnLimit(ln, s.cfg.Limits.Connections(fileLimit()), s.limits)
-	ln = conns
 	srv := s.httpServer(s.handler)
 	srv.ConnState = conns.track
 	var asrv *http.Server
-	if aln != nil {
+	if adminLn != nil {
 		mux := http.NewServeMux()
 		mux.Handle(admin.Prefix, s.failures.guardAdmin(s.adminAPI))
 		mux.Handle("/metrics", s.metrics.handler())
 		asrv = s.httpServer(guardFraming(mux))
 	}
 	s.mu.Lock()
-	s.httpSrv, s.ln, s.stop, s.adminSrv, s.adminLn = srv, ln, stop, asrv, aln
+	s.httpSrv, s.ln, s.adminSrv, s.adminLn = srv, conns, asrv, adminLn
 	s.mu.Unlock()
-	s.set.Start(ctx)
-	s.startMonitor(ctx)
-	if err := s.startSync(ctx); err != nil {
-		stop()
-		_ = ln.Close()
-		if aln != nil {
-			_ = aln.Close()
-		}
-		return err
-	}
-	s.serve(srv, ln)
+	s.serve(srv, conns)
 	if asrv != nil {
-		s.serve(asrv, aln)
-		s.log.Info("admin API listening", "addr", aln.Addr().String())
+		s.serve(asrv, adminLn)
+		s.log.Info("admin API listening", "addr", adminLn.Addr().String())
 	}
-	s.log.Info("listening", "addr", ln.Addr().String(), "tls", s.cert.Load() != nil, "policy", s.sched.Policy().Name(), "backends", len(s.fleet.Snapshot().All))
-	return nil
 }
 
 // httpServer is an HTTP server for h with the client limits.
@@ -305,7 +256,7 @@ func (s *Server) serve(srv *http.Server, ln net.Listener) {
 }
 
 // AdminAddr returns the address admin.listen is bound to, or "" before
-// Start or without admin.listen.
+// Serve or without admin.listen.
 func (s *Server) AdminAddr() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -315,7 +266,7 @@ func (s *Server) AdminAddr() string {
 	return s.adminLn.Addr().String()
 }
 
-// Addr returns the address Start listens on, or "" before Start.
+// Addr returns the address Serve serves on, or "" before Serve.
 func (s *Server) Addr() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -325,53 +276,36 @@ func (s *Server) Addr() string {
 	return s.ln.Addr().String()
 }
 
-// Shutdown stops accepting connections and health checks, and waits for
-// in-flight requests (streams included) to finish until ctx is done, when
-// it closes the remaining connections.
+// Shutdown closes the admin listener, stops accepting connections and
+// waits for in-flight requests (streams included) to finish until ctx is
+// done, when it closes the remaining connections.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
-	srv, stop, asrv := s.httpSrv, s.stop, s.adminSrv
+	srv, asrv := s.httpSrv, s.adminSrv
 	s.mu.Unlock()
-	if stop != nil {
-		stop()
-	}
-	s.checks.Wait()
-	s.set.Wait()
 	var err error
 	if asrv != nil {
 		_ = asrv.Close() // admin calls are short; nothing to wait for
 	}
-	defer s.stopSync() // after the requests: their ends are shared too
 	if srv != nil {
 		if err = srv.Shutdown(ctx); err != nil {
 			_ = srv.Close()
 		}
 	}
-	s.upstream.CloseIdleConnections()
-	if s.scrapes != nil {
-		s.scrapes.CloseIdleConnections()
-	}
-	if terr := s.tracing.shutdown(ctx); err == nil {
-		err = terr
-	}
 	return err
 }
 
-// newTransport returns the transport to the backends, which opens https
-// connections with dialTLS. Compression is off so that the client's
-// Accept-Encoding reaches the backend and the response bytes pass through
-// untouched.
-func newTransport(c config.Upstream, dialTLS dialFunc) *http.Transport {
-	return &http.Transport{
-		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: c.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		DialTLSContext:        dialTLS,
-		ResponseHeaderTimeout: c.ResponseHeaderTimeout,
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   256,
-		IdleConnTimeout:       90 * time.Second,
-		DisableCompression:    true,
-		ForceAttemptHTTP2:     false,
+// Kill closes the listeners and every connection at once, with no drain,
+// as a crash would: the requests in flight fail.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	srv, asrv := s.httpSrv, s.adminSrv
+	s.mu.Unlock()
+	if asrv != nil {
+		_ = asrv.Close()
+	}
+	if srv != nil {
+		_ = srv.Close()
 	}
 }
 

@@ -26,7 +26,7 @@ import (
 // rig is a router on loopback in front of fake backends.
 type rig struct {
 	t        *testing.T
-	srv      *Server
+	srv      *router
 	base     string
 	backends []*fake
 	client   *http.Client
@@ -61,7 +61,7 @@ func newRigLog(t *testing.T, pol string, n int, mod func(*config.Config), logger
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("config: %v", err)
 	}
-	srv, err := New(cfg, logger)
+	srv, err := newRouter(cfg, logger)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -255,7 +255,7 @@ func TestAPIKeysMisconfigured(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := New(cfg, nil); err == nil {
+	if _, err := newRouter(cfg, nil); err == nil {
 		t.Fatal("New accepted a missing api_keys_file")
 	}
 }

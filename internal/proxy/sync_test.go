@@ -84,7 +84,7 @@ func (rs *replicas) router(i int, serves func(int) []int) *rig {
 	if err := cfg.Validate(); err != nil {
 		rs.t.Fatal(err)
 	}
-	srv, err := New(cfg, nil)
+	srv, err := newRouter(cfg, nil)
 	if err != nil {
 		rs.t.Fatal(err)
 	}

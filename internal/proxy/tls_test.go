@@ -155,7 +155,7 @@ func TestTLSEndToEnd(t *testing.T) {
 			if err := cfg.Check(); err != nil {
 				t.Fatal(err)
 			}
-			srv, err := New(cfg, nil)
+			srv, err := newRouter(cfg, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,9 +1,10 @@
-package proxy
+package server
 
 import (
 	"context"
 	"crypto/tls"
 	"net"
+	"net/http"
 	"net/url"
 	"time"
 
@@ -100,4 +101,22 @@ func dialAddr(u *url.URL) string {
 		}
 	}
 	return net.JoinHostPort(u.Hostname(), port)
+}
+
+// newTransport returns the transport to the backends, which opens https
+// connections with dialTLS. Compression is off so that the client's
+// Accept-Encoding reaches the backend and the response bytes pass through
+// untouched.
+func newTransport(c config.Upstream, dialTLS dialFunc) *http.Transport {
+	return &http.Transport{
+		Proxy:                 nil,
+		DialContext:           (&net.Dialer{Timeout: c.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		DialTLSContext:        dialTLS,
+		ResponseHeaderTimeout: c.ResponseHeaderTimeout,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   256,
+		IdleConnTimeout:       90 * time.Second,
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     false,
+	}
 }

@@ -1,4 +1,4 @@
-package proxy
+package server
 
 import (
 	"context"
@@ -39,7 +39,7 @@ func (s *Server) newMonitor() error {
 			}
 		},
 	}, client, s.log)
-	return s.monitor.Register(s.metrics.reg)
+	return s.monitor.Register(s.metrics.Registry())
 }
 
 // startMonitor runs the scraper until ctx is done; Shutdown waits for it

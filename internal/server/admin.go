@@ -1,4 +1,4 @@
-package proxy
+package server
 
 import (
 	"time"
@@ -7,20 +7,6 @@ import (
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/members"
 )
-
-// newAdmin builds the admin API and the decision log the proxy feeds. The
-// API answers 404 everywhere unless a token is configured.
-func (s *Server) newAdmin() (*admin.Handler, error) {
-	token, err := s.cfg.Admin.ResolveToken()
-	if err != nil {
-		return nil, err
-	}
-	s.decisions = admin.NewLog(s.cfg.Admin.Decisions)
-	if token != "" {
-		s.log.Info("admin API enabled", "path", admin.Prefix)
-	}
-	return admin.New(token, adminSource{s}, s.decisions), nil
-}
 
 // adminSource is the router state the admin API reads and changes.
 type adminSource struct{ s *Server }

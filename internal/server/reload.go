@@ -1,4 +1,4 @@
-package proxy
+package server
 
 import (
 	"errors"
@@ -32,7 +32,7 @@ func (s *Server) Reload(cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
-	creds, err := newCredentials(cfg)
+	applyProxy, err := s.proxy.PrepareReload(cfg)
 	if err != nil {
 		return err
 	}
@@ -58,7 +58,7 @@ func (s *Server) Reload(cfg *config.Config) error {
 	for _, k := range restartKeys(old, cfg) {
 		s.log.Warn("reload: setting changed; it takes effect after a restart", "key", k)
 	}
-	s.creds.Store(creds)
+	applyProxy()
 	s.adminAPI.SetToken(token)
 	s.upstreamTLS.Store(cfg.Upstream.TLS)
 	if cert != nil {
