@@ -81,6 +81,7 @@ func TestApplyKeepsRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	c2.Fleet.RejoinGrace = 0 // b's slot is released at once
 	s.Apply(es, c2.Fleet)
 	if s.ByName("a") != a || a.Breaker().Fails != 1 || a.ContextOf("m") != 77 {
 		t.Errorf("a: same record %v, fails %d, context %d", s.ByName("a") == a, a.Breaker().Fails, a.ContextOf("m"))

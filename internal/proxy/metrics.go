@@ -105,10 +105,15 @@ func newMetrics(f *fleet.Fleet) *metrics {
 }
 
 // series are the per-backend families whose children each backend's
-// record resolves once.
-func (m *metrics) series() members.Series {
-	return members.Series{Requests: m.requests, TTFT: m.ttft, E2E: m.e2e, ITL: m.itl, InputTokens: m.tokensIn, OutputTokens: m.tokensOut,
+// record resolves once, and the KV stream's families (nil without
+// streams), whose series of a released backend go with its own.
+func (m *metrics) series(sm *streamMetrics) members.Series {
+	se := members.Series{Requests: m.requests, TTFT: m.ttft, E2E: m.e2e, ITL: m.itl, InputTokens: m.tokensIn, OutputTokens: m.tokensOut,
 		Ejections: m.ejections, UpstreamErrors: m.upstreamErrors}
+	if sm != nil {
+		se.Others = []members.Family{sm.received, sm.decodeErrors, sm.gaps, sm.replays, sm.stale, sm.reconnects, sm.fails, sm.refused}
+	}
+	return se
 }
 
 // routed counts a routing decision's prompt and predicted cache hit.

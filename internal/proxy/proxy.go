@@ -187,7 +187,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		Forget:         s.sched.Index().RemoveBackend,
 		Transport:      s.upstream,
 		Log:            logger,
-		Series:         s.metrics.series(),
+		Series:         s.metrics.series(s.streamMetrics),
 		Health:         cfg.Health,
 		DiscoverModels: cfg.Upstream.DiscoverModels,
 		FleetSection:   cfg.Fleet,
