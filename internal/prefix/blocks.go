@@ -269,7 +269,9 @@ func (t *blockTable) remove(h uint64, backend int) {
 func (t *blockTable) upsert(h uint64, words int) (*blockArray, int) {
 	a := t.arr.Load()
 	if a == nil || 4*(t.used+1) > 3*len(a.slots) || a.words < words {
-		a = t.rebuild(words)
+		// Words double, so that a fleet growing to n backends rebuilds
+		// for them log2(n/64) times, not n/64.
+		a = t.rebuild(1 << bits.Len(uint(words-1)))
 	}
 	mask := len(a.slots) - 1
 	tomb := -1
