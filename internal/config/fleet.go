@@ -31,7 +31,8 @@ type Fleet struct {
 	// of the same name returns within it, it gets its prefix index and
 	// learned prefill rate back. After it, the backend's record, metric
 	// series and index are deleted and its slot is free for another.
-	// 0 forgets a leaver as soon as its last request ends. Default 30s.
+	// At least 1s (fleet.MinGrace: a request routed just before the
+	// removal must still find the backend's record). Default 30s.
 	RejoinGrace time.Duration `yaml:"rejoin_grace"`
 	// ConfigPoll is how often `kvroute serve` checks its config file for a
 	// change (modification time, size and content hash) and reloads it.
@@ -198,8 +199,8 @@ func (f *Fleet) validate(bad func(string, ...any)) {
 	if f.ConfigPoll < 0 {
 		bad("fleet.config_poll: %v must not be negative", f.ConfigPoll)
 	}
-	if f.RejoinGrace < 0 {
-		bad("fleet.rejoin_grace: %v must not be negative", f.RejoinGrace)
+	if f.RejoinGrace < fleet.MinGrace {
+		bad("fleet.rejoin_grace: %v must be at least %v", f.RejoinGrace, fleet.MinGrace)
 	}
 }
 

@@ -39,7 +39,7 @@ func TestDiscoveryConfig(t *testing.T) {
 				t.Errorf("fleet %+v", c.Fleet)
 			}
 		}},
-		{"negative rejoin grace", "fleet: {rejoin_grace: -1s}\nbackends: [{url: http://a:1}]", "fleet.rejoin_grace", nil},
+		{"rejoin grace under a second", "fleet: {rejoin_grace: 500ms}\nbackends: [{url: http://a:1}]", "fleet.rejoin_grace", nil},
 		{"engine limits", "backends: [{url: http://a:1, max_num_seqs: 8, max_num_batched_tokens: 512}]", "", func(t *testing.T, c *Config) {
 			if b := firstEntry(t, c); b.MaxNumSeqs != 8 || b.MaxNumBatchedTokens != 512 {
 				t.Errorf("backend %+v", b)

@@ -37,11 +37,17 @@ import (
 // loading weights) starts afresh.
 const DefaultGrace = 30 * time.Second
 
-// SetGrace sets the rejoin grace (negative is 0: a removed backend's slot
-// is released as soon as it is retired).
+// MinGrace is the shortest rejoin grace: a request that read the fleet's
+// snapshot just before its backend was removed may start on it, and look
+// its record up (package members), microseconds later; a slot released
+// (its record deleted) within that time would leave the request without
+// one.
+const MinGrace = time.Second
+
+// SetGrace sets the rejoin grace, at least MinGrace.
 func (f *Fleet) SetGrace(d time.Duration) {
 	f.mu.Lock()
-	f.grace = max(d, 0)
+	f.grace = max(d, MinGrace)
 	f.mu.Unlock()
 }
 

@@ -71,12 +71,13 @@ type churnRig struct {
 	sched *scheduler.Scheduler
 	reg   *prometheus.Registry
 	pool  *pool
-	addrs []string // what the stub resolver answers
+	addrs []string  // what the stub resolver answers
+	now   time.Time // the set's clock
 }
 
 func newChurnRig(t *testing.T, grace time.Duration) *churnRig {
 	t.Helper()
-	r := &churnRig{f: fleet.New(), reg: prometheus.NewRegistry()}
+	r := &churnRig{f: fleet.New(), reg: prometheus.NewRegistry(), now: time.Unix(1e6, 0)}
 	old := Resolver
 	Resolver = discovery.Funcs{IPAddr: func(context.Context, string) ([]net.IPAddr, error) {
 		out := make([]net.IPAddr, len(r.addrs))
@@ -98,7 +99,8 @@ func newChurnRig(t *testing.T, grace time.Duration) *churnRig {
 		t.Fatal(err)
 	}
 	r.sched = scheduler.New(r.f, policy.NewKVRoute(policy.Options{}), scheduler.Config{})
-	r.s = New(Config{Fleet: r.f, Forget: r.sched.Index().RemoveBackend, Series: churnSeries(r.reg), FleetSection: c.Fleet, Health: c.Health}, es)
+	r.s = New(Config{Fleet: r.f, Forget: r.sched.Index().RemoveBackend, Series: churnSeries(r.reg), FleetSection: c.Fleet, Health: c.Health,
+		Now: func() time.Time { return r.now }}, es)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); r.s.Wait() })
 	r.s.Start(ctx)
@@ -108,10 +110,12 @@ func newChurnRig(t *testing.T, grace time.Duration) *churnRig {
 	return r
 }
 
-// resolve answers addrs to the next lookup and re-resolves the pool.
+// resolve answers addrs to the next lookup and re-resolves the pool, 2s
+// of the set's clock after the last.
 func (r *churnRig) resolve(addrs []string) {
 	r.addrs = addrs
 	r.s.mu.Lock()
+	r.now = r.now.Add(2 * time.Second)
 	r.s.resolvePool(r.pool, true)
 	r.s.mu.Unlock()
 }
@@ -169,9 +173,9 @@ func heap() uint64 {
 //
 //   - blip: half the pool is missing from every other answer, and returns
 //     at the same addresses within the rejoin grace;
-//   - replace: every answer is 8 new addresses (pods rescheduled), with a
-//     grace of 0, so that each leaver's slot is released at the next
-//     answer.
+//   - replace: every answer is 8 new addresses (pods rescheduled), with
+//     the shortest grace, so that each leaver's slot is released at the
+//     next answer (2s later on the set's clock).
 //
 // The pick's time is compared as a ratio of medians taken in this one
 // run, before and after, not against a wall-clock bound.
@@ -195,7 +199,7 @@ func TestChurnStaysFlat(t *testing.T) {
 			}
 			return out
 		}, 8},
-		{"replace", 0, func(round int) []string {
+		{"replace", fleet.MinGrace, func(round int) []string {
 			out := make([]string, 8)
 			for i := range out {
 				out[i] = fmt.Sprintf("10.%d.%d.%d", round/250, round%250, i+1)
@@ -205,7 +209,7 @@ func TestChurnStaysFlat(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r := newChurnRig(t, tt.grace)
-			now := time.Unix(1e6, 0)
+			now := r.now
 			flap := func(round int) {
 				r.resolve(tt.addrs(round))
 				r.serve(t, now)

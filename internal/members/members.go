@@ -83,6 +83,10 @@ type Config struct {
 	// KVStream follows the KV event stream of each backend whose entry
 	// has kv_events; nil: none is followed.
 	KVStream Stream
+	// Now is the clock of membership changes (when a backend joins, leaves
+	// and is released after its rejoin grace); nil: time.Now. Tests churn
+	// the fleet in virtual time with it.
+	Now func() time.Time
 }
 
 // Set is every backend the router knows and its record.
@@ -114,6 +118,9 @@ type Set struct {
 func New(c Config, entries []config.Entry) *Set {
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
 	}
 	s := &Set{c: c, static: map[string]*Member{}, pools: map[string]*pool{},
 		warmup: c.FleetSection.Warmup, dnsInterval: c.FleetSection.DNSInterval}
@@ -273,7 +280,7 @@ func (s *Set) add(e config.Entry, name string, base *url.URL, pool string, found
 	if len(models) == 0 && found != nil {
 		models = found.IDs
 	}
-	now := time.Now()
+	now := s.c.Now()
 	s.release(now)
 	b := s.c.Fleet.AddWarm(name, base, models, now, w)
 	t := slices.Clone(*s.table.Load())
@@ -305,7 +312,7 @@ func (s *Set) add(e config.Entry, name string, base *url.URL, pool string, found
 // its record, series and prefixes are kept through the rejoin grace
 // (release). The caller holds mu.
 func (s *Set) remove(m *Member, why string) {
-	retired := s.c.Fleet.Remove(m.B, time.Now())
+	retired := s.c.Fleet.Remove(m.B, s.c.Now())
 	s.stopStreamOf(m)
 	s.c.Log.Info("backend removed: draining", "backend", m.B.Name, "why", why, "in_flight", m.B.Load().InFlight, "retired", retired)
 }
@@ -361,5 +368,5 @@ func (s *Set) Apply(entries []config.Entry, fs config.Fleet) {
 			delete(s.pools, k)
 		}
 	}
-	s.release(time.Now())
+	s.release(s.c.Now())
 }

@@ -74,7 +74,7 @@ func (s *Set) resolvePool(p *pool, warm bool) {
 			delete(p.members, k)
 		}
 	}
-	s.release(time.Now())
+	s.release(s.c.Now())
 }
 
 // stopPool stops p's loop and removes its backends; the caller holds mu,

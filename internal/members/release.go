@@ -52,7 +52,7 @@ func (s *Set) release(now time.Time) {
 func (s *Set) runRelease() {
 	s.every(s.ctx, func() time.Duration {
 		return min(max(s.c.Fleet.Grace()/2, 100*time.Millisecond), time.Minute)
-	}, func() { s.release(time.Now()) })
+	}, func() { s.release(s.c.Now()) })
 }
 
 // deleteBackend deletes every series of the backend named name.
