@@ -75,3 +75,40 @@ func TestMatchWideAgreesWithHolds(t *testing.T) {
 		}
 	}
 }
+
+// TestMatchWhileWidening: Matches over 512 backends run while a writer
+// adds backends one by one (rebuilding the block map with more holder
+// words as it passes each 64) and evicts: every answer is a picture the
+// index was in, so a block a backend holds from the start and never
+// loses is always matched.
+func TestMatchWhileWidening(t *testing.T) {
+	ix := NewIndex(60)
+	p := hs(1<<20, 40)
+	ix.Insert(0, p[:10]) // held throughout: backend 0 never passes its capacity
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for b := 1; b < 512; b++ {
+			ix.Insert(b, p[:1+b%40])
+			ix.Insert(b, hs(uint64(b)<<30, 50)) // evicts part of the prompt
+		}
+	}()
+	out := make([]int32, 512)
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		ix.Match(p, out)
+		if out[0] != 10 {
+			t.Fatalf("backend 0 matched %d blocks while widening, want 10", out[0])
+		}
+		for b, n := range out {
+			if n < 0 || int(n) > len(p) {
+				t.Fatalf("backend %d matched %d blocks of %d", b, n, len(p))
+			}
+		}
+	}
+	checkInvariants(t, ix)
+}
