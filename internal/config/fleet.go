@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/adapter"
+	"github.com/kvroute/kvroute/internal/fleet"
 )
 
 // Fleet tunes how the set of backends changes while the router serves:
@@ -25,6 +26,14 @@ type Fleet struct {
 	// are re-resolved, unless the backend sets its own dns_interval.
 	// Default 10s.
 	DNSInterval time.Duration `yaml:"dns_interval"`
+	// RejoinGrace is how long a removed backend (gone from DNS, from the
+	// config, or from the discovery source) keeps its slot: if a backend
+	// of the same name returns within it, it gets its prefix index and
+	// learned prefill rate back. After it, the backend's record, metric
+	// series and index are deleted and its slot is free for another.
+	// At least 1s (fleet.MinGrace: a request routed just before the
+	// removal must still find the backend's record). Default 30s.
+	RejoinGrace time.Duration `yaml:"rejoin_grace"`
 	// ConfigPoll is how often `kvroute serve` checks its config file for a
 	// change (modification time, size and content hash) and reloads it.
 	// 0 disables the check; SIGHUP still reloads. Default 1s.
@@ -36,6 +45,7 @@ const (
 	DefaultWarmup      = 30 * time.Second
 	DefaultDNSInterval = 10 * time.Second
 	DefaultConfigPoll  = time.Second
+	DefaultRejoinGrace = fleet.DefaultGrace
 	// MinDNSInterval keeps a typo from turning the router into a DNS
 	// load generator.
 	MinDNSInterval = 100 * time.Millisecond
@@ -52,7 +62,7 @@ const (
 )
 
 func defaultFleet() Fleet {
-	return Fleet{Warmup: DefaultWarmup, DNSInterval: DefaultDNSInterval, ConfigPoll: DefaultConfigPoll}
+	return Fleet{Warmup: DefaultWarmup, DNSInterval: DefaultDNSInterval, ConfigPoll: DefaultConfigPoll, RejoinGrace: DefaultRejoinGrace}
 }
 
 // Entry is one backends[] entry as the router uses it: the entry as
@@ -188,6 +198,9 @@ func (f *Fleet) validate(bad func(string, ...any)) {
 	}
 	if f.ConfigPoll < 0 {
 		bad("fleet.config_poll: %v must not be negative", f.ConfigPoll)
+	}
+	if f.RejoinGrace < fleet.MinGrace {
+		bad("fleet.rejoin_grace: %v must be at least %v", f.RejoinGrace, fleet.MinGrace)
 	}
 }
 

@@ -19,7 +19,7 @@ func TestDiscoveryConfig(t *testing.T) {
 		check   func(t *testing.T, c *Config)
 	}{
 		{"defaults", "backends: [{url: http://a:1}]", "", func(t *testing.T, c *Config) {
-			if c.Fleet != (Fleet{Warmup: DefaultWarmup, DNSInterval: DefaultDNSInterval, ConfigPoll: DefaultConfigPoll}) || firstEntry(t, c).DNS() {
+			if c.Fleet != (Fleet{Warmup: DefaultWarmup, DNSInterval: DefaultDNSInterval, ConfigPoll: DefaultConfigPoll, RejoinGrace: DefaultRejoinGrace}) || firstEntry(t, c).DNS() {
 				t.Errorf("fleet %+v, dns %v", c.Fleet, firstEntry(t, c).DNS())
 			}
 		}},
@@ -34,11 +34,12 @@ func TestDiscoveryConfig(t *testing.T) {
 				t.Errorf("backend %+v", b)
 			}
 		}},
-		{"fleet section", "fleet: {warmup: 0s, dns_interval: 1s, config_poll: 0s}\nbackends: [{url: http://a:1}]", "", func(t *testing.T, c *Config) {
-			if c.Fleet != (Fleet{DNSInterval: time.Second}) {
+		{"fleet section", "fleet: {warmup: 0s, dns_interval: 1s, config_poll: 0s, rejoin_grace: 2m}\nbackends: [{url: http://a:1}]", "", func(t *testing.T, c *Config) {
+			if c.Fleet != (Fleet{DNSInterval: time.Second, RejoinGrace: 2 * time.Minute}) {
 				t.Errorf("fleet %+v", c.Fleet)
 			}
 		}},
+		{"rejoin grace under a second", "fleet: {rejoin_grace: 500ms}\nbackends: [{url: http://a:1}]", "fleet.rejoin_grace", nil},
 		{"engine limits", "backends: [{url: http://a:1, max_num_seqs: 8, max_num_batched_tokens: 512}]", "", func(t *testing.T, c *Config) {
 			if b := firstEntry(t, c); b.MaxNumSeqs != 8 || b.MaxNumBatchedTokens != 512 {
 				t.Errorf("backend %+v", b)

@@ -55,7 +55,11 @@ const (
 
 // Backend is one inference server.
 type Backend struct {
-	// ID is dense and stable for the fleet's lifetime: 0, 1, 2...
+	// ID is the backend's slot: dense (0, 1, 2...), and held for as long
+	// as the backend is a member and for the rejoin grace after it leaves
+	// (see slots.go). A backend that returns by the same Name within the
+	// grace gets it back; after the grace, another backend may be given
+	// it.
 	ID int
 	// Name is a human-readable label (host:port, or engine-3 in the simulator).
 	Name string
@@ -74,6 +78,9 @@ type Backend struct {
 	// requests; a removing one is retired once its last request ends.
 	draining, removing, retired atomic.Bool
 	fleet                       *Fleet
+	// removedAt is when Remove was called, for the rejoin grace
+	// (slots.go); guarded by fleet.mu.
+	removedAt time.Time
 	// added and warmup drive the warm-up ramp (WarmupWeight); warmup 0
 	// means the backend takes its full share at once.
 	added  time.Time
@@ -396,9 +403,16 @@ func (t *Ticket) Done(now time.Time) Load {
 type Fleet struct {
 	// mu serialises membership and health changes so that snapshots are
 	// published in order; readers never take it.
-	mu       sync.Mutex
-	backends []*Backend
-	snap     atomic.Pointer[Snapshot]
+	mu sync.Mutex
+	// slots holds each backend at its ID (slots.go): members, removed
+	// backends in their grace, and free slots (nil).
+	slots []*Backend
+	// freed is the name of the last backend in each free slot, so that
+	// a backend returning after its grace gets its old slot when no one
+	// took it meanwhile; indexed like slots.
+	freed []string
+	grace time.Duration
+	snap  atomic.Pointer[Snapshot]
 }
 
 // Snapshot is an immutable view of the fleet's membership and health,
@@ -406,32 +420,29 @@ type Fleet struct {
 // backends through their atomics.
 type Snapshot struct {
 	// All member backends (draining ones included, retired ones not), in
-	// ID order. All[i].ID == i as long as no backend has been removed.
+	// ID order.
 	All []*Backend
 	// Healthy backends that are not draining, in ID order: the ones that
 	// may receive new requests.
 	Healthy []*Backend
-	// IDs is one more than the largest ID ever given (retired included):
-	// the size of a slice indexed by backend ID.
+	// IDs is one more than the largest ID in use (members and removed
+	// backends in their grace): the size of a slice indexed by backend
+	// ID. Slots are reused, so it stays near the fleet's largest size
+	// however many backends have come and gone.
 	IDs int
 }
 
-// New returns an empty fleet.
+// New returns an empty fleet with the rejoin grace DefaultGrace.
 func New() *Fleet {
-	f := &Fleet{}
+	f := &Fleet{grace: DefaultGrace}
 	f.snap.Store(&Snapshot{})
 	return f
 }
 
-// Add adds a healthy backend and returns it with its new ID.
+// Add adds a healthy backend and returns it with its ID (a returning
+// backend's own: see AddWarm).
 func (f *Fleet) Add(name string, u *url.URL, models []string) *Backend {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	b := &Backend{ID: len(f.backends), Name: name, Arc: arcOf(name), URL: u, Models: slices.Clone(models), fleet: f}
-	b.healthy.Store(true)
-	f.backends = append(f.backends, b)
-	f.publish()
-	return b
+	return f.AddWarm(name, u, models, time.Time{}, 0)
 }
 
 // arcOf places a backend named name on the unit circle (Backend.Arc).
@@ -454,9 +465,9 @@ func (f *Fleet) SetHealthy(b *Backend, ok bool) {
 // publish stores a fresh snapshot of the current membership and health.
 // The caller holds f.mu, so the last snapshot stored reflects the last change.
 func (f *Fleet) publish() {
-	s := &Snapshot{IDs: len(f.backends)}
-	for _, b := range f.backends {
-		if b.retired.Load() {
+	s := &Snapshot{IDs: len(f.slots)}
+	for _, b := range f.slots {
+		if b == nil || b.retired.Load() {
 			continue
 		}
 		s.All = append(s.All, b)

@@ -12,9 +12,11 @@ import (
 //   - Drain: the backend keeps its in-flight requests (streams finish) but
 //     gets no new ones; Undrain takes it back.
 //   - Remove: drain, and retire the backend once its last request ends.
-//     A retired backend leaves the snapshot for good; its ID is never
-//     given again, so per-ID state elsewhere (prefix index, health) can
-//     never be mistaken for a newcomer's.
+//     A retired backend leaves the snapshot; its slot (its ID) is kept
+//     for it through the rejoin grace, and given to a newcomer only after
+//     Release has handed it back to the caller, who forgets the per-ID
+//     state it keeps elsewhere (prefix index, records, metric series).
+//     See slots.go.
 //   - Warm-up: a backend added to a serving fleet starts with an empty
 //     cache and an unknown prefill rate, and a load-aware policy would
 //     pour every request onto its empty queue at once. Its weight ramps
@@ -25,13 +27,21 @@ import (
 // virtual time.
 
 // AddWarm adds a healthy backend that ramps up over warmup starting at now,
-// and returns it with its new ID. A warmup of 0 is Add.
+// and returns it with its ID. A warmup of 0 is Add. A backend named like
+// one removed less than the grace ago returns to its slot (slots.go): the
+// same Backend, undrained, if it is still finishing requests at the same
+// URL, else a new one with the learned prefill rates carried over, which
+// starts without warm-up (its cache is known).
 func (f *Fleet) AddWarm(name string, u *url.URL, models []string, now time.Time, warmup time.Duration) *Backend {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	b := &Backend{ID: len(f.backends), Name: name, Arc: arcOf(name), URL: u, Models: slices.Clone(models), fleet: f, added: now, warmup: max(warmup, 0)}
+	if b := f.rejoin(name, u, models, now); b != nil {
+		f.publish()
+		return b
+	}
+	b := &Backend{ID: f.slotFor(name), Name: name, Arc: arcOf(name), URL: u, Models: slices.Clone(models), fleet: f, added: now, warmup: max(warmup, 0)}
 	b.healthy.Store(true)
-	f.backends = append(f.backends, b)
+	f.slots[b.ID] = b
 	f.publish()
 	return b
 }
@@ -87,11 +97,13 @@ func (f *Fleet) Undrain(b *Backend) bool {
 // Remove drains b and retires it once its in-flight count reaches 0 (at
 // once if it is idle). It reports whether b was retired right away. A
 // request that read the snapshot just before the drain may still start on
-// b; its Done retires b in turn.
-func (f *Fleet) Remove(b *Backend) (retired bool) {
+// b; its Done retires b in turn. now starts b's rejoin grace.
+func (f *Fleet) Remove(b *Backend, now time.Time) (retired bool) {
 	f.mu.Lock()
 	b.draining.Store(true)
-	b.removing.Store(true)
+	if !b.removing.Swap(true) {
+		b.removedAt = now
+	}
 	f.publish()
 	f.mu.Unlock()
 	if b.inflight.Load() == 0 {
@@ -105,8 +117,8 @@ func (f *Fleet) Remove(b *Backend) (retired bool) {
 func (f *Fleet) retire(b *Backend) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if b.inflight.Load() != 0 || b.retired.Load() {
-		return
+	if b.inflight.Load() != 0 || b.retired.Load() || !b.removing.Load() {
+		return // busy, retired already, or back (rejoin)
 	}
 	b.retired.Store(true)
 	f.publish()

@@ -15,9 +15,9 @@ func TestMembership(t *testing.T) {
 	}{
 		{"drain", func(f *Fleet, b []*Backend) { f.Drain(b[1]) }, []int{0, 1, 2}, []int{0, 2}},
 		{"drain twice, undrain", func(f *Fleet, b []*Backend) { f.Drain(b[1]); f.Drain(b[1]); f.Undrain(b[1]) }, []int{0, 1, 2}, []int{0, 1, 2}},
-		{"remove idle", func(f *Fleet, b []*Backend) { f.Remove(b[0]) }, []int{1, 2}, []int{1, 2}},
+		{"remove idle", func(f *Fleet, b []*Backend) { f.Remove(b[0], time.Time{}) }, []int{1, 2}, []int{1, 2}},
 		{"undrain after remove refused", func(f *Fleet, b []*Backend) {
-			f.Remove(b[2])
+			f.Remove(b[2], time.Time{})
 			if f.Undrain(b[2]) {
 				t.Error("Undrain of a removed backend reported true")
 			}
@@ -53,7 +53,7 @@ func TestRemoveWaitsForInFlight(t *testing.T) {
 	t1 := b.Start(100, 100, 10, t0)
 	t2 := b.Start(100, 100, 10, t0)
 	t1.FirstByte(t0.Add(time.Second))
-	if f.Remove(b) {
+	if f.Remove(b, time.Time{}) {
 		t.Fatal("Remove retired a backend with two requests in flight")
 	}
 	if !b.Draining() || slices.Contains(f.Snapshot().Healthy, b) || !slices.Contains(f.Snapshot().All, b) {
@@ -70,7 +70,7 @@ func TestRemoveWaitsForInFlight(t *testing.T) {
 	}
 	assertZero(t, b)
 	if nb := f.Add("b2", nil, nil); nb.ID != 2 {
-		t.Errorf("new backend after a removal got ID %d, want 2 (IDs are never reused)", nb.ID)
+		t.Errorf("new backend after a removal got ID %d, want 2 (b0's slot is kept through its grace)", nb.ID)
 	}
 }
 
@@ -88,7 +88,7 @@ func TestRemoveRace(t *testing.T) {
 				}
 			})
 		}
-		wg.Go(func() { f.Remove(b) })
+		wg.Go(func() { f.Remove(b, time.Time{}) })
 		wg.Wait()
 		if !b.Retired() {
 			t.Fatalf("removed idle backend not retired (in flight %d)", b.Load().InFlight)

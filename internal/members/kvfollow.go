@@ -35,6 +35,13 @@ func NewKVFollower(f *fleet.Fleet, ix *prefix.Precise, c config.KVEvents, reg pr
 	return &KVFollower{ix: ix, cfg: c, log: log, m: newStreamMetrics(reg)}
 }
 
+// Families are the follower's per-backend families, whose series of a
+// released backend go with its record (Series.Others).
+func (k *KVFollower) Families() []Family {
+	m := k.m
+	return []Family{m.received, m.decodeErrors, m.gaps, m.replays, m.stale, m.reconnects, m.fails, m.refused}
+}
+
 // streamMetrics count what the backends' KV event subscribers saw.
 type streamMetrics struct {
 	received                 *prometheus.CounterVec // backend, type

@@ -29,5 +29,6 @@ func (s *Set) startStream(m *Member) {
 func (s *Set) stopStreamOf(m *Member) {
 	if m.stopStream != nil {
 		m.stopStream()
+		m.stopStream = nil
 	}
 }

@@ -1,11 +1,16 @@
 // Package members is the router's control plane: it owns the set of
 // backends and everything known about each one, in one record per backend
-// (Member), keyed one way, by the fleet's backend ID. A record carries the
+// (Member), keyed one way, by the fleet's backend ID (its slot: see
+// package fleet). A record carries the
 // backend's config entry, the DNS pool it came from, its engine kind, its
 // context lengths, its circuit breaker and active health checks, and its
 // metric series, resolved once when it joins. The package also adds and
 // removes backends: at startup, on a reload (Apply) and as DNS names
-// resolve, with warm-up for newcomers and draining for leavers.
+// resolve, with warm-up for newcomers and draining for leavers. A leaver's
+// record, metric series and prefix index are kept through the fleet's
+// rejoin grace (fleet.rejoin_grace), so that it finds them again if it
+// returns by the same name; after the grace all three are deleted
+// (release.go).
 //
 // The data plane (package proxy) asks it: Of to find a backend's record,
 // Allow, Succeeded and Failed around each attempt, MaxContext before
@@ -51,13 +56,18 @@ type Series struct {
 	InputTokens, OutputTokens *prometheus.CounterVec
 	// Ejections and UpstreamErrors are labelled backend.
 	Ejections, UpstreamErrors *prometheus.CounterVec
+	// Others are the other families labelled backend (with any other
+	// labels), kept elsewhere: a released backend's series are deleted
+	// from them too.
+	Others []Family
 }
 
 // Config wires a Set.
 type Config struct {
 	Fleet *fleet.Fleet
 	// Forget makes the prefix index forget a backend's blocks: it is
-	// called when a backend's breaker opens and when it leaves.
+	// called when a backend's breaker opens and when its slot is
+	// released (after the rejoin grace).
 	Forget func(id int)
 	// Transport carries health checks and /v1/models requests.
 	Transport http.RoundTripper
@@ -73,13 +83,18 @@ type Config struct {
 	// KVStream follows the KV event stream of each backend whose entry
 	// has kv_events; nil: none is followed.
 	KVStream Stream
+	// Now is the clock of membership changes (when a backend joins, leaves
+	// and is released after its rejoin grace); nil: time.Now. Tests churn
+	// the fleet in virtual time with it.
+	Now func() time.Time
 }
 
 // Set is every backend the router knows and its record.
 type Set struct {
 	c Config
-	// table is every record, indexed by backend ID; replaced whole (copy
-	// on write) when a backend joins, so that Of is one atomic load.
+	// table is every record, indexed by backend ID (members and leavers
+	// in their grace); replaced whole (copy on write) when a backend
+	// joins or a slot is released, so that Of is one atomic load.
 	table atomic.Pointer[[]*Member]
 
 	// mu serialises membership changes (startup, reloads, DNS updates).
@@ -104,8 +119,12 @@ func New(c Config, entries []config.Entry) *Set {
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 	s := &Set{c: c, static: map[string]*Member{}, pools: map[string]*pool{},
 		warmup: c.FleetSection.Warmup, dnsInterval: c.FleetSection.DNSInterval}
+	c.Fleet.SetGrace(c.FleetSection.RejoinGrace)
 	t := []*Member{}
 	s.table.Store(&t)
 	found := s.discover(context.Background(), entries)
@@ -148,16 +167,20 @@ func (s *Set) fetchForEntry(ctx context.Context, u *url.URL) *ModelList {
 	return l
 }
 
-// Of returns b's record, or nil for a backend this set does not own.
+// Of returns b's record, or nil for a backend this set does not own (or
+// no longer: its slot was released).
 func (s *Set) Of(b *fleet.Backend) *Member {
 	t := *s.table.Load()
 	if b == nil || b.ID < 0 || b.ID >= len(t) {
 		return nil
 	}
-	return t[b.ID]
+	if m := t[b.ID]; m != nil && m.B == b {
+		return m
+	}
+	return nil
 }
 
-// All returns every record, retired ones included, in ID order.
+// All returns every record, leavers in their grace included, in ID order.
 func (s *Set) All() []*Member {
 	t := *s.table.Load()
 	out := make([]*Member, 0, len(t))
@@ -225,6 +248,7 @@ func (s *Set) Start(ctx context.Context) {
 		s.resolvePool(p, false)
 		s.runPool(p)
 	}
+	s.runRelease()
 }
 
 // Wait waits for the goroutines Start began (after their context is done)
@@ -256,13 +280,25 @@ func (s *Set) add(e config.Entry, name string, base *url.URL, pool string, found
 	if len(models) == 0 && found != nil {
 		models = found.IDs
 	}
-	b := s.c.Fleet.AddWarm(name, base, models, time.Now(), w)
-	m := newMember(b, e, pool, found, s.c.Series)
+	now := s.c.Now()
+	s.release(now)
+	b := s.c.Fleet.AddWarm(name, base, models, now, w)
 	t := slices.Clone(*s.table.Load())
-	for len(t) < b.ID {
+	for len(t) <= b.ID {
 		t = append(t, nil) // IDs taken by an Add outside this set
 	}
-	t = append(t, m)
+	if old := t[b.ID]; old != nil && old.B == b {
+		// Back before its last request ended: the same backend, record
+		// and health check; only its stream had stopped.
+		old.setLimits(e)
+		if s.ctx != nil {
+			s.startStream(old)
+		}
+		s.c.Log.Info("backend returned", "backend", name, "id", b.ID)
+		return old
+	}
+	m := newMember(b, e, pool, found, s.c.Series)
+	t[b.ID] = m
 	s.table.Store(&t)
 	if s.ctx != nil {
 		s.startCheck(m)
@@ -272,12 +308,12 @@ func (s *Set) add(e config.Entry, name string, base *url.URL, pool string, found
 	return m
 }
 
-// remove drains m's backend, retires it once its last request ends, and
-// forgets its prefixes; the caller holds mu.
+// remove drains m's backend and retires it once its last request ends;
+// its record, series and prefixes are kept through the rejoin grace
+// (release). The caller holds mu.
 func (s *Set) remove(m *Member, why string) {
-	retired := s.c.Fleet.Remove(m.B)
+	retired := s.c.Fleet.Remove(m.B, s.c.Now())
 	s.stopStreamOf(m)
-	s.c.Forget(m.B.ID)
 	s.c.Log.Info("backend removed: draining", "backend", m.B.Name, "why", why, "in_flight", m.B.Load().InFlight, "retired", retired)
 }
 
@@ -289,6 +325,7 @@ func (s *Set) Apply(entries []config.Entry, fs config.Fleet) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.warmup, s.dnsInterval = fs.Warmup, fs.DNSInterval
+	s.c.Fleet.SetGrace(fs.RejoinGrace)
 	want := map[string]*config.Entry{}
 	for i := range entries {
 		want[entries[i].Key()] = &entries[i]
@@ -331,4 +368,5 @@ func (s *Set) Apply(entries []config.Entry, fs config.Fleet) {
 			delete(s.pools, k)
 		}
 	}
+	s.release(s.c.Now())
 }

@@ -68,7 +68,8 @@ func TestMaxContext(t *testing.T) {
 
 // TestApplyKeepsRecords: a reload keeps the record (and breaker) of an
 // unchanged entry, updates its context length in place, adds new entries
-// and drains removed ones, whose prefixes are forgotten.
+// and drains removed ones, whose prefixes are forgotten after the rejoin
+// grace.
 func TestApplyKeepsRecords(t *testing.T) {
 	c := config.Default()
 	c.Backends = []config.Backend{{URL: "http://a:1", Name: "a", Models: []string{"m"}}, {URL: "http://b:1", Name: "b", Models: []string{"m"}}}
@@ -91,8 +92,14 @@ func TestApplyKeepsRecords(t *testing.T) {
 	if b := s.ByName("b"); b != nil {
 		t.Errorf("b still listed: %+v", b.B.Name)
 	}
-	if len(*forgot) != 1 || len(f.Snapshot().All) != 2 {
-		t.Errorf("forgotten %v, fleet %d backends; want b's ID forgotten and two backends", *forgot, len(f.Snapshot().All))
+	if len(*forgot) != 0 || len(f.Snapshot().All) != 2 {
+		t.Errorf("forgotten %v, fleet %d backends; want b's index kept through its grace and two backends", *forgot, len(f.Snapshot().All))
+	}
+	s.mu.Lock()
+	s.release(time.Now().Add(c2.Fleet.RejoinGrace))
+	s.mu.Unlock()
+	if len(*forgot) != 1 || len(s.All()) != 2 {
+		t.Errorf("after the grace: forgotten %v, %d records; want b's ID forgotten and two records", *forgot, len(s.All()))
 	}
 }
 

@@ -19,22 +19,29 @@ type pool struct {
 func (s *Set) runPool(p *pool) {
 	ctx, stop := context.WithCancel(s.ctx)
 	p.stop = stop
+	s.every(ctx, func() time.Duration {
+		if p.entry.DNSInterval != 0 {
+			return p.entry.DNSInterval
+		}
+		return s.dnsInterval
+	}, func() { s.resolvePool(p, true) })
+}
+
+// every runs do under mu every period() (read under mu) until ctx ends.
+func (s *Set) every(ctx context.Context, period func() time.Duration, do func()) {
 	s.checks.Go(func() {
 		for {
-			every := p.entry.DNSInterval
-			if every == 0 {
-				s.mu.Lock()
-				every = s.dnsInterval
-				s.mu.Unlock()
-			}
+			s.mu.Lock()
+			wait := period()
+			s.mu.Unlock()
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(every):
+			case <-time.After(wait):
 			}
 			s.mu.Lock()
 			if ctx.Err() == nil {
-				s.resolvePool(p, true)
+				do()
 			}
 			s.mu.Unlock()
 		}
@@ -67,6 +74,7 @@ func (s *Set) resolvePool(p *pool, warm bool) {
 			delete(p.members, k)
 		}
 	}
+	s.release(s.c.Now())
 }
 
 // stopPool stops p's loop and removes its backends; the caller holds mu,

@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/kvroute/kvroute/internal/clocktest"
 )
 
 // promptText returns n characters unique to seed.
@@ -140,6 +142,40 @@ func BenchmarkInsertShared(b *testing.B) {
 			for b.Loop() {
 				ix.Insert(bc.backend, query)
 			}
+		})
+	}
+}
+
+// BenchmarkMatchFleet measures Match over a fleet of n backends in which
+// the 8 backends with the highest IDs hold the same blocks (a shared system
+// prompt, then the query's first 0, 1/8, ... 7/8), and the others a shared
+// prefix of their own: the cost of the fleet's size alone, lock-free at
+// every size. ids=120-127 is the 128-slot fleet whose 8 live backends
+// took IDs 120-127 after churn.
+func BenchmarkMatchFleet(b *testing.B) {
+	for _, n := range []int{8, 64, 128, 256, 1024} {
+		name := fmt.Sprintf("backends=%d", n)
+		if n == 128 {
+			name = "ids=120-127"
+		}
+		b.Run(name, func(b *testing.B) {
+			ix := NewIndex(DefaultCapacity)
+			system := promptText(0, 2048)
+			query := Hash(nil, system+promptText(1, benchChars-2048), DefaultBlockChars)
+			other := Hash(nil, promptText(2, 4096), DefaultBlockChars)
+			for k := range n - 8 {
+				ix.Insert(k, other)
+			}
+			for j := range 8 {
+				ix.Insert(n-8+j, query[:32+(len(query)-32)*j/8])
+			}
+			out := make([]int32, n)
+			b.ReportAllocs()
+			cpu0 := clocktest.CPUTime()
+			for b.Loop() {
+				ix.Match(query, out)
+			}
+			clocktest.ReportCPU(b, cpu0)
 		})
 	}
 }

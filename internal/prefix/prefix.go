@@ -19,7 +19,6 @@ package prefix
 
 import (
 	"math/bits"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -70,8 +69,8 @@ func HashSalted(dst []uint64, text string, blockChars int, salt string) []uint64
 // for another goroutine's write (a peer replica's routings, hundreds of
 // blocks each, applied at thousands a second):
 //
-//   - Match, the pick's one read, takes no lock for fleets of up to 64
-//     backends. It reads only the block map, whose slots change by atomic
+//   - Match, the pick's one read, takes no lock, whatever the fleet's
+//     size. It reads only the block map, whose slots change by atomic
 //     stores and are never moved while in use (see blockTable).
 //   - Writes take the write lock. The router's own acquire and release
 //     (AcquireNodesNoWait, ReleaseNodesNoWait) only try it: when another
@@ -107,10 +106,10 @@ func HashSalted(dst []uint64, text string, blockChars int, salt string) []uint64
 // grow while at most half of it is live, so its capacity stays under four
 // entries (32 bytes) per block the backend held unpinned at its fullest.
 //
-// Two tables find nodes. The block map gives, per block, a bitmask of its
-// holders among backends 0..63, so that Match, the hot path, is one map
-// lookup and a few word operations per block for fleets of up to 64
-// backends. The pair table, open addressing over (block, backend), finds a
+// Two tables find nodes. The block map gives, per block, a bitset of its
+// holders, one 64-bit word per 64 backends, so that Match, the hot path,
+// is one lookup and a few word operations per block (one word up to 64
+// backends, 16 at 1,024). The pair table, open addressing over (block, backend), finds a
 // given backend's node in O(1) however many backends hold the block: a
 // shared system prompt is held by the whole fleet, and walking its holders
 // on every insert would stall Match behind the write lock.
@@ -152,18 +151,6 @@ type op struct {
 
 // nilNode ends the free-node list, marks a free node and an empty pair slot.
 const nilNode = -1
-
-// maskBackends is the number of backends whose holding a block is recorded
-// in entry.mask.
-const maskBackends = 64
-
-// entry is one block's holders.
-type entry struct {
-	// mask has bit b set when backend b < maskBackends holds the block.
-	mask uint64
-	// wide counts the holders with IDs >= maskBackends.
-	wide int32
-}
 
 type node struct {
 	hash uint64
@@ -243,89 +230,6 @@ func (ix *Index) SetCapacity(backend int, blocks int) {
 	ix.evict(l)
 }
 
-// Match sets out[b] to the number of leading blocks of hashes that backend
-// b holds, for every b < len(out) (0 for a backend that holds none). It does
-// not change recency and does not allocate. For up to 64 backends it takes
-// no lock and never waits for a writer (see Index).
-func (ix *Index) Match(hashes []uint64, out []int32) {
-	if len(out) > maskBackends {
-		// The backends past the mask are found in the pair table, which
-		// only a lock guards.
-		ix.mu.RLock()
-		ix.match(hashes, out)
-		ix.runlock()
-		return
-	}
-	ix.match(hashes, out)
-}
-
-// match is Match; the caller holds the read lock if out has backends past
-// maskBackends.
-func (ix *Index) match(hashes []uint64, out []int32) {
-	clear(out)
-	a := ix.blocks.arr.Load()
-	if a == nil {
-		return
-	}
-	slots := len(a.slots) - 1
-	// alive is the set of backends below maskBackends that hold every block
-	// so far; a backend leaving it at block i held exactly i blocks.
-	alive := ^uint64(0)
-	if len(out) < maskBackends {
-		alive = 1<<len(out) - 1
-	}
-	// Backends from maskBackends up keep their count in out as they go:
-	// out[b] == i means b holds blocks 0..i-1 and may hold block i.
-	wideAlive := max(0, len(out)-maskBackends)
-	i := 0
-	for ; i < len(hashes); i++ {
-		h := hashes[i]
-		// probe's first try written out (called, it costs Match a
-		// quarter more), and a.get after a torn read.
-		var e entry
-		for j := a.home(h); ; j = (j + 1) & slots {
-			sl := &a.slots[j]
-			v := sl.ver.Load()
-			if v == 0 {
-				break
-			}
-			if sl.hash.Load() == h {
-				e = entry{mask: sl.mask.Load(), wide: sl.wide.Load()}
-				if v&1 != 0 || sl.ver.Load() != v {
-					e, _ = a.get(h)
-				}
-				break
-			}
-		}
-		if e.mask == 0 && e.wide == 0 {
-			break
-		}
-		for gone := alive &^ e.mask; gone != 0; gone &= gone - 1 {
-			out[bits.TrailingZeros64(gone)] = int32(i)
-		}
-		alive &= e.mask
-		if wideAlive > 0 {
-			cur := int32(i)
-			wideAlive = 0
-			if e.wide > 0 {
-				for b := maskBackends; b < len(out); b++ {
-					if out[b] == cur && ix.pairs.find(ix.nodes, h, int32(b)) != nilNode {
-						out[b] = cur + 1
-						wideAlive++
-					}
-				}
-			}
-		}
-		if alive == 0 && wideAlive == 0 {
-			return
-		}
-	}
-	for ; alive != 0; alive &= alive - 1 {
-		out[bits.TrailingZeros64(alive)] = int32(i)
-	}
-}
-
-// Insert records that backend now holds all of hashes, marking them most
 // recently used, and evicts the backend's least recently used blocks beyond
 // its capacity. Blocks pinned by a request in flight stay pinned.
 //
@@ -401,10 +305,6 @@ func (ix *Index) AcquireNodesNoWait(backend int, hashes []uint64, nodes []int32)
 func (ix *Index) insert(backend int, hashes []uint64, pin bool, nodes []int32) {
 	l := ix.backend(backend)
 	b := int32(backend)
-	var bit uint64
-	if backend < maskBackends {
-		bit = 1 << backend
-	}
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
 		// A block the backend holds needs only its recency refreshed (or
@@ -433,11 +333,7 @@ func (ix *Index) insert(backend int, hashes []uint64, pin bool, nodes []int32) {
 		}
 		ix.nodes[n] = node{hash: h, backend: b}
 		ix.pairs.add(ix.nodes, n)
-		if sl := ix.blocks.upsert(h); bit != 0 {
-			sl.mask.Or(bit)
-		} else {
-			sl.wide.Add(1)
-		}
+		ix.blocks.add(h, backend)
 		if pin {
 			ix.nodes[n].pins = 1
 		} else {
@@ -692,16 +588,7 @@ func (ix *Index) drop(l *lru, n int32) {
 	}
 	l.n--
 	ix.pairs.remove(ix.nodes, n)
-	h, b := ix.nodes[n].hash, ix.nodes[n].backend
-	sl := ix.blocks.find(h)
-	if b < maskBackends {
-		sl.mask.And(^(uint64(1) << b))
-	} else {
-		sl.wide.Add(-1)
-	}
-	if sl.mask.Load() == 0 && sl.wide.Load() == 0 {
-		ix.blocks.n-- // a tombstone now
-	}
+	ix.blocks.remove(ix.nodes[n].hash, int(ix.nodes[n].backend))
 	ix.nodes[n] = node{stamp: uint32(ix.free), backend: nilNode}
 	ix.free = n
 }
@@ -812,184 +699,6 @@ func (t *pairTable) remove(nodes []node, n int32) {
 	}
 	t.slots[i].node = nilNode
 	t.n--
-}
-
-// blockTable is the block map: each block's hash and its holders, in
-// open addressing with linear probing. It is the one part of the index that
-// Match reads, and Match reads it without any lock (see Index), so slots
-// never move while a reader may be on them:
-//
-//   - A block that loses its last holder leaves a tombstone (a used slot
-//     with no holder) rather than shifting the slots after it back, which
-//     a reader probing past them could miss. The block finds its own
-//     tombstone if it comes back; a new block takes the first tombstone on
-//     its probe path, so that churn does not fill the table.
-//   - Holders change with atomic stores. A slot's hash changes only when a
-//     tombstone is taken, and then inside a version bump (a seqlock per
-//     slot): a reader that saw the version change reads the slot again.
-//   - The table grows (or, when mostly tombstones, is rebuilt at its size)
-//     into a new array, published atomically once complete: a reader still
-//     on the old one reads a picture a few writes old, never a torn one.
-//
-// Used slots, tombstones included, stay under three quarters. It replaces
-// a map[uint64]entry: inserting a new block took a lookup and an
-// assignment there, and Match's lookups were a tenth of the simulator's
-// routing.
-type blockTable struct {
-	arr  atomic.Pointer[blockArray]
-	n    int // slots with a holder
-	used int // slots used in the current array, tombstones included
-}
-
-// blockArray is one generation of the table's slots.
-type blockArray struct {
-	slots []blockSlot // len is a power of two
-	shift uint        // 64 - log2(len(slots)): home = mixed hash >> shift
-}
-
-// blockSlot is one slot. ver is 0 while the slot was never used (the end
-// of a probe), odd while its hash is being changed.
-type blockSlot struct {
-	hash atomic.Uint64
-	// mask has bit b set when backend b < maskBackends holds the block.
-	mask atomic.Uint64
-	// wide counts the holders with IDs >= maskBackends.
-	wide atomic.Int32
-	ver  atomic.Uint32
-}
-
-// home is h's first slot. Block hashes are uniform already, but tests and
-// callers may pass plain numbers; the multiply spreads any key.
-func (a *blockArray) home(h uint64) int {
-	return int(((h ^ h>>31) * 0xbf58476d1ce4e5b9) >> a.shift)
-}
-
-// get returns h's holders, if it has any. It takes no lock. A torn read
-// is tried again: the writer is three stores from done, unless it was
-// descheduled in between, so after a few tries it is let run.
-func (a *blockArray) get(h uint64) (entry, bool) {
-	for tries := 0; ; tries++ {
-		if tries > 8 {
-			runtime.Gosched()
-		}
-		if e, ok, torn := a.probe(h); !torn {
-			return e, ok
-		}
-	}
-}
-
-// probe is get's one try: torn when h's slot was being rewritten as it
-// was read (see blockTable), and the read must be tried again.
-func (a *blockArray) probe(h uint64) (e entry, ok, torn bool) {
-	mask := len(a.slots) - 1
-	for i := a.home(h); ; i = (i + 1) & mask {
-		sl := &a.slots[i]
-		v := sl.ver.Load()
-		if v == 0 {
-			return entry{}, false, false
-		}
-		// A slot whose hash is not h may be changing to h, but h had no
-		// slot then: it was not held as the read began.
-		if sl.hash.Load() == h {
-			e = entry{mask: sl.mask.Load(), wide: sl.wide.Load()}
-			return e, e.mask != 0 || e.wide != 0, v&1 != 0 || sl.ver.Load() != v
-		}
-	}
-}
-
-// find returns h's slot, nil if h has none. The caller holds the write
-// lock.
-func (t *blockTable) find(h uint64) *blockSlot {
-	a := t.arr.Load()
-	if a == nil {
-		return nil
-	}
-	mask := len(a.slots) - 1
-	for i := a.home(h); ; i = (i + 1) & mask {
-		sl := &a.slots[i]
-		if sl.ver.Load() == 0 {
-			return nil
-		}
-		if sl.hash.Load() == h {
-			return sl
-		}
-	}
-}
-
-// upsert returns h's slot to add a holder to, giving it one if it has
-// none: its own tombstone, else the first tombstone on its probe path,
-// else the empty slot that ends it. The caller holds the write lock and
-// must give the slot a holder.
-func (t *blockTable) upsert(h uint64) *blockSlot {
-	a := t.arr.Load()
-	if a == nil || 4*(t.used+1) > 3*len(a.slots) {
-		a = t.rebuild()
-	}
-	mask := len(a.slots) - 1
-	var tomb *blockSlot
-	i := a.home(h)
-	for ; a.slots[i].ver.Load() != 0; i = (i + 1) & mask {
-		sl := &a.slots[i]
-		empty := sl.mask.Load() == 0 && sl.wide.Load() == 0
-		if sl.hash.Load() == h {
-			if empty {
-				t.n++
-			}
-			return sl
-		}
-		if empty && tomb == nil {
-			tomb = sl
-		}
-	}
-	t.n++
-	if tomb != nil {
-		tomb.ver.Add(1)
-		tomb.hash.Store(h)
-		tomb.ver.Add(1)
-		return tomb
-	}
-	sl := &a.slots[i]
-	sl.hash.Store(h)
-	sl.ver.Store(2)
-	t.used++
-	return sl
-}
-
-// rebuild copies the live slots into a new array, twice the size if more
-// than half of the current one is live, else the same size, and publishes
-// it. The caller holds the write lock.
-func (t *blockTable) rebuild() *blockArray {
-	size := minPairSlots
-	if old := t.arr.Load(); old != nil {
-		size = len(old.slots)
-	}
-	for 2*(t.n+1) > size {
-		size *= 2
-	}
-	a := &blockArray{slots: make([]blockSlot, size), shift: uint(64 - bits.TrailingZeros(uint(size)))}
-	mask := size - 1
-	if old := t.arr.Load(); old != nil {
-		for k := range old.slots {
-			sl := &old.slots[k]
-			m, w := sl.mask.Load(), sl.wide.Load()
-			if m == 0 && w == 0 {
-				continue
-			}
-			h := sl.hash.Load()
-			i := a.home(h)
-			for a.slots[i].ver.Load() != 0 {
-				i = (i + 1) & mask
-			}
-			d := &a.slots[i]
-			d.hash.Store(h)
-			d.mask.Store(m)
-			d.wide.Store(w)
-			d.ver.Store(2)
-		}
-	}
-	t.used = t.n
-	t.arr.Store(a)
-	return a
 }
 
 // Gamma is SplitMix64's increment, the odd integer closest to 2^64 divided

@@ -404,13 +404,13 @@ func TestHashMatchesReference(t *testing.T) {
 
 // checkInvariants verifies the index's internal tables against its lists:
 // every held node is found through the pair table and is on the recency
-// list exactly when it has no pins, every block's holder mask and wide
-// count agree with the nodes, and nothing else is left in either table.
+// list exactly when it has no pins, every block's holder words and count
+// agree with the nodes, and nothing else is left in either table.
 func checkInvariants(t *testing.T, ix *Index) {
 	t.Helper()
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	want := map[uint64]entry{}
+	want := map[uint64]map[int]uint64{} // block -> holder word -> bits
 	total := 0
 	for b := range ix.backends {
 		l := &ix.backends[b]
@@ -447,13 +447,10 @@ func checkInvariants(t *testing.T, ix *Index) {
 			if got := ix.pairs.find(ix.nodes, nd.hash, nd.backend); got != int32(n) {
 				t.Fatalf("backend %d: pair table finds %d for node %d", b, got, n)
 			}
-			e := want[nd.hash]
-			if b < maskBackends {
-				e.mask |= 1 << b
-			} else {
-				e.wide++
+			if want[nd.hash] == nil {
+				want[nd.hash] = map[int]uint64{}
 			}
-			want[nd.hash] = e
+			want[nd.hash][b/64] |= 1 << (b % 64)
 			count++
 		}
 		if count != l.n || unpinned != l.unpinned || len(liveSeen) != unpinned {
@@ -474,7 +471,7 @@ func checkInvariants(t *testing.T, ix *Index) {
 			if sl.ver.Load() != 0 {
 				used++
 			}
-			if sl.mask.Load() != 0 || sl.wide.Load() != 0 {
+			if sl.holders.Load() != 0 {
 				held++
 				if sl.ver.Load() == 0 {
 					t.Fatalf("block map slot %d has holders but is unused", k)
@@ -488,9 +485,22 @@ func checkInvariants(t *testing.T, ix *Index) {
 	if held != ix.blocks.n || used != ix.blocks.used {
 		t.Fatalf("block map has %d full slots and %d used, counts %d and %d", held, used, ix.blocks.n, ix.blocks.used)
 	}
+	a := ix.blocks.arr.Load()
 	for h, e := range want {
-		if got, ok := ix.blocks.arr.Load().get(h); !ok || got != e {
-			t.Fatalf("block %x: entry %+v (%v), want %+v", h, got, ok, e)
+		all, got := make([]uint64, a.words), make([]uint64, a.words)
+		for w := range all {
+			all[w] = ^uint64(0)
+		}
+		a.read(h, all, got)
+		n := 0
+		for w, bits := range got {
+			if bits != e[w] {
+				t.Fatalf("block %x: holder word %d is %x, want %x", h, w, bits, e[w])
+			}
+			n += popcount(bits)
+		}
+		if sl := &a.slots[a.find(h)]; int(sl.holders.Load()) != n {
+			t.Fatalf("block %x: %d holders counted, %d in its words", h, sl.holders.Load(), n)
 		}
 	}
 }
@@ -527,4 +537,12 @@ func TestChurn(t *testing.T) {
 		}
 	}
 	checkInvariants(t, ix)
+}
+
+func popcount(x uint64) int {
+	n := 0
+	for ; x != 0; x &= x - 1 {
+		n++
+	}
+	return n
 }

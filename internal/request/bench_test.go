@@ -9,6 +9,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/kvroute/kvroute/internal/clocktest"
 	"github.com/kvroute/kvroute/internal/openai"
 )
 
@@ -158,13 +159,13 @@ func benchParse(b *testing.B, parse func(Kind, []byte, Options) (*View, *openai.
 		b.Run(fmt.Sprintf("%s/%dB", bb.name, len(body)), func(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))
-			cpu := cpuTime()
+			cpu := clocktest.CPUTime()
 			for b.Loop() {
 				if _, err := parse(bb.kind, body, Options{SessionField: "user"}); err != nil {
 					b.Fatal(err)
 				}
 			}
-			b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
+			clocktest.ReportCPU(b, cpu)
 		})
 	}
 }

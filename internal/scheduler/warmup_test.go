@@ -92,7 +92,7 @@ func TestRouteAfterRemove(t *testing.T) {
 	f := newFleet(t, 3)
 	s := New(f, last{}, Config{})
 	gone := f.Snapshot().All[2]
-	f.Remove(gone)
+	f.Remove(gone, t0)
 	s.Index().RemoveBackend(gone.ID)
 	for i := range 50 {
 		a, err := s.Route(view("", text(i, 300)), nil, t0)

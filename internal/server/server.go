@@ -105,18 +105,20 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	reg := s.metrics.Registry()
 	var tok *tokenize.Tokenizer
 	var stream members.Stream
+	series := s.metrics.Series()
 	if sc.Precise != nil {
 		if tok, err = tokenize.NewTokenizer(cfg.KVEvents, newTransport(cfg.Upstream, s.dialBackendTLS), reg); err != nil {
 			return nil, err
 		}
-		stream = members.NewKVFollower(s.fleet, s.sched.Precise(), cfg.KVEvents, reg, logger).Follow
+		follower := members.NewKVFollower(s.fleet, s.sched.Precise(), cfg.KVEvents, reg, logger)
+		stream, series.Others = follower.Follow, follower.Families()
 	}
 	s.set = members.New(members.Config{
 		Fleet:          s.fleet,
 		Forget:         s.sched.Index().RemoveBackend,
 		Transport:      s.upstream,
 		Log:            logger,
-		Series:         s.metrics.Series(),
+		Series:         series,
 		Health:         cfg.Health,
 		DiscoverModels: cfg.Upstream.DiscoverModels,
 		FleetSection:   cfg.Fleet,
