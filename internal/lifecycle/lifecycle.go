@@ -1,12 +1,14 @@
 // Package lifecycle is one client request's life in the router, whatever
-// carries it: admit, tokenize, route, one or more legs each with its own
+// carries it: read, admit, tokenize, route, one or more legs each with its own
 // attempt loop (try, classify, retry on another backend before the first
 // byte), and one settle that records the outcome exactly once. It owns
 // every piece of per-request state that outlives a step (Request, Leg) and
 // the rules that judge a backend by a request's outcome (judge).
 //
-// A front drives it: the HTTP data plane (package proxy) reads and parses
-// the body, calls Plane.Route, hands Plane.RoundTrip to the standard
+// A front drives it: the HTTP data plane (package proxy) reads the body
+// within its budgets, hands it to Plane.Read (parse, the transport's
+// session and the tenant's salt, the context check, the prompt's hashes:
+// one rule for every front), calls Plane.Route, hands Plane.RoundTrip to the standard
 // library's reverse proxy as its transport, and calls Plane.Settle once
 // when its handler returns. A front without a response writer (a
 // prefill/decode exchange, an Envoy external processor) drives the same
@@ -14,7 +16,7 @@
 // carries the priority), how to answer with an error, how to hand a
 // response over, and how its body ended.
 //
-//	front: read + parse ─▶ Route: tokenize ─▶ admit ─▶ route every leg ─▶ release the grant
+//	front: read ─▶ Read: parse, check ─▶ Route: tokenize ─▶ admit ─▶ route every leg ─▶ release the grant
 //	                          RoundTrip: for each leg ─▶ attempt ─▶ first byte? ─no─▶ judge, reroute ─┐
 //	                                                       ▲                                         │
 //	                                                       └─────────────────────────────────────────┘
@@ -224,6 +226,8 @@ type Plane struct {
 	Unrouted func(policy, model string, status int)
 	// Decisions is the admin API's decision log; nil: none.
 	Decisions *admin.Log
+	// Reading is how Read parses and checks a completion's body.
+	Reading Reading
 }
 
 // policy is the scheduler's policy name, a metric label.

@@ -85,12 +85,22 @@ func newBackend(t *testing.T, name string, status int) *backend {
 // retries and no active checks; EjectAfter is 2.
 func newPlane(t *testing.T, bs ...*backend) (*Plane, *fleet.Fleet) {
 	t.Helper()
+	return newPlaneWith(t, nil, bs...)
+}
+
+// newPlaneWith is newPlane with the config changed by edit before it is
+// validated.
+func newPlaneWith(t *testing.T, edit func(*config.Config), bs ...*backend) (*Plane, *fleet.Fleet) {
+	t.Helper()
 	cfg := config.Default()
 	for i, b := range bs {
 		cfg.Backends = append(cfg.Backends, config.Backend{URL: b.srv.URL, Name: string(rune('a' + i)), Models: []string{"m"}})
 	}
 	cfg.Health.Path = ""
 	cfg.Health.EjectAfter = 2
+	if edit != nil {
+		edit(cfg)
+	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}

@@ -109,6 +109,8 @@ func (s *Server) newPlane() *lifecycle.Plane {
 			s.metrics.requests.WithLabelValues(noBackend, policy, model, strconv.Itoa(status)).Inc()
 		},
 		Decisions: s.decisions,
+		Reading: lifecycle.Reading{Options: s.parse, RejectOverContext: s.cfg.Limits.RejectOverContext,
+			MaxBytesPerToken: s.cfg.Limits.MaxBytesPerToken},
 	}
 }
 
@@ -126,27 +128,19 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 		ex.Reject(e)
 		return
 	}
-	v, e := request.Parse(kind, body, s.parse)
-	if e == nil && v.Model == "" {
-		e = errMissingModel()
+	var hints lifecycle.Hints
+	if h := s.cfg.Session.Header; h != "" {
+		hints.Session = r.Header.Get(h)
+	}
+	hints.Salt = ex.tenant.prefixSalt
+	e = s.plane.Read(&ex.Request, kind, body, hints)
+	if ex.View != nil {
+		ex.setView(ex.View, body)
 	}
 	if e != nil {
 		ex.Reject(e)
 		return
 	}
-	// The session header wins over the body's session field.
-	if h := s.cfg.Session.Header; h != "" {
-		if k := r.Header.Get(h); k != "" {
-			v.SessionKey = k
-		}
-	}
-	v.PrefixSalt = ex.tenant.prefixSalt(v.PrefixSalt)
-	ex.setView(v, body)
-	if e := s.checkContext(v); e != nil {
-		ex.Reject(e)
-		return
-	}
-	ex.Hashes = s.sched.Hashes(v)
 	if s.plane.Route(&ex.Request) {
 		ex.forward()
 	}

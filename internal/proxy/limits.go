@@ -10,52 +10,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/openai"
-	"github.com/kvroute/kvroute/internal/request"
 )
-
-// checkContext rejects a request that no backend serving its model could
-// take, with vLLM's wording, so that it never occupies a backend only to be
-// refused there. It refuses only on a lower bound of the prompt's tokens
-// (request.View.MinPromptTokens: exact for token ids, else the prompt's
-// bytes over limits.max_bytes_per_token), plus max_tokens, against the
-// largest context among those backends: the router's 4-bytes-a-token
-// estimate is often above the truth (code, CJK text) and must never turn
-// away what the engine would serve. Anything below the bound is forwarded,
-// and the engine's own tokenizer decides. A candidate of unknown context
-// lifts the limit: the router does not guess.
-func (s *Server) checkContext(v *request.View) *openai.Error {
-	if !s.cfg.Limits.RejectOverContext {
-		return nil
-	}
-	largest, known := s.set.MaxContext(v.Model)
-	if !known {
-		return nil
-	}
-	prompt := v.MinPromptTokens(s.cfg.Limits.MaxBytesPerToken)
-	total := request.AddTokens(prompt, v.MaxTokens)
-	if total <= largest {
-		return nil
-	}
-	what, atLeast := "messages", "at least "
-	if v.Kind == request.Completion {
-		what = "prompt"
-	}
-	if v.PromptExact {
-		atLeast = ""
-	}
-	msg := fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %s%d input tokens. Please reduce the length of the input %s.", largest, atLeast, prompt, what)
-	if v.MaxTokens > 0 {
-		msg = fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %s%d tokens (%s%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",
-			largest, atLeast, total, atLeast, prompt, what, v.MaxTokens, what)
-	}
-	return &openai.Error{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Code: "context_length_exceeded", Message: msg}
-}
-
-// errMissingModel answers a body that names no model: it would match
-// every backend, whatever pool serves what.
-func errMissingModel() *openai.Error {
-	return openai.BadRequest("missing_model", "you must provide a model parameter")
-}
 
 // limitBody bounds the time a client takes to send its body (slowloris on
 // the body) in two ways: the whole body within limits.body_timeout, and,

@@ -3,6 +3,7 @@ package proxy
 import (
 	"net/http"
 
+	"github.com/kvroute/kvroute/internal/lifecycle"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
 )
@@ -29,7 +30,7 @@ func (s *Server) passthrough(w http.ResponseWriter, r *http.Request) {
 	}
 	model, e := request.ModelOf(r.Header.Get("Content-Type"), body)
 	if e == nil && model == "" && !bodiless(r, body) {
-		e = errMissingModel()
+		e = lifecycle.ErrMissingModel()
 	}
 	if e != nil {
 		ex.Reject(e)
