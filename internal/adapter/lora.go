@@ -67,23 +67,31 @@ func vllmLoRA(f *dto.MetricFamily) *LoRA {
 			latest = m
 		}
 	}
-	l := &LoRA{Named: true}
+	var running, waiting []string
+	maxLoRA := -1
 	for _, lp := range latest.Label {
 		switch lp.GetName() {
 		case labelMaxLoRA:
-			l.Max = atoi(lp.GetValue())
+			maxLoRA = atoi(lp.GetValue())
 		case labelRunning:
-			l.Running = adapterList(lp.GetValue())
+			running = adapterList(lp.GetValue())
 		case labelWaitingLo:
-			l.Waiting = adapterList(lp.GetValue())
+			waiting = adapterList(lp.GetValue())
 		}
 	}
-	if l.Max < 0 || l.Max > MaxLoRAs {
+	if maxLoRA < 0 || maxLoRA > MaxLoRAs {
 		return nil
 	}
-	l.Used = len(l.Running)
-	for _, w := range l.Waiting {
-		if !contains(l.Running, w) {
+	return NamedLoRA(running, waiting, maxLoRA)
+}
+
+// NamedLoRA is the report of an engine that names the adapters of its
+// running and waiting requests and may hold max: an adapter slot is taken
+// by each adapter running or waiting (as llm-d counts them).
+func NamedLoRA(running, waiting []string, max int) *LoRA {
+	l := &LoRA{Running: running, Waiting: waiting, Named: true, Max: max, Used: len(running)}
+	for _, w := range waiting {
+		if !contains(running, w) {
 			l.Used++
 		}
 	}

@@ -71,6 +71,8 @@ type Scheduler struct {
 	replicas atomic.Pointer[replicaPlace]
 	blind    atomic.Int64
 	presumed []presumption
+	// adapters maps each known LoRA adapter to its base model (lora.go).
+	adapters atomic.Pointer[map[string]string]
 }
 
 // scratch is one Route's working memory, pooled so that routing allocates
@@ -183,12 +185,12 @@ func (s *Scheduler) Route(v *request.View, exclude []int, now time.Time) (*Assig
 // slice of their own, of exactly the prompt's full blocks, rather than a
 // pooled buffer.
 func (s *Scheduler) Hashes(v *request.View) []uint64 {
-	return prefix.HashSalted(make([]uint64, 0, len(v.Prompt)/s.blockCh), v.Prompt, s.blockCh, v.PrefixSalt)
+	return prefix.HashSalted(make([]uint64, 0, len(v.Prompt)/s.blockCh), v.Prompt, s.blockCh, s.Salt(v))
 }
 
 // RouteHashed is Route for a caller that has already hashed v.Prompt:
 // hashes must be prefix.HashSalted(nil, v.Prompt, s.BlockChars(),
-// v.PrefixSalt) (Hashes). The simulator
+// s.Salt(v)) (Hashes). The simulator
 // hashes each prompt once for the router and its engine alike. hashes is
 // never modified, and the Assignment keeps it until Done: the caller must
 // not change it before then.
@@ -205,9 +207,10 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 	sc.cands = sc.cands[:0]
 	session := policy.HashSession(v.SessionKey)
 	warm := s.warmKey(v, session, hashes)
+	parent := s.Parent(v.Model)
 	held := 0
 	for _, b := range snap.Healthy {
-		if b.Serves(v.Model) && !excluded(exclude, b.ID) {
+		if serves(b, v.Model, parent) && !excluded(exclude, b.ID) {
 			if !warmAdmits(b, warm, now) {
 				held++
 				continue
@@ -219,14 +222,15 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		// Only warming backends can take the request: warm-up slows a
 		// newcomer's ramp, it must not turn a request away.
 		for _, b := range snap.Healthy {
-			if b.Serves(v.Model) && !excluded(exclude, b.ID) {
+			if serves(b, v.Model, parent) && !excluded(exclude, b.ID) {
 				sc.cands = append(sc.cands, b)
 			}
 		}
 	}
+	sc.cands = s.adapterStage(sc.cands, v.Model, parent, now)
 	if len(sc.cands) == 0 {
 		for _, b := range snap.All {
-			if b.Serves(v.Model) {
+			if serves(b, v.Model, parent) {
 				return nil, ErrNoBackend
 			}
 		}
@@ -383,7 +387,7 @@ func (s *Scheduler) Uncached(v *request.View, hashes []uint64) int {
 	s.index.Match(hashes, sc.all)
 	var best int32
 	for _, b := range snap.Healthy {
-		if b.Serves(v.Model) && b.ID < len(sc.all) {
+		if serves(b, v.Model, s.Parent(v.Model)) && b.ID < len(sc.all) {
 			best = max(best, sc.all[b.ID])
 		}
 	}
