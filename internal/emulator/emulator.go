@@ -86,16 +86,16 @@ type Server struct {
 	// around to delivering steps (see DriverStats).
 	steps, lagSum, lagMax atomic.Int64
 	// slip is the emulated time lost between consecutive busy steps.
-	slip    atomic.Int64
-	reg     *prometheus.Registry
+	slip atomic.Int64
+	reg  *prometheus.Registry
 	// loras are the served adapters by name, loraOrder as configured,
 	// loraInfo the vllm:lora_requests_info series (lora.go).
 	loras     map[string]LoRAModule
 	loraOrder []LoRAModule
 	loraInfo  *loraHistory
-	ttft    prometheus.Observer
-	itl     prometheus.Observer
-	handler http.Handler
+	ttft      prometheus.Observer
+	itl       prometheus.Observer
+	handler   http.Handler
 }
 
 // New builds a Server and starts its driver; Close stops it.

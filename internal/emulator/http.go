@@ -1,9 +1,9 @@
 package emulator
 
 import (
-	"cmp"
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"

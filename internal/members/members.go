@@ -73,6 +73,9 @@ type Config struct {
 	// KVStream follows the KV event stream of each backend whose entry
 	// has kv_events; nil: none is followed.
 	KVStream Stream
+	// Adapters, when set, learns the LoRA adapters a backend's /v1/models
+	// listed, each with its base model (scheduler.LearnAdapters).
+	Adapters func(parents map[string]string)
 }
 
 // Set is every backend the router knows and its record.
@@ -255,6 +258,9 @@ func (s *Set) add(e config.Entry, name string, base *url.URL, pool string, found
 	}
 	if len(models) == 0 && found != nil {
 		models = found.IDs
+	}
+	if found != nil && len(found.Parents) > 0 && s.c.Adapters != nil {
+		s.c.Adapters(found.Parents)
 	}
 	b := s.c.Fleet.AddWarm(name, base, models, time.Now(), w)
 	m := newMember(b, e, pool, found, s.c.Series)

@@ -192,6 +192,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		DiscoverModels: cfg.Upstream.DiscoverModels,
 		FleetSection:   cfg.Fleet,
 		KVStream:       stream,
+		Adapters:       s.sched.LearnAdapters,
 	}, entries)
 	if s.adm, err = newAdmission(cfg, s.fleet, s.metrics.reg); err != nil {
 		return nil, err

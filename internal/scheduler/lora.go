@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"maps"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -28,7 +29,24 @@ import (
 
 // SetAdapters replaces the known adapters: adapter name -> base model.
 // The map is not modified afterwards.
-func (s *Scheduler) SetAdapters(parents map[string]string) { s.adapters.Store(&parents) }
+func (s *Scheduler) SetAdapters(parents map[string]string) {
+	s.adaptersMu.Lock()
+	defer s.adaptersMu.Unlock()
+	s.adapters.Store(&parents)
+}
+
+// LearnAdapters adds adapters (name -> base model) to the known ones, as
+// a backend's /v1/models lists them; parents is not kept.
+func (s *Scheduler) LearnAdapters(parents map[string]string) {
+	s.adaptersMu.Lock()
+	defer s.adaptersMu.Unlock()
+	next := map[string]string{}
+	if m := s.adapters.Load(); m != nil {
+		maps.Copy(next, *m)
+	}
+	maps.Copy(next, parents)
+	s.adapters.Store(&next)
+}
 
 // Parent returns the base model of adapter model, "" when model is not a
 // known adapter.
@@ -58,9 +76,22 @@ func (s *Scheduler) adapterBlind() bool {
 }
 
 // serves reports whether b may take a request for model, whose base model
-// is parent ("" for a base model).
-func serves(b *fleet.Backend, model, parent string) bool {
-	return b.Serves(model) || (parent != "" && b.Serves(parent))
+// is parent ("" for a base model): b lists model, or b lists parent and no
+// adapter at all (its models are configured, not read from its
+// /v1/models, which lists every adapter an engine serves).
+func (s *Scheduler) serves(b *fleet.Backend, model, parent string) bool {
+	if b.Serves(model) {
+		return true
+	}
+	if parent == "" || !b.Serves(parent) {
+		return false
+	}
+	for _, m := range b.Models {
+		if s.Parent(m) != "" {
+			return false
+		}
+	}
+	return true
 }
 
 // adapterStage narrows cands for a request for adapter model (parent its

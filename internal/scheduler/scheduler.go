@@ -72,7 +72,8 @@ type Scheduler struct {
 	blind    atomic.Int64
 	presumed []presumption
 	// adapters maps each known LoRA adapter to its base model (lora.go).
-	adapters atomic.Pointer[map[string]string]
+	adapters   atomic.Pointer[map[string]string]
+	adaptersMu sync.Mutex // serialises writers of adapters
 }
 
 // scratch is one Route's working memory, pooled so that routing allocates
@@ -210,7 +211,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 	parent := s.Parent(v.Model)
 	held := 0
 	for _, b := range snap.Healthy {
-		if serves(b, v.Model, parent) && !excluded(exclude, b.ID) {
+		if s.serves(b, v.Model, parent) && !excluded(exclude, b.ID) {
 			if !warmAdmits(b, warm, now) {
 				held++
 				continue
@@ -222,7 +223,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		// Only warming backends can take the request: warm-up slows a
 		// newcomer's ramp, it must not turn a request away.
 		for _, b := range snap.Healthy {
-			if serves(b, v.Model, parent) && !excluded(exclude, b.ID) {
+			if s.serves(b, v.Model, parent) && !excluded(exclude, b.ID) {
 				sc.cands = append(sc.cands, b)
 			}
 		}
@@ -230,7 +231,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 	sc.cands = s.adapterStage(sc.cands, v.Model, parent, now)
 	if len(sc.cands) == 0 {
 		for _, b := range snap.All {
-			if serves(b, v.Model, parent) {
+			if s.serves(b, v.Model, parent) {
 				return nil, ErrNoBackend
 			}
 		}
@@ -387,7 +388,7 @@ func (s *Scheduler) Uncached(v *request.View, hashes []uint64) int {
 	s.index.Match(hashes, sc.all)
 	var best int32
 	for _, b := range snap.Healthy {
-		if serves(b, v.Model, s.Parent(v.Model)) && b.ID < len(sc.all) {
+		if s.serves(b, v.Model, s.Parent(v.Model)) && b.ID < len(sc.all) {
 			best = max(best, sc.all[b.ID])
 		}
 	}
