@@ -41,8 +41,6 @@ func (q *queue) pushFront(r *Request) {
 	q.n++
 }
 
-func (q *queue) front() *Request { return q.buf[q.head] }
-
 func (q *queue) popFront() *Request {
 	r := q.buf[q.head]
 	q.buf[q.head] = nil
