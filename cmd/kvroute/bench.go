@@ -30,6 +30,8 @@ type benchFlags struct {
 	limit, maxConc                 int
 	seed                           int64
 	out, json                      string
+	adapters                       int
+	adapterZipf                    float64
 }
 
 func runBench(args []string) int {
@@ -44,6 +46,8 @@ func runBench(args []string) int {
 	fs.IntVar(&f.limit, "limit", 0, "send at most `N` requests (the first N by arrival)")
 	fs.Int64Var(&f.seed, "seed", 1, "seed of a built-in workload's arrivals and text")
 	fs.StringVar(&f.model, "model", "", "model name sent in each request (default: the first model of GET /v1/models)")
+	fs.IntVar(&f.adapters, "adapters", 0, "have each conversation ask for one of N LoRA adapters (lora-0 ... lora-N-1) in place of the model")
+	fs.Float64Var(&f.adapterZipf, "adapter-zipf", 0, "Zipf exponent of the adapters' popularity (default 1)")
 	fs.StringVar(&f.label, "label", "bench", "name of this run in the table and the JSON (the policy column)")
 	fs.IntVar(&f.maxConc, "max-concurrency", bench.DefaultMaxConcurrency, "safety cap on requests in flight; a request arriving at the cap is not sent and counts as an error")
 	fs.StringVar(&f.out, "out", "", "write ttft.svg (TTFT distribution) into `DIR`")
@@ -140,6 +144,7 @@ func (f *benchFlags) check(rest []string, set map[string]bool) (workload.Options
 		}
 	}
 	opt.Rate, opt.Speedup, opt.Limit, opt.Seed = f.rate, f.speedup, f.limit, f.seed
+	opt.Adapters, opt.AdapterZipf = f.adapters, f.adapterZipf
 	return opt, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -32,11 +33,14 @@ func runEngine(args []string) int {
 	kvEncoding := fs.String("kv-events-encoding", "current", "shape of the published events: current (maps with a \"type\" key, vLLM since 2026) or legacy (positional arrays, vLLM up to 0.23 and SGLang)")
 	var limits limitFlags
 	limits.register(fs)
+	var loras emulator.LoRAModules
+	fs.Var(&loras, "lora-modules", `LoRA adapters to serve, as vLLM's flag: name=path or '{"name":...,"path":...,"base_model_name":...}', several after one flag or the flag repeated (needs --max-loras; 1 if not given)`)
 	fs.Usage = func() {
 		out := fs.Output()
 		fmt.Fprint(out, `usage: kvroute engine [--listen ADDR] [--preset NAME] [--kv-blocks N] [--time-scale X] [--model NAME]
                       [--kv-events-config JSON] [--kv-events-encoding current|legacy]
                       [--max-num-seqs N] [--max-num-batched-tokens N]
+                      [--lora-modules name=path ... [--max-loras N] [--lora-load-time D]]
 
 Serves an emulated vLLM engine: POST /v1/chat/completions, POST /v1/completions
 (streaming or not), GET /v1/models, GET /health, GET /metrics in vLLM's
@@ -53,8 +57,29 @@ flags:
 				p.Name, p.Model, p.KVBlocks, p.MaxModelLen, p.MaxNumSeqs, p.MaxBatchedTokens, p.PrefillTokensPerSec())
 		}
 	}
-	if code, ok := parseFlags(fs, args, true); !ok {
+	if code, ok := parseFlags(fs, args, false); !ok {
 		return code
+	}
+	// vLLM's --lora-modules takes every value up to the next flag.
+	for len(loras) > 0 && fs.NArg() > 0 && !strings.HasPrefix(fs.Arg(0), "-") {
+		rest := fs.Args()
+		i := 0
+		for ; i < len(rest) && !strings.HasPrefix(rest[i], "-"); i++ {
+			if err := loras.Set(rest[i]); err != nil {
+				fmt.Fprintf(os.Stderr, "kvroute engine: --lora-modules: %v\n", err)
+				return 2
+			}
+		}
+		if code, ok := parseFlags(fs, rest[i:], false); !ok {
+			return code
+		}
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "kvroute engine: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if len(loras) > 0 && limits.maxLoras == 0 {
+		limits.maxLoras = 1 // vLLM's default
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	p, err := enginePreset(*preset, limits)
@@ -70,7 +95,7 @@ flags:
 		fmt.Fprintf(os.Stderr, "kvroute engine: --kv-blocks must be at least 0, got %d\n", *kvBlocks)
 		return 2
 	}
-	cfg := emulator.Config{Preset: p, KVBlocks: *kvBlocks, TimeScale: *timeScale, Model: *model, Logger: log}
+	cfg := emulator.Config{Preset: p, KVBlocks: *kvBlocks, TimeScale: *timeScale, Model: *model, Logger: log, LoRAModules: loras}
 	enc, err := kvevents.ParseEncoding(*kvEncoding)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kvroute engine: --kv-events-encoding: %v\n", err)

@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/engine"
 )
@@ -13,11 +14,17 @@ import (
 // same way.
 type limitFlags struct {
 	maxNumSeqs, maxBatchedTokens int
+	// maxLoras and loraLoad are vLLM's --max-loras and the time one
+	// adapter's load takes (0: the preset's).
+	maxLoras int
+	loraLoad time.Duration
 }
 
 func (l *limitFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&l.maxNumSeqs, "max-num-seqs", 0, "cap on running sequences of every engine, as vLLM's flag; 0 means the preset's")
 	fs.IntVar(&l.maxBatchedTokens, "max-num-batched-tokens", 0, "token budget of one engine step (the prefill chunk) of every engine, as vLLM's flag; 0 means the preset's")
+	fs.IntVar(&l.maxLoras, "max-loras", 0, "LoRA adapters every engine runs in a batch and holds at once, as vLLM's flag; 0 serves none")
+	fs.DurationVar(&l.loraLoad, "lora-load-time", 0, "time one LoRA adapter's load adds to an engine step; 0 means the preset's")
 }
 
 // apply returns presets with the overrides applied (0 keeps each preset's).
@@ -25,6 +32,9 @@ func (l *limitFlags) apply(presets []engine.Preset) ([]engine.Preset, error) {
 	out := make([]engine.Preset, len(presets))
 	for i, p := range presets {
 		q, err := p.WithLimits(l.maxNumSeqs, l.maxBatchedTokens)
+		if err == nil {
+			q, err = q.WithLoRA(l.maxLoras, l.loraLoad)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("--%w", err)
 		}
@@ -41,6 +51,12 @@ func (l *limitFlags) String() string {
 	}
 	if l.maxBatchedTokens != 0 {
 		s += fmt.Sprintf(" --max-num-batched-tokens %d", l.maxBatchedTokens)
+	}
+	if l.maxLoras != 0 {
+		s += fmt.Sprintf(" --max-loras %d", l.maxLoras)
+	}
+	if l.loraLoad != 0 {
+		s += fmt.Sprintf(" --lora-load-time %v", l.loraLoad)
 	}
 	return s
 }

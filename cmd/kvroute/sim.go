@@ -55,6 +55,10 @@ type fleetFlags struct {
 	// the router those limits as backends[] keys.
 	limits          limitFlags
 	configureLimits bool
+	// adapters and adapterZipf give the requests LoRA adapters
+	// (workload.Options).
+	adapters    int
+	adapterZipf float64
 }
 
 func (w *fleetFlags) register(fs *flag.FlagSet, engines string) {
@@ -74,6 +78,8 @@ func (w *fleetFlags) register(fs *flag.FlagSet, engines string) {
 	fs.StringVar(&w.out, "out", "", "write report.html (tables and charts in one self-contained page) and SVG charts into this directory")
 	fs.BoolVar(&w.oracle, "oracle", false, "also compute the workload's bounds: infinite-cache hit rate, and mean and p99 TTFT with that cache and no queueing")
 	w.limits.register(fs)
+	fs.IntVar(&w.adapters, "adapters", 0, "have each conversation ask for one of N LoRA adapters of the base model (with --max-loras)")
+	fs.Float64Var(&w.adapterZipf, "adapter-zipf", 0, "Zipf exponent of the adapters' popularity (default 1)")
 	fs.BoolVar(&w.configureLimits, "configure-limits", false, "give the router every engine's max-num-seqs and max-num-batched-tokens as backends[].max_num_seqs and max_num_batched_tokens; without it the router learns the cap from the engines' running and waiting counts (vLLM exports neither)")
 }
 
@@ -121,7 +127,7 @@ func (w *fleetFlags) check() error {
 
 func (w *fleetFlags) options() workload.Options {
 	return workload.Options{Rate: w.rate, Speedup: w.speedup, Limit: w.limit, Duration: w.duration, Seed: w.seed,
-		WindowStart: w.windowStart, WindowEnd: w.windowEnd, Jitter: w.jitter}
+		WindowStart: w.windowStart, WindowEnd: w.windowEnd, Jitter: w.jitter, Adapters: w.adapters, AdapterZipf: w.adapterZipf}
 }
 
 // parsePolicies parses --policies; empty means every registered policy, with

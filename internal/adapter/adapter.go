@@ -82,6 +82,9 @@ type State struct {
 	// time_per_output_token_seconds); llama.cpp: tokens_predicted_total
 	// over tokens_predicted_seconds_total.
 	DecodeTokens, DecodeSeconds float64
+	// LoRA is the engine's report of its LoRA adapters (lora.go), nil when
+	// it reports none.
+	LoRA *LoRA
 }
 
 // metric names, exactly as the engines export them.
@@ -156,6 +159,7 @@ func ParseMetrics(r io.Reader, kind Kind) (State, error) {
 		} else {
 			s.DecodeTokens, s.DecodeSeconds = hist(fams[vllmTPOT])
 		}
+		s.LoRA = vllmLoRA(fams[vllmLoRAInfo])
 		if f := fams[vllmCacheConfig]; f != nil && len(f.Metric) > 0 {
 			for _, lp := range f.Metric[0].Label {
 				switch lp.GetName() {
@@ -172,6 +176,7 @@ func ParseMetrics(r io.Reader, kind Kind) (State, error) {
 		s.KVUsage = maxOf(fams[sglTokens])
 		s.PrefixHitRate = maxOf(fams[sglHitRate])
 		s.DecodeTokens, s.DecodeSeconds = hist(fams[sglITL])
+		s.LoRA = sglangLoRA(fams)
 	case LlamaCpp:
 		s.Running = sum(fams[llamaProc])
 		s.Waiting = sum(fams[llamaDefer])

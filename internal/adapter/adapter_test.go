@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -171,10 +172,13 @@ func TestParseSlots(t *testing.T) {
 	}
 }
 
+// fuzzSeeds are the expositions in testdata that seed FuzzParseMetrics.
+var fuzzSeeds = []string{"vllm.prom", "vllm_v0.prom", "vllm_itl.prom", "sglang.prom", "llamacpp.prom", "tgi.prom"}
+
 // FuzzParseMetrics: whatever an engine (or something pretending to be one)
 // serves on /metrics, parsing never panics.
 func FuzzParseMetrics(f *testing.F) {
-	for _, name := range []string{"vllm.prom", "vllm_v0.prom", "vllm_itl.prom", "sglang.prom", "llamacpp.prom", "tgi.prom"} {
+	for _, name := range fuzzSeeds {
 		b, err := os.ReadFile(filepath.Join("testdata", name))
 		if err != nil {
 			f.Fatal(err)
@@ -224,6 +228,16 @@ func checkSane(t *testing.T, s State) {
 	}
 	if (s.PrefillTokens < 0) != (s.PrefillSeconds < 0) || (s.DecodeTokens < 0) != (s.DecodeSeconds < 0) {
 		t.Fatalf("a counter known without its seconds: %+v", s)
+	}
+	if l := s.LoRA; l != nil {
+		if l.Max < 0 || l.Max > MaxLoRAs || l.Used < 0 || len(l.Running) > MaxLoRAs || len(l.Waiting) > MaxLoRAs || (!l.Named && l.Used > l.Max) {
+			t.Fatalf("LoRA report beyond any engine: %+v", l)
+		}
+		for _, n := range append(slices.Clone(l.Running), l.Waiting...) {
+			if n == "" || len(n) > MaxAdapterName {
+				t.Fatalf("adapter name %q", n)
+			}
+		}
 	}
 	if s.BlockSize > 0 && s.NumGPUBlocks > 0 && int64(s.BlockSize)*int64(s.NumGPUBlocks) > MaxKVTokens {
 		t.Fatalf("KV cache of %d x %d tokens, beyond any engine", s.NumGPUBlocks, s.BlockSize)

@@ -164,11 +164,18 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 	cc.Policy = p
 	cc.PolicyOptions.Seed = cfg.Seed
 	cc.Upstream.DiscoverModels = false
+	// The workload's LoRA adapters, served by every engine that has slots
+	// for them; the router learns them from the engines' /v1/models.
+	loras := loraModules(wall)
 	kv := make([]int, len(cfg.Engines))
 	engineOf := map[string]int{} // backend name -> engine index
 	ems := make([]*emulator.Server, len(cfg.Engines))
 	for i, pr := range cfg.Engines {
 		ec := emulator.Config{Preset: pr, KVBlocks: cfg.KVBlocks, TimeScale: cfg.TimeScale, Logger: cfg.Logger}
+		if pr.MaxLoras > 0 && len(loras) > 0 {
+			ec.LoRAModules = loras
+			cc.Upstream.DiscoverModels = true
+		}
 		if precise {
 			ec.KVEvents = &kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Bind: true}
 		}
@@ -251,7 +258,29 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 			cfg.Driver(label, i, em.Driver())
 		}
 	}
-	return report.Summarize(label, toEmulated(samples, cfg.TimeScale), scale(elapsed, cfg.TimeScale)), nil
+	run := report.Summarize(label, toEmulated(samples, cfg.TimeScale), scale(elapsed, cfg.TimeScale))
+	var loads int64
+	for _, em := range ems {
+		loads += em.Stats().LoRALoads
+	}
+	if run.Completed > 0 {
+		run.AdapterLoads = 1000 * float64(loads) / float64(run.Completed)
+	}
+	return run, nil
+}
+
+// loraModules lists the adapters reqs ask for, in order of first use, as
+// the emulated engines serve them.
+func loraModules(reqs []workload.Request) []emulator.LoRAModule {
+	var mods []emulator.LoRAModule
+	seen := map[string]bool{}
+	for i := range reqs {
+		if a := reqs[i].Adapter; a != "" && !seen[a] {
+			seen[a] = true
+			mods = append(mods, emulator.LoRAModule{Name: a, Path: "/adapters/" + a})
+		}
+	}
+	return mods
 }
 
 // startRouter validates c, starts a router with it and sizes its prefix

@@ -45,6 +45,9 @@ type Config struct {
 	// one batch per engine step that stored or evicted blocks, sent when
 	// the step ends.
 	KVEvents *kvevents.PublisherConfig
+	// LoRAModules are the LoRA adapters served (vLLM's --lora-modules),
+	// which needs Preset.MaxLoras > 0 (--max-loras); lora.go.
+	LoRAModules []LoRAModule
 }
 
 // Server is one emulated engine behind its HTTP handler.
@@ -83,11 +86,16 @@ type Server struct {
 	// around to delivering steps (see DriverStats).
 	steps, lagSum, lagMax atomic.Int64
 	// slip is the emulated time lost between consecutive busy steps.
-	slip    atomic.Int64
-	reg     *prometheus.Registry
-	ttft    prometheus.Observer
-	itl     prometheus.Observer
-	handler http.Handler
+	slip atomic.Int64
+	reg  *prometheus.Registry
+	// loras are the served adapters by name, loraOrder as configured,
+	// loraInfo the vllm:lora_requests_info series (lora.go).
+	loras     map[string]LoRAModule
+	loraOrder []LoRAModule
+	loraInfo  *loraHistory
+	ttft      prometheus.Observer
+	itl       prometheus.Observer
+	handler   http.Handler
 }
 
 // New builds a Server and starts its driver; Close stops it.
@@ -129,6 +137,10 @@ func New(cfg Config) (*Server, error) {
 		s.kv = kv
 		s.eng.SetKVEvents(true)
 	}
+	if err := s.checkLoRA(cfg.LoRAModules); err != nil {
+		return nil, err
+	}
+	s.loraOrder = cfg.LoRAModules
 	s.initMetrics()
 	s.handler = s.routes()
 	s.start = time.Now()
@@ -148,6 +160,13 @@ func (s *Server) Stats() engine.Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.eng.Stats()
+}
+
+// LoRA returns the adapters of the engine's running and waiting requests.
+func (s *Server) LoRA() engine.LoRAInfo {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.eng.LoRA()
 }
 
 // Handler is the HTTP handler serving the vLLM API.

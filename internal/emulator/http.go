@@ -3,6 +3,7 @@ package emulator
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -76,11 +77,10 @@ func writeVLLMError(w http.ResponseWriter, status int, typ, msg string) {
 }
 
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
-	p := s.Preset()
-	writeJSON(w, openai.ModelList{Object: "list", Data: []openai.Model{{
-		ID: s.model, Object: "model", Created: s.start.Unix(), OwnedBy: "vllm",
-		MaxModelLen: p.MaxModelLen,
-	}}})
+	writeJSON(w, struct {
+		Object string      `json:"object"`
+		Data   []modelCard `json:"data"`
+	}{"list", s.modelCards(s.loraOrder)})
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
@@ -114,7 +114,7 @@ func (s *Server) parse(w http.ResponseWriter, kind request.Kind, body []byte) (*
 		writeVLLMError(w, perr.Status, typeBadRequest, perr.Message)
 		return nil, false
 	}
-	if v.Model != "" && v.Model != s.model {
+	if _, adapter := s.loras[v.Model]; v.Model != "" && v.Model != s.model && !adapter {
 		writeVLLMError(w, http.StatusNotFound, typeNotFound, fmt.Sprintf("The model `%s` does not exist.", v.Model))
 		return nil, false
 	}
@@ -190,10 +190,14 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.
 	seed := xxhash.Sum64String(v.Prompt)
 	promptTokens := engine.Tokens(v.Prompt)
 	p := &pending{notify: make(chan struct{}, 1)}
-	p.r = engine.Request{ID: s.nextID.Add(1), Prompt: v.Prompt, Tag: p,
+	adapter := ""
+	if _, ok := s.loras[v.Model]; ok {
+		adapter = v.Model
+	}
+	p.r = engine.Request{ID: s.nextID.Add(1), Prompt: v.Prompt, Tag: p, Adapter: adapter,
 		// Hashed here, outside the engine lock, so that a long prompt
 		// does not hold up the driver.
-		PromptHashes: prefix.HashSalted(nil, v.Prompt, engine.BlockSize*engine.BytesPerToken, v.PrefixSalt), CacheSalt: v.PrefixSalt}
+		PromptHashes: prefix.HashSalted(nil, v.Prompt, engine.BlockSize*engine.BytesPerToken, prefix.AdapterSalt(adapter, v.PrefixSalt)), CacheSalt: v.PrefixSalt}
 	p.r.SetOutput(v.MaxTokens, v.MinTokens, v.IgnoreEOS, preset.MaxModelLen)
 	n := p.r.OutputTokens
 	if err := s.add(p); err != nil {
@@ -214,7 +218,7 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.
 	}
 	rs := &response{
 		s: s, v: v, p: p, seed: seed, finish: finish,
-		head: openai.Response{Created: time.Now().Unix(), Model: s.model},
+		head: openai.Response{Created: time.Now().Unix(), Model: cmp.Or(adapter, s.model)},
 	}
 	if kind == request.Chat {
 		rs.head.ID = fmt.Sprintf("chatcmpl-%016x%016x", p.r.ID, seed)

@@ -2,6 +2,8 @@ package emulator
 
 import (
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -71,6 +73,9 @@ func (s *Server) initMetrics() {
 	// real clock, must see one consistent engine.
 	itl := hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITLBuckets)
 	s.itl = itl
+	if len(s.loras) > 0 {
+		s.loraInfo = newLoRAHistory()
+	}
 	s.reg = prometheus.NewRegistry()
 	s.reg.MustRegister(c, ttft, itl)
 }
@@ -80,6 +85,9 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.running, c.waiting, c.kvUsage, c.prefixQueries, c.prefixHits,
 		c.preemptions, c.promptTokens, c.generationTokens, c.cacheConfig} {
 		ch <- d
+	}
+	if c.s.loraInfo != nil {
+		ch <- c.s.loraInfo.desc
 	}
 }
 
@@ -99,4 +107,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	k(c.promptTokens, st.PromptTokens)
 	k(c.generationTokens, st.GenerationTokens)
 	ch <- prometheus.MustNewConstMetric(c.cacheConfig, prometheus.GaugeValue, 1, c.cacheLabels...)
+	if c.s.loraInfo != nil {
+		l := c.s.LoRA()
+		c.s.loraInfo.observe([3]string{strconv.Itoa(l.MaxLoras), strings.Join(l.Waiting, ","), strings.Join(l.Running, ",")}, time.Now(), ch)
+	}
 }

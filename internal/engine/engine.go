@@ -43,6 +43,11 @@ type Preset struct {
 	// PerDecodeSeq*decoding sequences + PerContextToken*context tokens read
 	// by attention.
 	StepOverhead, PerPrefillToken, PerDecodeSeq, PerContextToken time.Duration
+	// MaxLoras is vLLM's --max-loras: the cap on distinct LoRA adapters in
+	// a batch, and the adapters resident at once; 0 serves no adapters
+	// (lora.go). LoRALoad is the time one adapter's load adds to a step.
+	MaxLoras int
+	LoRALoad time.Duration
 }
 
 // Request is one request inside the engine. The driver fills the inputs;
@@ -69,6 +74,10 @@ type Request struct {
 	// with requests under the same salt, and the first block's BlockStored
 	// names it in its extra keys, as vLLM's does. "" for none.
 	CacheSalt string
+	// Adapter is the LoRA adapter the request runs under, "" for the base
+	// model (lora.go). Its blocks are salted with it: PromptHashes, when
+	// given, are under prefix.AdapterSalt(Adapter, CacheSalt).
+	Adapter string
 
 	// Outputs.
 	PromptTokens int
@@ -92,6 +101,7 @@ type Request struct {
 	registered int      // leading blocks registered in the prefix cache
 	blocks     []int32  // block table
 	hashes     []uint64 // chain hashes of the prompt's full blocks
+	loraHeld   bool     // counted among its adapter's running requests
 }
 
 // Request states.
@@ -125,6 +135,8 @@ type Stats struct {
 	PromptTokens, GenerationTokens int64
 	BusyTime                       time.Duration // total step time
 	PrefillTokensComputed          int64
+	// LoRALoads counts adapter loads (lora.go).
+	LoRALoads int64
 }
 
 // Engine is one engine's state.
@@ -153,6 +165,11 @@ type Engine struct {
 	// kvEvents is on (SetKVEvents).
 	kvEvents bool
 	events   []kvevents.Event
+
+	// loras are the resident adapters; stepLoads counts this step's loads
+	// (lora.go).
+	loras     []loraSlot
+	stepLoads int
 }
 
 // New returns an idle engine for p; kvBlocks > 0 overrides p.KVBlocks.
@@ -205,6 +222,9 @@ func (e *Engine) Add(r *Request, now time.Duration) error {
 	if r.PromptTokens == 0 {
 		return fmt.Errorf("engine: add request %d: empty prompt", r.ID)
 	}
+	if r.Adapter != "" && e.p.MaxLoras == 0 {
+		return fmt.Errorf("engine: add request %d: adapter %q on an engine without LoRA", r.ID, r.Adapter)
+	}
 	// The client's max_tokens may be anything up to 2^63-1: compared
 	// with what the prompt leaves, and added only without wrapping.
 	completion := max(r.OutputTokens, r.MaxTokens)
@@ -222,7 +242,7 @@ func (e *Engine) Add(r *Request, now time.Duration) error {
 	if r.PromptHashes != nil && len(r.PromptHashes) == full {
 		r.hashes, r.ownHashes = r.PromptHashes, false
 	} else {
-		r.hashes = prefix.HashSalted(e.takeHashes(), r.Prompt, BlockSize*BytesPerToken, r.CacheSalt)
+		r.hashes = prefix.HashSalted(e.takeHashes(), r.Prompt, BlockSize*BytesPerToken, prefix.AdapterSalt(r.Adapter, r.CacheSalt))
 		r.ownHashes = true
 	}
 	r.state = stateWaiting
@@ -250,6 +270,7 @@ func (e *Engine) takeHashes() []uint64 {
 
 // retire releases r's blocks and returns its tables to the pools.
 func (e *Engine) retire(r *Request) {
+	e.loraStop(r)
 	e.kv.release(r.blocks)
 	if cap(r.blocks) > 0 {
 		e.blockPool = append(e.blockPool, r.blocks[:0])
@@ -325,6 +346,7 @@ func (e *Engine) Step(now time.Duration, s Sink) time.Duration {
 	}
 	e.budget = e.p.MaxBatchedTokens
 	e.stepPrefill, e.stepDecodes, e.stepCtx = 0, 0, 0
+	e.stepLoads = 0
 	e.preempted = false
 
 	// Decodes: one token each.
@@ -349,9 +371,15 @@ func (e *Engine) Step(now time.Duration, s Sink) time.Duration {
 			}
 		}
 	}
-	// Admissions from the waiting queue.
-	for !e.preempted && e.budget > 0 && e.waiting.len() > 0 && len(e.running) < e.p.MaxNumSeqs {
-		if !e.admit(e.waiting.front(), now) {
+	// Admissions from the waiting queue, in order; a request whose LoRA
+	// adapter would be one too many in the batch is passed over.
+	for i := 0; !e.preempted && e.budget > 0 && i < e.waiting.len() && len(e.running) < e.p.MaxNumSeqs; {
+		r := e.waiting.at(i)
+		if !e.loraAdmits(r) {
+			i++
+			continue
+		}
+		if !e.admit(r, i, now) {
 			break
 		}
 	}
@@ -360,7 +388,8 @@ func (e *Engine) Step(now time.Duration, s Sink) time.Duration {
 	d := p.StepOverhead +
 		time.Duration(e.stepPrefill)*p.PerPrefillToken +
 		time.Duration(e.stepDecodes)*p.PerDecodeSeq +
-		time.Duration(e.stepCtx)*p.PerContextToken
+		time.Duration(e.stepCtx)*p.PerContextToken +
+		time.Duration(e.stepLoads)*p.LoRALoad
 	if d <= 0 {
 		// A preset with all-zero coefficients would make virtual time stand
 		// still; a step always takes some time.
@@ -472,6 +501,7 @@ func (e *Engine) preempt(victim *Request) {
 		panic("engine: preempting a request already in the step's batch")
 	}
 	e.running = e.running[:len(e.running)-1]
+	e.loraStop(victim)
 	e.kv.release(victim.blocks)
 	victim.blocks = victim.blocks[:0]
 	victim.computed, victim.registered = 0, 0
@@ -481,13 +511,13 @@ func (e *Engine) preempt(victim *Request) {
 	e.preempted = true
 }
 
-// admit moves r, the head of the waiting queue, to the running list in the
+// admit moves r, the pos-th of the waiting queue, to the running list in the
 // step that starts at now if the blocks for its first chunk are free: it
 // takes the longest chain of cached full blocks (never the whole sequence:
 // the last token is always computed, so that there is something to sample
 // from), then allocates blocks for a chunk of the rest within the token
 // budget.
-func (e *Engine) admit(r *Request, now time.Duration) bool {
+func (e *Engine) admit(r *Request, pos int, now time.Duration) bool {
 	total := r.tokens()
 	maxHit := min((total-1)/BlockSize, len(r.hashes))
 	hits := e.hitScratch[:0]
@@ -509,7 +539,12 @@ func (e *Engine) admit(r *Request, now time.Duration) bool {
 	if need+hitFree > e.kv.free {
 		return false
 	}
-	e.waiting.popFront()
+	if pos == 0 {
+		e.waiting.popFront()
+	} else {
+		e.waiting.removeAt(pos)
+	}
+	e.loraStart(r, now)
 	for _, b := range hits {
 		e.kv.acquire(b)
 	}

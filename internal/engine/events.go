@@ -87,7 +87,8 @@ func (e *Engine) registerRecorded(r *Request, full int) {
 			continue
 		}
 		if ev < 0 {
-			st := kvevents.Event{Kind: kvevents.BlockStored, BlockSize: BlockSize, Medium: mediumGPU}
+			// vLLM names a block's adapter in lora_name.
+			st := kvevents.Event{Kind: kvevents.BlockStored, BlockSize: BlockSize, Medium: mediumGPU, LoraName: r.Adapter}
 			if i > 0 {
 				st.Parent, st.HasParent = r.hashes[i-1], true
 			} else if r.CacheSalt != "" {

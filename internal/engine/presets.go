@@ -20,6 +20,7 @@ type llm struct {
 	name                     string // served model name
 	params                   float64
 	layers, kvHeads, headDim int
+	hidden, intermediate     int // widths of the attention and MLP projections
 }
 
 const gib = 1 << 30
@@ -28,8 +29,8 @@ var (
 	h100 = gpu{bf16FLOPS: 989e12, hbmBytesS: 3.35e12, memBytes: 80 * gib}
 	a100 = gpu{bf16FLOPS: 312e12, hbmBytesS: 2.039e12, memBytes: 80 * gib}
 
-	llama31_8B  = llm{name: "meta-llama/Llama-3.1-8B-Instruct", params: 8.03e9, layers: 32, kvHeads: 8, headDim: 128}
-	llama31_70B = llm{name: "meta-llama/Llama-3.1-70B-Instruct", params: 70.6e9, layers: 80, kvHeads: 8, headDim: 128}
+	llama31_8B  = llm{name: "meta-llama/Llama-3.1-8B-Instruct", params: 8.03e9, layers: 32, kvHeads: 8, headDim: 128, hidden: 4096, intermediate: 14336}
+	llama31_70B = llm{name: "meta-llama/Llama-3.1-70B-Instruct", params: 70.6e9, layers: 80, kvHeads: 8, headDim: 128, hidden: 8192, intermediate: 28672}
 )
 
 // Assumptions shared by every preset (docs/engine.md explains each).
@@ -40,7 +41,21 @@ const (
 	activationReserve = 2 * gib
 	allReduceLatency  = 15 * time.Microsecond // one small all-reduce across NVLink
 	llama31Context    = 131072
+	// A LoRA adapter is of rank loraRank on every linear layer, in BF16,
+	// read from the host's page cache and copied to the GPU at
+	// loraLoadBytesPerSec.
+	loraRank            = 16
+	loraLoadBytesPerSec = 2e9
 )
+
+// loraLoad is the time to load one adapter of m split tp ways: rank x
+// (in + out) parameters for each of the seven projections of every layer.
+func loraLoad(m llm, tp int) time.Duration {
+	kv := m.kvHeads * m.headDim
+	perLayer := 2*(m.hidden+m.hidden) + 2*(m.hidden+kv) + 3*(m.hidden+m.intermediate)
+	bytes := 2 * float64(loraRank*perLayer*m.layers) / float64(tp)
+	return time.Duration(math.Round(bytes / loraLoadBytesPerSec * 1e9))
+}
 
 // derive computes a preset's coefficients from its hardware and model. With
 // tensor parallelism over tp GPUs, weights, FLOPs and KV heads are split tp
@@ -67,6 +82,7 @@ func derive(name string, g gpu, m llm, tp, maxNumSeqs, maxBatched int) Preset {
 		// A decoding sequence is one more row through the same matmuls.
 		PerDecodeSeq:    perToken,
 		PerContextToken: ns(kvPerToken / (g.hbmBytesS * mbu)),
+		LoRALoad:        loraLoad(m, tp),
 	}
 }
 

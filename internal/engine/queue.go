@@ -41,14 +41,21 @@ func (q *queue) pushFront(r *Request) {
 	q.n++
 }
 
-func (q *queue) front() *Request { return q.buf[q.head] }
-
 func (q *queue) popFront() *Request {
 	r := q.buf[q.head]
 	q.buf[q.head] = nil
 	q.head = (q.head + 1) & (len(q.buf) - 1)
 	q.n--
 	return r
+}
+
+// removeAt deletes the i-th request, keeping the order of the others.
+func (q *queue) removeAt(i int) {
+	for j := i; j < q.n-1; j++ {
+		q.buf[(q.head+j)&(len(q.buf)-1)] = q.at(j + 1)
+	}
+	q.buf[(q.head+q.n-1)&(len(q.buf)-1)] = nil
+	q.n--
 }
 
 // remove deletes r, keeping the order of the others; it reports whether r
@@ -58,11 +65,7 @@ func (q *queue) remove(r *Request) bool {
 		if q.at(i) != r {
 			continue
 		}
-		for j := i; j < q.n-1; j++ {
-			q.buf[(q.head+j)&(len(q.buf)-1)] = q.at(j + 1)
-		}
-		q.buf[(q.head+q.n-1)&(len(q.buf)-1)] = nil
-		q.n--
+		q.removeAt(i)
 		return true
 	}
 	return false

@@ -145,6 +145,9 @@ type EngineState struct {
 	// no queue): they are unknown, not 0. The zero value says all were
 	// reported.
 	Missing EngineFields
+	// LoRA is the engine's report of its LoRA adapters (lora.go), nil
+	// when it reports none.
+	LoRA *LoRAState
 }
 
 // EngineFields is a set of EngineState fields, for EngineState.Missing.

@@ -87,6 +87,9 @@ type Config struct {
 	// and is released after its rejoin grace); nil: time.Now. Tests churn
 	// the fleet in virtual time with it.
 	Now func() time.Time
+	// Adapters, when set, learns the LoRA adapters a backend's /v1/models
+	// listed, each with its base model (scheduler.LearnAdapters).
+	Adapters func(parents map[string]string)
 }
 
 // Set is every backend the router knows and its record.
@@ -279,6 +282,9 @@ func (s *Set) add(e config.Entry, name string, base *url.URL, pool string, found
 	}
 	if len(models) == 0 && found != nil {
 		models = found.IDs
+	}
+	if found != nil && len(found.Parents) > 0 && s.c.Adapters != nil {
+		s.c.Adapters(found.Parents)
 	}
 	now := s.c.Now()
 	s.release(now)

@@ -4,13 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
-)
 
-// maxModelsBody bounds a backend's /v1/models answer.
-const maxModelsBody = 4 << 20
+	"github.com/kvroute/kvroute/internal/adapter"
+)
 
 // ModelList is a backend's /v1/models answer.
 type ModelList struct {
@@ -21,6 +19,9 @@ type ModelList struct {
 	// Lens are the context lengths it reported (vLLM's and SGLang's
 	// max_model_len, llama.cpp's meta.n_ctx), by model id.
 	Lens map[string]int
+	// Parents are the LoRA adapters it listed, each with its base model
+	// (vLLM's "parent").
+	Parents map[string]string
 }
 
 // FetchModels asks the backend at base for its /v1/models, bounded by
@@ -42,30 +43,16 @@ func (s *Set) FetchModels(ctx context.Context, base *url.URL) (*ModelList, error
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("GET %s: status %d", u.String(), resp.StatusCode)
 	}
-	var list struct {
-		Data []json.RawMessage `json:"data"`
-	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, maxModelsBody)).Decode(&list); err != nil {
+	ms, err := adapter.ParseModels(resp.Body)
+	if err != nil {
 		return nil, fmt.Errorf("GET %s: %w", u.String(), err)
 	}
-	l := &ModelList{Lens: map[string]int{}}
-	for _, m := range list.Data {
-		var e struct {
-			ID          string `json:"id"`
-			MaxModelLen int    `json:"max_model_len"`
-			Meta        struct {
-				NCtx int `json:"n_ctx"`
-			} `json:"meta"`
-		}
-		if json.Unmarshal(m, &e) == nil && e.ID != "" {
-			l.IDs = append(l.IDs, e.ID)
-			l.Raw = append(l.Raw, m)
-			switch {
-			case e.MaxModelLen > 0:
-				l.Lens[e.ID] = e.MaxModelLen
-			case e.Meta.NCtx > 0: // llama.cpp
-				l.Lens[e.ID] = e.Meta.NCtx
-			}
+	l := &ModelList{Lens: map[string]int{}, Parents: adapter.Adapters(ms)}
+	for _, m := range ms {
+		l.IDs = append(l.IDs, m.ID)
+		l.Raw = append(l.Raw, m.Raw)
+		if m.MaxModelLen > 0 {
+			l.Lens[m.ID] = m.MaxModelLen
 		}
 	}
 	return l, nil

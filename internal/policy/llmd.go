@@ -57,6 +57,9 @@ func init() {
 type LLMD struct {
 	index *prefix.Index
 	rnd   *peerRand
+	// lora is the weight of the lora-affinity-scorer, 0 without it
+	// (llmd_lora.go).
+	lora float64
 
 	// mu guards the scratch buffers that keep Pick free of allocations.
 	mu      sync.Mutex
@@ -140,6 +143,7 @@ func (p *LLMD) Pick(in *Input) Decision {
 		} else {
 			score += LLMDKVWeight
 		}
+		score += p.loraScore(in, b)
 		switch {
 		case score > bestScore:
 			best, bestScore, ties = i, score, 1

@@ -103,6 +103,9 @@ type Run struct {
 	// Simulator extras.
 	PrefillUtilisation float64   `json:"prefill_utilisation,omitempty"`
 	EngineShare        []float64 `json:"engine_share,omitempty"`
+	// AdapterLoads is the engines' LoRA adapter loads per 1,000 requests
+	// completed, when they serve adapters.
+	AdapterLoads float64 `json:"adapter_loads_per_1k,omitempty"`
 	// OfOracle is PrefixHitRate as a fraction of the oracle bound, when known.
 	OfOracle float64 `json:"hit_rate_of_oracle,omitempty"`
 	// Slowdown is the slowdown of short and long prompts (see
@@ -317,7 +320,7 @@ func nearestRank(p float64, n int) int {
 // prefix hit rate over round-robin's (higher is better).
 func WriteTable(w io.Writer, rep *Report) {
 	var rr *Run
-	load, share, util, oracle := false, false, false, false
+	load, share, util, oracle, loras := false, false, false, false, false
 	for i := range rep.Runs {
 		r := &rep.Runs[i]
 		if r.Policy == RoundRobin && rr == nil {
@@ -327,6 +330,7 @@ func WriteTable(w io.Writer, rep *Report) {
 		share = share || len(r.EngineShare) > 0
 		util = util || r.PrefillUtilisation > 0
 		oracle = oracle || r.OfOracle > 0
+		loras = loras || r.AdapterLoads > 0
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	cols := []string{"policy"}
@@ -342,6 +346,9 @@ func WriteTable(w io.Writer, rep *Report) {
 	}
 	if util {
 		cols = append(cols, "prefill util")
+	}
+	if loras {
+		cols = append(cols, "adapter loads/1k")
 	}
 	if share {
 		cols = append(cols, "engine share %")
@@ -363,6 +370,9 @@ func WriteTable(w io.Writer, rep *Report) {
 		}
 		if util {
 			row = append(row, pct(r.PrefillUtilisation))
+		}
+		if loras {
+			row = append(row, fmt.Sprintf("%.1f", r.AdapterLoads))
 		}
 		if share {
 			parts := make([]string, len(r.EngineShare))

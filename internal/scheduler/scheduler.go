@@ -79,6 +79,9 @@ type Scheduler struct {
 	replicas atomic.Pointer[replicaPlace]
 	blind    atomic.Int64
 	presumed []presumption
+	// adapters maps each known LoRA adapter to its base model (lora.go).
+	adapters   atomic.Pointer[map[string]string]
+	adaptersMu sync.Mutex // serialises writers of adapters
 }
 
 // scratch is one Route's working memory, pooled so that routing allocates
@@ -198,12 +201,12 @@ func (s *Scheduler) Route(v *request.View, exclude []int, now time.Time) (*Assig
 // slice of their own, of exactly the prompt's full blocks, rather than a
 // pooled buffer.
 func (s *Scheduler) Hashes(v *request.View) []uint64 {
-	return prefix.HashSalted(make([]uint64, 0, len(v.Prompt)/s.blockCh), v.Prompt, s.blockCh, v.PrefixSalt)
+	return prefix.HashSalted(make([]uint64, 0, len(v.Prompt)/s.blockCh), v.Prompt, s.blockCh, s.Salt(v))
 }
 
 // RouteHashed is Route for a caller that has already hashed v.Prompt:
 // hashes must be prefix.HashSalted(nil, v.Prompt, s.BlockChars(),
-// v.PrefixSalt) (Hashes). The simulator
+// s.Salt(v)) (Hashes). The simulator
 // hashes each prompt once for the router and its engine alike. hashes is
 // never modified, and the Assignment keeps it until Done: the caller must
 // not change it before then.
@@ -371,7 +374,7 @@ func (s *Scheduler) Uncached(v *request.View, hashes []uint64) int {
 	s.index.Match(hashes, sc.all)
 	var best int32
 	for _, b := range snap.Healthy {
-		if b.Serves(v.Model) && b.ID < len(sc.all) {
+		if s.serves(b, v.Model, s.Parent(v.Model)) && b.ID < len(sc.all) {
 			best = max(best, sc.all[b.ID])
 		}
 	}

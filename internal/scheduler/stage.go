@@ -8,8 +8,8 @@ import (
 )
 
 // The stages of a routing decision before the policy's pick, in order:
-// candidates (healthy, serving the model, not excluded, warm-up, then the
-// filters: narrow), the prefix match (match), tokens, and the scorers
+// candidates (healthy, serving the model or the adapter's base model, not
+// excluded, warm-up, the adapter stage, then the filters: narrow), the prefix match (match), tokens, and the scorers
 // (score). The filters and scorers are the seams of features the policies
 // need not weigh themselves (policy.Filter, policy.Scorer).
 
@@ -21,9 +21,10 @@ import (
 // take it.
 func (s *Scheduler) candidates(sc *scratch, snap *fleet.Snapshot, v *request.View, warm uint64, exclude []int, now time.Time) error {
 	sc.cands = sc.cands[:0]
+	parent := s.Parent(v.Model)
 	held := 0
 	for _, b := range snap.Healthy {
-		if b.Serves(v.Model) && !excluded(exclude, b.ID) {
+		if s.serves(b, v.Model, parent) && !excluded(exclude, b.ID) {
 			if !warmAdmits(b, warm, now) {
 				held++
 				continue
@@ -35,14 +36,17 @@ func (s *Scheduler) candidates(sc *scratch, snap *fleet.Snapshot, v *request.Vie
 		// Only warming backends can take the request: warm-up slows a
 		// newcomer's ramp, it must not turn a request away.
 		for _, b := range snap.Healthy {
-			if b.Serves(v.Model) && !excluded(exclude, b.ID) {
+			if s.serves(b, v.Model, parent) && !excluded(exclude, b.ID) {
 				sc.cands = append(sc.cands, b)
 			}
 		}
 	}
+	// An adapter's request goes where the adapter is loaded, or a slot
+	// is free, before an engine that would have to evict (lora.go).
+	sc.cands = s.adapterStage(sc.cands, v.Model, parent, now)
 	if len(sc.cands) == 0 {
 		for _, b := range snap.All {
-			if b.Serves(v.Model) {
+			if s.serves(b, v.Model, parent) {
 				return ErrNoBackend
 			}
 		}

@@ -284,6 +284,7 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 	}
 	s.setupKV()
 	s.sched = scheduler.New(f, p, s.cfg.Scheduler)
+	s.sched.SetAdapters(adapters(reqs, s.model))
 	blockChars := s.sched.BlockChars()
 	if blockChars != cfg.blockChars() {
 		return nil, fmt.Errorf("sim: scheduler blocks of %d characters, want %d", blockChars, cfg.blockChars())
@@ -412,7 +413,7 @@ func (s *sim) view(r *workload.Request) (*request.View, []uint64, *openai.Error)
 	v.SessionKey = r.Session
 	var hashes []uint64
 	if s.shareHashes {
-		hashes = s.hash(v.Prompt)
+		hashes = s.hash(v.Prompt, s.sched.Salt(v))
 	}
 	return v, hashes, nil
 }
@@ -476,6 +477,11 @@ func (s *sim) queue(k int, v *request.View, hashes []uint64, a *scheduler.Assign
 	f.ID = s.nextID
 	f.Prompt = v.Prompt
 	f.PromptHashes = hashes
+	f.Adapter = r.Adapter
+	if r.Adapter != "" && s.sched.Salt(v) != prefix.AdapterSalt(r.Adapter, "") {
+		// An adapter-blind router's hashes are not the engine's.
+		f.PromptHashes = nil
+	}
 	f.SetOutput(v.MaxTokens, v.MinTokens, v.IgnoreEOS, n.eng.Preset().MaxModelLen)
 	f.Tag = f
 	if err := n.eng.Add(&f.Request, s.now); err != nil {
@@ -508,20 +514,20 @@ func (s *sim) alloc(n int) []time.Duration {
 	return out
 }
 
-// hash returns prefix.Hash(nil, prompt, engine block bytes), carved from a
+// hash returns prefix.HashSalted(nil, prompt, engine block bytes, salt), carved from a
 // shared arena so that hashing a prompt costs no allocation of its own. The
 // slice is never written again: the router reads it during Route and the
 // engine until the request finishes.
-func (s *sim) hash(prompt string) []uint64 {
+func (s *sim) hash(prompt, salt string) []uint64 {
 	n := len(prompt) / (engine.BlockSize * engine.BytesPerToken)
 	if n > 1<<12 {
-		return prefix.Hash(make([]uint64, 0, n), prompt, engine.BlockSize*engine.BytesPerToken)
+		return prefix.HashSalted(make([]uint64, 0, n), prompt, engine.BlockSize*engine.BytesPerToken, salt)
 	}
 	if cap(s.hashArena)-len(s.hashArena) < n {
 		s.hashArena = make([]uint64, 0, 1<<15)
 	}
 	l := len(s.hashArena)
-	out := prefix.Hash(s.hashArena[l:l:l+n], prompt, engine.BlockSize*engine.BytesPerToken)
+	out := prefix.HashSalted(s.hashArena[l:l:l+n], prompt, engine.BlockSize*engine.BytesPerToken, salt)
 	s.hashArena = s.hashArena[:l+n]
 	return out
 }
@@ -555,6 +561,7 @@ func (s *sim) stepStart(i int) {
 		KVUsage:   st.KVUsage,
 		KVBlocks:  n.kvBlocks,
 		BlockSize: engine.BlockSize,
+		LoRA:      loraState(n.eng),
 	}
 	// Taught as the live monitor teaches a scrape (fleet.Backend.Learn),
 	// to every replica's picture of the engine: the report, and the
@@ -670,11 +677,12 @@ func (s *sim) result() report.Run {
 	run := report.Summarize(name, s.samples, wall)
 	run.OfferedLoad = s.cfg.OfferedLoad
 	total := 0
-	var computed int64
+	var computed, loads int64
 	var capacity float64
 	for i := range s.nodes {
 		total += s.nodes[i].routed
 		computed += s.nodes[i].eng.Stats().PrefillTokensComputed
+		loads += s.nodes[i].eng.Stats().LoRALoads
 		capacity += s.nodes[i].eng.Preset().PrefillTokensPerSec()
 	}
 	run.EngineShare = make([]float64, len(s.nodes))
@@ -685,6 +693,9 @@ func (s *sim) result() report.Run {
 	}
 	if wall > 0 && capacity > 0 {
 		run.PrefillUtilisation = float64(computed) / (capacity * wall.Seconds())
+	}
+	if run.Completed > 0 {
+		run.AdapterLoads = 1000 * float64(loads) / float64(run.Completed)
 	}
 	return run
 }

@@ -31,13 +31,22 @@ type Request struct {
 	// InputTokens and OutputTokens are the intended lengths; the body asks
 	// for exactly OutputTokens (max_tokens = min_tokens, ignore_eos).
 	InputTokens, OutputTokens int
+	// Adapter is the LoRA adapter the request asks for in place of the
+	// base model, "" for none (adapters.go).
+	Adapter string
 
 	body func(model string) []byte
 }
 
-// Body returns the JSON request body for model, with "stream": true and
+// Body returns the JSON request body for model (for the request's
+// adapter, when it has one), with "stream": true and
 // stream_options.include_usage. It is built on demand (traces are large).
-func (r *Request) Body(model string) []byte { return r.body(model) }
+func (r *Request) Body(model string) []byte {
+	if r.Adapter != "" {
+		model = r.Adapter
+	}
+	return r.body(model)
+}
 
 // Options select and shape a workload.
 type Options struct {
@@ -60,6 +69,11 @@ type Options struct {
 	// loopback network do: requests a trace gives the same timestamp then
 	// reach the router in a different order and a few milliseconds apart.
 	Jitter time.Duration
+	// Adapters > 0 has each request ask for one of that many LoRA
+	// adapters of the base model, with Zipf popularity of exponent
+	// AdapterZipf (default DefaultAdapterZipf); see adapters.go.
+	Adapters    int
+	AdapterZipf float64
 }
 
 // Load returns the named built-in workload, or the trace at path name, in
@@ -81,9 +95,16 @@ func Load(name string, opt Options) ([]Request, error) {
 	if opt.Jitter < 0 {
 		return nil, fmt.Errorf("jitter %v must not be negative", opt.Jitter)
 	}
+	if err := opt.validAdapters(); err != nil {
+		return nil, err
+	}
 	reqs, err := load(name, opt)
-	if err != nil || opt.Jitter == 0 {
-		return reqs, err
+	if err != nil {
+		return nil, err
+	}
+	assignAdapters(reqs, opt)
+	if opt.Jitter == 0 {
+		return reqs, nil
 	}
 	rng := rand.New(rand.NewPCG(uint64(opt.Seed), 0x6a17))
 	for i := range reqs {

@@ -1,0 +1,136 @@
+package adapter
+
+import (
+	"strings"
+
+	dto "github.com/prometheus/client_model/go"
+)
+
+// LoRA is an engine's report of its LoRA adapters.
+//
+// vLLM (vllm/v1/metrics/loggers.py) exports one gauge,
+// vllm:lora_requests_info, whose labels carry the state and whose value is
+// the time it was set (set_to_current_time):
+//
+//	vllm:lora_requests_info{max_lora="4",waiting_lora_adapters="b",running_lora_adapters="a,c"} 1.7331e+09
+//
+// running_lora_adapters and waiting_lora_adapters are the comma-separated
+// names of the adapters of the running and of the waiting requests, and
+// max_lora is --max-loras. Every change of the labels adds a series and
+// none is ever removed, so the current state is the series of the latest
+// time, the largest value (as the Gateway API inference extension reads
+// it).
+//
+// SGLang exports counts without names (python/sglang/srt/metrics/
+// collector.py, with --enable-lora): sglang:lora_pool_slots_used and
+// sglang:lora_pool_slots_total, the adapter slots of its GPU pool in use
+// and in all.
+type LoRA struct {
+	// Running and Waiting are the adapters of the running and the waiting
+	// requests, in the engine's order, without repeats or empty names;
+	// both nil when the engine reports no names (Named false).
+	Running, Waiting []string
+	Named            bool
+	// Max is the engine's cap on adapters (vLLM's max_lora, SGLang's
+	// slots in all); Used is how many of them are taken (vLLM: the
+	// distinct adapters running or waiting; SGLang: the slots in use).
+	Max, Used int
+}
+
+// Bounds on what a LoRA report may hold: more than any engine holds,
+// low enough that a hostile exporter cannot make the router keep much.
+const (
+	// MaxLoRAs bounds max_lora and the adapters listed (vLLM's
+	// --max-loras is a handful; each adapter takes accelerator memory).
+	MaxLoRAs = 256
+	// MaxAdapterName bounds an adapter's name in bytes.
+	MaxAdapterName = 1 << 10
+)
+
+const (
+	vllmLoRAInfo   = "vllm:lora_requests_info"
+	sglLoRAUsed    = "sglang:lora_pool_slots_used"
+	sglLoRATotal   = "sglang:lora_pool_slots_total"
+	labelMaxLoRA   = "max_lora"
+	labelRunning   = "running_lora_adapters"
+	labelWaitingLo = "waiting_lora_adapters"
+)
+
+// vllmLoRA reads vllm:lora_requests_info; nil when absent or unreadable.
+func vllmLoRA(f *dto.MetricFamily) *LoRA {
+	if f == nil || len(f.Metric) == 0 {
+		return nil
+	}
+	latest := f.Metric[0]
+	for _, m := range f.Metric[1:] {
+		if value(m) > value(latest) { // NaN never wins
+			latest = m
+		}
+	}
+	var running, waiting []string
+	maxLoRA := -1
+	for _, lp := range latest.Label {
+		switch lp.GetName() {
+		case labelMaxLoRA:
+			maxLoRA = atoi(lp.GetValue())
+		case labelRunning:
+			running = adapterList(lp.GetValue())
+		case labelWaitingLo:
+			waiting = adapterList(lp.GetValue())
+		}
+	}
+	if maxLoRA < 0 || maxLoRA > MaxLoRAs {
+		return nil
+	}
+	return NamedLoRA(running, waiting, maxLoRA)
+}
+
+// NamedLoRA is the report of an engine that names the adapters of its
+// running and waiting requests and may hold max: an adapter slot is taken
+// by each adapter running or waiting (as llm-d counts them).
+func NamedLoRA(running, waiting []string, max int) *LoRA {
+	l := &LoRA{Running: running, Waiting: waiting, Named: true, Max: max, Used: len(running)}
+	for _, w := range waiting {
+		if !contains(running, w) {
+			l.Used++
+		}
+	}
+	return l
+}
+
+// sglangLoRA reads SGLang's LoRA pool gauges; nil when absent or
+// unreadable.
+func sglangLoRA(fams map[string]*dto.MetricFamily) *LoRA {
+	total, used := maxOf(fams[sglLoRATotal]), maxOf(fams[sglLoRAUsed])
+	if !(total >= 0 && total <= MaxLoRAs && used >= 0 && used <= total) {
+		return nil
+	}
+	return &LoRA{Max: int(total), Used: int(used)}
+}
+
+// adapterList splits a comma-separated list of names, dropping empty
+// names and repeats, and keeping at most MaxLoRAs names of at most
+// MaxAdapterName bytes.
+func adapterList(s string) []string {
+	var out []string
+	for name := range strings.SplitSeq(s, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" || len(name) > MaxAdapterName || contains(out, name) {
+			continue
+		}
+		if len(out) == MaxLoRAs {
+			break
+		}
+		out = append(out, name)
+	}
+	return out
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
