@@ -113,7 +113,7 @@ func New(c Config, entries []config.Entry) *Set {
 	defer s.mu.Unlock()
 	for i := range entries {
 		e := &entries[i]
-		if e.DNS() {
+		if e.Pooled() {
 			s.pools[e.Key()] = &pool{entry: *e, members: map[string]*Member{}}
 			continue
 		}
@@ -129,7 +129,7 @@ func (s *Set) discover(ctx context.Context, entries []config.Entry) []*ModelList
 	var wg sync.WaitGroup
 	for i := range entries {
 		e := &entries[i]
-		if e.DNS() || len(e.Models) > 0 || !s.c.DiscoverModels {
+		if e.Pooled() || len(e.Models) > 0 || !s.c.DiscoverModels {
 			continue
 		}
 		wg.Go(func() { out[i] = s.fetchForEntry(ctx, e.Base) })
@@ -222,8 +222,7 @@ func (s *Set) Start(ctx context.Context) {
 		s.startStream(m)
 	}
 	for _, p := range s.pools {
-		s.resolvePool(p, false)
-		s.runPool(p)
+		s.startPool(p, false)
 	}
 }
 
@@ -306,12 +305,11 @@ func (s *Set) Apply(entries []config.Entry, fs config.Fleet) {
 			}
 			continue
 		}
-		if e.DNS() {
+		if e.Pooled() {
 			p := &pool{entry: *e, members: map[string]*Member{}}
 			s.pools[k] = p
 			if s.ctx != nil {
-				s.resolvePool(p, true)
-				s.runPool(p)
+				s.startPool(p, true)
 			}
 			continue
 		}
