@@ -27,7 +27,11 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 
 	"github.com/kvroute/kvroute/internal/clocktest"
@@ -35,6 +39,7 @@ import (
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/members"
 	"github.com/kvroute/kvroute/internal/proxy"
 )
 
@@ -319,12 +324,33 @@ func TestKubeAPIServerE2E(t *testing.T) {
 		t.Skip("starts etcd and kube-apiserver")
 	}
 	admin, host := controlPlane(t)
-	meter := clocktest.Start(t)
-	ctx := context.Background()
-	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e2eNS}}, metav1.CreateOptions{}); err != nil {
+	if _, err := admin.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e2eNS}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	grantRouter(t, admin, host)
+	joinAndDrain(t, admin, writeKubeconfig(t, host))
+}
+
+// TestKubeFakeE2E is TestKubeAPIServerE2E's router, engines and
+// measurements with client-go's fake clientset in place of the API server
+// (its watch events are delivered in process), so that the path from a
+// watch event to a routed request is measured on every machine.
+func TestKubeFakeE2E(t *testing.T) {
+	cs := fake.NewClientset()
+	old := members.KubeClients
+	members.KubeClients = func(string) (kubernetes.Interface, dynamic.Interface, error) {
+		return cs, dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()), nil
+	}
+	t.Cleanup(func() { members.KubeClients = old })
+	joinAndDrain(t, cs, "")
+}
+
+// joinAndDrain runs a router (round-robin, no warm-up) whose one entry
+// watches Service vllm's EndpointSlices through admin's API server, with
+// kubeconfig, and measures how fast an endpoint joins and drains.
+func joinAndDrain(t *testing.T, admin kubernetes.Interface, kubeconfig string) {
+	meter := clocktest.Start(t)
+	ctx := context.Background()
 	a, b := newEngine(t, "vllm-a"), newEngine(t, "vllm-b")
 	eps := admin.DiscoveryV1().EndpointSlices(e2eNS)
 	if _, err := eps.Create(ctx, a.slice(true), metav1.CreateOptions{}); err != nil {
@@ -336,7 +362,7 @@ func TestKubeAPIServerE2E(t *testing.T) {
 	cfg.Policy = "round-robin" // what is measured is discovery, not a policy's taste
 	cfg.Fleet.Warmup = 0
 	cfg.Backends = []config.Backend{{Name: "vllm", Models: []string{"shared"},
-		Kubernetes: &config.Kubernetes{Namespace: e2eNS, Service: "vllm", Port: "http", Kubeconfig: writeKubeconfig(t, host)}}}
+		Kubernetes: &config.Kubernetes{Namespace: e2eNS, Service: "vllm", Port: "http", Kubeconfig: kubeconfig}}}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
