@@ -151,7 +151,8 @@ func controlPlane(t *testing.T) (*kubernetes.Clientset, string) {
 		"--cert-dir", filepath.Join(dir, "certs"), "--token-auth-file", tokens, "--authorization-mode", "RBAC",
 		"--service-account-issuer", "https://kubernetes.default.svc", "--service-account-key-file", keyPath,
 		"--service-account-signing-key-file", keyPath, "--service-cluster-ip-range", "10.96.0.0/24",
-		"--disable-admission-plugins", "ServiceAccount", "--enable-priority-and-fairness=false")
+		"--disable-admission-plugins", "ServiceAccount", "--enable-priority-and-fairness=false",
+		"--endpoint-reconciler-type", "none") // no kubernetes Service: its address would be loopback
 	host := fmt.Sprintf("https://127.0.0.1:%d", secure)
 
 	// Ready: /readyz answers 200. The bound only catches a server that
@@ -278,6 +279,47 @@ func (e *e2eEngine) slice(ready bool) *discoveryv1.EndpointSlice {
 	}
 }
 
+// source publishes engines as the router's entry watches them.
+type source interface {
+	add(ctx context.Context, e *e2eEngine) error
+	terminate(ctx context.Context, e *e2eEngine) error
+}
+
+// sliceSource publishes each engine in an EndpointSlice of its own.
+type sliceSource struct{ cs kubernetes.Interface }
+
+func (s sliceSource) add(ctx context.Context, e *e2eEngine) error {
+	_, err := s.cs.DiscoveryV1().EndpointSlices(e2eNS).Create(ctx, e.slice(true), metav1.CreateOptions{})
+	return err
+}
+
+func (s sliceSource) terminate(ctx context.Context, e *e2eEngine) error {
+	_, err := s.cs.DiscoveryV1().EndpointSlices(e2eNS).Update(ctx, e.slice(false), metav1.UpdateOptions{})
+	return err
+}
+
+// podSource publishes each engine as a pod bound to a node that has no
+// kubelet, its status written ready at the engine's address.
+type podSource struct{ cs kubernetes.Interface }
+
+func (s podSource) add(ctx context.Context, e *e2eEngine) error {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: e.pod, Namespace: e2eNS, Labels: map[string]string{"app": "vllm"}},
+		Spec: corev1.PodSpec{NodeName: "node-without-kubelet", Containers: []corev1.Container{{Name: "engine", Image: "vllm",
+			Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: e.port}}}}}}
+	p, err := s.cs.CoreV1().Pods(e2eNS).Create(ctx, p, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "127.0.0.1", PodIPs: []corev1.PodIP{{IP: "127.0.0.1"}},
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+	_, err = s.cs.CoreV1().Pods(e2eNS).UpdateStatus(ctx, p, metav1.UpdateOptions{})
+	return err
+}
+
+func (s podSource) terminate(ctx context.Context, e *e2eEngine) error {
+	return s.cs.CoreV1().Pods(e2eNS).Delete(ctx, e.pod, metav1.DeleteOptions{GracePeriodSeconds: new(int64(60))})
+}
+
 // chat sends one chat request through the router and returns the backend
 // that served it; a stream is read to its end and must finish with
 // [DONE].
@@ -328,7 +370,11 @@ func TestKubeAPIServerE2E(t *testing.T) {
 		t.Fatal(err)
 	}
 	grantRouter(t, admin, host)
-	joinAndDrain(t, admin, writeKubeconfig(t, host))
+	// The API server refuses loopback addresses in EndpointSlices (and
+	// the engines may only listen on loopback), so against it the router
+	// watches pods by label, whose status the test writes as a kubelet
+	// would: terminating is a graceful delete (deletionTimestamp set).
+	joinAndDrain(t, admin, podSource{admin}, config.Kubernetes{Selector: map[string]string{"app": "vllm"}, Port: "http", Kubeconfig: writeKubeconfig(t, host)})
 }
 
 // TestKubeFakeE2E is TestKubeAPIServerE2E's router, engines and
@@ -342,18 +388,17 @@ func TestKubeFakeE2E(t *testing.T) {
 		return cs, dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()), nil
 	}
 	t.Cleanup(func() { members.KubeClients = old })
-	joinAndDrain(t, cs, "")
+	joinAndDrain(t, cs, sliceSource{cs}, config.Kubernetes{Service: "vllm", Port: "http"})
 }
 
 // joinAndDrain runs a router (round-robin, no warm-up) whose one entry
 // watches Service vllm's EndpointSlices through admin's API server, with
 // kubeconfig, and measures how fast an endpoint joins and drains.
-func joinAndDrain(t *testing.T, admin kubernetes.Interface, kubeconfig string) {
+func joinAndDrain(t *testing.T, admin kubernetes.Interface, src source, kc config.Kubernetes) {
 	meter := clocktest.Start(t)
 	ctx := context.Background()
 	a, b := newEngine(t, "vllm-a"), newEngine(t, "vllm-b")
-	eps := admin.DiscoveryV1().EndpointSlices(e2eNS)
-	if _, err := eps.Create(ctx, a.slice(true), metav1.CreateOptions{}); err != nil {
+	if err := src.add(ctx, a); err != nil {
 		t.Fatal(err)
 	}
 
@@ -361,8 +406,8 @@ func joinAndDrain(t *testing.T, admin kubernetes.Interface, kubeconfig string) {
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Policy = "round-robin" // what is measured is discovery, not a policy's taste
 	cfg.Fleet.Warmup = 0
-	cfg.Backends = []config.Backend{{Name: "vllm", Models: []string{"shared"},
-		Kubernetes: &config.Kubernetes{Namespace: e2eNS, Service: "vllm", Port: "http", Kubeconfig: kubeconfig}}}
+	kc.Namespace = e2eNS
+	cfg.Backends = []config.Backend{{Name: "vllm", Models: []string{"shared"}, Kubernetes: &kc}}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -382,7 +427,7 @@ func joinAndDrain(t *testing.T, admin kubernetes.Interface, kubeconfig string) {
 	// Join: B's slice is created; requests go on one after another until
 	// one lands on B.
 	t0 := time.Now()
-	if _, err := eps.Create(ctx, b.slice(true), metav1.CreateOptions{}); err != nil {
+	if err := src.add(ctx, b); err != nil {
 		t.Fatal(err)
 	}
 	created := time.Now()
@@ -400,7 +445,7 @@ func joinAndDrain(t *testing.T, admin kubernetes.Interface, kubeconfig string) {
 			t.Fatalf("llm/vllm-b got no request in %d requests, %v", i, time.Since(t0))
 		}
 	}
-	t.Logf("join: first request on the new endpoint %v after its EndpointSlice create was sent (the create call took %v)", join, created.Sub(t0))
+	t.Logf("join: first request on the new endpoint %v after its create (EndpointSlice or pod) was sent (the call took %v)", join, created.Sub(t0))
 
 	// Drain: streams run on A; A's slice turns terminating; every request
 	// sent after the router saw it goes to B, and every stream finishes.
@@ -431,7 +476,7 @@ func joinAndDrain(t *testing.T, admin kubernetes.Interface, kubeconfig string) {
 		t.Fatal("no stream started on llm/vllm-a")
 	}
 	t1 := time.Now()
-	if _, err := eps.Update(ctx, a.slice(false), metav1.UpdateOptions{}); err != nil {
+	if err := src.terminate(ctx, a); err != nil {
 		t.Fatal(err)
 	}
 	updated := time.Now()
