@@ -3,6 +3,7 @@ package members
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -134,8 +135,11 @@ func TestKubePool(t *testing.T) {
 		}
 	}
 	stream.Done(time.Now())
-	if !b0.Retired() || len(*forgot) != 1 || (*forgot)[0] != b0.ID {
-		t.Errorf("after its stream: retired %v, forgotten %v", b0.Retired(), *forgot)
+	s.mu.Lock() // Forget runs on the watch's goroutine, under mu
+	forgotten := slices.Clone(*forgot)
+	s.mu.Unlock()
+	if !b0.Retired() || len(forgotten) != 1 || forgotten[0] != b0.ID {
+		t.Errorf("after its stream: retired %v, forgotten %v", b0.Retired(), forgotten)
 	}
 
 	// vllm-0 restarts under its name at a new address.
