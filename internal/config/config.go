@@ -105,10 +105,11 @@ type Backend struct {
 	// at startup (when discover_models is on), and serve any model if that
 	// fails.
 	Models []string `yaml:"models"`
-	// Discovery is static (the URL is one backend) or dns (the URL's host
+	// Discovery is static (the URL is one backend), dns (the URL's host
 	// is re-resolved every dns_interval and each A/AAAA address is a
-	// backend on the URL's port, e.g. a Kubernetes headless service).
-	// Default static.
+	// backend on the URL's port, e.g. a Kubernetes headless service) or
+	// kubernetes (the endpoints that kubernetes names, followed through
+	// the Kubernetes API). Default static.
 	Discovery string `yaml:"discovery"`
 	// SRV, with discovery dns, names an SRV record whose targets and
 	// ports are the backends (e.g. _http._tcp.vllm.ns.svc.cluster.local);
@@ -118,6 +119,12 @@ type Backend struct {
 	// DNSInterval overrides fleet.dns_interval for this entry. Default 0
 	// (use fleet.dns_interval).
 	DNSInterval time.Duration `yaml:"dns_interval"`
+	// Kubernetes, with discovery kubernetes, says what to watch in the
+	// Kubernetes API: a Service's EndpointSlices, pods by label, or an
+	// InferencePool (kubernetes.go). url is then optional and only its
+	// scheme and path are used. Setting it implies discovery: kubernetes.
+	// Default: none.
+	Kubernetes *Kubernetes `yaml:"kubernetes"`
 	// Kind is the engine behind the URL, which says how to read its
 	// metrics: vllm, sglang, llamacpp, tgi, or auto (detect it from what
 	// its /metrics exposes, or a llama.cpp server's /slots). Default auto.

@@ -59,6 +59,9 @@ const (
 	// dns_interval; each of its A/AAAA addresses is a backend on the
 	// URL's port (or, with srv, each SRV target and port is one).
 	DiscoveryDNS = "dns"
+	// DiscoveryKubernetes: the endpoints that the entry's kubernetes
+	// section names, followed through the Kubernetes API (kubernetes.go).
+	DiscoveryKubernetes = "kubernetes"
 )
 
 func defaultFleet() Fleet {
@@ -77,10 +80,18 @@ type Entry struct {
 	Base *url.URL
 	// EngineKind is the parsed kind (adapter.Unknown: detect it).
 	EngineKind adapter.Kind
+	// Role is a discovered backend's role in disaggregated serving
+	// (prefill, decode or both: its pod's kvroute.io/role label); ""
+	// when unknown.
+	Role string
 }
 
 // DNS reports whether the entry is a pool of DNS-discovered backends.
 func (e Entry) DNS() bool { return e.Discovery == DiscoveryDNS }
+
+// Pooled reports whether the entry is a pool whose backends are discovered
+// (through DNS or the Kubernetes API) rather than one backend.
+func (e Entry) Pooled() bool { return e.DNS() || e.Discovery == DiscoveryKubernetes }
 
 // Key identifies an entry across reloads: an entry whose key changed is a
 // different backend (removed, and the new one added), since its URL,
@@ -88,7 +99,7 @@ func (e Entry) DNS() bool { return e.Discovery == DiscoveryDNS }
 // is not part of it: a reload updates that in place.
 func (e *Entry) Key() string {
 	return strings.Join([]string{e.Base.String(), e.Name, strings.Join(e.Models, ","), e.Kind, e.Discovery, e.SRV,
-		e.KVEvents, e.KVEventsReplay, strconv.FormatBool(e.KVEventsBind), tlsKey(e.TLS)}, "\x00")
+		e.KVEvents, e.KVEventsReplay, strconv.FormatBool(e.KVEventsBind), tlsKey(e.TLS), e.Kubernetes.key()}, "\x00")
 }
 
 // tlsKey is an entry's TLS settings as part of its Key.
@@ -183,6 +194,14 @@ func (e *Entry) derive() {
 	if e.SRV != "" && e.Discovery == "" {
 		e.Discovery = DiscoveryDNS
 	}
+	if e.Kubernetes != nil {
+		if e.URL == "" {
+			e.URL = "http://" + e.Kubernetes.host()
+		}
+		if e.Discovery == "" {
+			e.Discovery = DiscoveryKubernetes
+		}
+	}
 	if e.Discovery == "" {
 		e.Discovery = DiscoveryStatic
 	}
@@ -214,6 +233,17 @@ func (b *Entry) validateDiscovery(i int, bad func(string, ...any)) {
 		if b.DNSInterval != 0 {
 			bad("backends[%d].dns_interval: needs discovery: dns", i)
 		}
+		if b.Kubernetes != nil {
+			bad("backends[%d].kubernetes: needs discovery: kubernetes", i)
+		}
+	case DiscoveryKubernetes:
+		if b.SRV != "" || b.DNSInterval != 0 {
+			bad("backends[%d]: srv and dns_interval need discovery: dns, not kubernetes", i)
+		}
+		if b.Kubernetes == nil {
+			bad("backends[%d].kubernetes: discovery: kubernetes needs a kubernetes section (service, selector or inference_pool)", i)
+		}
+		b.Kubernetes.validate(fmt.Sprintf("backends[%d].kubernetes", i), bad)
 	case DiscoveryDNS:
 		if b.DNSInterval != 0 && b.DNSInterval < MinDNSInterval {
 			bad("backends[%d].dns_interval: %v must be at least %v", i, b.DNSInterval, MinDNSInterval)
@@ -221,7 +251,10 @@ func (b *Entry) validateDiscovery(i int, bad func(string, ...any)) {
 		if b.SRV != "" && !strings.HasPrefix(b.SRV, "_") {
 			bad("backends[%d].srv: %q must be a full SRV name such as _http._tcp.vllm.ns.svc.cluster.local", i, b.SRV)
 		}
+		if b.Kubernetes != nil {
+			bad("backends[%d].kubernetes: needs discovery: kubernetes", i)
+		}
 	default:
-		bad("backends[%d].discovery: %q is not static or dns", i, b.Discovery)
+		bad("backends[%d].discovery: %q is not static, dns or kubernetes", i, b.Discovery)
 	}
 }

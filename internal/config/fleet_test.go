@@ -12,12 +12,7 @@ import (
 )
 
 func TestDiscoveryConfig(t *testing.T) {
-	tests := []struct {
-		name    string
-		yaml    string
-		wantErr string // "" means valid
-		check   func(t *testing.T, c *Config)
-	}{
+	tests := []configCase{
 		{"defaults", "backends: [{url: http://a:1}]", "", func(t *testing.T, c *Config) {
 			if c.Fleet != (Fleet{Warmup: DefaultWarmup, DNSInterval: DefaultDNSInterval, ConfigPoll: DefaultConfigPoll, RejoinGrace: DefaultRejoinGrace}) || firstEntry(t, c).DNS() {
 				t.Errorf("fleet %+v, dns %v", c.Fleet, firstEntry(t, c).DNS())
@@ -56,6 +51,19 @@ func TestDiscoveryConfig(t *testing.T) {
 		{"tiny fleet interval", "fleet: {dns_interval: 1ms}\nbackends: [{url: http://a:1}]", "fleet.dns_interval", nil},
 		{"unknown fleet key", "fleet: {warm_up: 1s}\nbackends: [{url: http://a:1}]", "unknown key warm_up", nil},
 	}
+	runConfigCases(t, tests)
+}
+
+// configCase is a config file and what Parse and Validate make of it.
+type configCase struct {
+	name    string
+	yaml    string
+	wantErr string // "" means valid
+	check   func(t *testing.T, c *Config)
+}
+
+func runConfigCases(t *testing.T, tests []configCase) {
+	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c, err := Parse([]byte(tt.yaml))
@@ -160,6 +168,58 @@ func TestBackendTLSValidation(t *testing.T) {
 		}
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want %q", tc.yaml, err, tc.want)
+		}
+	}
+}
+
+// TestKubernetesConfig: a kubernetes section implies discovery:
+// kubernetes and a URL; exactly one source, a valid port and names, and
+// no DNS keys are accepted; every key of the section is in the entry's
+// Key, so that changing what it watches restarts the pool.
+func TestKubernetesConfig(t *testing.T) {
+	entry := func(check func(t *testing.T, e Entry)) func(t *testing.T, c *Config) {
+		return func(t *testing.T, c *Config) { check(t, firstEntry(t, c)) }
+	}
+	runConfigCases(t, []configCase{
+		{"service implies kubernetes and a url", "backends: [{kubernetes: {namespace: llm, service: vllm, port: 8000}}]", "", entry(func(t *testing.T, e Entry) {
+			if e.Discovery != DiscoveryKubernetes || !e.Pooled() || e.DNS() || e.URL != "http://vllm.llm" || e.Name != "vllm.llm" || e.Kubernetes.Port != "8000" {
+				t.Errorf("entry %+v", e.Backend)
+			}
+		})},
+		{"selector with a port name, https url", "backends: [{url: https://vllm.llm.svc/, name: v, kubernetes: {selector: {app: vllm, kvroute.io/role: decode}, port: http}}]", "", entry(func(t *testing.T, e Entry) {
+			if e.Base.Scheme != "https" || e.Kubernetes.Selector["kvroute.io/role"] != "decode" {
+				t.Errorf("entry %+v", e.Backend)
+			}
+		})},
+		{"inference pool", "backends: [{discovery: kubernetes, kubernetes: {inference_pool: llama, kubeconfig: /k}}]", "", entry(func(t *testing.T, e Entry) {
+			if e.URL != "http://llama" || e.Kubernetes.Kubeconfig != "/k" {
+				t.Errorf("entry %+v", e.Backend)
+			}
+		})},
+		{"no source", "backends: [{kubernetes: {namespace: llm}}]", "exactly one of service, selector and inference_pool", nil},
+		{"two sources", "backends: [{kubernetes: {service: a, inference_pool: b}}]", "exactly one", nil},
+		{"selector without port", "backends: [{kubernetes: {selector: {app: a}}}]", "port: required with selector", nil},
+		{"port with a pool", "backends: [{kubernetes: {inference_pool: a, port: 8000}}]", "leave it out", nil},
+		{"port out of range", "backends: [{kubernetes: {service: a, port: 70000}}]", "not a port number", nil},
+		{"bad port name", "backends: [{kubernetes: {service: a, port: Http_Port}}]", "not a port number or name", nil},
+		{"bad namespace", "backends: [{kubernetes: {namespace: LLM, service: a}}]", "namespace", nil},
+		{"bad label", "backends: [{kubernetes: {selector: {'a b': c}, port: 1}}]", "selector", nil},
+		{"discovery without section", "backends: [{url: http://a:1, discovery: kubernetes}]", "needs a kubernetes section", nil},
+		{"section on dns", "backends: [{url: http://a:1, discovery: dns, kubernetes: {service: a}}]", "needs discovery: kubernetes", nil},
+		{"section on static", "backends: [{url: http://a:1, discovery: static, kubernetes: {service: a}}]", "needs discovery: kubernetes", nil},
+		{"srv with kubernetes", "backends: [{discovery: kubernetes, srv: _a._tcp.b, kubernetes: {service: a}}]", "srv and dns_interval", nil},
+		{"unknown key", "backends: [{kubernetes: {service: a, namespaces: b}}]", "unknown key namespaces", nil},
+	})
+	base := Kubernetes{Namespace: "a", Service: "s", Port: "1", Kubeconfig: "k"}
+	for _, change := range []func(*Kubernetes){
+		func(k *Kubernetes) { k.Namespace = "b" }, func(k *Kubernetes) { k.Service = "t" },
+		func(k *Kubernetes) { k.Selector = map[string]string{"a": "b"} }, func(k *Kubernetes) { k.InferencePool = "p" },
+		func(k *Kubernetes) { k.Port = "2" }, func(k *Kubernetes) { k.Kubeconfig = "l" },
+	} {
+		k := base
+		change(&k)
+		if k.key() == base.key() {
+			t.Errorf("%+v and %+v have one key", k, base)
 		}
 	}
 }

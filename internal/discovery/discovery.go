@@ -1,9 +1,14 @@
-// Package discovery turns a DNS name into backend base URLs: every A/AAAA
-// address of a name on the URL's port, or every target and port of an SRV
-// record, so that a Kubernetes headless service works as a backend pool.
+// Package discovery finds backends. Resolve turns a DNS name into backend
+// base URLs: every A/AAAA address of a name on the URL's port, or every
+// target and port of an SRV record, so that a Kubernetes headless service
+// works as a backend pool. Kube (kube.go) follows the Kubernetes API
+// through client-go informers: a Service's EndpointSlices, pods by label,
+// or an InferencePool's pods, and says which endpoints are ready for new
+// requests, with each pod's stable name and its role and engine labels.
 //
-// It only resolves; it keeps no state and knows nothing of the fleet. The
-// proxy re-resolves on its interval and adds and removes backends.
+// It only finds: it knows nothing of the fleet and keeps no state beyond
+// the informers' caches. Package members adds the backends it finds and
+// drains those it no longer reports.
 package discovery
 
 import (

@@ -135,7 +135,7 @@ func New(c Config, entries []config.Entry) *Set {
 	defer s.mu.Unlock()
 	for i := range entries {
 		e := &entries[i]
-		if e.DNS() {
+		if e.Pooled() {
 			s.pools[e.Key()] = &pool{entry: *e, members: map[string]*Member{}}
 			continue
 		}
@@ -151,7 +151,7 @@ func (s *Set) discover(ctx context.Context, entries []config.Entry) []*ModelList
 	var wg sync.WaitGroup
 	for i := range entries {
 		e := &entries[i]
-		if e.DNS() || len(e.Models) > 0 || !s.c.DiscoverModels {
+		if e.Pooled() || len(e.Models) > 0 || !s.c.DiscoverModels {
 			continue
 		}
 		wg.Go(func() { out[i] = s.fetchForEntry(ctx, e.Base) })
@@ -248,8 +248,7 @@ func (s *Set) Start(ctx context.Context) {
 		s.startStream(m)
 	}
 	for _, p := range s.pools {
-		s.resolvePool(p, false)
-		s.runPool(p)
+		s.startPool(p, false)
 	}
 	s.runRelease()
 }
@@ -349,12 +348,11 @@ func (s *Set) Apply(entries []config.Entry, fs config.Fleet) {
 			}
 			continue
 		}
-		if e.DNS() {
+		if e.Pooled() {
 			p := &pool{entry: *e, members: map[string]*Member{}}
 			s.pools[k] = p
 			if s.ctx != nil {
-				s.resolvePool(p, true)
-				s.runPool(p)
+				s.startPool(p, true)
 			}
 			continue
 		}
