@@ -71,7 +71,8 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // new ready endpoint joins warmed up with the entry's settings and the
 // engine kind and role of its pod's labels; a terminating endpoint is
 // drained, keeping its stream in flight, and retired once it ends; a pod
-// restarting under its name at a new address comes back under that name.
+// restarting under its name at a new address comes back under that name
+// to its slot, with its prefixes forgotten (its engine's cache is new).
 func TestKubePool(t *testing.T) {
 	ctx := context.Background()
 	slice := &discoveryv1.EndpointSlice{
@@ -138,8 +139,10 @@ func TestKubePool(t *testing.T) {
 	s.mu.Lock() // Forget runs on the watch's goroutine, under mu
 	forgotten := slices.Clone(*forgot)
 	s.mu.Unlock()
-	if !b0.Retired() || len(forgotten) != 1 || forgotten[0] != b0.ID {
-		t.Errorf("after its stream: retired %v, forgotten %v", b0.Retired(), forgotten)
+	// Retired, its prefixes kept through the rejoin grace (a pod that
+	// only blinked out of the slice comes back to them).
+	if !b0.Retired() || len(forgotten) != 0 {
+		t.Errorf("after its stream: retired %v, forgotten %v; want retired, nothing forgotten within the grace", b0.Retired(), forgotten)
 	}
 
 	// vllm-0 restarts under its name at a new address.
@@ -147,6 +150,15 @@ func TestKubePool(t *testing.T) {
 	eventually(t, "vllm-0 is back", func() bool { return live(f)["llm/vllm-0@10.0.0.7:8000"] != nil })
 	if got := s.ByName("llm/vllm-0"); got == nil || got.B.URL.Host != "10.0.0.7:8000" {
 		t.Errorf("ByName(llm/vllm-0) = %v", got)
+	} else if got.B.ID != b0.ID {
+		t.Errorf("restarted vllm-0 took slot %d, want its own, %d", got.B.ID, b0.ID)
+	}
+	// At another address its engine started afresh: its prefixes go.
+	s.mu.Lock()
+	forgotten = slices.Clone(*forgot)
+	s.mu.Unlock()
+	if len(forgotten) != 1 || forgotten[0] != b0.ID {
+		t.Errorf("restarted at another address: forgotten %v, want [%d]", forgotten, b0.ID)
 	}
 
 	// Removed from the slice: drained (idle, so retired at once).

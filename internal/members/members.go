@@ -302,6 +302,12 @@ func (s *Set) add(e config.Entry, name string, base *url.URL, pool string, found
 		s.c.Log.Info("backend returned", "backend", name, "id", b.ID)
 		return old
 	}
+	if old := t[b.ID]; old != nil && old.B.Name == name && !sameHost(old.B.URL, base) {
+		// Back under its name at another address (a pod restarted
+		// elsewhere): its slot and learned rate are its own, but its
+		// engine started with an empty cache.
+		s.c.Forget(b.ID)
+	}
 	m := newMember(b, e, pool, found, s.c.Series)
 	t[b.ID] = m
 	s.table.Store(&t)
@@ -373,4 +379,12 @@ func (s *Set) Apply(entries []config.Entry, fs config.Fleet) {
 		}
 	}
 	s.release(s.c.Now())
+}
+
+// sameHost reports whether a and b name the same host and port.
+func sameHost(a, b *url.URL) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Host == b.Host
 }
