@@ -74,11 +74,11 @@ func (e Entry) DNS() bool { return e.Discovery == DiscoveryDNS }
 
 // Key identifies an entry across reloads: an entry whose key changed is a
 // different backend (removed, and the new one added), since its URL,
-// models, name, kind and KV event stream are fixed for a backend's life. Its context length
+// models, name, kind, KV event stream and role are fixed for a backend's life. Its context length
 // is not part of it: a reload updates that in place.
 func (e *Entry) Key() string {
 	return strings.Join([]string{e.Base.String(), e.Name, strings.Join(e.Models, ","), e.Kind, e.Discovery, e.SRV,
-		e.KVEvents, e.KVEventsReplay, strconv.FormatBool(e.KVEventsBind), tlsKey(e.TLS)}, "\x00")
+		e.KVEvents, e.KVEventsReplay, strconv.FormatBool(e.KVEventsBind), tlsKey(e.TLS), RoleOf(&e.Backend)}, "\x00")
 }
 
 // tlsKey is an entry's TLS settings as part of its Key.

@@ -147,6 +147,7 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 		return
 	}
 	ex.Hashes = s.sched.Hashes(v)
+	s.split(ex)
 	if s.plane.Route(&ex.Request) {
 		ex.forward()
 	}
@@ -225,8 +226,8 @@ func (ex *exchange) WriteError(e *openai.Error) { e.Write(ex.w) }
 func (ex *exchange) Respond(l *lifecycle.Leg, resp *http.Response, head []byte, headErr error) {
 	if ex.tenant.reveal {
 		resp.Header.Set(headerBackend, l.Target.B.Name)
-		if l.A.Reason != "" {
-			resp.Header.Set(headerReason, l.A.Reason)
+		if reason := ex.Reason(); reason != "" {
+			resp.Header.Set(headerReason, reason)
 		}
 	}
 	if ex.entry != nil {

@@ -32,6 +32,7 @@ import (
 	"github.com/kvroute/kvroute/internal/admin"
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/disagg"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/lifecycle"
 	"github.com/kvroute/kvroute/internal/members"
@@ -47,17 +48,20 @@ import (
 // members), a scheduler with one policy, and the data plane in front of
 // them: one exchange per request (exchange.go).
 type Server struct {
-	cfg      *config.Config
-	log      *slog.Logger
-	fleet    *fleet.Fleet
-	sched    *scheduler.Scheduler
-	set      *members.Set
-	upstream *http.Transport
-	metrics  *metrics
-	monitor  *monitor.Monitor // nil with engines.enabled off
-	scrapes  *http.Transport  // the monitor's connections; nil when monitor is
-	parse    request.Options
-	handler  http.Handler
+	cfg   *config.Config
+	log   *slog.Logger
+	fleet *fleet.Fleet
+	sched *scheduler.Scheduler
+	set   *members.Set
+	// splitProto is the disaggregation protocol when the fleet has
+	// prefill engines, "" otherwise (disagg.go).
+	splitProto string
+	upstream   *http.Transport
+	metrics    *metrics
+	monitor    *monitor.Monitor // nil with engines.enabled off
+	scrapes    *http.Transport  // the monitor's connections; nil when monitor is
+	parse      request.Options
+	handler    http.Handler
 	// proxyLog is the reverse proxy's error log, at debug level.
 	proxyLog *log.Logger
 	// cert is the listener's certificate (listen_tls), replaced on reload;
@@ -164,6 +168,10 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	s.via = viaName()
 	s.passAllow = cfg.Passthrough.Endpoints()
 	sc := scheduler.Config{BlockChars: cfg.Prefix.BlockChars, Capacity: cfg.Prefix.CapacityBlocks}
+	if cfg.Split() {
+		s.splitProto = cfg.Disaggregation.Protocol
+		sc.Filters = append(sc.Filters, disagg.Roles{Of: s.roleOf})
+	}
 	if wantsPrecise(entries) {
 		pc := cfg.KVEvents.Precise()
 		sc.Precise = &pc

@@ -1,0 +1,28 @@
+package proxy
+
+import (
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/disagg"
+	"github.com/kvroute/kvroute/internal/fleet"
+)
+
+// split gives a completion its prefill and decode legs when the fleet had
+// prefill engines (backends[].role) at startup and its protocol runs as
+// legs in turn (package disagg); otherwise it keeps its one leg.
+func (s *Server) split(ex *exchange) {
+	if s.splitProto == "" {
+		return
+	}
+	if legs := disagg.Legs(ex.View, s.splitProto); legs != nil {
+		ex.SetLegs(legs...)
+	}
+}
+
+// roleOf is backend b's configured role (the disaggregation filter's
+// lookup), both for a backend without a record.
+func (s *Server) roleOf(b *fleet.Backend) string {
+	if m := s.set.Of(b); m != nil {
+		return config.RoleOf(&m.Entry.Backend)
+	}
+	return config.RoleBoth
+}
