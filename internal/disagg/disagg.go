@@ -1,6 +1,7 @@
 // Package disagg splits a request over a prefill and a decode engine
 // (prefill/decode disaggregation): which legs a request has, what each leg
-// sends (the body rewrites of the engines' KV transfer protocols), and
+// sends (the body rewrites of the engines' KV transfer protocols: vLLM's
+// kv_transfer_params, SGLang's bootstrap fields), and
 // which engines may take which leg (a scheduler filter by role). The legs
 // themselves run in the request's lifecycle (package lifecycle): routed,
 // attempted, retried and settled there, never here.
@@ -11,6 +12,8 @@ package disagg
 
 import (
 	"encoding/json"
+	"math/rand/v2"
+	"strconv"
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -25,22 +28,55 @@ const (
 	RoleDecode  = config.RoleDecode
 )
 
-// Legs returns the legs of a request v split under protocol vllm: an
-// optional prefill leg (skipped when no prefill engine can take it, or when
-// it fails on every attempt: the decode leg's engine then serves the
-// request whole) and a decode leg, each routed on a copy of v with its
-// role. Protocol sglang sends both legs at once, which the lifecycle does
-// not do yet: its requests are not split (nil).
+// Legs returns the legs of a request v split under protocol, each routed on
+// a copy of v with its role: an optional prefill leg (skipped when no
+// prefill engine can take it: the decode leg's engine then serves the
+// request whole), and a decode leg.
+//
+// Under vllm the prefill leg runs first and, when it fails on every
+// attempt, is skipped too. Under sglang it is sent at once with the decode
+// leg (Beside), once; Bootstrap gives both legs their body once they are
+// routed.
 func Legs(v *request.View, protocol string) []lifecycle.Leg {
-	if protocol != config.ProtocolVLLM {
-		return nil
-	}
 	pre, dec := *v, *v
 	pre.Role, dec.Role = RolePrefill, RoleDecode
+	if protocol == config.ProtocolSGLang {
+		return []lifecycle.Leg{
+			{Role: RolePrefill, View: &pre, Optional: true, Beside: true},
+			{Role: RoleDecode, View: &dec},
+		}
+	}
 	return []lifecycle.Leg{
 		{Role: RolePrefill, View: &pre, Optional: true, Rewrite: VLLMPrefill},
 		{Role: RoleDecode, View: &dec, Rewrite: VLLMDecode},
 	}
+}
+
+// room draws a bootstrap room: a random integer in [0, 2^63), as SGLang's
+// router draws it. A variable, for tests.
+var room = func() uint64 { return rand.Uint64() >> 1 }
+
+// Bootstrap gives the legs of a routed SGLang request (Legs) their one
+// body: the request's (body) with bootstrap_host (the prefill engine's
+// host), bootstrap_port (port) and a fresh bootstrap_room, which the decode
+// engine uses to pull the prompt's KV cache from the prefill engine. A
+// request whose prefill leg was skipped keeps its own body (served whole),
+// and one without a Beside prefill leg is left alone.
+func Bootstrap(legs []lifecycle.Leg, body []byte, port int) {
+	if len(legs) != 2 || !legs[0].Beside || legs[0].Target == nil {
+		return
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(body, &m) != nil || m == nil {
+		return
+	}
+	host, _ := json.Marshal(legs[0].Target.B.URL.Hostname())
+	m["bootstrap_host"] = host
+	m["bootstrap_port"] = json.RawMessage(strconv.Itoa(port))
+	m["bootstrap_room"] = json.RawMessage(strconv.FormatUint(room(), 10))
+	out := marshal(m, body)
+	shared := func(_, _ []byte) []byte { return out }
+	legs[0].Rewrite, legs[1].Rewrite = shared, shared
 }
 
 // Roles is the scheduler filter of a split fleet: a prefill leg goes to
@@ -142,4 +178,12 @@ func marshal(m map[string]json.RawMessage, fallback []byte) []byte {
 		return fallback
 	}
 	return b
+}
+
+// SetRoom replaces the draw of bootstrap rooms and returns the one it
+// replaced: for tests that check the rooms sent.
+func SetRoom(f func() uint64) func() uint64 {
+	prev := room
+	room = f
+	return prev
 }

@@ -94,8 +94,10 @@ func TestLegs(t *testing.T) {
 		legs[1].Role != RoleDecode || legs[1].Optional || legs[1].View.Role != RoleDecode || v.Role != "" {
 		t.Errorf("legs %+v", legs)
 	}
-	if Legs(v, config.ProtocolSGLang) != nil {
-		t.Error("sglang split, which the lifecycle cannot run yet")
+	legs = Legs(v, config.ProtocolSGLang)
+	if len(legs) != 2 || !legs[0].Beside || !legs[0].Optional || legs[0].Rewrite != nil || legs[0].View.Role != RolePrefill ||
+		legs[1].Beside || legs[1].Rewrite != nil || legs[1].View.Role != RoleDecode {
+		t.Errorf("sglang legs %+v", legs)
 	}
 }
 

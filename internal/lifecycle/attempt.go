@@ -72,6 +72,11 @@ func (p *Plane) RoundTrip(r *Request, req *http.Request) (*http.Response, error)
 			prev = nil
 			continue
 		}
+		if l.Beside && i < last {
+			p.beside(r, l, req, &base)
+			prev = nil
+			continue
+		}
 		at := p.attempts(r, l, req, &base, !sent, i == last, prev)
 		sent = true
 		if at.err != nil && !p.skip(r, l, req, at.err, i == last) {
@@ -411,4 +416,61 @@ func setBody(out *http.Request, body []byte) {
 	}
 	out.Body = io.NopCloser(bytes.NewReader(body))
 	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+}
+
+// beside sends a Beside leg once, from a copy of req aimed from base, on a
+// goroutine of its own: its first byte is its prefill done, its body is
+// read to its end and dropped, its failure kept for Settle to judge. It is
+// not traced as an attempt of the request (the trace follows the legs run
+// in turn).
+func (p *Plane) beside(r *Request, l *Leg, req *http.Request, base *url.URL) {
+	ctx, stop := context.WithCancel(req.Context())
+	out := req.Clone(ctx)
+	u := *base
+	out.URL = &u
+	setTarget(out, l.Target.B.URL)
+	setBody(out, l.body(r.Body, nil))
+	l.done, l.stop = make(chan struct{}), stop
+	go func() {
+		defer close(l.done)
+		resp, err := p.Upstream.RoundTrip(out)
+		if err != nil {
+			if ctx.Err() == nil {
+				l.failed = err
+			}
+			return
+		}
+		defer resp.Body.Close()
+		l.status = resp.StatusCode
+		l.A.FirstByte(time.Now())
+		p.wake()
+		if resp.StatusCode >= 500 {
+			l.failed = members.StatusError(resp.StatusCode)
+			return
+		}
+		l.responded = true
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			if ctx.Err() == nil {
+				l.end.Broken = err
+			}
+			return
+		}
+		l.end.Complete = true
+	}()
+}
+
+// waitBeside waits for a Beside leg's attempt to end, ending it first: by
+// the time the request settles, its last leg has answered, so an attempt
+// still running has nothing left to give (its engine is not judged).
+func (l *Leg) waitBeside() {
+	if l.done == nil {
+		return
+	}
+	select {
+	case <-l.done:
+	default:
+		l.stop()
+		<-l.done
+	}
+	l.stop()
 }

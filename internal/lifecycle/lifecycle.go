@@ -28,6 +28,7 @@
 package lifecycle
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"time"
@@ -159,6 +160,12 @@ type Leg struct {
 	// Answer is the body of the leg's response when a later leg follows
 	// (at most maxAnswer bytes), handed to that leg's Rewrite.
 	Answer []byte
+	// Beside marks a leg sent at once with the next one rather than
+	// before it (SGLang's prefill, which waits for its decode engine to
+	// connect): one attempt on a goroutine of its own, never retried, its
+	// answer read and dropped; the next leg's Rewrite gets no answer.
+	// Settle waits for it, or ends it when the request is over.
+	Beside bool
 	// A is the current attempt's assignment; Target its backend.
 	A      *scheduler.Assignment
 	Target *members.Member
@@ -173,8 +180,11 @@ type Leg struct {
 	failed    error
 	responded bool
 	skipped   bool
-	status    int
-	end       BodyEnd
+	// done is closed when a Beside leg's attempt has ended; stop ends it.
+	done   chan struct{}
+	stop   context.CancelFunc
+	status int
+	end    BodyEnd
 }
 
 // Init starts r at start, carried by front, traced by trace: one leg with

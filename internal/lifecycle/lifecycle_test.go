@@ -270,3 +270,36 @@ func TestOptionalLegSkipped(t *testing.T) {
 	}
 	checkIdle(t, f)
 }
+
+// TestBesideLeg: a Beside leg is sent at once with the next leg (the
+// backend of the next leg answers only once the Beside leg's request
+// arrived), and one still running when the request settles is ended, not
+// judged, and waited for: Settle returns and every assignment is released.
+func TestBesideLeg(t *testing.T) {
+	arrived := make(chan struct{})
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body) // then the server sees the client leave
+		close(arrived)
+		<-r.Context().Done()
+	}))
+	t.Cleanup(hang.Close)
+	dec := newBackend(t, "decode", 200)
+	pre := &backend{srv: hang}
+	p, f := newPlane(t, pre, dec)
+	wait := func(b, _ []byte) []byte {
+		select {
+		case <-arrived:
+		case <-time.After(5 * time.Second):
+			t.Error("the decode leg was sent before the beside leg")
+		}
+		return b
+	}
+	r, front := run(t, p, chatBody, Leg{Role: "prefill", Beside: true}, Leg{Role: "decode", Rewrite: wait})
+	if r.Status != http.StatusOK || string(front.body) != "decode" {
+		t.Fatalf("status %d, body %q: want the decode leg's 200", r.Status, front.body)
+	}
+	if st := r.Legs[0].Target.Breaker(); st.Fails != 0 {
+		t.Errorf("the beside leg ended by settle was judged: %d failures", st.Fails)
+	}
+	checkIdle(t, f)
+}

@@ -25,6 +25,7 @@ func (p *Plane) Settle(r *Request, aborted bool) {
 		if l.A == nil {
 			continue
 		}
+		l.waitBeside()
 		if i == len(r.Legs)-1 && l.responded {
 			l.end = end
 		}

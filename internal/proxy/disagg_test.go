@@ -11,9 +11,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/admin"
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/disagg"
 )
 
 // pdEngine is a fake vLLM engine of a disaggregated fleet: it records every
@@ -34,6 +36,7 @@ type pdEngine struct {
 type pdLeg struct {
 	body   map[string]any
 	header http.Header
+	raw    []byte
 }
 
 func newPDEngine(t *testing.T, name string) *pdEngine {
@@ -52,18 +55,10 @@ func kvParams(name string) map[string]any {
 }
 
 func (e *pdEngine) serve(w http.ResponseWriter, r *http.Request) {
-	if !completionOnly(w, r) {
+	body, ok := e.record(w, r)
+	if !ok {
 		return
 	}
-	raw, _ := io.ReadAll(r.Body)
-	var body map[string]any
-	if err := json.Unmarshal(raw, &body); err != nil {
-		http.Error(w, "bad json", http.StatusBadRequest)
-		return
-	}
-	e.mu.Lock()
-	e.got = append(e.got, pdLeg{body, r.Header.Clone()})
-	e.mu.Unlock()
 	switch e.fail.Load() {
 	case 1:
 		http.Error(w, `{"error":{"message":"engine down"}}`, http.StatusInternalServerError)
@@ -85,6 +80,23 @@ func (e *pdEngine) serve(w http.ResponseWriter, r *http.Request) {
 	for _, ev := range streamEvents(e.name, 3) {
 		_, _ = io.WriteString(w, ev)
 	}
+}
+
+// record keeps a completion request r, its body decoded; ok is false when
+// r was answered instead (not a completion, or not JSON).
+func (e *pdEngine) record(w http.ResponseWriter, r *http.Request) (body map[string]any, ok bool) {
+	if !completionOnly(w, r) {
+		return nil, false
+	}
+	raw, _ := io.ReadAll(r.Body)
+	if err := json.Unmarshal(raw, &body); err != nil {
+		http.Error(w, "bad json", http.StatusBadRequest)
+		return nil, false
+	}
+	e.mu.Lock()
+	e.got = append(e.got, pdLeg{body: body, header: r.Header.Clone(), raw: raw})
+	e.mu.Unlock()
+	return body, true
 }
 
 // legs returns what the engine received.
@@ -272,5 +284,91 @@ func postUntil(t *testing.T, r *rig, e *pdEngine, check func(result)) {
 			t.Skipf("%s never chosen in 20 requests", e.name)
 		}
 		check(r.post("/v1/chat/completions", clientBody))
+	}
+}
+
+// sgEngine is a fake SGLang engine of a disaggregated fleet: it records
+// what it receives and, as SGLang's prefill and decode engines do, answers
+// only once its peer of the pair has its request too (the decode engine
+// pulls the KV cache from the prefill engine's bootstrap server): legs
+// sent one after the other would never be answered (500 after 5 s).
+type sgEngine struct {
+	*pdEngine
+	arrived chan struct{}
+	peer    *sgEngine
+}
+
+func newSGEngine(t *testing.T, name string) *sgEngine {
+	e := &sgEngine{pdEngine: &pdEngine{name: name}, arrived: make(chan struct{})}
+	e.srv = httptest.NewServer(http.HandlerFunc(e.serve))
+	t.Cleanup(e.srv.Close)
+	return e
+}
+
+func (e *sgEngine) serve(w http.ResponseWriter, r *http.Request) {
+	if _, ok := e.record(w, r); !ok {
+		return
+	}
+	close(e.arrived) // one request per engine in this test
+	select {
+	case <-e.peer.arrived:
+	case <-time.After(5 * time.Second):
+		http.Error(w, "no peer", http.StatusInternalServerError)
+		return
+	}
+	if e.name[0] == 'p' {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, jsonAnswer(e.name))
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	for _, ev := range streamEvents(e.name, 3) {
+		_, _ = io.WriteString(w, ev)
+	}
+}
+
+// TestSGLangSplit: under protocol sglang both engines get, at once, the
+// client's body with bootstrap_host (the prefill engine's host),
+// bootstrap_port (disaggregation.bootstrap_port) and one bootstrap_room,
+// under the client's request id; the client reads the decode engine's
+// stream.
+func TestSGLangSplit(t *testing.T) {
+	pre, dec := newSGEngine(t, "p0"), newSGEngine(t, "d0")
+	pre.peer, dec.peer = dec, pre
+	prevRoom := disagg.SetRoom(func() uint64 { return 1<<63 - 1 })
+	t.Cleanup(func() { disagg.SetRoom(prevRoom) })
+	t.Setenv(config.AdminTokenEnv, "")
+	r := newRig(t, "kvroute", 0, func(c *config.Config) {
+		c.Disaggregation = config.Disaggregation{Protocol: config.ProtocolSGLang, BootstrapPort: 9123}
+		c.Backends = append(c.Backends,
+			config.Backend{URL: pre.srv.URL, Name: "p0", Models: []string{"m"}, Role: config.RolePrefill},
+			config.Backend{URL: dec.srv.URL, Name: "d0", Models: []string{"m"}, Role: config.RoleDecode})
+	})
+	r.waitReady(http.StatusOK)
+	res := r.post("/v1/chat/completions", clientBody, "X-Request-Id", "req-sg-1")
+	if res.status != 200 || string(res.body) != strings.Join(streamEvents("d0", 3), "") {
+		t.Fatalf("status %d, body %q: want d0's stream", res.status, res.body)
+	}
+	want := jsonOf(t, clientBody)
+	want["bootstrap_host"], want["bootstrap_port"] = "127.0.0.1", 9123.0
+	p, d := pre.legs(), dec.legs()
+	if len(p) != 1 || len(d) != 1 {
+		t.Fatalf("prefill got %d requests, decode %d: want one each", len(p), len(d))
+	}
+	// The room as a JSON number, exactly (a float64 would round it).
+	for i, leg := range []pdLeg{p[0], d[0]} {
+		if got := leg.header.Get("X-Request-Id"); got != "req-sg-1" {
+			t.Errorf("leg %d carries X-Request-Id %q", i, got)
+		}
+		if !strings.Contains(string(leg.raw), `"bootstrap_room":9223372036854775807`) {
+			t.Errorf("leg %d body %s: want bootstrap_room 9223372036854775807", i, leg.raw)
+		}
+		delete(leg.body, "bootstrap_room")
+		if !reflect.DeepEqual(leg.body, want) {
+			t.Errorf("leg %d body %v\nwant %v", i, leg.body, want)
+		}
+	}
+	if reason := res.header.Get(headerReason); !strings.HasPrefix(reason, "prefill p0: ") || !strings.Contains(reason, "; decode d0: ") {
+		t.Errorf("reason %q: want both legs", reason)
 	}
 }

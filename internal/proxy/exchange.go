@@ -149,6 +149,7 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 	ex.Hashes = s.sched.Hashes(v)
 	s.split(ex)
 	if s.plane.Route(&ex.Request) {
+		s.bootstrap(ex)
 		ex.forward()
 	}
 }
