@@ -48,22 +48,22 @@ import (
 // members), a scheduler with one policy, and the data plane in front of
 // them: one exchange per request (exchange.go).
 type Server struct {
-	cfg   *config.Config
-	log   *slog.Logger
-	fleet *fleet.Fleet
-	sched *scheduler.Scheduler
-	set   *members.Set
+	cfg      *config.Config
+	log      *slog.Logger
+	fleet    *fleet.Fleet
+	sched    *scheduler.Scheduler
+	set      *members.Set
+	upstream *http.Transport
+	metrics  *metrics
+	monitor  *monitor.Monitor // nil with engines.enabled off
+	scrapes  *http.Transport  // the monitor's connections; nil when monitor is
+	parse    request.Options
+	handler  http.Handler
+	// proxyLog is the reverse proxy's error log, at debug level.
+	proxyLog *log.Logger
 	// splitProto is the disaggregation protocol when the fleet has
 	// prefill engines, "" otherwise (disagg.go).
 	splitProto string
-	upstream   *http.Transport
-	metrics    *metrics
-	monitor    *monitor.Monitor // nil with engines.enabled off
-	scrapes    *http.Transport  // the monitor's connections; nil when monitor is
-	parse      request.Options
-	handler    http.Handler
-	// proxyLog is the reverse proxy's error log, at debug level.
-	proxyLog *log.Logger
 	// cert is the listener's certificate (listen_tls), replaced on reload;
 	// nil without TLS. upstreamTLS is upstream.tls, replaced on reload.
 	cert        atomic.Pointer[tls.Certificate]
