@@ -76,6 +76,9 @@ type Config struct {
 	KVEvents KVEvents `yaml:"kv_events"`
 	// Sync shares routing state with other replicas over NATS (sync.go).
 	Sync Sync `yaml:"sync"`
+	// Disaggregation is how requests are split over prefill and decode
+	// engines (disagg.go).
+	Disaggregation Disaggregation `yaml:"disaggregation"`
 	// ShutdownGrace is how long, on SIGTERM or SIGINT, the router lets
 	// in-flight requests (streams included) finish after it stops accepting
 	// new connections, before it closes them. Default 30s.
@@ -163,6 +166,10 @@ type Backend struct {
 	// client certificate for mutual TLS, server name; tls.go). Default:
 	// upstream.tls.
 	TLS *BackendTLS `yaml:"tls"`
+	// Role is the part of a disaggregated request the engine serves:
+	// prefill, decode or both (whole requests, and decode legs). For a
+	// DNS entry, every discovered address has it. Default both.
+	Role string `yaml:"role"`
 }
 
 // Session says where the session (conversation) key comes from.
@@ -417,10 +424,11 @@ func Default() *Config {
 		Prefix:  Prefix{BlockChars: prefix.DefaultBlockChars, CapacityBlocks: prefix.DefaultCapacity},
 		Health: Health{Interval: DefaultHealthInterval, Timeout: DefaultHealthTimeout, Path: DefaultHealthPath, EjectAfter: DefaultEjectAfter,
 			Cooldown: DefaultCooldown, MaxCooldown: DefaultMaxCooldown, HalfOpenProbes: DefaultHalfOpenProbes},
-		Retry:     Retry{Attempts: DefaultRetryAttempts},
-		Admission: defaultAdmission(),
-		Admin:     defaultAdmin(),
-		Auth:      defaultAuth(),
+		Retry:          Retry{Attempts: DefaultRetryAttempts},
+		Disaggregation: Disaggregation{Protocol: ProtocolVLLM, BootstrapPort: DefaultBootstrapPort},
+		Admission:      defaultAdmission(),
+		Admin:          defaultAdmin(),
+		Auth:           defaultAuth(),
 		Upstream: Upstream{ConnectTimeout: DefaultConnectTimeout, ResponseHeaderTimeout: DefaultHeaderTimeout,
 			FirstTokenTimeout: DefaultFirstToken, StreamIdleTimeout: DefaultStreamIdle, ModelsCacheTTL: DefaultModelsTTL, DiscoverModels: true},
 		Engines:       Engines{Enabled: true, Interval: DefaultEngineInterval, Timeout: DefaultEngineTimeout, StaleAfter: DefaultEngineStale},
@@ -586,6 +594,7 @@ func (c *Config) Validate() error {
 		bad("backends: none configured (add backends to the file or pass --backend URL)")
 	}
 	c.entries(bad)
+	c.validateRoles(bad)
 	if c.Limits.MaxBodyBytes <= 0 {
 		bad("limits.max_body_bytes: %d must be positive", c.Limits.MaxBodyBytes)
 	}

@@ -78,12 +78,10 @@ type Entry struct {
 	// Base is the parsed URL: the backend itself for a static entry; for a
 	// DNS entry, the scheme, port and path its resolved addresses take.
 	Base *url.URL
-	// EngineKind is the parsed kind (adapter.Unknown: detect it).
+	// EngineKind is the parsed kind (adapter.Unknown: detect it). A
+	// discovered backend's role (Backend.Role) may come from its pod's
+	// kvroute.io/role label instead of the entry.
 	EngineKind adapter.Kind
-	// Role is a discovered backend's role in disaggregated serving
-	// (prefill, decode or both: its pod's kvroute.io/role label); ""
-	// when unknown.
-	Role string
 }
 
 // DNS reports whether the entry is a pool of DNS-discovered backends.
@@ -95,11 +93,11 @@ func (e Entry) Pooled() bool { return e.DNS() || e.Discovery == DiscoveryKuberne
 
 // Key identifies an entry across reloads: an entry whose key changed is a
 // different backend (removed, and the new one added), since its URL,
-// models, name, kind and KV event stream are fixed for a backend's life. Its context length
+// models, name, kind, KV event stream and role are fixed for a backend's life. Its context length
 // is not part of it: a reload updates that in place.
 func (e *Entry) Key() string {
 	return strings.Join([]string{e.Base.String(), e.Name, strings.Join(e.Models, ","), e.Kind, e.Discovery, e.SRV,
-		e.KVEvents, e.KVEventsReplay, strconv.FormatBool(e.KVEventsBind), tlsKey(e.TLS), e.Kubernetes.key()}, "\x00")
+		e.KVEvents, e.KVEventsReplay, strconv.FormatBool(e.KVEventsBind), tlsKey(e.TLS), e.Kubernetes.key(), RoleOf(&e.Backend)}, "\x00")
 }
 
 // tlsKey is an entry's TLS settings as part of its Key.

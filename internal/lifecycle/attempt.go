@@ -63,12 +63,29 @@ func (at *attempt) close() {
 func (p *Plane) RoundTrip(r *Request, req *http.Request) (*http.Response, error) {
 	base := *req.URL
 	last := len(r.Legs) - 1
+	var prev []byte
+	sent := false
 	for i := range r.Legs {
 		r.cur = i
 		l := &r.Legs[i]
-		at := p.attempts(r, l, req, &base, i == 0, i == last)
-		if at.err != nil {
+		if l.skipped {
+			prev = nil
+			continue
+		}
+		if l.Beside && i < last {
+			p.beside(r, l, req, &base)
+			prev = nil
+			continue
+		}
+		at := p.attempts(r, l, req, &base, !sent, i == last, prev)
+		sent = true
+		if at.err != nil && !p.skip(r, l, req, at.err, i == last) {
 			return nil, at.err
+		}
+		if l.skipped {
+			at.close()
+			prev = nil
+			continue
 		}
 		l.status = at.resp.StatusCode
 		if i == last {
@@ -78,7 +95,13 @@ func (p *Plane) RoundTrip(r *Request, req *http.Request) (*http.Response, error)
 			return at.resp, nil
 		}
 		if err := p.drain(l, at); err != nil {
-			return nil, err
+			if !p.skip(r, l, req, err, false) {
+				return nil, err
+			}
+		}
+		prev = l.Answer
+		if l.skipped {
+			prev = nil
 		}
 	}
 	panic("lifecycle: a request without legs")
@@ -92,7 +115,7 @@ func (p *Plane) RoundTrip(r *Request, req *http.Request) (*http.Response, error)
 // response on, so that nothing has reached the client while a retry is
 // still possible. req is sent as it is on the first leg's first attempt;
 // every other attempt sends a copy aimed from base.
-func (p *Plane) attempts(r *Request, l *Leg, req *http.Request, base *url.URL, first, last bool) attempt {
+func (p *Plane) attempts(r *Request, l *Leg, req *http.Request, base *url.URL, first, last bool, prev []byte) attempt {
 	ctx := req.Context()
 	for n := 0; ; n++ {
 		p.probe(r, l)
@@ -103,7 +126,7 @@ func (p *Plane) attempts(r *Request, l *Leg, req *http.Request, base *url.URL, f
 			out.URL = &u
 		}
 		setTarget(out, l.Target.B.URL)
-		setBody(out, l.body(r.Body))
+		setBody(out, l.body(r.Body, prev))
 		at := p.try(r, l, out, last)
 		if at.err == nil {
 			return at
@@ -228,12 +251,18 @@ func (p *Plane) drain(l *Leg, at attempt) error {
 		return l.failed
 	}
 	l.responded = true
+	answer := bytes.NewBuffer(append([]byte(nil), at.head...))
 	if at.headErr == nil {
-		if _, err := io.Copy(io.Discard, at.resp.Body); err != nil {
+		_, err := io.Copy(answer, io.LimitReader(at.resp.Body, maxAnswer))
+		if err == nil {
+			_, err = io.Copy(io.Discard, at.resp.Body)
+		}
+		if err != nil {
 			l.end.Broken = err
 			return err
 		}
 	}
+	l.Answer = answer.Bytes()
 	l.end.Complete = true
 	return nil
 }
@@ -267,13 +296,35 @@ func failureStatus(err error) (int, string, string) {
 	return http.StatusBadGateway, "backend_error", "the backend failed to answer"
 }
 
-// body is what leg l sends of the request's body.
-func (l *Leg) body(b []byte) []byte {
+// body is what leg l sends of the request's body, prev being the earlier
+// leg's answer.
+func (l *Leg) body(b, prev []byte) []byte {
 	if l.Rewrite == nil {
 		return b
 	}
-	return l.Rewrite(b)
+	return l.Rewrite(b, prev)
 }
+
+// skip decides what becomes of an Optional leg (not the last) that failed
+// with err: it is skipped, and the request goes on to the next leg without
+// its answer, unless the client left. Its failure stays for Settle to
+// judge. It reports whether the leg was skipped.
+func (p *Plane) skip(r *Request, l *Leg, req *http.Request, err error, last bool) bool {
+	if !l.Optional || last || req.Context().Err() != nil {
+		return false
+	}
+	if l.failed == nil {
+		l.failed = err
+	}
+	l.skipped = true
+	p.Log.Warn("leg skipped", "request_id", r.ID, "role", l.Role, "backend", l.Target.B.Name, "err", err)
+	return true
+}
+
+// maxAnswer bounds the answer of a leg that feeds the next one (a
+// prefill's one-token completion and its kv_transfer_params): a longer
+// one is cut, and the next leg's Rewrite sees it unparsable.
+const maxAnswer = 1 << 20
 
 // firstByte is peek bounded by upstream.response_header_timeout: engines
 // such as vLLM send a stream's headers before its prefill, so a stuck
@@ -365,4 +416,61 @@ func setBody(out *http.Request, body []byte) {
 	}
 	out.Body = io.NopCloser(bytes.NewReader(body))
 	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+}
+
+// beside sends a Beside leg once, from a copy of req aimed from base, on a
+// goroutine of its own: its first byte is its prefill done, its body is
+// read to its end and dropped, its failure kept for Settle to judge. It is
+// not traced as an attempt of the request (the trace follows the legs run
+// in turn).
+func (p *Plane) beside(r *Request, l *Leg, req *http.Request, base *url.URL) {
+	ctx, stop := context.WithCancel(req.Context())
+	out := req.Clone(ctx)
+	u := *base
+	out.URL = &u
+	setTarget(out, l.Target.B.URL)
+	setBody(out, l.body(r.Body, nil))
+	l.done, l.stop = make(chan struct{}), stop
+	go func() {
+		defer close(l.done)
+		resp, err := p.Upstream.RoundTrip(out)
+		if err != nil {
+			if ctx.Err() == nil {
+				l.failed = err
+			}
+			return
+		}
+		defer resp.Body.Close()
+		l.status = resp.StatusCode
+		l.A.FirstByte(time.Now())
+		p.wake()
+		if resp.StatusCode >= 500 {
+			l.failed = members.StatusError(resp.StatusCode)
+			return
+		}
+		l.responded = true
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			if ctx.Err() == nil {
+				l.end.Broken = err
+			}
+			return
+		}
+		l.end.Complete = true
+	}()
+}
+
+// waitBeside waits for a Beside leg's attempt to end, ending it first: by
+// the time the request settles, its last leg has answered, so an attempt
+// still running has nothing left to give (its engine is not judged).
+func (l *Leg) waitBeside() {
+	if l.done == nil {
+		return
+	}
+	select {
+	case <-l.done:
+	default:
+		l.stop()
+		<-l.done
+	}
+	l.stop()
 }

@@ -30,6 +30,7 @@
 package lifecycle
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"time"
@@ -145,9 +146,28 @@ type Leg struct {
 	// Role names the leg ("" for the one leg of a plain request,
 	// "prefill", "decode").
 	Role string
-	// Rewrite makes the body this leg sends from the request's; nil
-	// sends the request's bytes untouched.
-	Rewrite func(body []byte) []byte
+	// Rewrite makes the body this leg sends from the request's and prev,
+	// the body of the earlier leg's answer (nil for the first leg, or
+	// when the earlier leg was skipped); nil sends the request's bytes
+	// untouched.
+	Rewrite func(body, prev []byte) []byte
+	// View, when set, is the leg's own routing view (its Role set, say);
+	// nil routes it on the request's.
+	View *request.View
+	// Optional marks a leg the request can do without: when it cannot be
+	// routed, or fails on every attempt, it is skipped and the next leg
+	// runs without its answer (a prefill leg whose request falls back to
+	// being served whole by the decode leg's engine).
+	Optional bool
+	// Answer is the body of the leg's response when a later leg follows
+	// (at most maxAnswer bytes), handed to that leg's Rewrite.
+	Answer []byte
+	// Beside marks a leg sent at once with the next one rather than
+	// before it (SGLang's prefill, which waits for its decode engine to
+	// connect): one attempt on a goroutine of its own, never retried, its
+	// answer read and dropped; the next leg's Rewrite gets no answer.
+	// Settle waits for it, or ends it when the request is over.
+	Beside bool
 	// A is the current attempt's assignment; Target its backend.
 	A      *scheduler.Assignment
 	Target *members.Member
@@ -161,8 +181,12 @@ type Leg struct {
 	// how an earlier leg's body ended (the last leg's is the front's).
 	failed    error
 	responded bool
-	status    int
-	end       BodyEnd
+	skipped   bool
+	// done is closed when a Beside leg's attempt has ended; stop ends it.
+	done   chan struct{}
+	stop   context.CancelFunc
+	status int
+	end    BodyEnd
 }
 
 // Init starts r at start, carried by front, traced by trace: one leg with
@@ -184,6 +208,10 @@ func (r *Request) Retries() int {
 	}
 	return n
 }
+
+// Skipped reports whether the leg was skipped (an Optional leg that could
+// not be routed or failed).
+func (l *Leg) Skipped() bool { return l.skipped }
 
 // SetLegs replaces the request's legs before it is routed: a decision
 // that names several backends (a prefill and a decode leg).

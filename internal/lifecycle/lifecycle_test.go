@@ -165,7 +165,9 @@ const chatBody = `{"model":"m","messages":[{"role":"user","content":"hello"}],"m
 func TestTwoLegs(t *testing.T) {
 	pre, dec := newBackend(t, "prefill", 200), newBackend(t, "decode", 200)
 	p, f := newPlane(t, pre, dec)
-	prefillOnly := func(b []byte) []byte { return bytes.Replace(b, []byte(`"max_tokens":50`), []byte(`"max_tokens":1`), 1) }
+	prefillOnly := func(b, _ []byte) []byte {
+		return bytes.Replace(b, []byte(`"max_tokens":50`), []byte(`"max_tokens":1`), 1)
+	}
 	r, front := run(t, p, chatBody, Leg{Role: "prefill", Rewrite: prefillOnly}, Leg{Role: "decode"})
 	if r.Status != http.StatusOK || string(front.body) != "decode" {
 		t.Fatalf("status %d, body %q: want 200 from the decode leg", r.Status, front.body)
@@ -173,7 +175,7 @@ func TestTwoLegs(t *testing.T) {
 	if len(pre.bodies) != 1 || len(dec.bodies) != 1 {
 		t.Fatalf("prefill got %d requests, decode %d, want one each", len(pre.bodies), len(dec.bodies))
 	}
-	if want := string(prefillOnly([]byte(chatBody))); pre.bodies[0] != want || dec.bodies[0] != chatBody {
+	if want := string(prefillOnly([]byte(chatBody), nil)); pre.bodies[0] != want || dec.bodies[0] != chatBody {
 		t.Errorf("prefill leg sent %s, decode leg %s: want the rewrite, then the request's own body", pre.bodies[0], dec.bodies[0])
 	}
 	if r.Legs[0].Target == r.Legs[1].Target {
@@ -239,4 +241,75 @@ func TestJudge(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAnswerFeedsNextLeg: an earlier leg's answer is what the next leg's
+// Rewrite gets (prev), and the first leg gets none.
+func TestAnswerFeedsNextLeg(t *testing.T) {
+	pre, dec := newBackend(t, "prefill-answer", 200), newBackend(t, "decode", 200)
+	p, f := newPlane(t, pre, dec)
+	var prevs []string
+	note := func(b, prev []byte) []byte {
+		prevs = append(prevs, string(prev))
+		return b
+	}
+	r, _ := run(t, p, chatBody, Leg{Role: "prefill", Rewrite: note}, Leg{Role: "decode", Rewrite: note})
+	if r.Status != http.StatusOK || len(prevs) != 2 || prevs[0] != "" || prevs[1] != "prefill-answer" {
+		t.Fatalf("status %d, rewrites saw %q: want nothing, then the prefill leg's answer", r.Status, prevs)
+	}
+	checkIdle(t, f)
+}
+
+// TestOptionalLegSkipped: an optional leg that fails is skipped: the next
+// leg runs without its answer and its response is the client's; the
+// skipped leg's backend is charged with its failure once.
+func TestOptionalLegSkipped(t *testing.T) {
+	pre, dec := newBackend(t, "prefill", 500), newBackend(t, "decode", 200)
+	p, f := newPlane(t, pre, dec)
+	var prev []byte
+	r, front := run(t, p, chatBody, Leg{Role: "prefill", Optional: true},
+		Leg{Role: "decode", Rewrite: func(b, pv []byte) []byte { prev = pv; return b }})
+	if r.Status != http.StatusOK || string(front.body) != "decode" || len(front.errs) != 0 {
+		t.Fatalf("status %d, body %q, errors %v: want the decode leg's 200", r.Status, front.body, front.errs)
+	}
+	if !r.Legs[0].Skipped() || prev != nil || len(dec.bodies) != 1 || dec.bodies[0] != chatBody {
+		t.Errorf("skipped %v, decode leg saw answer %q and got %q", r.Legs[0].Skipped(), prev, dec.bodies)
+	}
+	if st := r.Legs[0].Target.Breaker(); st.Fails != 1 {
+		t.Errorf("prefill backend's breaker: %d failures, want 1", st.Fails)
+	}
+	checkIdle(t, f)
+}
+
+// TestBesideLeg: a Beside leg is sent at once with the next leg (the
+// backend of the next leg answers only once the Beside leg's request
+// arrived), and one still running when the request settles is ended, not
+// judged, and waited for: Settle returns and every assignment is released.
+func TestBesideLeg(t *testing.T) {
+	arrived := make(chan struct{})
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body) // then the server sees the client leave
+		close(arrived)
+		<-r.Context().Done()
+	}))
+	t.Cleanup(hang.Close)
+	dec := newBackend(t, "decode", 200)
+	pre := &backend{srv: hang}
+	p, f := newPlane(t, pre, dec)
+	wait := func(b, _ []byte) []byte {
+		select {
+		case <-arrived:
+		case <-time.After(5 * time.Second):
+			t.Error("the decode leg was sent before the beside leg")
+		}
+		return b
+	}
+	r, front := run(t, p, chatBody, Leg{Role: "prefill", Beside: true}, Leg{Role: "decode", Rewrite: wait})
+	if r.Status != http.StatusOK || string(front.body) != "decode" {
+		t.Fatalf("status %d, body %q: want the decode leg's 200", r.Status, front.body)
+	}
+	if st := r.Legs[0].Target.Breaker(); st.Fails != 0 {
+		t.Errorf("the beside leg ended by settle was judged: %d failures", st.Fails)
+	}
+	checkIdle(t, f)
 }

@@ -28,6 +28,10 @@ func (p *Plane) Route(r *Request) bool {
 	for i := range r.Legs {
 		l := &r.Legs[i]
 		a, err := p.route(r, l, r.Start)
+		if err != nil && l.Optional && i < len(r.Legs)-1 {
+			l.skipped = true
+			continue
+		}
 		if err != nil {
 			r.Reject(routeError(err, r.View.Model))
 			return false
@@ -42,7 +46,11 @@ func (p *Plane) Route(r *Request) bool {
 // first one.
 func (p *Plane) route(r *Request, l *Leg, now time.Time) (*scheduler.Assignment, error) {
 	r.trace.RouteStart()
-	a, err := p.Sched.RoutePrecise(r.View, r.Hashes, r.Keys, l.Tried, now)
+	v := l.View
+	if v == nil {
+		v = r.View
+	}
+	a, err := p.Sched.RoutePrecise(v, r.Hashes, r.Keys, l.Tried, now)
 	r.trace.RouteEnd(a, err)
 	return a, err
 }

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/admin"
@@ -24,6 +25,7 @@ func (p *Plane) Settle(r *Request, aborted bool) {
 		if l.A == nil {
 			continue
 		}
+		l.waitBeside()
 		if i == len(r.Legs)-1 && l.responded {
 			l.end = end
 		}
@@ -111,7 +113,37 @@ func (p *Plane) record(r *Request) {
 		d.Backend = l.Target.B.Name
 	}
 	if l.A != nil {
-		d.Reason = l.A.Reason
+		d.Reason = r.Reason()
 	}
 	p.Decisions.Record(d)
+}
+
+// Reason is why the request went where it went: its leg's decision, or for
+// a request of several legs each leg's role, backend and decision, in
+// order ("prefill a: ...; decode b: ..."), a skipped leg so marked.
+func (r *Request) Reason() string {
+	if len(r.Legs) == 1 {
+		if a := r.Legs[0].A; a != nil {
+			return a.Reason
+		}
+		return ""
+	}
+	var b strings.Builder
+	for i := range r.Legs {
+		l := &r.Legs[i]
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(l.Role)
+		switch {
+		case l.A == nil:
+			b.WriteString(" skipped (no backend)")
+			continue
+		case l.skipped:
+			b.WriteString(" skipped after failing on " + l.Target.B.Name)
+			continue
+		}
+		b.WriteString(" " + l.Target.B.Name + ": " + l.A.Reason)
+	}
+	return b.String()
 }

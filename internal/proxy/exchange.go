@@ -141,7 +141,9 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 		ex.Reject(e)
 		return
 	}
+	s.split(ex)
 	if s.plane.Route(&ex.Request) {
+		s.bootstrap(ex)
 		ex.forward()
 	}
 }
@@ -219,8 +221,8 @@ func (ex *exchange) WriteError(e *openai.Error) { e.Write(ex.w) }
 func (ex *exchange) Respond(l *lifecycle.Leg, resp *http.Response, head []byte, headErr error) {
 	if ex.tenant.reveal {
 		resp.Header.Set(headerBackend, l.Target.B.Name)
-		if l.A.Reason != "" {
-			resp.Header.Set(headerReason, l.A.Reason)
+		if reason := ex.Reason(); reason != "" {
+			resp.Header.Set(headerReason, reason)
 		}
 	}
 	if ex.entry != nil {

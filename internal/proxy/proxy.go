@@ -58,6 +58,9 @@ type Server struct {
 	handler  http.Handler
 	// proxyLog is the reverse proxy's error log, at debug level.
 	proxyLog *log.Logger
+	// splitProto is the disaggregation protocol when the fleet has
+	// prefill engines, "" otherwise (disagg.go).
+	splitProto string
 	// tracing is the OpenTelemetry tracer; nil with tracing off.
 	tracing *tracing
 	// creds are the API keys and the sources of priority, replaced on
@@ -164,6 +167,9 @@ func New(p Parts) (*Server, error) {
 	s.shares.limit = cfg.Limits.BufferedBytesPerClient()
 	s.via = viaName()
 	s.passAllow = cfg.Passthrough.Endpoints()
+	if cfg.Split() {
+		s.splitProto = cfg.Disaggregation.Protocol
+	}
 	s.limits = newLimitHits(s.metrics.reg, logger)
 	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kvroute_buffered_body_bytes",

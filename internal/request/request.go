@@ -88,7 +88,10 @@ func AddTokens(a, b int) int {
 // View is the routing view of one request. It is immutable once parsed,
 // except SessionKey, which the HTTP layer may set from a header before routing.
 type View struct {
-	Kind  Kind
+	Kind Kind
+	// Role is the part of a split request the view routes ("prefill",
+	// "decode"), "" for a whole request (package disagg).
+	Role  string
 	Model string
 	// Prompt is the rendered prompt text (see chatView and
 	// completionView for the template).

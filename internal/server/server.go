@@ -15,6 +15,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"github.com/kvroute/kvroute/internal/disagg"
 	"log/slog"
 	"net"
 	"net/http"
@@ -99,6 +100,10 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	if wantsPrecise(entries) {
 		pc := cfg.KVEvents.Precise()
 		sc.Precise = &pc
+	}
+	if cfg.Split() {
+		// Each leg goes to an engine of its role (package disagg).
+		sc.Filters = append(sc.Filters, disagg.Roles{Of: s.roleOf})
 	}
 	s.sched = scheduler.New(s.fleet, p, sc)
 	s.metrics = proxy.NewMetrics(s.fleet)
@@ -290,4 +295,14 @@ func (s *Server) newSync() error {
 	}
 	s.peers = l
 	return nil
+}
+
+// roleOf is backend b's role in disaggregated serving (its entry's, or
+// its pod's label for a Kubernetes pool): the role filter's lookup, both
+// for a backend without a record.
+func (s *Server) roleOf(b *fleet.Backend) string {
+	if m := s.set.Of(b); m != nil {
+		return config.RoleOf(&m.Entry.Backend)
+	}
+	return config.RoleBoth
 }

@@ -1,0 +1,102 @@
+package config
+
+import (
+	"slices"
+)
+
+// Backend roles (backends[].role): which part of a disaggregated request
+// an engine serves.
+const (
+	// RoleBoth serves whole requests, and the decode leg of a split one
+	// (the default: today's behaviour).
+	RoleBoth = "both"
+	// RolePrefill serves prefill legs only: it computes a prompt's KV
+	// cache and hands it to a decode engine.
+	RolePrefill = "prefill"
+	// RoleDecode serves decode legs (and whole requests when no prefill
+	// engine can take the prefill).
+	RoleDecode = "decode"
+)
+
+// Disaggregation protocols (disaggregation.protocol).
+const (
+	// ProtocolVLLM is vLLM's KV connectors (NixlConnector and those with
+	// its fields): a prefill leg with max_tokens 1 whose answer's
+	// kv_transfer_params go with the decode leg.
+	ProtocolVLLM = "vllm"
+	// ProtocolSGLang is SGLang's: one body with bootstrap_host,
+	// bootstrap_port and bootstrap_room, sent to both engines at once.
+	ProtocolSGLang = "sglang"
+)
+
+// Disaggregation is how requests are split over prefill and decode
+// engines (backends[].role); it does nothing without a prefill engine.
+type Disaggregation struct {
+	// Protocol is the engines' KV transfer protocol: vllm or sglang.
+	// Default vllm.
+	Protocol string `yaml:"protocol"`
+	// BootstrapPort is the prefill engines' bootstrap port (SGLang's
+	// --disaggregation-bootstrap-port), for protocol sglang. Default 8998.
+	BootstrapPort int `yaml:"bootstrap_port"`
+}
+
+// DefaultBootstrapPort is SGLang's default bootstrap port.
+const DefaultBootstrapPort = 8998
+
+// Split reports whether some backend is a prefill engine: requests are then
+// split (routed as a prefill and a decode leg) where they can be.
+func (c *Config) Split() bool {
+	return slices.ContainsFunc(c.Backends, func(b Backend) bool { return b.Role == RolePrefill })
+}
+
+// RoleOf is an entry's role, both when unset.
+func RoleOf(b *Backend) string {
+	if b.Role == "" {
+		return RoleBoth
+	}
+	return b.Role
+}
+
+// validateRoles checks the backends' roles and the disaggregation section:
+// every model a prefill engine serves must have an engine to decode it
+// (a decode or both engine serving it, or serving any model).
+func (c *Config) validateRoles(bad func(string, ...any)) {
+	d := c.Disaggregation
+	if d.Protocol != ProtocolVLLM && d.Protocol != ProtocolSGLang {
+		bad("disaggregation.protocol: %q must be vllm or sglang", d.Protocol)
+	}
+	if d.BootstrapPort < 1 || d.BootstrapPort > 65535 {
+		bad("disaggregation.bootstrap_port: %d must be a port (1-65535)", d.BootstrapPort)
+	}
+	decodes := func(model string) bool {
+		for i := range c.Backends {
+			b := &c.Backends[i]
+			if RoleOf(b) == RolePrefill {
+				continue
+			}
+			if len(b.Models) == 0 || (model != "" && slices.Contains(b.Models, model)) {
+				return true
+			}
+		}
+		return false
+	}
+	for i := range c.Backends {
+		b := &c.Backends[i]
+		switch b.Role {
+		case "", RoleBoth, RoleDecode:
+			continue
+		case RolePrefill:
+		default:
+			bad("backends[%d].role: %q must be prefill, decode or both", i, b.Role)
+			continue
+		}
+		if len(b.Models) == 0 && !decodes("") {
+			bad("backends[%d]: a prefill engine serving any model needs a decode (or both) engine serving any model", i)
+		}
+		for _, m := range b.Models {
+			if !decodes(m) {
+				bad("backends[%d]: prefill engine for model %q, but no decode (or both) engine serves it", i, m)
+			}
+		}
+	}
+}

@@ -1,0 +1,189 @@
+// Package disagg splits a request over a prefill and a decode engine
+// (prefill/decode disaggregation): which legs a request has, what each leg
+// sends (the body rewrites of the engines' KV transfer protocols: vLLM's
+// kv_transfer_params, SGLang's bootstrap fields), and
+// which engines may take which leg (a scheduler filter by role). The legs
+// themselves run in the request's lifecycle (package lifecycle): routed,
+// attempted, retried and settled there, never here.
+//
+// It must not route (package scheduler does), send anything, or keep state
+// beyond what a request carries.
+package disagg
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"strconv"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/lifecycle"
+	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/request"
+)
+
+// Leg roles, as lifecycle.Leg.Role and request.View.Role.
+const (
+	RolePrefill = config.RolePrefill
+	RoleDecode  = config.RoleDecode
+)
+
+// Legs returns the legs of a request v split under protocol, each routed on
+// a copy of v with its role: an optional prefill leg (skipped when no
+// prefill engine can take it: the decode leg's engine then serves the
+// request whole), and a decode leg.
+//
+// Under vllm the prefill leg runs first and, when it fails on every
+// attempt, is skipped too. Under sglang it is sent at once with the decode
+// leg (Beside), once; Bootstrap gives both legs their body once they are
+// routed.
+func Legs(v *request.View, protocol string) []lifecycle.Leg {
+	pre, dec := *v, *v
+	pre.Role, dec.Role = RolePrefill, RoleDecode
+	if protocol == config.ProtocolSGLang {
+		return []lifecycle.Leg{
+			{Role: RolePrefill, View: &pre, Optional: true, Beside: true},
+			{Role: RoleDecode, View: &dec},
+		}
+	}
+	return []lifecycle.Leg{
+		{Role: RolePrefill, View: &pre, Optional: true, Rewrite: VLLMPrefill},
+		{Role: RoleDecode, View: &dec, Rewrite: VLLMDecode},
+	}
+}
+
+// room draws a bootstrap room: a random integer in [0, 2^63), as SGLang's
+// router draws it. A variable, for tests.
+var room = func() uint64 { return rand.Uint64() >> 1 }
+
+// Bootstrap gives the legs of a routed SGLang request (Legs) their one
+// body: the request's (body) with bootstrap_host (the prefill engine's
+// host), bootstrap_port (port) and a fresh bootstrap_room, which the decode
+// engine uses to pull the prompt's KV cache from the prefill engine. A
+// request whose prefill leg was skipped keeps its own body (served whole),
+// and one without a Beside prefill leg is left alone.
+func Bootstrap(legs []lifecycle.Leg, body []byte, port int) {
+	if len(legs) != 2 || !legs[0].Beside || legs[0].Target == nil {
+		return
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(body, &m) != nil || m == nil {
+		return
+	}
+	host, _ := json.Marshal(legs[0].Target.B.URL.Hostname())
+	m["bootstrap_host"] = host
+	m["bootstrap_port"] = json.RawMessage(strconv.Itoa(port))
+	m["bootstrap_room"] = json.RawMessage(strconv.FormatUint(room(), 10))
+	out := marshal(m, body)
+	shared := func(_, _ []byte) []byte { return out }
+	legs[0].Rewrite, legs[1].Rewrite = shared, shared
+}
+
+// Roles is the scheduler filter of a split fleet: a prefill leg goes to
+// prefill engines only, a decode leg to decode engines (both engines when
+// no decode engine is left), and a whole request to both engines, else
+// decode ones, never to a prefill engine.
+type Roles struct {
+	// Of is a backend's configured role (config.RoleOf of its entry).
+	Of func(b *fleet.Backend) string
+}
+
+// Tier is b's tier for v (policy.Filter).
+func (f Roles) Tier(v *request.View, b *fleet.Backend) int {
+	role := f.Of(b)
+	switch v.Role {
+	case RolePrefill:
+		if role == RolePrefill {
+			return 0
+		}
+	case RoleDecode:
+		switch role {
+		case RoleDecode:
+			return 0
+		case config.RoleBoth:
+			return 1
+		}
+	default:
+		switch role {
+		case config.RoleBoth:
+			return 0
+		case RoleDecode:
+			return 1
+		}
+	}
+	return -1
+}
+
+var _ policy.Filter = Roles{}
+
+// remoteDecode is the kv_transfer_params of a vLLM prefill leg: compute the
+// prompt's KV cache and keep it for a decode engine to pull (vLLM's
+// NixlConnector, and the connectors that read the same fields).
+var remoteDecode = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+
+// VLLMPrefill is the body of a vLLM prefill leg (lifecycle.Leg.Rewrite):
+// the request's, answered in one piece with one token (stream false,
+// max_tokens 1, max_completion_tokens 1 when the request has it, no
+// stream_options), with kv_transfer_params asking for a remote decode. A
+// body that is not a JSON object (it was parsed before routing, so never)
+// is sent as it is.
+func VLLMPrefill(body, _ []byte) []byte {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(body, &m) != nil || m == nil {
+		return body
+	}
+	one := json.RawMessage("1")
+	m["stream"] = json.RawMessage("false")
+	m["max_tokens"] = one
+	if _, ok := m["max_completion_tokens"]; ok {
+		m["max_completion_tokens"] = one
+	}
+	delete(m, "stream_options")
+	m["kv_transfer_params"] = remoteDecode
+	return marshal(m, body)
+}
+
+// VLLMDecode is the body of a vLLM decode leg (lifecycle.Leg.Rewrite): the
+// request's as the client sent it, with the kv_transfer_params of the
+// prefill leg's answer (prev), do_remote_prefill set, so that the decode
+// engine pulls the prompt's KV cache instead of computing it. Without an
+// answer, or one without kv_transfer_params (the prefill leg was skipped,
+// or its engine does not transfer), the body is the request's own: the
+// decode engine serves it whole.
+func VLLMDecode(body, prev []byte) []byte {
+	var answer struct {
+		KV map[string]json.RawMessage `json:"kv_transfer_params"`
+	}
+	if len(prev) == 0 || json.Unmarshal(prev, &answer) != nil || len(answer.KV) == 0 {
+		return body
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(body, &m) != nil || m == nil {
+		return body
+	}
+	answer.KV["do_remote_prefill"] = json.RawMessage("true")
+	kv, err := json.Marshal(answer.KV)
+	if err != nil {
+		return body
+	}
+	m["kv_transfer_params"] = kv
+	return marshal(m, body)
+}
+
+// marshal is m's JSON, or fallback should m not marshal (it holds only raw
+// messages that came from a valid document, so it does).
+func marshal(m map[string]json.RawMessage, fallback []byte) []byte {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return fallback
+	}
+	return b
+}
+
+// SetRoom replaces the draw of bootstrap rooms and returns the one it
+// replaced: for tests that check the rooms sent.
+func SetRoom(f func() uint64) func() uint64 {
+	prev := room
+	room = f
+	return prev
+}

@@ -1,0 +1,117 @@
+package disagg
+
+import (
+	"encoding/json"
+	"net/url"
+	"reflect"
+	"testing"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/request"
+)
+
+func decode(t testing.TB, b []byte) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("%s: %v", b, err)
+	}
+	return m
+}
+
+func TestVLLMPrefill(t *testing.T) {
+	tests := []struct{ name, in, want string }{
+		{"chat stream", `{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":true},"max_tokens":9}`,
+			`{"model":"m","messages":[],"stream":false,"max_tokens":1}`},
+		{"max_completion_tokens kept at one", `{"model":"m","prompt":"p","max_completion_tokens":9}`,
+			`{"model":"m","prompt":"p","stream":false,"max_tokens":1,"max_completion_tokens":1}`},
+		{"client kv params replaced", `{"model":"m","prompt":"p","kv_transfer_params":{"do_remote_prefill":true}}`,
+			`{"model":"m","prompt":"p","stream":false,"max_tokens":1}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			want := decode(t, []byte(tt.want))
+			want["kv_transfer_params"] = map[string]any{"do_remote_decode": true, "do_remote_prefill": false,
+				"remote_engine_id": nil, "remote_block_ids": nil, "remote_host": nil, "remote_port": nil}
+			if got := decode(t, VLLMPrefill([]byte(tt.in), nil)); !reflect.DeepEqual(got, want) {
+				t.Errorf("got %v\nwant %v", got, want)
+			}
+		})
+	}
+	if got := VLLMPrefill([]byte(`[1]`), nil); string(got) != `[1]` {
+		t.Errorf("a body that is not an object became %s", got)
+	}
+}
+
+func TestVLLMDecode(t *testing.T) {
+	const body = `{"model":"m","prompt":"p","stream":true}`
+	answer := `{"id":"x","choices":[],"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[1,2],"remote_engine_id":"e","remote_host":"h","remote_port":5600,"tp_size":1}}`
+	want := decode(t, []byte(body))
+	want["kv_transfer_params"] = decode(t, []byte(answer))["kv_transfer_params"]
+	if got := decode(t, VLLMDecode([]byte(body), []byte(answer))); !reflect.DeepEqual(got, want) {
+		t.Errorf("got %v\nwant %v", got, want)
+	}
+	// do_remote_prefill is set whatever the prefill engine said.
+	got := decode(t, VLLMDecode([]byte(body), []byte(`{"kv_transfer_params":{"remote_engine_id":"e"}}`)))
+	if kv := got["kv_transfer_params"].(map[string]any); kv["do_remote_prefill"] != true || kv["remote_engine_id"] != "e" {
+		t.Errorf("kv_transfer_params %v", kv)
+	}
+	// Without usable params the decode engine serves the request whole.
+	for _, prev := range []string{"", `{}`, `{"kv_transfer_params":null}`, `{"kv_transfer_params":{}}`, `not json`, `{"kv_transfer_params":[1]}`} {
+		if got := VLLMDecode([]byte(body), []byte(prev)); string(got) != body {
+			t.Errorf("answer %q: body %s, want the request's own", prev, got)
+		}
+	}
+}
+
+func TestRolesTier(t *testing.T) {
+	roles := map[string]string{"p": config.RolePrefill, "d": config.RoleDecode, "b": config.RoleBoth}
+	f := Roles{Of: func(b *fleet.Backend) string { return roles[b.Name] }}
+	fl := fleet.New()
+	bs := map[string]*fleet.Backend{}
+	for name := range roles {
+		bs[name] = fl.Add(name, &url.URL{Scheme: "http", Host: name}, nil)
+	}
+	want := map[string]map[string]int{
+		RolePrefill: {"p": 0, "d": -1, "b": -1},
+		RoleDecode:  {"p": -1, "d": 0, "b": 1},
+		"":          {"p": -1, "d": 1, "b": 0},
+	}
+	for role, tiers := range want {
+		for name, tier := range tiers {
+			if got := f.Tier(&request.View{Role: role}, bs[name]); got != tier {
+				t.Errorf("leg %q on %s engine: tier %d, want %d", role, roles[name], got, tier)
+			}
+		}
+	}
+}
+
+func TestLegs(t *testing.T) {
+	v := &request.View{Model: "m"}
+	legs := Legs(v, config.ProtocolVLLM)
+	if len(legs) != 2 || legs[0].Role != RolePrefill || !legs[0].Optional || legs[0].View.Role != RolePrefill ||
+		legs[1].Role != RoleDecode || legs[1].Optional || legs[1].View.Role != RoleDecode || v.Role != "" {
+		t.Errorf("legs %+v", legs)
+	}
+	legs = Legs(v, config.ProtocolSGLang)
+	if len(legs) != 2 || !legs[0].Beside || !legs[0].Optional || legs[0].Rewrite != nil || legs[0].View.Role != RolePrefill ||
+		legs[1].Beside || legs[1].Rewrite != nil || legs[1].View.Role != RoleDecode {
+		t.Errorf("sglang legs %+v", legs)
+	}
+}
+
+// FuzzVLLMDecode: the prefill engine's answer is outside data; whatever it
+// is, the decode body is valid JSON (the request's own, or it with the
+// answer's params).
+func FuzzVLLMDecode(f *testing.F) {
+	f.Add([]byte(`{"kv_transfer_params":{"remote_engine_id":"e","remote_block_ids":[1]}}`))
+	f.Add([]byte(`{"kv_transfer_params":null}`))
+	f.Add([]byte(`{"kv_transfer_params":{"a":`))
+	f.Fuzz(func(t *testing.T, prev []byte) {
+		out := VLLMDecode([]byte(`{"model":"m","prompt":"p"}`), prev)
+		if !json.Valid(out) {
+			t.Fatalf("decode body %q is not JSON", out)
+		}
+	})
+}

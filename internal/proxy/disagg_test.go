@@ -1,0 +1,374 @@
+package proxy
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/admin"
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/disagg"
+)
+
+// pdEngine is a fake vLLM engine of a disaggregated fleet: it records every
+// completion it receives (body and headers), and answers a prefill leg as
+// vLLM's NixlConnector does (a one-token JSON completion whose
+// kv_transfer_params name the engine, its blocks, host and port) and any
+// other request with a stream of its own.
+type pdEngine struct {
+	name string
+	srv  *httptest.Server
+	// fail: 1 answers 500, 2 closes the connection without an answer.
+	fail atomic.Int32
+	mu   sync.Mutex
+	got  []pdLeg
+}
+
+// pdLeg is one request an engine received.
+type pdLeg struct {
+	body   map[string]any
+	header http.Header
+	raw    []byte
+}
+
+func newPDEngine(t *testing.T, name string) *pdEngine {
+	t.Helper()
+	e := &pdEngine{name: name}
+	e.srv = httptest.NewServer(http.HandlerFunc(e.serve))
+	t.Cleanup(e.srv.Close)
+	return e
+}
+
+// kvParams is the kv_transfer_params engine name's prefill answers with
+// (the fields of vLLM's NixlConnector request_finished).
+func kvParams(name string) map[string]any {
+	return map[string]any{"do_remote_prefill": true, "do_remote_decode": false, "remote_block_ids": []any{1.0, 2.0, 3.0},
+		"remote_engine_id": "engine-" + name, "remote_host": "10.0.0.1", "remote_port": 5600.0, "tp_size": 1.0}
+}
+
+func (e *pdEngine) serve(w http.ResponseWriter, r *http.Request) {
+	body, ok := e.record(w, r)
+	if !ok {
+		return
+	}
+	switch e.fail.Load() {
+	case 1:
+		http.Error(w, `{"error":{"message":"engine down"}}`, http.StatusInternalServerError)
+		return
+	case 2:
+		if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+		return
+	}
+	if kv, _ := body["kv_transfer_params"].(map[string]any); kv != nil && kv["do_remote_decode"] == true {
+		w.Header().Set("Content-Type", "application/json")
+		ans, _ := json.Marshal(map[string]any{"id": "p-" + e.name, "object": "chat.completion", "choices": []any{},
+			"kv_transfer_params": kvParams(e.name)})
+		_, _ = w.Write(ans)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	for _, ev := range streamEvents(e.name, 3) {
+		_, _ = io.WriteString(w, ev)
+	}
+}
+
+// record keeps a completion request r, its body decoded; ok is false when
+// r was answered instead (not a completion, or not JSON).
+func (e *pdEngine) record(w http.ResponseWriter, r *http.Request) (body map[string]any, ok bool) {
+	if !completionOnly(w, r) {
+		return nil, false
+	}
+	raw, _ := io.ReadAll(r.Body)
+	if err := json.Unmarshal(raw, &body); err != nil {
+		http.Error(w, "bad json", http.StatusBadRequest)
+		return nil, false
+	}
+	e.mu.Lock()
+	e.got = append(e.got, pdLeg{body: body, header: r.Header.Clone(), raw: raw})
+	e.mu.Unlock()
+	return body, true
+}
+
+// legs returns what the engine received.
+func (e *pdEngine) legs() []pdLeg {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]pdLeg(nil), e.got...)
+}
+
+// pdRig starts a router over prefill engines p0.. and decode engines d0..
+// speaking protocol vllm.
+func pdRig(t *testing.T, prefill, decode int, mod func(*config.Config)) (*rig, []*pdEngine, []*pdEngine) {
+	t.Helper()
+	var pre, dec []*pdEngine
+	t.Setenv(config.AdminTokenEnv, "")
+	r := newRig(t, "kvroute", 0, func(c *config.Config) {
+		c.Admin.Token, c.Admin.Decisions = "pd-admin-token-for-tests", 16
+		add := func(role string, n int) (out []*pdEngine) {
+			for i := range n {
+				e := newPDEngine(t, fmt.Sprintf("%c%d", role[0], i))
+				c.Backends = append(c.Backends, config.Backend{URL: e.srv.URL, Name: e.name, Models: []string{"m"}, Role: role})
+				out = append(out, e)
+			}
+			return out
+		}
+		pre, dec = add(config.RolePrefill, prefill), add(config.RoleDecode, decode)
+		if mod != nil {
+			mod(c)
+		}
+	})
+	r.waitReady(http.StatusOK)
+	return r, pre, dec
+}
+
+// clientBody is a streaming chat request with the fields the prefill leg
+// must change or drop.
+const clientBody = `{"model":"m","messages":[{"role":"user","content":"hello ✓"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":64,"max_completion_tokens":64,"temperature":0.5}`
+
+// jsonOf decodes s, failing the test when it is not JSON.
+func jsonOf(t *testing.T, s string) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// wantPrefill is the body vLLM's protocol gives the prefill leg of
+// clientBody: one token, answered whole, asking for a remote decode.
+func wantPrefill(t *testing.T) map[string]any {
+	m := jsonOf(t, clientBody)
+	m["stream"], m["max_tokens"], m["max_completion_tokens"] = false, 1.0, 1.0
+	delete(m, "stream_options")
+	m["kv_transfer_params"] = map[string]any{"do_remote_decode": true, "do_remote_prefill": false,
+		"remote_engine_id": nil, "remote_block_ids": nil, "remote_host": nil, "remote_port": nil}
+	return m
+}
+
+// wantDecode is the body of the decode leg after engine name's prefill.
+func wantDecode(t *testing.T, name string) map[string]any {
+	m := jsonOf(t, clientBody)
+	m["kv_transfer_params"] = kvParams(name)
+	return m
+}
+
+// TestVLLMSplit: a request to a fleet with a prefill and a decode engine
+// runs as vLLM's two legs: the prefill engine gets the prefill body, the
+// decode engine the client's body with the prefill answer's
+// kv_transfer_params, both under the client's request id; the client gets
+// the decode engine's stream byte for byte, and the reason header and the
+// decision log name both legs.
+func TestVLLMSplit(t *testing.T) {
+	r, pre, dec := pdRig(t, 1, 1, nil)
+	res := r.post("/v1/chat/completions", clientBody, "X-Request-Id", "req-pd-1")
+	if res.status != 200 || string(res.body) != strings.Join(streamEvents("d0", 3), "") {
+		t.Fatalf("status %d, body %q: want d0's stream", res.status, res.body)
+	}
+	p, d := pre[0].legs(), dec[0].legs()
+	if len(p) != 1 || len(d) != 1 {
+		t.Fatalf("prefill got %d requests, decode %d: want one each", len(p), len(d))
+	}
+	if !reflect.DeepEqual(p[0].body, wantPrefill(t)) {
+		t.Errorf("prefill leg body %v\nwant %v", p[0].body, wantPrefill(t))
+	}
+	if !reflect.DeepEqual(d[0].body, wantDecode(t, "p0")) {
+		t.Errorf("decode leg body %v\nwant %v", d[0].body, wantDecode(t, "p0"))
+	}
+	for i, h := range []http.Header{p[0].header, d[0].header} {
+		if got := h.Get("X-Request-Id"); got != "req-pd-1" {
+			t.Errorf("leg %d carries X-Request-Id %q, want the client's", i, got)
+		}
+		if h.Get("Content-Type") != "application/json" {
+			t.Errorf("leg %d Content-Type %q", i, h.Get("Content-Type"))
+		}
+	}
+	reason := res.header.Get(headerReason)
+	if !strings.HasPrefix(reason, "prefill p0: ") || !strings.Contains(reason, "; decode d0: ") || res.header.Get(headerBackend) != "d0" {
+		t.Errorf("reason %q, backend %q: want both legs named, d0 answering", reason, res.header.Get(headerBackend))
+	}
+
+	// Without a client id both legs carry the one the router made.
+	r.post("/v1/chat/completions", clientBody)
+	p, d = pre[0].legs(), dec[0].legs()
+	if id := p[1].header.Get("X-Request-Id"); id == "" || d[1].header.Get("X-Request-Id") != id {
+		t.Errorf("request ids %q and %q: want one, the same on both legs", id, d[1].header.Get("X-Request-Id"))
+	}
+
+	status, body := r.adminCall(http.MethodGet, "/admin/decisions", "pd-admin-token-for-tests")
+	var log struct{ Decisions []admin.Decision }
+	if status != 200 || json.Unmarshal(body, &log) != nil || len(log.Decisions) != 2 {
+		t.Fatalf("GET /admin/decisions: %d %s", status, body)
+	}
+	if dd := log.Decisions[0]; dd.Backend != "d0" || !strings.HasPrefix(dd.Reason, "prefill p0: ") || !strings.Contains(dd.Reason, "; decode d0: ") {
+		t.Errorf("decision %+v: want both legs", dd)
+	}
+}
+
+// TestVLLMPrefillRetried: a prefill engine that fails its leg is replaced
+// by another prefill engine, and the decode leg carries that one's
+// kv_transfer_params.
+func TestVLLMPrefillRetried(t *testing.T) {
+	r, pre, dec := pdRig(t, 2, 1, nil)
+	pre[0].fail.Store(1)
+	// The first request whose prefill leg p0 took shows the retry; the
+	// policy may send some to p1 first.
+	postUntil(t, r, pre[0], func(res result) {
+		if res.status != 200 {
+			t.Fatalf("status %d: %s", res.status, res.body)
+		}
+	})
+	p1, d := pre[1].legs(), dec[0].legs()
+	last := d[len(d)-1]
+	if !reflect.DeepEqual(last.body, wantDecode(t, "p1")) || !reflect.DeepEqual(p1[len(p1)-1].body, wantPrefill(t)) {
+		t.Errorf("after p0 failed: p1 got %v, decode got %v: want the prefill on p1 and its params", p1[len(p1)-1].body, last.body)
+	}
+	if len(d) != len(pre[1].legs()) {
+		t.Errorf("decode legs %d, p1 prefill legs %d: want one decode per successful prefill", len(d), len(pre[1].legs()))
+	}
+}
+
+// TestVLLMPrefillFallback: when no prefill engine can do the prefill, the
+// request is served whole by the decode engine (the client's body as it
+// was), and the reason says the prefill was skipped.
+func TestVLLMPrefillFallback(t *testing.T) {
+	r, pre, dec := pdRig(t, 1, 1, func(c *config.Config) { c.Retry.Attempts = 1 })
+	pre[0].fail.Store(2)
+	res := r.post("/v1/chat/completions", clientBody, "X-Request-Id", "req-pd-2")
+	if res.status != 200 || string(res.body) != strings.Join(streamEvents("d0", 3), "") {
+		t.Fatalf("status %d, body %q: want d0's stream", res.status, res.body)
+	}
+	d := dec[0].legs()
+	if len(d) != 1 || !reflect.DeepEqual(d[0].body, jsonOf(t, clientBody)) || d[0].header.Get("X-Request-Id") != "req-pd-2" {
+		t.Fatalf("decode got %v: want the client's own body once", d)
+	}
+	if reason := res.header.Get(headerReason); !strings.HasPrefix(reason, "prefill skipped after failing on p0; decode d0: ") {
+		t.Errorf("reason %q: want the prefill skipped", reason)
+	}
+}
+
+// TestVLLMDecodeRetried: a decode engine that fails before its first byte
+// is replaced by another decode engine with the same kv_transfer_params;
+// the prefill is not run again.
+func TestVLLMDecodeRetried(t *testing.T) {
+	r, pre, dec := pdRig(t, 1, 2, nil)
+	dec[0].fail.Store(2)
+	postUntil(t, r, dec[0], func(res result) {
+		if res.status != 200 || string(res.body) != strings.Join(streamEvents("d1", 3), "") {
+			t.Fatalf("status %d, body %q: want d1's stream", res.status, res.body)
+		}
+	})
+	d1 := dec[1].legs()
+	if len(pre[0].legs()) != len(d1) || !reflect.DeepEqual(d1[len(d1)-1].body, wantDecode(t, "p0")) {
+		t.Errorf("%d prefills for %d answered decodes, last decode body %v", len(pre[0].legs()), len(d1), d1[len(d1)-1].body)
+	}
+}
+
+// postUntil posts clientBody, checking each answer, until engine e got a
+// leg (the policy chooses which engine of a role goes first), skipping the
+// test when it gets none in 20 requests.
+func postUntil(t *testing.T, r *rig, e *pdEngine, check func(result)) {
+	t.Helper()
+	for i := 0; len(e.legs()) == 0; i++ {
+		if i == 20 {
+			t.Skipf("%s never chosen in 20 requests", e.name)
+		}
+		check(r.post("/v1/chat/completions", clientBody))
+	}
+}
+
+// sgEngine is a fake SGLang engine of a disaggregated fleet: it records
+// what it receives and, as SGLang's prefill and decode engines do, answers
+// only once its peer of the pair has its request too (the decode engine
+// pulls the KV cache from the prefill engine's bootstrap server): legs
+// sent one after the other would never be answered (500 after 5 s).
+type sgEngine struct {
+	*pdEngine
+	arrived chan struct{}
+	peer    *sgEngine
+}
+
+func newSGEngine(t *testing.T, name string) *sgEngine {
+	e := &sgEngine{pdEngine: &pdEngine{name: name}, arrived: make(chan struct{})}
+	e.srv = httptest.NewServer(http.HandlerFunc(e.serve))
+	t.Cleanup(e.srv.Close)
+	return e
+}
+
+func (e *sgEngine) serve(w http.ResponseWriter, r *http.Request) {
+	if _, ok := e.record(w, r); !ok {
+		return
+	}
+	close(e.arrived) // one request per engine in this test
+	select {
+	case <-e.peer.arrived:
+	case <-time.After(5 * time.Second):
+		http.Error(w, "no peer", http.StatusInternalServerError)
+		return
+	}
+	if e.name[0] == 'p' {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, jsonAnswer(e.name))
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	for _, ev := range streamEvents(e.name, 3) {
+		_, _ = io.WriteString(w, ev)
+	}
+}
+
+// TestSGLangSplit: under protocol sglang both engines get, at once, the
+// client's body with bootstrap_host (the prefill engine's host),
+// bootstrap_port (disaggregation.bootstrap_port) and one bootstrap_room,
+// under the client's request id; the client reads the decode engine's
+// stream.
+func TestSGLangSplit(t *testing.T) {
+	pre, dec := newSGEngine(t, "p0"), newSGEngine(t, "d0")
+	pre.peer, dec.peer = dec, pre
+	prevRoom := disagg.SetRoom(func() uint64 { return 1<<63 - 1 })
+	t.Cleanup(func() { disagg.SetRoom(prevRoom) })
+	t.Setenv(config.AdminTokenEnv, "")
+	r := newRig(t, "kvroute", 0, func(c *config.Config) {
+		c.Disaggregation = config.Disaggregation{Protocol: config.ProtocolSGLang, BootstrapPort: 9123}
+		c.Backends = append(c.Backends,
+			config.Backend{URL: pre.srv.URL, Name: "p0", Models: []string{"m"}, Role: config.RolePrefill},
+			config.Backend{URL: dec.srv.URL, Name: "d0", Models: []string{"m"}, Role: config.RoleDecode})
+	})
+	r.waitReady(http.StatusOK)
+	res := r.post("/v1/chat/completions", clientBody, "X-Request-Id", "req-sg-1")
+	if res.status != 200 || string(res.body) != strings.Join(streamEvents("d0", 3), "") {
+		t.Fatalf("status %d, body %q: want d0's stream", res.status, res.body)
+	}
+	want := jsonOf(t, clientBody)
+	want["bootstrap_host"], want["bootstrap_port"] = "127.0.0.1", 9123.0
+	p, d := pre.legs(), dec.legs()
+	if len(p) != 1 || len(d) != 1 {
+		t.Fatalf("prefill got %d requests, decode %d: want one each", len(p), len(d))
+	}
+	// The room as a JSON number, exactly (a float64 would round it).
+	for i, leg := range []pdLeg{p[0], d[0]} {
+		if got := leg.header.Get("X-Request-Id"); got != "req-sg-1" {
+			t.Errorf("leg %d carries X-Request-Id %q", i, got)
+		}
+		if !strings.Contains(string(leg.raw), `"bootstrap_room":9223372036854775807`) {
+			t.Errorf("leg %d body %s: want bootstrap_room 9223372036854775807", i, leg.raw)
+		}
+		delete(leg.body, "bootstrap_room")
+		if !reflect.DeepEqual(leg.body, want) {
+			t.Errorf("leg %d body %v\nwant %v", i, leg.body, want)
+		}
+	}
+	if reason := res.header.Get(headerReason); !strings.HasPrefix(reason, "prefill p0: ") || !strings.Contains(reason, "; decode d0: ") {
+		t.Errorf("reason %q: want both legs", reason)
+	}
+}
