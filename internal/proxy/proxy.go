@@ -1,11 +1,13 @@
-// Package proxy is the data plane of `kvroute serve`: one exchange per
-// request (exchange.go) reads and parses the body once, asks the scheduler
-// for a backend, forwards the original bytes with the standard library's
-// reverse proxy (streams flushed event by event), retries on another
-// backend when one fails before the first response byte, and settles the
-// request once: metrics, decision log, load release, admission wake. It
-// also serves /v1/models, the probes, /metrics and the admin API, with the
-// client limits (connections, bodies, API keys) in front of them.
+// Package proxy is the data plane of `kvroute serve`: the HTTP front of
+// the request lifecycle (package lifecycle). One exchange per request
+// (exchange.go) reads the body within the client's budgets and hands it
+// to the lifecycle, which parses it once, routes each of its legs (one,
+// or a prefill and a decode leg: disagg.go), runs their attempt loops and
+// settles the request once (metrics, decision log, breaker, load release,
+// admission wake); the exchange forwards with the standard library's
+// reverse proxy (streams flushed event by event) and relays the answer.
+// It also serves /v1/models, the probes, /metrics and the admin API, with
+// the client limits (connections, bodies, API keys) in front of them.
 //
 // It is given every part it uses already built (Parts: the control plane's
 // members, the scheduler, admission, the link to the peers, the tokenizer,
@@ -13,9 +15,11 @@
 // starts and stops them, and applies reloads.
 //
 // It must not make routing decisions of its own for completions (package
-// scheduler does) nor keep per-backend state (package members does), and
-// it never alters a request or response body: it only ever appends an
-// error event to an event stream its backend broke (streamerr.go).
+// scheduler does) nor keep per-backend state (package members does). It
+// forwards a client's bytes as sent, but for the legs of a split request,
+// whose bodies the disaggregation protocol rewrites (package disagg), and
+// it only ever appends an error event to an event stream its backend
+// broke (streamerr.go).
 package proxy
 
 import (
