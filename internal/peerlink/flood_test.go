@@ -62,6 +62,16 @@ func waitUntil(tb testing.TB, what string, cond func() bool) {
 	}
 }
 
+// subscribed waits until the server has a subscriber for each subject: a
+// link that has connected may not yet have its subscriptions registered
+// with the server, and a message published before then is lost.
+func subscribed(tb testing.TB, ns *server.Server, subjects ...string) {
+	tb.Helper()
+	for _, subj := range subjects {
+		waitUntil(tb, "a subscriber of "+subj, func() bool { return ns.GlobalAccount().SubscriptionInterest(subj) })
+	}
+}
+
 // rssBytes is the process's resident memory, from /proc (0 elsewhere).
 func rssBytes() float64 {
 	b, _ := os.ReadFile("/proc/self/status")

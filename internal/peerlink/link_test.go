@@ -280,6 +280,7 @@ func TestSnapshotRequestAnswered(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	subscribed(t, ns, "kvroute.snapshot.r1", "kvroute.snapshot")
 	if err := nc.PublishRequest("kvroute.snapshot.r1", "kvroute.inbox.p", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -382,6 +383,7 @@ func TestBadTagDroppedBeforeDecoding(t *testing.T) {
 	defer nc.Close()
 	subj := "kvroute.events.p"
 	garbage := []byte("not a batch at all, not a batch at all")
+	subscribed(t, ns, subj)
 	for _, msg := range [][]byte{garbage, wrong.Seal(slices.Clone(garbage), subj, "")} {
 		if err := nc.Publish(subj, msg); err != nil {
 			t.Fatal(err)
@@ -426,6 +428,7 @@ func TestSyncMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	subscribed(t, ns, "kvroute.events.p")
 	ev := replica.Event{Kind: replica.Changed, Request: 1, Backend: "a:1", Load: fleet.Load{InFlight: 1}}
 	send(1, ev)
 	select {
