@@ -134,3 +134,13 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// HasRunning reports whether adapter is among the running requests'.
+func (l *LoRA) HasRunning(adapter string) bool { return contains(l.Running, adapter) }
+
+// HasWaiting reports whether adapter is among the waiting requests'.
+func (l *LoRA) HasWaiting(adapter string) bool { return contains(l.Waiting, adapter) }
+
+// Free reports whether the engine can take one more adapter without
+// evicting one a request uses.
+func (l *LoRA) Free() bool { return l.Used < l.Max }

@@ -415,9 +415,7 @@ func engineState(st adapter.State, now time.Time) *fleet.EngineState {
 	e.Running = int(max(st.Running, 0))
 	e.Waiting = int(max(st.Waiting, 0))
 	e.KVUsage = min(max(st.KVUsage, 0), 1)
-	if l := st.LoRA; l != nil {
-		e.LoRA = &fleet.LoRAState{Running: l.Running, Waiting: l.Waiting, Named: l.Named, Max: l.Max, Used: l.Used}
-	}
+	e.LoRA = st.LoRA
 	return e
 }
 

@@ -27,6 +27,5 @@ func loraState(e *engine.Engine) *fleet.LoRAState {
 	if info.MaxLoras == 0 {
 		return nil
 	}
-	l := adapter.NamedLoRA(info.Running, info.Waiting, info.MaxLoras)
-	return &fleet.LoRAState{Running: l.Running, Waiting: l.Waiting, Named: l.Named, Max: l.Max, Used: l.Used}
+	return adapter.NamedLoRA(info.Running, info.Waiting, info.MaxLoras)
 }
