@@ -757,35 +757,7 @@ func TestKVRouteReplicasAgreeOnHolder(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			picks := map[int]int{}
 			for r := range 3 {
-				f := fleet.New()
-				cands := []*fleet.Backend{f.Add("b0", nil, nil), f.Add("b1", nil, nil), f.Add("b2", nil, nil)}
-				// The queued requests: replica 0 routed them, the others
-				// hear of them as its peers.
-				for i, p := range tc.pending {
-					if p == 0 {
-						continue
-					}
-					if r == 0 {
-						cands[i].Start(p, p, 100, fxT0)
-					} else {
-						cands[i].AddPeerLoad(fleet.Load{InFlight: 1, PendingPrefill: p})
-					}
-				}
-				switch r {
-				case 1:
-					// Replica 1 has just routed a request of its own to
-					// backend 1 and presumes its two peers did alike.
-					cands[1].AddPresumedLoad(fleet.Load{InFlight: 2, PendingPrefill: 2 * turn})
-				case 2:
-					// Replica 2 learned that backend 0 is fast (its own
-					// streams there) and scraped a queue on backend 2.
-					for range int(fxRateSamples) {
-						tk := cands[0].Start(100000, 100000, 0, fxT0)
-						tk.FirstByte(fxT0.Add(time.Second))
-						tk.Done(fxT0)
-					}
-					cands[2].SetEngine(&fleet.EngineState{At: fxT0, Waiting: 3, Missing: fleet.EngineRunning})
-				}
+				cands := replicaView(r, tc.pending[:], turn)
 				p := fxNew(t, "kvroute", Options{}).(*KVRoute)
 				in := fxInput(cands, make([]fxLoad, 3), turn, "conv")
 				p.LearnSession(in.SessionHash, cands[0].ID)
@@ -801,6 +773,39 @@ func TestKVRouteReplicasAgreeOnHolder(t *testing.T) {
 	}
 }
 
+// replicaView is replica r's view of three backends b0-b2 with pending
+// prefill tokens queued on each (0: none), as the replica-agreement tests
+// give it: replica 0 routed the queued requests, the others hear of them
+// as its peers; replica 1 has just routed a turn-sized request of its own
+// to b1 and presumes its two peers did alike; replica 2 learned that b0 is
+// fast (its own streams there) and scraped a queue on b2.
+func replicaView(r int, pending []int64, turn int64) []*fleet.Backend {
+	f := fleet.New()
+	cands := []*fleet.Backend{f.Add("b0", nil, nil), f.Add("b1", nil, nil), f.Add("b2", nil, nil)}
+	for i, p := range pending {
+		if p == 0 {
+			continue
+		}
+		if r == 0 {
+			cands[i].Start(p, p, 100, fxT0)
+		} else {
+			cands[i].AddPeerLoad(fleet.Load{InFlight: 1, PendingPrefill: p})
+		}
+	}
+	switch r {
+	case 1:
+		cands[1].AddPresumedLoad(fleet.Load{InFlight: 2, PendingPrefill: 2 * turn})
+	case 2:
+		for range int(fxRateSamples) {
+			tk := cands[0].Start(100000, 100000, 0, fxT0)
+			tk.FirstByte(fxT0.Add(time.Second))
+			tk.Done(fxT0)
+		}
+		cands[2].SetEngine(&fleet.EngineState{At: fxT0, Waiting: 3, Missing: fleet.EngineRunning})
+	}
+	return cands
+}
+
 // TestKVRouteReplicasAgreeOnFirstTurn: a new conversation's first turn is
 // placed on what every replica sees alike too, so that the replica taking
 // the second turn does not find a holder to leave at once: three replicas
@@ -811,29 +816,7 @@ func TestKVRouteReplicasAgreeOnFirstTurn(t *testing.T) {
 	for _, pending := range [][3]int64{{30, 0, 0}, {400, 0, 0}, {40, 300, 0}, {0, 0, 0}} {
 		picks := map[int]int{}
 		for r := range 3 {
-			f := fleet.New()
-			cands := []*fleet.Backend{f.Add("b0", nil, nil), f.Add("b1", nil, nil), f.Add("b2", nil, nil)}
-			for i, p := range pending {
-				if p == 0 {
-					continue
-				}
-				if r == 0 {
-					cands[i].Start(p, p, 100, fxT0)
-				} else {
-					cands[i].AddPeerLoad(fleet.Load{InFlight: 1, PendingPrefill: p})
-				}
-			}
-			switch r {
-			case 1:
-				cands[1].AddPresumedLoad(fleet.Load{InFlight: 2, PendingPrefill: 2 * turn})
-			case 2:
-				for range int(fxRateSamples) {
-					tk := cands[0].Start(100000, 100000, 0, fxT0)
-					tk.FirstByte(fxT0.Add(time.Second))
-					tk.Done(fxT0)
-				}
-				cands[2].SetEngine(&fleet.EngineState{At: fxT0, Waiting: 3, Missing: fleet.EngineRunning})
-			}
+			cands := replicaView(r, pending[:], turn)
 			p := fxNew(t, "kvroute", Options{}).(*KVRoute)
 			in := fxInput(cands, make([]fxLoad, 3), turn, "new-conv")
 			in.Replicas, in.ReplicaArc = 3, float64(r)/3
