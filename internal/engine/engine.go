@@ -48,6 +48,10 @@ type Preset struct {
 	// (lora.go). LoRALoad is the time one adapter's load adds to a step.
 	MaxLoras int
 	LoRALoad time.Duration
+	// A prompt's KV cache received from a prefill engine (remote.go)
+	// arrives KVTransferLatency + KVTransferPerToken x its transferred
+	// tokens after the transfer starts.
+	KVTransferLatency, KVTransferPerToken time.Duration
 }
 
 // Request is one request inside the engine. The driver fills the inputs;
@@ -78,6 +82,15 @@ type Request struct {
 	// model (lora.go). Its blocks are salted with it: PromptHashes, when
 	// given, are under prefix.AdapterSalt(Adapter, CacheSalt).
 	Adapter string
+	// RemotePrefill says the prompt's KV cache comes from a prefill engine
+	// (vLLM's do_remote_prefill): the engine allocates the prompt's
+	// blocks, waits for the transfer instead of computing them, and
+	// decodes from there (remote.go).
+	RemotePrefill bool
+	// HoldKV keeps the request's blocks referenced after it finishes,
+	// until ReleaseKV or KVHoldTimeout, as a vLLM prefill engine keeps a
+	// do_remote_decode request's blocks for the decode engine to read.
+	HoldKV bool
 
 	// Outputs.
 	PromptTokens int
@@ -90,6 +103,12 @@ type Request struct {
 	ScheduledAt  time.Duration
 	FirstTokenAt time.Duration // 0 until the first token
 	FinishedAt   time.Duration
+	// TransferredTokens is how many prompt tokens' KV a RemotePrefill
+	// request received from the prefill engine: the prompt less the
+	// engine's own prefix-cache hits. KVReadyAt is when they arrived; the
+	// transfer started at the step that admitted the request (remote.go).
+	TransferredTokens int
+	KVReadyAt         time.Duration
 
 	// Engine state, owned by the engine between Add and Finished or Abort.
 	state      uint8
@@ -102,6 +121,8 @@ type Request struct {
 	blocks     []int32  // block table
 	hashes     []uint64 // chain hashes of the prompt's full blocks
 	loraHeld   bool     // counted among its adapter's running requests
+	received   bool     // its remote KV arrived; a preemption recomputes it
+	holdUntil  time.Duration
 }
 
 // Request states.
@@ -110,6 +131,8 @@ const (
 	stateWaiting
 	stateRunning
 	stateDone
+	stateRemote // waiting for its remote KV, holding its blocks (remote.go)
+	stateHeld   // finished, its blocks kept for a decode engine (remote.go)
 )
 
 // tokens is the request's current length: prompt plus generated tokens.
@@ -137,6 +160,12 @@ type Stats struct {
 	PrefillTokensComputed          int64
 	// LoRALoads counts adapter loads (lora.go).
 	LoRALoads int64
+	// RemoteWaiting is the requests waiting for their remote KV cache
+	// (also counted in Waiting), HeldRequests the finished ones whose
+	// blocks are held for a decode engine, KVTransferTokens the prompt
+	// tokens received from prefill engines (remote.go).
+	RemoteWaiting, HeldRequests int
+	KVTransferTokens            int64
 }
 
 // Engine is one engine's state.
@@ -170,6 +199,12 @@ type Engine struct {
 	// (lora.go).
 	loras     []loraSlot
 	stepLoads int
+
+	// remote are the requests waiting for their KV cache from a prefill
+	// engine, in admission order; held the finished requests whose blocks
+	// a decode engine has yet to read (remote.go).
+	remote []*Request
+	held   []*Request
 }
 
 // New returns an idle engine for p; kvBlocks > 0 overrides p.KVBlocks.
@@ -212,7 +247,7 @@ func blocksFor(n int) int { return (n + BlockSize - 1) / BlockSize }
 // engine always samples at least one token). Adding a request that is
 // already queued or running is an error.
 func (e *Engine) Add(r *Request, now time.Duration) error {
-	if r.state == stateWaiting || r.state == stateRunning {
+	if r.state == stateWaiting || r.state == stateRunning || r.state == stateRemote || r.state == stateHeld {
 		return fmt.Errorf("engine: add request %d: already in the engine", r.ID)
 	}
 	if r.OutputTokens < 1 {
@@ -235,8 +270,9 @@ func (e *Engine) Add(r *Request, now time.Duration) error {
 	}
 	r.CachedTokens, r.Generated = 0, 0
 	r.Arrival, r.ScheduledAt, r.FirstTokenAt, r.FinishedAt = now, 0, 0, 0
-	r.cachedSet, r.decode = false, false
+	r.cachedSet, r.decode, r.received = false, false, false
 	r.computed, r.sched, r.registered = 0, 0, 0
+	r.TransferredTokens, r.KVReadyAt = 0, 0
 	r.blocks = e.takeBlocks()
 	full := len(r.Prompt) / (BlockSize * BytesPerToken)
 	if r.PromptHashes != nil && len(r.PromptHashes) == full {
@@ -290,6 +326,11 @@ func (e *Engine) Abort(r *Request) {
 	case stateWaiting:
 		e.waiting.remove(r)
 		e.retire(r)
+	case stateRemote:
+		e.remote = removeReq(e.remote, r)
+		e.retire(r)
+	case stateHeld:
+		e.ReleaseKV(r)
 	case stateRunning:
 		e.retire(r)
 		if e.inStep {
@@ -313,13 +354,19 @@ func (e *Engine) dropDone() {
 	e.running = kept
 }
 
-// Idle reports whether nothing is running or waiting.
-func (e *Engine) Idle() bool { return len(e.running) == 0 && e.waiting.len() == 0 }
+// Idle reports whether nothing is running or waiting (for a queue slot or
+// for its remote KV cache). Blocks held for a decode engine (HoldKV) do not
+// make an engine busy.
+func (e *Engine) Idle() bool {
+	return len(e.running) == 0 && e.waiting.len() == 0 && len(e.remote) == 0
+}
 
 // Stats returns the counters.
 func (e *Engine) Stats() Stats {
 	s := e.stats
-	s.Running, s.Waiting = len(e.running), e.waiting.len()
+	// vLLM counts requests waiting for remote KV among the waiting.
+	s.Running, s.Waiting = len(e.running), e.waiting.len()+len(e.remote)
+	s.RemoteWaiting, s.HeldRequests = len(e.remote), len(e.held)
 	s.KVUsage = float64(e.kv.used()) / float64(e.p.KVBlocks)
 	return s
 }
@@ -341,6 +388,7 @@ func (e *Engine) Preset() Preset { return e.p }
 // that preempted. A request whose scheduled tokens reach its current length
 // samples a token at the end of the step.
 func (e *Engine) Step(now time.Duration, s Sink) time.Duration {
+	e.expireHolds(now)
 	if e.Idle() {
 		return 0
 	}
@@ -371,6 +419,11 @@ func (e *Engine) Step(now time.Duration, s Sink) time.Duration {
 			}
 		}
 	}
+	// Requests whose remote KV cache arrived, ahead of the waiting queue
+	// (vLLM keeps them at its head).
+	if !e.preempted && len(e.remote) > 0 {
+		e.scheduleReceived(now)
+	}
 	// Admissions from the waiting queue, in order; a request whose LoRA
 	// adapter would be one too many in the batch is passed over.
 	for i := 0; !e.preempted && e.budget > 0 && i < e.waiting.len() && len(e.running) < e.p.MaxNumSeqs; {
@@ -384,6 +437,11 @@ func (e *Engine) Step(now time.Duration, s Sink) time.Duration {
 		}
 	}
 
+	if e.stepPrefill == 0 && e.stepDecodes == 0 {
+		// Nothing could run: every request left waits for a transfer, or
+		// for blocks that a transfer or a held request occupies (Wake).
+		return 0
+	}
 	p := &e.p
 	d := p.StepOverhead +
 		time.Duration(e.stepPrefill)*p.PerPrefillToken +
@@ -426,7 +484,11 @@ func (e *Engine) Step(now time.Duration, s Sink) time.Duration {
 		}
 		if r.Generated >= r.OutputTokens {
 			r.FinishedAt = at
-			e.retire(r)
+			if r.HoldKV {
+				e.hold(r, at)
+			} else {
+				e.retire(r)
+			}
 			s.Token(r, at)
 			s.Finished(r, at)
 			continue
@@ -535,6 +597,12 @@ func (e *Engine) admit(r *Request, pos int, now time.Duration) bool {
 	e.hitScratch = hits
 	hitTokens := len(hits) * BlockSize
 	n := min(total-hitTokens, e.budget)
+	remote := r.RemotePrefill && !r.received
+	if remote {
+		// The whole prompt's blocks, for the transfer to fill; no token of
+		// this step's budget.
+		n = total - hitTokens
+	}
 	need := blocksFor(hitTokens+n) - len(hits)
 	if need+hitFree > e.kv.free {
 		return false
@@ -544,7 +612,6 @@ func (e *Engine) admit(r *Request, pos int, now time.Duration) bool {
 	} else {
 		e.waiting.removeAt(pos)
 	}
-	e.loraStart(r, now)
 	for _, b := range hits {
 		e.kv.acquire(b)
 	}
@@ -553,6 +620,11 @@ func (e *Engine) admit(r *Request, pos int, now time.Duration) bool {
 		r.blocks = append(r.blocks, e.alloc())
 	}
 	r.computed, r.registered = hitTokens, len(hits)
+	if remote {
+		e.startTransfer(r, hitTokens, now)
+		return true
+	}
+	e.loraStart(r, now)
 	if !r.cachedSet {
 		// Counted once per request, like vLLM's counters for requests that
 		// were never preempted, so that hits/queries is the hit rate the

@@ -26,6 +26,24 @@ func checkInvariants(t *testing.T, e *Engine) {
 			refs[b]++
 		}
 	}
+	// A request waiting for its remote KV holds its whole prompt's blocks,
+	// a held one the blocks it finished with.
+	for _, r := range e.remote {
+		if r.state != stateRemote || len(r.blocks) != blocksFor(r.PromptTokens) {
+			t.Fatalf("remote request %d: state %d, %d blocks for %d prompt tokens", r.ID, r.state, len(r.blocks), r.PromptTokens)
+		}
+		for _, b := range r.blocks {
+			refs[b]++
+		}
+	}
+	for _, r := range e.held {
+		if r.state != stateHeld || len(r.blocks) == 0 {
+			t.Fatalf("held request %d: state %d, %d blocks", r.ID, r.state, len(r.blocks))
+		}
+		for _, b := range r.blocks {
+			refs[b]++
+		}
+	}
 	for i := range e.waiting.len() {
 		if r := e.waiting.at(i); r.state != stateWaiting || len(r.blocks) != 0 {
 			t.Fatalf("waiting request %d: state %d, %d blocks", r.ID, r.state, len(r.blocks))
@@ -113,7 +131,8 @@ func TestRandomWorkloadInvariants(t *testing.T) {
 		for step := 0; step < 3000; step++ {
 			if len(reqs) < 150 && rng.IntN(3) == 0 {
 				ids := []int{rng.IntN(3), 10 + rng.IntN(3), 100 + rng.IntN(1000)}[:1+rng.IntN(3)]
-				r := &Request{ID: uint64(len(reqs)), Prompt: prompt(rng.IntN(40), ids...), OutputTokens: 1 + rng.IntN(150)}
+				r := &Request{ID: uint64(len(reqs)), Prompt: prompt(rng.IntN(40), ids...), OutputTokens: 1 + rng.IntN(150),
+					RemotePrefill: rng.IntN(4) == 0, HoldKV: rng.IntN(6) == 0}
 				if err := e.Add(r, now); err != nil {
 					continue // over the 384-token context
 				}
@@ -121,15 +140,25 @@ func TestRandomWorkloadInvariants(t *testing.T) {
 			}
 			if len(reqs) > 0 && rng.IntN(40) == 0 {
 				r := reqs[rng.IntN(len(reqs))]
-				if r.state == stateWaiting || r.state == stateRunning {
+				switch r.state {
+				case stateWaiting, stateRunning, stateRemote:
 					e.Abort(r)
 					aborted[r] = true
+				case stateHeld:
+					e.ReleaseKV(r) // the decode engine read them
 				}
 			}
-			now += e.Step(now, s)
+			d := e.Step(now, s)
+			if w, ok := e.Wake(); d == 0 && ok {
+				now = max(now, w)
+			}
+			now += d
 			checkInvariants(t, e)
 		}
-		run(t, e, now, s, 100000)
+		_, now = run(t, e, now, s, 100000)
+		checkInvariants(t, e)
+		// Holds not released time out.
+		e.Step(now+KVHoldTimeout, s)
 		checkInvariants(t, e)
 		if e.kv.used() != 0 {
 			t.Fatalf("seed %d: %d blocks still used", seed, e.kv.used())
@@ -145,8 +174,8 @@ func TestRandomWorkloadInvariants(t *testing.T) {
 				t.Fatalf("seed %d request %d: generated %d of %d, finished %d times", seed, r.ID, r.Generated, r.OutputTokens, finished[r])
 			}
 		}
-		if e.Stats().Preemptions == 0 {
-			t.Errorf("seed %d: no preemption exercised", seed)
+		if st := e.Stats(); st.Preemptions == 0 || st.KVTransferTokens == 0 {
+			t.Errorf("seed %d: no preemption or no transfer exercised: %+v", seed, st)
 		}
 	}
 }

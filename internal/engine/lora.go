@@ -157,6 +157,9 @@ func (e *Engine) LoRA() LoRAInfo {
 	for i := range e.waiting.len() {
 		info.Waiting = appendNew(info.Waiting, e.waiting.at(i).Adapter)
 	}
+	for _, r := range e.remote {
+		info.Waiting = appendNew(info.Waiting, r.Adapter)
+	}
 	return info
 }
 

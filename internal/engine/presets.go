@@ -14,6 +14,10 @@ type gpu struct {
 	bf16FLOPS float64 // dense BF16 tensor FLOP/s
 	hbmBytesS float64 // HBM bandwidth, bytes/s
 	memBytes  float64 // HBM capacity, bytes
+	// nicBytesS is the GPU's own RDMA network link (one NIC a GPU, as in
+	// NVIDIA's DGX systems), bytes/s: what a KV transfer from a prefill
+	// engine runs over; 0 means ndr400.
+	nicBytesS float64
 }
 
 type llm struct {
@@ -26,8 +30,8 @@ type llm struct {
 const gib = 1 << 30
 
 var (
-	h100 = gpu{bf16FLOPS: 989e12, hbmBytesS: 3.35e12, memBytes: 80 * gib}
-	a100 = gpu{bf16FLOPS: 312e12, hbmBytesS: 2.039e12, memBytes: 80 * gib}
+	h100 = gpu{bf16FLOPS: 989e12, hbmBytesS: 3.35e12, memBytes: 80 * gib, nicBytesS: ndr400}
+	a100 = gpu{bf16FLOPS: 312e12, hbmBytesS: 2.039e12, memBytes: 80 * gib, nicBytesS: hdr200}
 
 	llama31_8B  = llm{name: "meta-llama/Llama-3.1-8B-Instruct", params: 8.03e9, layers: 32, kvHeads: 8, headDim: 128, hidden: 4096, intermediate: 14336}
 	llama31_70B = llm{name: "meta-llama/Llama-3.1-70B-Instruct", params: 70.6e9, layers: 80, kvHeads: 8, headDim: 128, hidden: 8192, intermediate: 28672}
@@ -46,7 +50,28 @@ const (
 	// loraLoadBytesPerSec.
 	loraRank            = 16
 	loraLoadBytesPerSec = 2e9
+	// A KV transfer (vLLM's NixlConnector over RDMA) moves the prompt's KV
+	// bytes at linkUtil of the GPU's NIC line rate, after a fixed
+	// kvTransferSetup: the decode engine's read request to the prefill
+	// engine and the completion notification back, two network round
+	// trips of the side channel.
+	ndr400          = 400e9 / 8 // ConnectX-7, InfiniBand NDR: 400 Gb/s
+	hdr200          = 200e9 / 8 // ConnectX-6, InfiniBand HDR: 200 Gb/s
+	linkUtil        = 0.80
+	kvTransferSetup = 2 * 50 * time.Microsecond
 )
+
+// kvTransfer is the time to move one token's KV cache of m split tp ways
+// from a prefill to a decode engine: each GPU reads its own shard over its
+// own NIC, all tp at once.
+func kvTransfer(g gpu, m llm, tp int) time.Duration {
+	nic := g.nicBytesS
+	if nic == 0 {
+		nic = ndr400
+	}
+	bytes := float64(2*m.layers*m.kvHeads*m.headDim*2) / float64(tp)
+	return time.Duration(math.Round(bytes / (nic * linkUtil) * 1e9))
+}
 
 // loraLoad is the time to load one adapter of m split tp ways: rank x
 // (in + out) parameters for each of the seven projections of every layer.
@@ -83,6 +108,9 @@ func derive(name string, g gpu, m llm, tp, maxNumSeqs, maxBatched int) Preset {
 		PerDecodeSeq:    perToken,
 		PerContextToken: ns(kvPerToken / (g.hbmBytesS * mbu)),
 		LoRALoad:        loraLoad(m, tp),
+		// A transfer's time is rounded to whole nanoseconds per token.
+		KVTransferLatency:  kvTransferSetup,
+		KVTransferPerToken: kvTransfer(g, m, tp),
 	}
 }
 
