@@ -59,6 +59,10 @@ type fleetFlags struct {
 	// (workload.Options).
 	adapters    int
 	adapterZipf float64
+	// prefill and decode make the fleet disaggregated (xPyD), split
+	// the split modes (sim.SplitConditional, SplitAlways).
+	prefill, decode int
+	split           string
 }
 
 func (w *fleetFlags) register(fs *flag.FlagSet, engines string) {
@@ -80,6 +84,9 @@ func (w *fleetFlags) register(fs *flag.FlagSet, engines string) {
 	w.limits.register(fs)
 	fs.IntVar(&w.adapters, "adapters", 0, "have each conversation ask for one of N LoRA adapters of the base model (with --max-loras)")
 	fs.Float64Var(&w.adapterZipf, "adapter-zipf", 0, "Zipf exponent of the adapters' popularity (default 1)")
+	fs.IntVar(&w.prefill, "prefill", 0, "of the --engines, this many are prefill engines (backends[].role prefill): the run is repeated on that disaggregated fleet beside the aggregated one")
+	fs.IntVar(&w.decode, "decode", 0, "with --prefill: of the --engines, this many after the prefill ones are decode engines; the rest take whole requests (role both)")
+	fs.StringVar(&w.split, "split", sim.SplitConditional, "with --prefill: which requests are split: conditional (the decider: kvroute's, or a P/D policy's own), always, or both (each run twice)")
 	fs.BoolVar(&w.configureLimits, "configure-limits", false, "give the router every engine's max-num-seqs and max-num-batched-tokens as backends[].max_num_seqs and max_num_batched_tokens; without it the router learns the cap from the engines' running and waiting counts (vLLM exports neither)")
 }
 
@@ -130,11 +137,51 @@ func (w *fleetFlags) options() workload.Options {
 		WindowStart: w.windowStart, WindowEnd: w.windowEnd, Jitter: w.jitter, Adapters: w.adapters, AdapterZipf: w.adapterZipf}
 }
 
-// parsePolicies parses --policies; empty means every registered policy, with
-// round-robin first since the table's ratios are to it.
+// roles is the fleet's roles (sim.XPYD) and split modes from --prefill,
+// --decode and --split; nil roles for an aggregated fleet.
+func (w *fleetFlags) roles(engines int) ([]string, []string, error) {
+	roles, err := sim.XPYD(engines, w.prefill, w.decode)
+	if err != nil || roles == nil {
+		return nil, nil, err
+	}
+	switch w.split {
+	case sim.SplitConditional, sim.SplitAlways:
+		return roles, []string{w.split}, nil
+	case "both":
+		return roles, []string{sim.SplitConditional, sim.SplitAlways}, nil
+	}
+	return nil, nil, fmt.Errorf("--split %q: want conditional, always or both", w.split)
+}
+
+// pairPolicies are the policies a disaggregated run compares by default:
+// kvroute's pair and the P/D policies (policy.PairDecider).
+func pairPolicies() []string {
+	out := []string{policy.Default}
+	for _, n := range policy.Names() {
+		if isPair(n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// isPair reports whether the policy named n is a P/D policy, which runs
+// on disaggregated fleets only.
+func isPair(n string) bool {
+	p, err := policy.New(n, policy.Options{})
+	if err != nil {
+		return false
+	}
+	_, ok := p.(policy.PairDecider)
+	return ok
+}
+
+// parsePolicies parses --policies; empty means every registered policy
+// but the P/D ones, with round-robin first since the table's ratios are
+// to it.
 func parsePolicies(s string) ([]string, error) {
 	if strings.TrimSpace(s) == "" {
-		names := policy.Names()
+		names := slices.DeleteFunc(policy.Names(), isPair)
 		if i := slices.Index(names, "round-robin"); i > 0 {
 			names = append([]string{"round-robin"}, slices.Delete(names, i, i+1)...)
 		}
@@ -185,7 +232,7 @@ func runSim(args []string) int {
 	var lb lateFlags
 	lb.register(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--max-num-seqs N] [--max-loras N --adapters N [--adapter-zipf S]] [--max-num-batched-tokens N [--configure-limits]] [--policies a,b] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--replicas N [--sync-delay D] [--no-sync]] [--late-binding[=both] [--hold-tokens N] [--hold-order fcfs|deadline] [--hold-slack X] [--hold-cap D]] [--json FILE] [--requests FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--max-num-seqs N] [--max-loras N --adapters N [--adapter-zipf S]] [--max-num-batched-tokens N [--configure-limits]] [--policies a,b] [--prefill N --decode M [--split conditional|always|both]] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--replicas N [--sync-delay D] [--no-sync]] [--late-binding[=both] [--hold-tokens N] [--hold-order fcfs|deadline] [--hold-slack X] [--hold-cap D]] [--json FILE] [--requests FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nReplays the workload on a simulated fleet in virtual time, with the same scheduler and engine model as kvroute serve and kvroute engine, once per policy.\n\nflags:")
 		printDefaults(fs)
 		writeBuiltins(fs.Output())
@@ -216,9 +263,16 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, lb *lateFlags, sweep 
 	if err != nil {
 		return err
 	}
+	roles, splits, err := w.roles(len(engines))
+	if err != nil {
+		return err
+	}
 	policies, err := parsePolicies(w.policies)
 	if err != nil {
 		return err
+	}
+	if roles != nil && strings.TrimSpace(w.policies) == "" {
+		policies = pairPolicies()
 	}
 	loads := []float64{w.load}
 	if sweep != "" {
@@ -236,6 +290,7 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, lb *lateFlags, sweep 
 			Replicas: w.replicas, SyncDelay: w.syncDelay, NoSync: w.noSync},
 		Workload: w.workload, Options: w.options(), Loads: loads, Policies: policies,
 		Holds: holds, KV: variants, Oracle: w.oracle, Fault: kv.fault,
+		Fleets: sim.FleetVariants(roles, splits),
 	}.Plan()
 	if err != nil {
 		return err
@@ -269,6 +324,7 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, lb *lateFlags, sweep 
 		fmt.Fprintf(stdout, "\noffered load %.2f of the fleet's prefill capacity (every prompt token counted uncached), %d requests\n",
 			group.Runs[0].OfferedLoad, len(jobs[i].Reqs))
 		report.WriteTable(stdout, group)
+		writePD(stdout, group.Runs)
 	}
 	fmt.Fprintf(stdout, "\nsimulated %d runs in %.1fs\n", len(runs), elapsed.Seconds())
 
@@ -370,4 +426,21 @@ func writeOutputFile(path string, write func(io.Writer) error) error {
 	}
 	fmt.Fprintf(os.Stderr, "wrote %s\n", path)
 	return nil
+}
+
+// writePD prints the per-leg figures of the runs on a disaggregated
+// fleet, when there are any.
+func writePD(w io.Writer, runs []report.Run) {
+	head := false
+	for _, r := range runs {
+		if r.PD == nil {
+			continue
+		}
+		if !head {
+			fmt.Fprintf(w, "\n%-34s %6s %20s %20s %20s\n", "prefill/decode legs", "split", "prefill leg p50/p99", "transfer p50/p99", "decode TTFT p50/p99")
+			head = true
+		}
+		fmt.Fprintf(w, "%-34s %5.0f%% %9.1f/%8.1fms %9.1f/%8.1fms %9.1f/%8.1fms\n", r.Policy, 100*r.PD.Split,
+			r.PD.Prefill.P50, r.PD.Prefill.P99, r.PD.Transfer.P50, r.PD.Transfer.P99, r.PD.DecodeTTFT.P50, r.PD.DecodeTTFT.P99)
+	}
 }

@@ -58,20 +58,26 @@ func NewDynamo(o Options) *Dynamo { return &Dynamo{rnd: newPeerRand(o.Seed)} }
 func (*Dynamo) Name() string { return "dynamo-kv" }
 
 // dynamoCost is Dynamo's logit for candidate i of in.
-func dynamoCost(in *Input, i int) float64 {
+func dynamoCost(in *Input, i int) float64 { return dynamoCostAt(in, i, DynamoOverlapWeight) }
+
+// dynamoCostAt is dynamoCost with overlap_score_weight w.
+func dynamoCostAt(in *Input, i int, w float64) float64 {
 	l := in.Candidates[i].Load()
 	isl := int64(in.View.PromptTokens)
 	prefill := float64(l.PendingPrefill+in.Uncached[i]) / DynamoBlockTokens
 	requestBlocks := (isl + DynamoBlockTokens - 1) / DynamoBlockTokens
 	decode := float64((l.DecodeTokens+l.PendingPrefill)/DynamoBlockTokens + requestBlocks)
-	return DynamoOverlapWeight*prefill + decode
+	return w*prefill + decode
 }
 
 // Pick implements Policy.
-func (p *Dynamo) Pick(in *Input) Decision {
+func (p *Dynamo) Pick(in *Input) Decision { return p.pick(in, DynamoOverlapWeight) }
+
+// pick is Pick with overlap_score_weight w.
+func (p *Dynamo) pick(in *Input, w float64) Decision {
 	best, bestCost, ties := 0, 0.0, 0
 	for i := range in.Candidates {
-		c := dynamoCost(in, i)
+		c := dynamoCostAt(in, i, w)
 		switch {
 		case ties == 0 || c < bestCost:
 			best, bestCost, ties = i, c, 1

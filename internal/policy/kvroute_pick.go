@@ -68,6 +68,9 @@ type pickRequest struct {
 
 // Pick implements Policy.
 func (p *KVRoute) Pick(in *Input) Decision {
+	if in.View != nil && in.View.Role == RoleDecodeLeg {
+		return p.pickDecode(in) // a split request's decode leg (pd_kvroute.go)
+	}
 	r := p.request(in)
 	cs := p.getScratch(len(in.Candidates))
 	defer p.pool.Put(cs)

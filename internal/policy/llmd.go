@@ -49,6 +49,16 @@ const (
 	LLMDLRUCapacity     = 31250
 )
 
+// llmdWeights are a profile's scorer weights and the prefix match's cap
+// in blocks.
+type llmdWeights struct {
+	prefix, queue, kv float64
+	maxBlocks         int
+}
+
+// llmdDefault is llm-d's default inference-scheduling profile.
+var llmdDefault = llmdWeights{prefix: LLMDPrefixWeight, queue: LLMDQueueWeight, kv: LLMDKVWeight, maxBlocks: LLMDMaxPrefixBlocks}
+
 func init() {
 	register("llmd-default", func(o Options) Policy { return NewLLMD(o) })
 }
@@ -60,6 +70,9 @@ type LLMD struct {
 	// lora is the weight of the lora-affinity-scorer, 0 without it
 	// (llmd_lora.go).
 	lora float64
+	// w are the scorers' weights and the prefix match's cap (llmdDefault,
+	// or the P/D profiles', pd_llmd.go).
+	w llmdWeights
 
 	// mu guards the scratch buffers that keep Pick free of allocations.
 	mu      sync.Mutex
@@ -69,7 +82,7 @@ type LLMD struct {
 
 // NewLLMD returns the picker with its own empty prefix index.
 func NewLLMD(o Options) *LLMD {
-	return &LLMD{index: prefix.NewIndex(LLMDLRUCapacity), rnd: newPeerRand(o.Seed)}
+	return &LLMD{index: prefix.NewIndex(LLMDLRUCapacity), rnd: newPeerRand(o.Seed), w: llmdDefault}
 }
 
 // Name implements Policy.
@@ -82,8 +95,8 @@ func (p *LLMD) blocks(in *Input, buf []uint64) []uint64 {
 	if in.BlockChars != LLMDBlockChars {
 		h = prefix.HashSalted(buf[:0], in.View.Prompt, LLMDBlockChars, in.View.PrefixSalt)
 	}
-	if len(h) > LLMDMaxPrefixBlocks {
-		h = h[:LLMDMaxPrefixBlocks]
+	if len(h) > p.w.maxBlocks {
+		h = h[:p.w.maxBlocks]
 	}
 	return h
 }
@@ -131,17 +144,17 @@ func (p *LLMD) Pick(in *Input) Decision {
 	for i, b := range in.Candidates {
 		score := 0.0
 		if len(hashes) > 0 {
-			score += LLMDPrefixWeight * float64(matched[b.ID]) / float64(len(hashes))
+			score += p.w.prefix * float64(matched[b.ID]) / float64(len(hashes))
 		}
 		if maxQ == minQ {
-			score += LLMDQueueWeight
+			score += p.w.queue
 		} else {
-			score += LLMDQueueWeight * float64(maxQ-queue(i)) / float64(maxQ-minQ)
+			score += p.w.queue * float64(maxQ-queue(i)) / float64(maxQ-minQ)
 		}
 		if engines {
-			score += LLMDKVWeight * (1 - min(max(b.Engine().KVUsage, 0), 1))
+			score += p.w.kv * (1 - min(max(b.Engine().KVUsage, 0), 1))
 		} else {
-			score += LLMDKVWeight
+			score += p.w.kv
 		}
 		score += p.loraScore(in, b)
 		switch {

@@ -111,6 +111,8 @@ type Run struct {
 	// Slowdown is the slowdown of short and long prompts (see
 	// LongPromptTokens), when the samples carry their oracle TTFT.
 	Slowdown []Slowdown `json:"slowdown,omitempty"`
+	// PD is a disaggregated fleet's per-leg figures (pd.go).
+	PD *PDRun `json:"pd,omitempty"`
 
 	// Samples are kept for charts; not serialised.
 	Samples []Sample `json:"-"`

@@ -364,20 +364,7 @@ func (a *Assignment) Done(now time.Time) {
 // prompt's blocks as Hashes returns them. The admission queue orders held
 // requests by this work (admission.Cost); it changes nothing.
 func (s *Scheduler) Uncached(v *request.View, hashes []uint64) int {
-	sc := s.scratch.Get().(*scratch)
-	defer s.put(sc)
-	snap := s.fleet.Snapshot()
-	if cap(sc.all) < snap.IDs {
-		sc.all = make([]int32, snap.IDs)
-	}
-	sc.all = sc.all[:snap.IDs]
-	s.index.Match(hashes, sc.all)
-	var best int32
-	for _, b := range snap.Healthy {
-		if s.serves(b, v.Model, s.Parent(v.Model)) && b.ID < len(sc.all) {
-			best = max(best, sc.all[b.ID])
-		}
-	}
-	_, u := s.split(v, best)
-	return int(u)
+	least := int64(max(v.PromptTokens, 0))
+	s.Holdings(v, hashes, func(_ *fleet.Backend, _, uncached int64) { least = min(least, uncached) })
+	return int(least)
 }

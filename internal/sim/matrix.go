@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/admission"
+	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/report"
 	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/workload"
@@ -21,6 +23,52 @@ type Variant struct {
 	Suffix string
 	Hold   *Hold
 	KV     *KVEvents
+	// Roles and Split make a disaggregated fleet (Config.Roles, Split).
+	Roles []string
+	Split string
+}
+
+// FleetVariants are the fleet's shapes of a run with roles (XPYD): the
+// aggregated fleet of as many engines (named POLICY), then the
+// disaggregated one with each split mode (POLICY+xPyD, POLICY+xPyD+always
+// for SplitAlways). Without roles, one: the aggregated fleet.
+func FleetVariants(roles []string, splits []string) []Variant {
+	if roles == nil {
+		return []Variant{{}}
+	}
+	p, d := 0, 0
+	for _, r := range roles {
+		switch r {
+		case config.RolePrefill:
+			p++
+		case config.RoleDecode:
+			d++
+		}
+	}
+	name := fmt.Sprintf("+%dp%dd", p, d)
+	v := []Variant{{}}
+	for _, sp := range splits {
+		x := Variant{Suffix: name, Roles: roles, Split: sp}
+		if sp == SplitAlways {
+			x.Suffix += "+always"
+		}
+		v = append(v, x)
+	}
+	return v
+}
+
+// runs reports whether policy pol runs on fleet variant f: a pair policy
+// (policy.PairDecider) only on a disaggregated fleet, and only under its
+// own decider (not SplitAlways).
+func (f Variant) runs(pol string) bool {
+	p, err := policy.New(pol, policy.Options{})
+	if err != nil {
+		return true // reported by the run itself
+	}
+	if _, pair := p.(policy.PairDecider); pair {
+		return f.Roles != nil && f.Split != SplitAlways
+	}
+	return true
 }
 
 // LateBinding is `kvroute sim --late-binding`: off, on, or both (each
@@ -151,6 +199,9 @@ type Matrix struct {
 	Oracle bool
 	// Fault is the --fault spec for every run (ParseFault).
 	Fault string
+	// Fleets are the fleet's shapes each policy runs on (FleetVariants);
+	// nil: one, Base's.
+	Fleets []Variant
 }
 
 // Plan is a Matrix's jobs, grouped by load, PerLoad runs each.
@@ -180,7 +231,11 @@ func (m Matrix) Plan() (*Plan, error) {
 		return nil, errors.New("sim: no engines")
 	}
 	capacity := Capacity(engines)
-	p := &Plan{PerLoad: len(m.Policies) * len(holds) * len(kv), OraclePreset: FastestPreset(engines)}
+	fleets := m.Fleets
+	if len(fleets) == 0 {
+		fleets = []Variant{{}}
+	}
+	p := &Plan{OraclePreset: FastestPreset(engines)}
 	for _, load := range m.Loads {
 		reqs, offered, err := LoadAt(m.Workload, m.Options, load, capacity)
 		if err != nil {
@@ -199,16 +254,24 @@ func (m Matrix) Plan() (*Plan, error) {
 		if err != nil {
 			return nil, err
 		}
+		first := len(p.Jobs)
 		for _, pol := range m.Policies {
-			for _, h := range holds {
-				for _, v := range kv {
-					c := m.Base
-					c.Policy, c.Name, c.OfferedLoad = pol, pol+h.Suffix+v.Suffix, offered
-					c.Hold, c.KVEvents, c.Faults, c.OracleTTFT, c.Routed = h.Hold, v.KV, faults, own, &p.Routed
-					p.Jobs = append(p.Jobs, Job{Reqs: reqs, Config: c})
+			for _, fl := range fleets {
+				if !fl.runs(pol) {
+					continue
+				}
+				for _, h := range holds {
+					for _, v := range kv {
+						c := m.Base
+						c.Policy, c.Name, c.OfferedLoad = pol, pol+fl.Suffix+h.Suffix+v.Suffix, offered
+						c.Hold, c.KVEvents, c.Faults, c.OracleTTFT, c.Routed = h.Hold, v.KV, faults, own, &p.Routed
+						c.Roles, c.Split = fl.Roles, fl.Split
+						p.Jobs = append(p.Jobs, Job{Reqs: reqs, Config: c})
+					}
 				}
 			}
 		}
+		p.PerLoad = len(p.Jobs) - first
 	}
 	return p, nil
 }

@@ -93,6 +93,12 @@ type Config struct {
 	// infinite cache, indexed as the run's requests (OracleTTFTs); when
 	// set, samples carry it, for the slowdown by class.
 	OracleTTFT []time.Duration
+	// Roles, when it names a prefill engine, is each engine's role
+	// (config.RolePrefill, RoleDecode, RoleBoth; XPYD): a disaggregated
+	// fleet, whose requests are split over a prefill and a decode engine
+	// as Split says (pd.go).
+	Roles []string
+	Split string
 }
 
 // Run simulates reqs on a fresh fleet under cfg and returns the run's
@@ -117,6 +123,7 @@ const (
 	evKV    // an engine's events reach the router (kvevents.go)
 	evFault // engine 0 restarts (kvevents.go)
 	evBind  // a held request's grant reaches routing (hold.go, Hold.Transit)
+	evWake  // an idle engine's KV transfer ends (pd.go)
 )
 
 // event is one entry of the event heap. Arrivals are not kept in the heap
@@ -195,6 +202,10 @@ type flight struct {
 	backend int32
 	oracle  time.Duration
 	k       int // the request's index in the workload
+	// leg links the legs of a split request (pd.go); prefill marks its
+	// prefill leg.
+	leg     *leg
+	prefill bool
 }
 
 // delivery is an engine event waiting for the end of the step that made it.
@@ -220,6 +231,9 @@ type node struct {
 	// inter-token latency histogram.
 	itlN   int
 	itlSum time.Duration
+	// wakeAt is when an evWake is due for the idle engine (pd.go), 0
+	// for none.
+	wakeAt time.Duration
 }
 
 // sim is one run's state.
@@ -254,6 +268,8 @@ type sim struct {
 	// granted is the held request whose grant is in transit until its
 	// evBind (Hold.Transit), or nil.
 	granted *held
+	// pd is a disaggregated run's state (pd.go), nil otherwise.
+	pd *pdState
 }
 
 func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
@@ -283,6 +299,10 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 		s.nodes[i].eng = engine.New(pr, cfg.KVBlocks)
 	}
 	s.setupKV()
+	if err := s.setupPD(); err != nil {
+		return nil, err
+	}
+	s.setDecider(p)
 	s.sched = scheduler.New(f, p, s.cfg.Scheduler)
 	s.sched.SetAdapters(adapters(reqs, s.model))
 	blockChars := s.sched.BlockChars()
@@ -386,6 +406,8 @@ func (s *sim) until(at time.Duration) {
 			s.restart(int(e.engine))
 		case evBind:
 			s.bindGranted()
+		case evWake:
+			s.wake(int(e.engine), e.at)
 		}
 	}
 	if at >= 0 {
@@ -447,8 +469,18 @@ func (s *sim) admit(k int, v *request.View, hashes []uint64, perr *openai.Error)
 	s.bind(k, v, hashes)
 }
 
-// bind routes the k-th request and queues it on the chosen engine.
+// bind routes the k-th request and queues it on the chosen engine (or
+// engines: bindPD).
 func (s *sim) bind(k int, v *request.View, hashes []uint64) {
+	if s.pd != nil {
+		s.bindPD(k, v, hashes)
+		return
+	}
+	s.bindOne(k, v, hashes)
+}
+
+// bindOne routes the k-th request and queues it on the chosen engine.
+func (s *sim) bindOne(k int, v *request.View, hashes []uint64) {
 	sched := s.sched
 	if s.rep != nil {
 		sched = s.rep.route()
@@ -467,6 +499,13 @@ func (s *sim) bind(k int, v *request.View, hashes []uint64) {
 // that reached the engine without the router (Faults.Bypass), which is
 // left out of the run's samples.
 func (s *sim) queue(k int, v *request.View, hashes []uint64, a *scheduler.Assignment, e int) {
+	s.queueOne(k, v, hashes, a, e, nil)
+}
+
+// queueOne is queue with prep, when not nil, called on the flight before
+// it reaches its engine (a leg of a split request, pd.go); it returns the
+// flight, nil when the engine refused it.
+func (s *sim) queueOne(k int, v *request.View, hashes []uint64, a *scheduler.Assignment, e int, prep func(*flight)) *flight {
 	r := &s.reqs[k]
 	n := &s.nodes[e]
 	s.nextID++
@@ -484,12 +523,15 @@ func (s *sim) queue(k int, v *request.View, hashes []uint64, a *scheduler.Assign
 	}
 	f.SetOutput(v.MaxTokens, v.MinTokens, v.IgnoreEOS, n.eng.Preset().MaxModelLen)
 	f.Tag = f
+	if prep != nil {
+		prep(f)
+	}
 	if err := n.eng.Add(&f.Request, s.now); err != nil {
 		if a != nil {
 			a.Done(Epoch.Add(s.now))
 			s.fail(k, v.PromptTokens, e, err.Error())
 		}
-		return
+		return nil
 	}
 	if f.OutputTokens > 1 {
 		f.itl = s.alloc(f.OutputTokens - 1)
@@ -498,6 +540,7 @@ func (s *sim) queue(k int, v *request.View, hashes []uint64, a *scheduler.Assign
 		n.busy = true
 		s.push(s.now, evStepStart, e)
 	}
+	return f
 }
 
 // alloc hands out n zero-length slots from a shared arena, so that recording
@@ -572,9 +615,13 @@ func (s *sim) stepStart(i int) {
 	n.itlN, n.itlSum = 0, 0
 	s.forBackends(i, func(b *fleet.Backend) { b.Learn(r) })
 	if d <= 0 {
-		// Nothing could run: the engine waits for the next arrival.
+		// Nothing could run: the engine waits for the next arrival (or
+		// a KV transfer's end, pd.go).
 		n.busy = false
 		s.deliver(i)
+		if s.pd != nil {
+			s.kick(i)
+		}
 		return
 	}
 	s.push(s.now+d, evStepDone, i)
@@ -587,6 +634,9 @@ func (s *sim) stepDone(i int) {
 	n := &s.nodes[i]
 	if n.eng.Idle() {
 		n.busy = false
+		if s.pd != nil {
+			s.kick(i)
+		}
 		return
 	}
 	s.push(s.now, evStepStart, i)
@@ -603,9 +653,16 @@ func (s *sim) deliver(i int) {
 		}
 		if d.first {
 			f.a.FirstByte(at)
+			if f.leg != nil && !f.prefill {
+				s.received(f) // pd.go
+			}
 			continue
 		}
 		f.a.Done(at)
+		if f.prefill {
+			s.prefilled(f) // a split request's prefill leg (pd.go)
+			continue
+		}
 		smp := report.Sample{
 			Start:         f.arrival,
 			E2E:           f.FinishedAt - f.arrival,
@@ -625,6 +682,9 @@ func (s *sim) deliver(i int) {
 			smp.TTFT = f.first - f.arrival
 		} else {
 			smp.TTFT = smp.E2E
+		}
+		if f.leg != nil {
+			s.recordLegs(f, &smp)
 		}
 		smp.Prefill = smp.TTFT - smp.Held - smp.Queued
 		s.samples = append(s.samples, smp)
@@ -697,6 +757,7 @@ func (s *sim) result() report.Run {
 	if run.Completed > 0 {
 		run.AdapterLoads = 1000 * float64(loads) / float64(run.Completed)
 	}
+	s.pdResult(&run)
 	return run
 }
 

@@ -1,0 +1,89 @@
+package policy
+
+import (
+	"math"
+	"time"
+)
+
+// kvroute's pair: the prefill leg of a split request is picked as any
+// request is (Pick: the prefix it holds and the prefill work queued on
+// it, among the prefill engines the role filter leaves); the decode leg
+// by pickDecode, below, on what a decode engine spends on it: the KV
+// transfer of the prompt tokens it does not hold in its own cache (the
+// blocks it received for earlier turns are there, so a conversation's
+// decode engine receives only the new part), then its first step among
+// the streams decoding there, with the prefill work queued on it (whole
+// requests served there, transfers not yet done), and room in its free KV
+// cache for what it receives. docs/routing.md, "Prefill/decode pairs".
+
+// RoleDecodeLeg is request.View.Role of a split request's decode leg
+// (config.RoleDecode; package policy does not import config).
+const RoleDecodeLeg = "decode"
+
+// TransferPerToken is the KV transfer's time per prompt token carried
+// to a decode engine, for ranking decode engines by what they must
+// receive: Llama-3.1-8B's 128 KiB of KV cache per token over a 400 Gb/s
+// NIC at 80% of its rate, as the h100-llama3-8b preset derives its
+// KVTransferPerToken (docs/engine.md). Its fixed latency is the same for
+// every decode engine and so does not rank them.
+const TransferPerToken = 3277 * time.Nanosecond
+
+// pickDecode is kvroute's pick of a decode leg: the candidate with the
+// lowest estimated time to its first token (estimateDecode) among those
+// whose free KV cache holds what it receives, when one of them costs at
+// most FitRatio times the best overall; ties to fewer decoding streams,
+// then the emptier.
+func (p *KVRoute) pickDecode(in *Input) Decision {
+	n := len(in.Candidates)
+	start := p.rot.start(n)
+	var logRate float64
+	for _, b := range in.Candidates {
+		logRate += math.Log(learnedRate(b))
+	}
+	fleetRate := math.Exp(logRate / float64(n))
+	best, fit := -1, -1
+	var bestEst, fitEst float64
+	for k := range n {
+		i := (start + k) % n
+		est, fits := p.estimateDecode(in, i, fleetRate)
+		if best < 0 || est < bestEst || (est == bestEst && fewerStreams(in, i, best)) {
+			best, bestEst = i, est
+		}
+		if fits && (fit < 0 || est < fitEst || (est == fitEst && fewerStreams(in, i, fit))) {
+			fit, fitEst = i, est
+		}
+	}
+	if fit >= 0 && fit != best && fitEst <= FitRatio*bestEst {
+		best, bestEst = fit, fitEst
+	}
+	return Decision{Index: best, EstTTFT: bestEst, Note: "decode"}
+}
+
+// estimateDecode is candidate i's time to the first token of a decode
+// leg, in seconds: the transfer of its uncached tokens, then its queued
+// prefill work and one token of its own among its decoding streams (the
+// kvroute estimate of a request that computes one token), and whether its
+// free KV cache holds the blocks it receives.
+func (p *KVRoute) estimateDecode(in *Input, i int, fleetRate float64) (float64, bool) {
+	b := in.Candidates[i]
+	l := b.Load()
+	e := freshEngine(b, in.Now)
+	rate := trustedRate(learnedRate(b), fleetRate)
+	var prompt, budget int64
+	if in.View != nil {
+		prompt, budget = int64(in.View.PromptTokens), int64(in.View.MaxTokens)
+	}
+	est := p.estimate(b, e, &l, prompt, computed(0), budget, rate) +
+		float64(in.Uncached[i])*TransferPerToken.Seconds()
+	if in.Extra != nil {
+		est += in.Extra[i]
+	}
+	return est, fitsKV(e, &l, in.Uncached[i])
+}
+
+// fewerStreams reports whether candidate i of in decodes fewer streams
+// than candidate j, or as many and has fewer requests in flight.
+func fewerStreams(in *Input, i, j int) bool {
+	a, b := in.Candidates[i].Load(), in.Candidates[j].Load()
+	return a.Decoding < b.Decoding || (a.Decoding == b.Decoding && a.InFlight < b.InFlight)
+}
