@@ -15,24 +15,27 @@ import (
 // to a decode engine; whole, it runs on one `both` (else decode) engine,
 // where its prefill shares steps with the streams decoding there. Decide
 // weighs the two on the engines' costs, for the request and for the
-// streams it would slow (docs/routing.md, "Conditional disaggregation"):
+// streams it would stall (docs/routing.md, "Conditional disaggregation"):
 //
-//	whole:  TTFT = (q_W + u_W) p            harm = n_W u_W p
-//	split:  TTFT = (q_P + u_P) p + L + u_D t    harm = 0
+//	whole:  TTFT = (q_W + u_W) p                 stall = u_W p  (0 when W decodes nothing)
+//	split:  TTFT = (q_P + u_P) p + L + u_D t + s_D
 //
-// where p is the seconds per prefill token (the fleet's learned rate),
-// q the prefill tokens queued on an engine, u the prompt tokens it would
-// compute (W: the engine that would serve it whole, P: the prefill
-// engine), n_W the streams decoding on W, and L + u_D t the KV transfer
-// of the u_D tokens the decode engine lacks. Each of W's n_W streams
-// waits u_W p longer for its next tokens while the prefill runs beside
-// them (a chunked prefill adds its chunk's time to every step it shares),
-// which is the harm; the transfer runs beside the decode engine's steps
-// and stalls nobody. A request is split when its split TTFT is below its
-// whole TTFT plus the harm: so a short uncached part (u_W below
-// L / (n_W p - t), with equal queues) is served whole, and so is any
-// request while the prefill pool's queue q_P exceeds the whole engine's
-// by more than the harm saved (the prefill pool is the bottleneck).
+// where p is the seconds per prefill token (the fleet's rate), q the
+// prefill tokens queued on an engine, u the prompt tokens it computes (W:
+// the engine that would serve the request whole, P: the prefill engine),
+// L + u_D t the KV transfer of the u_D tokens the decode engine lacks, and
+// s_D the decode engine's step (its inter-token time), which produces the
+// first token of a split request. A whole request's prefill adds its u_W p
+// to the inter-token gaps of the steps it shares with W's streams: every
+// stream there sees that stall once, in the same steps, so the share of
+// inter-token gaps it lengthens, and with it their percentiles, is that
+// time whatever the number of streams. A request is split when its split
+// TTFT is below its whole TTFT plus the stall. So a short uncached part
+// is served whole (with equal queues, u_W below (L + s_D) / (p - t): the
+// transfer and the extra step cost more than the stall saved), and so is
+// a request while the prefill pool's queue exceeds the whole engine's by
+// more than the stall (the prefill pool is the bottleneck), which keeps
+// the pool's queue within one prefill of the whole engines'.
 
 // Side is one candidate engine's figures for a request, as the router
 // sees them (its own accounting and prefix index).
@@ -47,6 +50,9 @@ type Side struct {
 	Uncached int64
 	// Decoding is its streams past their first token.
 	Decoding int64
+	// Step is its time per output token in seconds (the engine's own
+	// inter-token latency), 0 when unknown.
+	Step float64
 }
 
 // Estimate is what Decide weighs for one request: the engine that would
@@ -71,11 +77,12 @@ type Costs struct {
 type Choice struct {
 	Split bool
 	// WholeCost and SplitCost are the seconds Decide compared: the whole
-	// TTFT plus the harm to the whole engine's streams, and the split TTFT.
+	// TTFT plus the stall of the whole engine's streams, and the split
+	// TTFT.
 	WholeCost, SplitCost float64
 	// Reason is a short static word: "split", "short" (the uncached part
 	// is too short to be worth a transfer), "prefill-busy" (the prefill
-	// pool's queue outweighs the harm), "no-prefill", "no-whole".
+	// pool's queue outweighs the stall), "no-prefill", "no-whole".
 	Reason string
 }
 
@@ -91,14 +98,17 @@ func Decide(e Estimate, c Costs) Choice {
 	}
 	p := max(e.PrefillSeconds, 0)
 	whole := float64(e.Whole.Queued+e.Whole.Uncached) * p
-	harm := float64(e.Whole.Decoding*e.Whole.Uncached) * p
+	var stall float64
+	if e.Whole.Decoding > 0 {
+		stall = float64(e.Whole.Uncached) * p
+	}
 	transfer := c.TransferLatency.Seconds() + float64(e.Decode.Uncached)*c.TransferPerToken.Seconds()
-	split := float64(e.Prefill.Queued+e.Prefill.Uncached)*p + transfer
-	ch := Choice{WholeCost: whole + harm, SplitCost: split}
+	split := float64(e.Prefill.Queued+e.Prefill.Uncached)*p + transfer + max(e.Decode.Step, 0)
+	ch := Choice{WholeCost: whole + stall, SplitCost: split}
 	switch {
-	case split < whole+harm:
+	case split < whole+stall:
 		ch.Split, ch.Reason = true, "split"
-	case float64(e.Prefill.Queued-e.Whole.Queued)*p > harm:
+	case float64(e.Prefill.Queued-e.Whole.Queued)*p > stall:
 		ch.Reason = "prefill-busy"
 	default:
 		ch.Reason = "short"
@@ -120,11 +130,12 @@ func Gather(s *scheduler.Scheduler, roles Roles, v *request.View, hashes []uint6
 	whole, pre, dec := *v, *v, *v
 	whole.Role, pre.Role, dec.Role = "", RolePrefill, RoleDecode
 	var wTier, pTier, dTier = -1, -1, -1
+	var step float64
 	consider := func(side *Side, tier *int, t int, l fleet.Load, uncached int64) {
 		if t < 0 || (*tier >= 0 && t > *tier) {
 			return
 		}
-		c := Side{OK: true, Queued: l.PendingPrefill, Uncached: uncached, Decoding: l.Decoding}
+		c := Side{OK: true, Queued: l.PendingPrefill, Uncached: uncached, Decoding: l.Decoding, Step: step}
 		if *tier < 0 || t < *tier || better(c, *side) {
 			*side, *tier = c, t
 		}
@@ -133,6 +144,7 @@ func Gather(s *scheduler.Scheduler, roles Roles, v *request.View, hashes []uint6
 		logRate += math.Log(rateOf(b))
 		n++
 		l := b.Load()
+		step = b.EngineDecodeTime()
 		consider(&e.Whole, &wTier, roles.Tier(&whole, b), l, uncached)
 		consider(&e.Prefill, &pTier, roles.Tier(&pre, b), l, uncached)
 		consider(&e.Decode, &dTier, roles.Tier(&dec, b), l, uncached)

@@ -55,23 +55,31 @@ func TestDecide(t *testing.T) {
 }
 
 // TestDecideThreshold checks the threshold moves with the engines' costs,
-// not a constant: a slower transfer raises the uncached tokens below which
-// a request is served whole, more decoding streams lower it.
+// not a constant: with equal queues a request is split from u* = (L +
+// s_D) / (p - t) uncached tokens, so a slower transfer or a longer decode
+// step raises it, a slower prefill lowers it, and a whole engine with no
+// stream to stall never gives a request up.
 func TestDecideThreshold(t *testing.T) {
-	threshold := func(c Costs, streams int64) int64 {
-		for u := int64(1); u < 1<<20; u++ {
-			e := Estimate{Whole: side(0, u, streams), Prefill: side(0, u, 0), Decode: side(0, u, 0), PrefillSeconds: testP}
+	threshold := func(c Costs, p, step float64, streams int64) int64 {
+		for u := int64(1); u < 1<<16; u++ {
+			dec := side(0, u, 0)
+			dec.Step = step
+			e := Estimate{Whole: side(0, u, streams), Prefill: side(0, u, 0), Decode: dec, PrefillSeconds: p}
 			if Decide(e, c).Split {
 				return u
 			}
 		}
 		return -1
 	}
-	base := threshold(testCosts, 1)
-	slow := threshold(Costs{TransferLatency: 10 * testCosts.TransferLatency, TransferPerToken: testCosts.TransferPerToken}, 1)
-	busy := threshold(testCosts, 8)
-	if !(slow > base && base > busy && busy >= 1) {
-		t.Errorf("thresholds: %d tokens (base), %d (ten times the latency), %d (eight streams); want slow > base > busy", base, slow, busy)
+	base := threshold(testCosts, testP, 0, 1)
+	slowLink := threshold(Costs{TransferLatency: 10 * testCosts.TransferLatency, TransferPerToken: testCosts.TransferPerToken}, testP, 0, 1)
+	step := threshold(testCosts, testP, 0.015, 1)
+	slowPrefill := threshold(testCosts, 4*testP, 0.015, 1)
+	idle := threshold(testCosts, testP, 0, 0)
+	// (100e-6 + 0.015) / (40e-6 - 3.3e-6) = 411.4: 412 tokens.
+	if step != 412 || !(slowLink > base && step > slowPrefill && slowPrefill > base) || idle != -1 {
+		t.Errorf("thresholds: %d tokens (base), %d (ten times the latency), %d (a 15 ms decode step), %d (and a prefill four times slower), %d (no stream); want 412 with the step, slow link > base, step > slow prefill > base, none without a stream",
+			base, slowLink, step, slowPrefill, idle)
 	}
 }
 

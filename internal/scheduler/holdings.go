@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/request"
 )
 
@@ -28,4 +29,17 @@ func (s *Scheduler) Holdings(v *request.View, hashes []uint64, fn func(b *fleet.
 		c, u := s.split(v, sc.all[b.ID])
 		fn(b, c, u)
 	}
+}
+
+// pendingOf is the prompt tokens a request v of which uncached are not
+// in its backend's cache leaves to compute there, for its load ticket: a
+// split request's decode leg computes none but its last (the prefill
+// engine computed the rest and its KV cache is carried over), so that
+// a decode engine's pending prefill counts the prompts it computes, not
+// those it receives.
+func pendingOf(v *request.View, uncached int64) int64 {
+	if v.Role == policy.RoleDecodeLeg {
+		return min(uncached, 1)
+	}
+	return uncached
 }

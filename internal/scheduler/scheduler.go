@@ -271,7 +271,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		Backend:       b,
 		MatchedTokens: int(sc.cached[d.Index]),
 		EstTTFT:       d.EstTTFT,
-		ticket:        b.Start(int64(v.PromptTokens), sc.uncached[d.Index], int64(budget), now),
+		ticket:        b.Start(int64(v.PromptTokens), pendingOf(v, sc.uncached[d.Index]), int64(budget), now),
 	}
 	s.presume(b, a.ticket.Started(), sc.in.Replicas, now)
 	s.decide.Unlock()
