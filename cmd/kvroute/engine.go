@@ -31,6 +31,9 @@ func runEngine(args []string) int {
 	model := fs.String("model", "", "served model name; empty means the preset's")
 	kvConfig := fs.String("kv-events-config", "", `publish KV cache events as vLLM does: vLLM's JSON, e.g. '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv@pod@model"}'`)
 	kvEncoding := fs.String("kv-events-encoding", "current", "shape of the published events: current (maps with a \"type\" key, vLLM since 2026) or legacy (positional arrays, vLLM up to 0.23 and SGLang)")
+	role := fs.String("role", "both", "part in a disaggregated fleet: prefill (answers vLLM's prefill legs with kv_transfer_params), decode (receives a prompt's KV cache instead of computing it) or both")
+	transferLatency := fs.Duration("kv-transfer-latency", 0, "fixed time of a KV cache transfer from a prefill engine; unset means the preset's")
+	transferPerToken := fs.Duration("kv-transfer-time-per-token", 0, "time a KV cache transfer takes per prompt token; unset means the preset's")
 	var limits limitFlags
 	limits.register(fs)
 	var loras emulator.LoRAModules
@@ -41,12 +44,17 @@ func runEngine(args []string) int {
                       [--kv-events-config JSON] [--kv-events-encoding current|legacy]
                       [--max-num-seqs N] [--max-num-batched-tokens N]
                       [--lora-modules name=path ... [--max-loras N] [--lora-load-time D]]
+                      [--role prefill|decode|both] [--kv-transfer-latency D]
+                      [--kv-transfer-time-per-token D]
 
 Serves an emulated vLLM engine: POST /v1/chat/completions, POST /v1/completions
 (streaming or not), GET /v1/models, GET /health, GET /metrics in vLLM's
 metric names, POST /tokenize and POST /reset_prefix_cache. Scheduling, prefix
 caching and step timing follow the preset; with --kv-events-config the
-engine publishes its KV cache events on ZMQ as vLLM does.
+engine publishes its KV cache events on ZMQ as vLLM does. In a
+disaggregated fleet it speaks vLLM's NixlConnector protocol
+(kv_transfer_params): --role prefill answers prefill legs, --role decode
+receives the prompt's KV cache, waiting the transfer time.
 
 flags:
 `)
@@ -95,7 +103,19 @@ flags:
 		fmt.Fprintf(os.Stderr, "kvroute engine: --kv-blocks must be at least 0, got %d\n", *kvBlocks)
 		return 2
 	}
-	cfg := emulator.Config{Preset: p, KVBlocks: *kvBlocks, TimeScale: *timeScale, Model: *model, Logger: log, LoRAModules: loras}
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "kv-transfer-latency":
+			p.KVTransferLatency = *transferLatency
+		case "kv-transfer-time-per-token":
+			p.KVTransferPerToken = *transferPerToken
+		}
+	})
+	if p.KVTransferLatency < 0 || p.KVTransferPerToken < 0 {
+		fmt.Fprintf(os.Stderr, "kvroute engine: --kv-transfer-latency and --kv-transfer-time-per-token must not be negative\n")
+		return 2
+	}
+	cfg := emulator.Config{Preset: p, KVBlocks: *kvBlocks, TimeScale: *timeScale, Model: *model, Logger: log, LoRAModules: loras, Role: *role}
 	enc, err := kvevents.ParseEncoding(*kvEncoding)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kvroute engine: --kv-events-encoding: %v\n", err)
@@ -112,17 +132,20 @@ flags:
 			cfg.KVEvents = &kc
 		}
 	}
-	srv, err := emulator.New(cfg)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "kvroute engine: %v\n", err)
-		return 1
-	}
-	defer srv.Close()
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kvroute engine: listen %s: %v\n", *listen, err)
 		return 1
 	}
+	// Its prefill answers name the listening address as their side channel.
+	cfg.SideChannel = ln.Addr().String()
+	srv, err := emulator.New(cfg)
+	if err != nil {
+		ln.Close()
+		fmt.Fprintf(os.Stderr, "kvroute engine: %v\n", err)
+		return 2
+	}
+	defer srv.Close()
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -131,7 +154,8 @@ flags:
 	eff := srv.Preset()
 	log.Info("engine listening", "addr", "http://"+ln.Addr().String(), "preset", eff.Name,
 		"model", srv.Model(), "kv_blocks", eff.KVBlocks, "max_num_seqs", eff.MaxNumSeqs,
-		"max_num_batched_tokens", eff.MaxBatchedTokens, "time_scale", *timeScale)
+		"max_num_batched_tokens", eff.MaxBatchedTokens, "time_scale", *timeScale, "role", *role,
+		"kv_transfer_latency", eff.KVTransferLatency, "kv_transfer_time_per_token", eff.KVTransferPerToken)
 	if cfg.KVEvents != nil {
 		log.Info("publishing kv events", "endpoint", cfg.KVEvents.Endpoint, "replay_endpoint", cfg.KVEvents.ReplayEndpoint,
 			"topic", cfg.KVEvents.Topic, "encoding", enc)

@@ -16,6 +16,9 @@ func TestEnginePresetFlags(t *testing.T) {
 		{"--max-num-seqs", "-1"},
 		{"--max-num-batched-tokens", "-5"},
 		{"--preset", "nope", "--max-num-seqs", "8"},
+		{"--listen", "127.0.0.1:0", "--role", "middle"},
+		{"--kv-transfer-latency", "-1ms"},
+		{"--kv-transfer-time-per-token", "-1ns"},
 	} {
 		if code := runEngine(args); code != 2 {
 			t.Errorf("kvroute engine %v exited %d, want 2", args, code)

@@ -10,6 +10,7 @@
 package emulator
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/internal/engine"
@@ -48,6 +50,16 @@ type Config struct {
 	// LoRAModules are the LoRA adapters served (vLLM's --lora-modules),
 	// which needs Preset.MaxLoras > 0 (--max-loras); lora.go.
 	LoRAModules []LoRAModule
+	// Role is the engine's part in a disaggregated fleet (kvtransfer.go):
+	// prefill, decode, or both ("" too), which takes either leg.
+	Role string
+	// EngineID names the engine in its prefill answers' remote_engine_id
+	// (vLLM's kv_transfer_config.engine_id); empty means a random UUID.
+	EngineID string
+	// SideChannel is the "host:port" its prefill answers name as
+	// remote_host and remote_port (vLLM's NIXL side channel); empty means
+	// Start's listening address, or localhost:5600 (vLLM's defaults).
+	SideChannel string
 }
 
 // Server is one emulated engine behind its HTTP handler.
@@ -96,6 +108,10 @@ type Server struct {
 	ttft      prometheus.Observer
 	itl       prometheus.Observer
 	handler   http.Handler
+	// role, engineID, sideHost and sidePort: the engine's part in a
+	// disaggregated fleet (kvtransfer.go), fixed at New.
+	role, engineID, sideHost string
+	sidePort                 int
 }
 
 // New builds a Server and starts its driver; Close stops it.
@@ -138,6 +154,14 @@ func New(cfg Config) (*Server, error) {
 		s.eng.SetKVEvents(true)
 	}
 	if err := s.checkLoRA(cfg.LoRAModules); err != nil {
+		return nil, err
+	}
+	var err error
+	if s.role, err = checkRole(cfg.Role); err != nil {
+		return nil, err
+	}
+	s.engineID = cmp.Or(cfg.EngineID, uuid.NewString())
+	if s.sideHost, s.sidePort, err = splitHostPort(cmp.Or(cfg.SideChannel, "localhost:5600")); err != nil {
 		return nil, err
 	}
 	s.loraOrder = cfg.LoRAModules
@@ -240,7 +264,10 @@ type pending struct {
 	finished     atomic.Bool
 	promptTokens int
 	cachedTokens int
-	notify       chan struct{} // capacity 1: something was delivered
+	// kvBlocks are the blocks a finished prefill leg (HoldKV) keeps for
+	// the decode engine, written with finished like the two above.
+	kvBlocks []int
+	notify   chan struct{} // capacity 1: something was delivered
 }
 
 // sink buffers a step's events; the driver delivers them after sleeping
@@ -271,6 +298,9 @@ func (k *sink) Finished(r *engine.Request, _ time.Duration) {
 	p.stepGen = r.Generated
 	p.stepFin = true
 	p.engineDone = true
+	if r.HoldKV {
+		p.kvBlocks = r.BlockIDs(nil)
+	}
 	k.touch(p)
 }
 
@@ -309,21 +339,36 @@ func (s *Server) drive() {
 			d = s.eng.Step(now, &s.sink)
 			end = now + d
 			prevEnd = end
-			if s.kv != nil {
-				s.kvEvents = s.eng.TakeKVEvents(s.kvEvents)
-			}
+		} else {
+			// Nothing queued, but blocks held for a decode engine may
+			// have timed out.
+			s.eng.Step(s.now(), &s.sink)
 		}
+		if s.kv != nil {
+			s.kvEvents = s.eng.TakeKVEvents(s.kvEvents)
+		}
+		wakeAt, pending := s.eng.Wake()
+		flush := len(s.sink.buf) > 0 || len(s.kvEvents) > 0
 		s.mu.Unlock()
 
 		if idle || d == 0 {
 			prevEnd = -1
 			// Nothing runnable: only a new request (or an abort that frees
-			// room) can change that.
-			if len(s.sink.buf) > 0 {
+			// room), a KV transfer ending or a hold timing out can change
+			// that.
+			if flush {
 				s.deliver()
+			}
+			var timeout <-chan time.Time
+			if pending {
+				timer.Reset(max(time.Until(s.realAt(wakeAt)), 0))
+				timeout = timer.C
 			}
 			select {
 			case <-s.wake:
+				timer.Stop()
+				continue
+			case <-timeout:
 				continue
 			case <-s.done:
 				return

@@ -184,6 +184,14 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.
 	if !ok {
 		return
 	}
+	kt, err := kvTransferOf(body)
+	if err == nil {
+		err = s.checkLeg(kt)
+	}
+	if err != nil {
+		writeVLLMError(w, http.StatusBadRequest, typeBadRequest, err.Error())
+		return
+	}
 	preset := s.Preset()
 	// seed picks the output tokens' words; the output length is the
 	// engine's rule (SetOutput).
@@ -199,6 +207,19 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.
 		// does not hold up the driver.
 		PromptHashes: prefix.HashSalted(nil, v.Prompt, engine.BlockSize*engine.BytesPerToken, prefix.AdapterSalt(adapter, v.PrefixSalt)), CacheSalt: v.PrefixSalt}
 	p.r.SetOutput(v.MaxTokens, v.MinTokens, v.IgnoreEOS, preset.MaxModelLen)
+	if kt.remotePrefill && kt.blocks < promptTokens/engine.BlockSize {
+		writeVLLMError(w, http.StatusBadRequest, typeBadRequest, fmt.Sprintf(
+			"%s.remote_block_ids names %d blocks; the prompt's %d full blocks of %d tokens need as many",
+			kvParamsKey, kt.blocks, promptTokens/engine.BlockSize, engine.BlockSize))
+		return
+	}
+	// A decode leg receives its prompt's KV cache; a prefill leg keeps
+	// its blocks for the decode engine (kvtransfer.go).
+	p.r.RemotePrefill = kt.remotePrefill
+	p.r.HoldKV = kt.remoteDecode
+	if kt.remoteDecode {
+		p.r.HoldTimeout = s.holdFor(promptTokens)
+	}
 	n := p.r.OutputTokens
 	if err := s.add(p); err != nil {
 		var ce *engine.ContextError
@@ -217,7 +238,7 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.
 		finish = "length"
 	}
 	rs := &response{
-		s: s, v: v, p: p, seed: seed, finish: finish,
+		s: s, v: v, p: p, seed: seed, finish: finish, prefillLeg: kt.remoteDecode,
 		head: openai.Response{Created: time.Now().Unix(), Model: cmp.Or(adapter, s.model)},
 	}
 	if kind == request.Chat {
@@ -240,6 +261,9 @@ type response struct {
 	seed   uint64
 	finish string
 	head   openai.Response
+	// prefillLeg: the answer carries the kv_transfer_params a decode
+	// engine needs (kvtransfer.go).
+	prefillLeg bool
 }
 
 // wait blocks until the driver delivers something, and reports how many
@@ -300,6 +324,9 @@ func (rs *response) whole(w http.ResponseWriter, hr *http.Request) {
 	}
 	out.Choices = []openai.Choice{c}
 	out.Usage = rs.usage()
+	if rs.prefillLeg && rs.p.kvBlocks != nil {
+		out.KVTransferParams = rs.s.kvAnswerFor(out.ID, rs.p.kvBlocks)
+	}
 	writeJSON(w, out)
 }
 

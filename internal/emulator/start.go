@@ -23,15 +23,21 @@ type Running struct {
 
 // Start builds a Server for cfg, listens on addr (e.g. "127.0.0.1:0") and
 // serves until ctx is done or Close is called.
+//
+// Its prefill answers name the listening address as their side channel
+// unless cfg.SideChannel says otherwise.
 func Start(ctx context.Context, cfg Config, addr string) (*Running, error) {
-	s, err := New(cfg)
-	if err != nil {
-		return nil, err
-	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		s.Close()
 		return nil, fmt.Errorf("emulator: listen %s: %w", addr, err)
+	}
+	if cfg.SideChannel == "" {
+		cfg.SideChannel = ln.Addr().String()
+	}
+	s, err := New(cfg)
+	if err != nil {
+		ln.Close()
+		return nil, err
 	}
 	r := &Running{
 		URL:    "http://" + ln.Addr().String(),

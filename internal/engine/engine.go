@@ -88,9 +88,11 @@ type Request struct {
 	// decodes from there (remote.go).
 	RemotePrefill bool
 	// HoldKV keeps the request's blocks referenced after it finishes,
-	// until ReleaseKV or KVHoldTimeout, as a vLLM prefill engine keeps a
-	// do_remote_decode request's blocks for the decode engine to read.
-	HoldKV bool
+	// until ReleaseKV or HoldTimeout (KVHoldTimeout when 0), as a vLLM
+	// prefill engine keeps a do_remote_decode request's blocks for the
+	// decode engine to read.
+	HoldKV      bool
+	HoldTimeout time.Duration
 
 	// Outputs.
 	PromptTokens int

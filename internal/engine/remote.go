@@ -1,6 +1,9 @@
 package engine
 
-import "time"
+import (
+	"cmp"
+	"time"
+)
 
 // Remote prefill, after vLLM v1 with a KV connector such as NixlConnector
 // (vllm/v1/core/sched/scheduler.py and the connector's scheduler side):
@@ -29,8 +32,9 @@ import "time"
 //     not load a request twice).
 //   - A HoldKV request (a prefill engine's do_remote_decode request) keeps
 //     its blocks when it finishes, registered and referenced, until the
-//     driver calls ReleaseKV (the decode engine read them) or KVHoldTimeout
-//     passes (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT).
+//     driver calls ReleaseKV (the decode engine read them) or its
+//     HoldTimeout passes (KVHoldTimeout by default: vLLM's
+//     VLLM_NIXL_ABORT_REQUEST_TIMEOUT).
 //
 // An engine waiting only for transfers or holds has nothing to step:
 // Step returns 0, and Wake says when to step it next.
@@ -87,7 +91,7 @@ func (e *Engine) scheduleReceived(now time.Duration) {
 func (e *Engine) hold(r *Request, at time.Duration) {
 	e.loraStop(r)
 	r.state = stateHeld
-	r.holdUntil = at + KVHoldTimeout
+	r.holdUntil = at + cmp.Or(r.HoldTimeout, KVHoldTimeout)
 	e.held = append(e.held, r)
 }
 
@@ -138,6 +142,16 @@ func (e *Engine) Wake() (time.Duration, bool) {
 		}
 	}
 	return at, ok
+}
+
+// BlockIDs appends the ids of the KV cache blocks r holds, in prompt
+// order, to dst: after a HoldKV request finished, the blocks a decode
+// engine reads (vLLM's remote_block_ids); none once they are released.
+func (r *Request) BlockIDs(dst []int) []int {
+	for _, b := range r.blocks {
+		dst = append(dst, int(b))
+	}
+	return dst
 }
 
 // removeReq deletes r from list, keeping the order of the others.

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"testing"
 	"time"
 
@@ -122,19 +123,19 @@ func TestRemotePrefillRegistersBlocks(t *testing.T) {
 func TestHoldKV(t *testing.T) {
 	tests := []struct {
 		name    string
-		release func(e *Engine, r *Request, finished time.Duration)
+		timeout time.Duration // Request.HoldTimeout
+		release func(e *Engine, r *Request, until time.Duration)
 	}{
-		{"released", func(e *Engine, r *Request, _ time.Duration) { e.ReleaseKV(r) }},
-		{"timed out", func(e *Engine, _ *Request, finished time.Duration) {
-			e.Step(finished+KVHoldTimeout, &recorder{})
-		}},
+		{"released", 0, func(e *Engine, r *Request, _ time.Duration) { e.ReleaseKV(r) }},
+		{"timed out", 0, func(e *Engine, _ *Request, until time.Duration) { e.Step(until, &recorder{}) }},
+		{"own timeout", 30 * time.Millisecond, func(e *Engine, _ *Request, until time.Duration) { e.Step(until, &recorder{}) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := New(testPreset(), 0)
 			var s recorder
 			pr := prompt(10, 1, 2, 3)
-			r := add(t, e, &Request{ID: 1, Prompt: pr, OutputTokens: 1, HoldKV: true}, 0)
+			r := add(t, e, &Request{ID: 1, Prompt: pr, OutputTokens: 1, HoldKV: true, HoldTimeout: tt.timeout}, 0)
 			run(t, e, 0, &s, 10)
 			if len(s.finished) != 1 || !e.Idle() {
 				t.Fatalf("finished %v, idle %v", s.finished, e.Idle())
@@ -142,14 +143,21 @@ func TestHoldKV(t *testing.T) {
 			if used := e.kv.used(); used != blocksFor(Tokens(pr)) || e.Stats().HeldRequests != 1 {
 				t.Fatalf("%d blocks used, %d held after the finish: want the prompt's %d", used, e.Stats().HeldRequests, blocksFor(Tokens(pr)))
 			}
-			if w, ok := e.Wake(); !ok || w != r.FinishedAt+KVHoldTimeout {
-				t.Errorf("Wake = %v, %v: want the hold's timeout %v", w, ok, r.FinishedAt+KVHoldTimeout)
+			until := r.FinishedAt + cmp.Or(tt.timeout, KVHoldTimeout)
+			if w, ok := e.Wake(); !ok || w != until {
+				t.Errorf("Wake = %v, %v: want the hold's timeout %v", w, ok, until)
 			}
-			e.Step(r.FinishedAt+KVHoldTimeout-1, &s)
+			if ids := r.BlockIDs(nil); len(ids) != blocksFor(Tokens(pr)) {
+				t.Errorf("BlockIDs %v: want the prompt's %d blocks", ids, blocksFor(Tokens(pr)))
+			}
+			e.Step(until-1, &s)
 			if e.kv.used() == 0 {
 				t.Fatalf("hold released before its timeout")
 			}
-			tt.release(e, r, r.FinishedAt)
+			tt.release(e, r, until)
+			if ids := r.BlockIDs(nil); len(ids) != 0 {
+				t.Errorf("BlockIDs %v after the release", ids)
+			}
 			checkInvariants(t, e)
 			if used := e.kv.used(); used != 0 || e.Stats().HeldRequests != 0 {
 				t.Errorf("%d blocks used, %d held after the release", used, e.Stats().HeldRequests)

@@ -116,6 +116,10 @@ type Response struct {
 	Model   string   `json:"model"`
 	Choices []Choice `json:"choices"`
 	Usage   *Usage   `json:"usage,omitempty"`
+	// KVTransferParams is vLLM's kv_transfer_params of a prefill engine's
+	// answer in a disaggregated fleet (what the decode engine needs to
+	// pull the prompt's KV cache); absent otherwise.
+	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
 }
 
 // Model is one entry of GET /v1/models.
