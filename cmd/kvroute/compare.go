@@ -38,7 +38,7 @@ func runCompare(args []string) int {
 	var w fleetFlags
 	timeScale := compareFlags(fs, &w)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--max-num-seqs N] [--max-loras N --adapters N [--adapter-zipf S]] [--max-num-batched-tokens N] [--configure-limits] [--policies a,b,c] [--rate R | --speedup X | --load F] [--limit N | --window START-END] [--seed S] [--time-scale X] [--kv-events] [--replicas N [--kill-replica-at D]] [--oracle] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--max-num-seqs N] [--max-loras N --adapters N [--adapter-zipf S]] [--max-num-batched-tokens N] [--configure-limits] [--policies a,b,c] [--prefill N --decode M] [--rate R | --speedup X | --load F] [--limit N | --window START-END] [--seed S] [--time-scale X] [--kv-events] [--replicas N [--kill-replica-at D]] [--oracle] [--json FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nStarts the emulated engines and one router on loopback, in process, and replays the workload once per policy against fresh engines. Latencies are reported in emulated time.\n\nflags:")
 		printDefaults(fs)
 		writeBuiltins(fs.Output())
@@ -91,6 +91,10 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	if err != nil {
 		return nil, err
 	}
+	roles, _, err := w.roles(len(engines))
+	if err != nil {
+		return nil, err
+	}
 	capacity := sim.Capacity(engines)
 	// The load is computed in emulated time against the presets' capacity;
 	// compare.Run replays the arrivals TimeScale times faster on the wall
@@ -122,6 +126,7 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 		KVEvents:        w.kvEvents,
 		Seed:            w.seed,
 		Replicas:        w.replicas,
+		Roles:           roles,
 		KillReplicaAt:   w.killReplicaAt,
 		Killed: func(run string, k compare.Kill) {
 			kills = append(kills, describeKill(run, k))
@@ -225,6 +230,10 @@ func (w *fleetFlags) compareCommand(timeScale float64) string {
 	}
 	if w.replicas > 1 {
 		add("replicas", w.replicas)
+	}
+	if w.prefill > 0 {
+		add("prefill", w.prefill)
+		add("decode", w.decode)
 	}
 	if w.killReplicaAt > 0 {
 		add("kill-replica-at", w.killReplicaAt)

@@ -27,6 +27,7 @@ import (
 	"github.com/kvroute/kvroute/internal/kvevents"
 	"github.com/kvroute/kvroute/internal/report"
 	"github.com/kvroute/kvroute/internal/server"
+	"github.com/kvroute/kvroute/internal/sim"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -68,6 +69,13 @@ type Config struct {
 	Killed        func(run string, k Kill)
 	// PeerTimeout, when positive, overrides the replicas' sync.peer_timeout.
 	PeerTimeout time.Duration
+	// Roles, when it names a prefill engine, adds for each policy a run
+	// on a disaggregated fleet (named POLICY+xPyD, sim.FleetVariants):
+	// engine i started with role Roles[i] (kvroute engine --role) and
+	// configured so (backends[].role), the router splitting requests over
+	// a prefill and a decode engine with the vLLM protocol. Pair policies
+	// (policy.PairDecider) run on that fleet only.
+	Roles []string
 	// OfferedLoad is copied into every run (see sim.Offered).
 	OfferedLoad float64
 	// Progress, when not nil, receives the load generator's progress bar
@@ -109,17 +117,22 @@ func Run(ctx context.Context, reqs []workload.Request, cfg Config) (*report.Repo
 
 	rep := &report.Report{}
 	for _, p := range cfg.Policies {
-		for _, precise := range []bool{false, true}[:1+btoi(cfg.KVEvents)] {
-			for _, n := range replicaCounts(cfg.Replicas) {
-				run, err := runOne(ctx, wall, cfg, p, precise, n)
-				if err != nil {
-					return nil, fmt.Errorf("compare: %s: %w", runLabel(p, precise, n), err)
-				}
-				run.OfferedLoad = cfg.OfferedLoad
-				rep.Runs = append(rep.Runs, run)
-				if cfg.Progress != nil {
-					fmt.Fprintf(cfg.Progress.W, "%s: %d completed, %d errors, mean TTFT %.1f ms, hit rate %.1f%%\n",
-						run.Policy, run.Completed, run.Errors, run.TTFT.Mean, 100*run.PrefixHitRate)
+		for _, fl := range fleetsOf(cfg.Roles) {
+			if !fl.Runs(p) {
+				continue
+			}
+			for _, precise := range []bool{false, true}[:1+btoi(cfg.KVEvents)] {
+				for _, n := range replicaCounts(cfg.Replicas) {
+					run, err := runOne(ctx, wall, cfg, p, precise, n, fl)
+					if err != nil {
+						return nil, fmt.Errorf("compare: %s: %w", runLabel(p, precise, n)+fl.Suffix, err)
+					}
+					run.OfferedLoad = cfg.OfferedLoad
+					rep.Runs = append(rep.Runs, run)
+					if cfg.Progress != nil {
+						fmt.Fprintf(cfg.Progress.W, "%s: %d completed, %d errors, mean TTFT %.1f ms, hit rate %.1f%%\n",
+							run.Policy, run.Completed, run.Errors, run.TTFT.Mean, 100*run.PrefixHitRate)
+					}
 				}
 			}
 		}
@@ -155,7 +168,7 @@ func btoi(b bool) int {
 // and returns the run in emulated time. precise has the engines publish
 // their KV events to the router; replicas above 1 start that many router
 // replicas sharing state through a NATS server.
-func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, precise bool, replicas int) (report.Run, error) {
+func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, precise bool, replicas int, fl sim.Variant) (report.Run, error) {
 	var stack servers
 	defer stack.close()
 
@@ -171,7 +184,7 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 	engineOf := map[string]int{} // backend name -> engine index
 	ems := make([]*emulator.Server, len(cfg.Engines))
 	for i, pr := range cfg.Engines {
-		ec := emulator.Config{Preset: pr, KVBlocks: cfg.KVBlocks, TimeScale: cfg.TimeScale, Logger: cfg.Logger}
+		ec := emulator.Config{Preset: pr, KVBlocks: cfg.KVBlocks, TimeScale: cfg.TimeScale, Logger: cfg.Logger, Role: roleOf(fl, i)}
 		if pr.MaxLoras > 0 && len(loras) > 0 {
 			ec.LoRAModules = loras
 			cc.Upstream.DiscoverModels = true
@@ -192,7 +205,7 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 		kv[i] = em.Preset().KVBlocks
 		name := fmt.Sprintf("engine-%d", i)
 		engineOf[name] = i
-		be := config.Backend{URL: url, Name: name}
+		be := config.Backend{URL: url, Name: name, Role: roleOf(fl, i)}
 		if cfg.ConfigureLimits {
 			be.MaxNumSeqs, be.MaxNumBatchedTokens = pr.MaxNumSeqs, pr.MaxBatchedTokens
 		}
@@ -227,7 +240,7 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 		routers = append(routers, rt)
 		targets = append(targets, "http://"+rt.Addr())
 	}
-	label := runLabel(p, precise, replicas)
+	label := runLabel(p, precise, replicas) + fl.Suffix
 	var kill *killer
 	if replicas > 1 && cfg.KillReplicaAt > 0 {
 		label += " kill"

@@ -57,10 +57,10 @@ func FleetVariants(roles []string, splits []string) []Variant {
 	return v
 }
 
-// runs reports whether policy pol runs on fleet variant f: a pair policy
+// Runs reports whether policy pol runs on fleet variant f: a pair policy
 // (policy.PairDecider) only on a disaggregated fleet, and only under its
 // own decider (not SplitAlways).
-func (f Variant) runs(pol string) bool {
+func (f Variant) Runs(pol string) bool {
 	p, err := policy.New(pol, policy.Options{})
 	if err != nil {
 		return true // reported by the run itself
@@ -257,7 +257,7 @@ func (m Matrix) Plan() (*Plan, error) {
 		first := len(p.Jobs)
 		for _, pol := range m.Policies {
 			for _, fl := range fleets {
-				if !fl.runs(pol) {
+				if !fl.Runs(pol) {
 					continue
 				}
 				for _, h := range holds {
