@@ -61,6 +61,10 @@ type Side struct {
 // kind (Gather), and the cost of a prefill token.
 type Estimate struct {
 	Whole, Prefill, Decode Side
+	// Held is the fewest prompt tokens a decode-leg candidate lacks: the
+	// uncached part on the decode engine that holds the longest prefix
+	// (what llm-d's prefix-based decider reads off its decode pick).
+	Held int64
 	// PrefillSeconds is the seconds per prompt token computed (the
 	// inverse of the fleet's prefill rate).
 	PrefillSeconds float64
@@ -129,7 +133,8 @@ func Gather(s *scheduler.Scheduler, roles Roles, v *request.View, hashes []uint6
 	n := 0
 	whole, pre, dec := *v, *v, *v
 	whole.Role, pre.Role, dec.Role = "", RolePrefill, RoleDecode
-	var wTier, pTier, dTier = -1, -1, -1
+	var wTier, pTier, dTier, hTier = -1, -1, -1, -1
+	e.Held = int64(max(v.PromptTokens, 0))
 	var step float64
 	consider := func(side *Side, tier *int, t int, l fleet.Load, uncached int64) {
 		if t < 0 || (*tier >= 0 && t > *tier) {
@@ -147,7 +152,11 @@ func Gather(s *scheduler.Scheduler, roles Roles, v *request.View, hashes []uint6
 		step = b.EngineDecodeTime()
 		consider(&e.Whole, &wTier, roles.Tier(&whole, b), l, uncached)
 		consider(&e.Prefill, &pTier, roles.Tier(&pre, b), l, uncached)
-		consider(&e.Decode, &dTier, roles.Tier(&dec, b), l, uncached)
+		t := roles.Tier(&dec, b)
+		consider(&e.Decode, &dTier, t, l, uncached)
+		if t >= 0 && (hTier < 0 || t < hTier || (t == hTier && uncached < e.Held)) {
+			e.Held, hTier = uncached, t
+		}
 	})
 	if rate <= 0 && n > 0 {
 		rate = math.Exp(logRate / float64(n))

@@ -136,4 +136,16 @@ func TestGather(t *testing.T) {
 	if e.Prefill.Queued == 0 || e.Prefill.Uncached >= int64(v.PromptTokens) {
 		t.Errorf("prefill side %+v: want %s, which holds the prompt", e.Prefill, held)
 	}
+	if e.Held != int64(v.PromptTokens) {
+		t.Errorf("Held %d: want the whole prompt (no decode engine holds it)", e.Held)
+	}
+	// Once the decode leg went to d0, d0 holds the prompt.
+	dec := *v
+	dec.Role = RoleDecode
+	if _, err := s.RouteHashed(&dec, hashes, nil, now); err != nil {
+		t.Fatal(err)
+	}
+	if e = Gather(s, r, v, hashes, 0); e.Held != 0 {
+		t.Errorf("Held %d after the decode leg: want 0", e.Held)
+	}
 }

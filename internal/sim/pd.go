@@ -136,19 +136,11 @@ func (s *sim) splits(v *request.View, hashes []uint64) bool {
 	if hashes == nil {
 		hashes = s.sched.Hashes(v)
 	}
+	e := disagg.Gather(s.sched, pd.filter, v, hashes, 0)
 	if pd.decider != nil {
-		// The decode engine holding the longest prefix of the prompt.
-		dec := *v
-		dec.Role = disagg.RoleDecode
-		uncached, tier := int64(v.PromptTokens), -1
-		s.sched.Holdings(v, hashes, func(b *fleet.Backend, _, u int64) {
-			if t := pd.filter.Tier(&dec, b); t >= 0 && (tier < 0 || t < tier || (t == tier && u < uncached)) {
-				uncached, tier = u, t
-			}
-		})
-		return pd.decider.Disaggregate(int64(v.PromptTokens), uncached)
+		return pd.decider.Disaggregate(int64(v.PromptTokens), e.Held)
 	}
-	return disagg.Decide(disagg.Gather(s.sched, pd.filter, v, hashes, 0), pd.costs).Split
+	return disagg.Decide(e, pd.costs).Split
 }
 
 // bindPD routes the k-th request of a disaggregated run: whole, or its
