@@ -147,6 +147,12 @@ func TestKVTransferParamsErrors(t *testing.T) {
 		{"prefill leg to a decode engine", dec.URL, `{"do_remote_decode":true}`, "this is a decode engine"},
 	}
 	prompt := strings.Repeat("x", 2*engine.BlockSize*engine.BytesPerToken+8) // 2 full blocks and a part
+	// vLLM's sampling check that a prefill leg keeping the client's
+	// min_tokens trips.
+	if status, b := postRaw(t, pre.URL+"/v1/completions", `{"prompt":"hi","max_tokens":1,"min_tokens":2}`); status != 400 ||
+		!strings.Contains(string(b), "min_tokens must be less than or equal to max_tokens=1, got 2.") {
+		t.Errorf("min_tokens above max_tokens: %d %s", status, b)
+	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			status, b := postRaw(t, tt.url+"/v1/completions", fmt.Sprintf(`{"prompt":%q,"max_tokens":1,"kv_transfer_params":%s}`, prompt, tt.params))
