@@ -25,8 +25,14 @@ import (
 type emuEngine struct {
 	*emulator.Server
 	name, url string
-	mu        sync.Mutex
-	got       []emuLeg
+	ts        *httptest.Server
+	// arrived, when set (under mu), is called with the number of
+	// completions received so far as each arrives.
+	arrived  func(n int)
+	killOnce sync.Once
+	mu       sync.Mutex
+	seen     int
+	got      []emuLeg
 }
 
 // emuLeg is one completion an emulated engine received and answered.
@@ -68,6 +74,13 @@ func startEmu(t *testing.T, name, role string, p engine.Preset) *emuEngine {
 		}
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
+		e.mu.Lock()
+		e.seen++
+		n, arrived := e.seen, e.arrived
+		e.mu.Unlock()
+		if arrived != nil {
+			arrived(n)
+		}
 		tw := &teeWriter{ResponseWriter: w}
 		h.ServeHTTP(tw, r)
 		e.mu.Lock()
@@ -75,13 +88,19 @@ func startEmu(t *testing.T, name, role string, p engine.Preset) *emuEngine {
 		e.mu.Unlock()
 	})
 	ts.Start()
-	e.url = ts.URL
-	t.Cleanup(func() {
-		ts.CloseClientConnections()
-		s.Close()
-		ts.Close()
-	})
+	e.url, e.ts = ts.URL, ts
+	t.Cleanup(e.kill)
 	return e
+}
+
+// kill stops the engine as a crash would: its requests in flight are cut
+// and it accepts no more connections.
+func (e *emuEngine) kill() {
+	e.killOnce.Do(func() {
+		e.Server.Close()
+		e.ts.CloseClientConnections()
+		e.ts.Close()
+	})
 }
 
 // legs returns what the engine received.
@@ -250,5 +269,93 @@ func TestSGLangSplitEmulated(t *testing.T) {
 		if !bytes.Equal(res.body, d[i].answer) {
 			t.Errorf("%s: the client did not get the decode engine's answer", tt.name)
 		}
+	}
+}
+
+// TestPrefillEngineKilled: a P/D fleet (two emulated prefill engines, one
+// decode engine) under a bounded load of streaming requests; one prefill
+// engine is killed while it serves a prefill leg. Prefill legs stream
+// nothing to the client, so every request must complete (its prefill
+// retried on the other prefill engine, or the request served whole by the
+// decode engine) or fail with an error the client can read: none hangs,
+// none ends without its [DONE].
+func TestPrefillEngineKilled(t *testing.T) {
+	const requests, clients, killAt = 48, 6, 4
+	p := emuPreset(t)
+	p0, p1 := startEmu(t, "p0", emulator.RolePrefill, p), startEmu(t, "p1", emulator.RolePrefill, p)
+	dec := startEmu(t, "d0", emulator.RoleDecode, p)
+	r := emuRig(t, config.ProtocolVLLM, p0, p1, dec)
+	killed := make(chan struct{})
+	p0.mu.Lock()
+	p0.arrived = func(n int) {
+		if n == killAt {
+			// While this prefill leg is in flight.
+			go func() { p0.kill(); close(killed) }()
+		}
+	}
+	p0.mu.Unlock()
+
+	type outcome struct {
+		status int
+		body   []byte
+		err    error
+	}
+	out := make([]outcome, requests)
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range clients {
+		wg.Go(func() {
+			for i := range next {
+				body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"request %d: %s"}],"stream":true,"max_tokens":6,"ignore_eos":true}`,
+					p.Model, i, e2eContent)
+				req, err := http.NewRequest(http.MethodPost, r.base+"/v1/chat/completions", strings.NewReader(body))
+				if err != nil {
+					out[i].err = err
+					continue
+				}
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := r.client.Do(req)
+				if err != nil {
+					out[i].err = err
+					continue
+				}
+				out[i].status = resp.StatusCode
+				out[i].body, out[i].err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	for i := range requests {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	select {
+	case <-killed:
+	default:
+		t.Skipf("p0 got fewer than %d prefill legs: the policy sent them elsewhere, nothing was killed", killAt)
+	}
+	completed, failed := 0, 0
+	for i, o := range out {
+		switch {
+		case o.err != nil:
+			t.Errorf("request %d lost: %v (after %d bytes)", i, o.err, len(o.body))
+		case o.status == http.StatusOK:
+			if !bytes.HasSuffix(o.body, []byte("data: [DONE]\n\n")) || strings.Count(string(o.body), `"content":`) < 6 {
+				t.Errorf("request %d: 200 but its stream ended early: %q", i, o.body)
+			}
+			completed++
+		default:
+			if m := jsonOf(t, string(o.body)); m["error"] == nil {
+				t.Errorf("request %d: status %d without an OpenAI error: %s", i, o.status, o.body)
+			}
+			failed++
+		}
+	}
+	after := len(p1.legs())
+	t.Logf("%d requests: %d completed, %d failed cleanly; p0 took %d prefill legs before it was killed, p1 %d, the decode engine %d requests",
+		requests, completed, failed, killAt, after, len(dec.legs()))
+	if completed != requests {
+		t.Errorf("%d of %d requests completed: a prefill engine's death must not fail a request that streamed nothing", completed, requests)
 	}
 }
