@@ -90,6 +90,17 @@ func TestPrefillDecodeLegs(t *testing.T) {
 		t.Errorf("prefill engine after the answer: %+v: want the prompt's blocks held", st)
 	}
 
+	// An idle prefill engine lets the blocks go once the transfer's time
+	// has passed (116 ms real at scale 10; polled for up to a minute).
+	for deadline := time.Now().Add(time.Minute); pre.Server.Stats().HeldRequests != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("prefill engine still holds the blocks a minute later: %+v", pre.Server.Stats())
+		}
+	}
+	if st := pre.Server.Stats(); st.KVUsage != 0 {
+		t.Errorf("prefill engine after the hold: KV usage %v", st.KVUsage)
+	}
+
 	// The decode leg: the client's request with the answer's params, as
 	// the router sends it.
 	decodeBody := fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":4,"ignore_eos":true,"kv_transfer_params":%s}`, dec.Server.Model(), prompt, answer.KV)
