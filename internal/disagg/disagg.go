@@ -11,6 +11,7 @@
 package disagg
 
 import (
+	"bytes"
 	"encoding/json"
 	"math/rand/v2"
 	"strconv"
@@ -71,12 +72,55 @@ func Bootstrap(legs []lifecycle.Leg, body []byte, port int) {
 		return
 	}
 	host, _ := json.Marshal(legs[0].Target.B.URL.Hostname())
-	m["bootstrap_host"] = host
-	m["bootstrap_port"] = json.RawMessage(strconv.Itoa(port))
-	m["bootstrap_room"] = json.RawMessage(strconv.FormatUint(room(), 10))
+	portJSON := json.RawMessage(strconv.Itoa(port))
+	if n := batchSize(m); n > 0 {
+		// A batch: one of each a sequence, as SGLang's router sends them
+		// (its bootstrap_injector.rs).
+		hosts, ports, rooms := make([]json.RawMessage, n), make([]json.RawMessage, n), make([]json.RawMessage, n)
+		for i := range n {
+			hosts[i], ports[i] = host, portJSON
+			rooms[i] = json.RawMessage(strconv.FormatUint(room(), 10))
+		}
+		m["bootstrap_host"], m["bootstrap_port"], m["bootstrap_room"] = list(hosts), list(ports), list(rooms)
+	} else {
+		m["bootstrap_host"] = host
+		m["bootstrap_port"] = portJSON
+		m["bootstrap_room"] = json.RawMessage(strconv.FormatUint(room(), 10))
+	}
 	out := marshal(m, body)
 	shared := func(_, _ []byte) []byte { return out }
 	legs[0].Rewrite, legs[1].Rewrite = shared, shared
+}
+
+// maxBatch bounds the bootstrap lists of one request.
+const maxBatch = 4096
+
+// batchSize is how many sequences an SGLang request generates at once, by
+// the rule of SGLang's router: n above 1, else the length of a non-empty
+// prompt, text or input_ids array; 0 for a single sequence. Unlike the
+// router, an array of token ids is one prompt, not a batch of its tokens
+// (SGLang's engine reads it as one).
+func batchSize(m map[string]json.RawMessage) int {
+	var n uint64
+	if json.Unmarshal(m["n"], &n) == nil && n > 1 {
+		return int(min(n, maxBatch))
+	}
+	for _, key := range []string{"prompt", "text", "input_ids"} {
+		var items []json.RawMessage
+		if json.Unmarshal(m[key], &items) != nil || len(items) == 0 {
+			continue
+		}
+		if c := bytes.TrimSpace(items[0]); len(c) > 0 && (c[0] == '"' || c[0] == '[') {
+			return min(len(items), maxBatch)
+		}
+	}
+	return 0
+}
+
+// list is the JSON array of items.
+func list(items []json.RawMessage) json.RawMessage {
+	b, _ := json.Marshal(items)
+	return b
 }
 
 // Roles is the scheduler filter of a split fleet: a prefill leg goes to
@@ -124,9 +168,10 @@ var remoteDecode = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill"
 // VLLMPrefill is the body of a vLLM prefill leg (lifecycle.Leg.Rewrite):
 // the request's, answered in one piece with one token (stream false,
 // max_tokens 1, max_completion_tokens 1 when the request has it, no
-// stream_options), with kv_transfer_params asking for a remote decode. A
-// body that is not a JSON object (it was parsed before routing, so never)
-// is sent as it is.
+// stream_options, no min_tokens or min_completion_tokens, which vLLM
+// refuses above max_tokens: vLLM's toy_proxy_server.py drops them too),
+// with kv_transfer_params asking for a remote decode. A body that is not a
+// JSON object (it was parsed before routing, so never) is sent as it is.
 func VLLMPrefill(body, _ []byte) []byte {
 	var m map[string]json.RawMessage
 	if json.Unmarshal(body, &m) != nil || m == nil {
@@ -139,6 +184,8 @@ func VLLMPrefill(body, _ []byte) []byte {
 		m["max_completion_tokens"] = one
 	}
 	delete(m, "stream_options")
+	delete(m, "min_tokens")
+	delete(m, "min_completion_tokens")
 	m["kv_transfer_params"] = remoteDecode
 	return marshal(m, body)
 }
@@ -162,8 +209,8 @@ func VLLMDecode(body, prev []byte) []byte {
 		return body
 	}
 	answer.KV["do_remote_prefill"] = json.RawMessage("true")
-	kv, err := json.Marshal(answer.KV)
-	if err != nil {
+	kv := marshal(answer.KV, nil)
+	if kv == nil {
 		return body
 	}
 	m["kv_transfer_params"] = kv
@@ -171,13 +218,17 @@ func VLLMDecode(body, prev []byte) []byte {
 }
 
 // marshal is m's JSON, or fallback should m not marshal (it holds only raw
-// messages that came from a valid document, so it does).
+// messages that came from a valid document, so it does): compact, its keys
+// sorted, and its strings as the client wrote them (no HTML escaping of
+// <, > and &, which neither vLLM's proxy nor SGLang's router adds).
 func marshal(m map[string]json.RawMessage, fallback []byte) []byte {
-	b, err := json.Marshal(m)
-	if err != nil {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if enc.Encode(m) != nil {
 		return fallback
 	}
-	return b
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 }
 
 // SetRoom replaces the draw of bootstrap rooms and returns the one it

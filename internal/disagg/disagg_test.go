@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/members"
 	"github.com/kvroute/kvroute/internal/request"
 )
 
@@ -28,6 +29,10 @@ func TestVLLMPrefill(t *testing.T) {
 			`{"model":"m","prompt":"p","stream":false,"max_tokens":1,"max_completion_tokens":1}`},
 		{"client kv params replaced", `{"model":"m","prompt":"p","kv_transfer_params":{"do_remote_prefill":true}}`,
 			`{"model":"m","prompt":"p","stream":false,"max_tokens":1}`},
+		// vLLM refuses min_tokens above max_tokens: 1; the toy proxy drops
+		// both minimums.
+		{"minimums dropped", `{"model":"m","prompt":"p","max_tokens":9,"min_tokens":5,"min_completion_tokens":5}`,
+			`{"model":"m","prompt":"p","stream":false,"max_tokens":1}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -41,6 +46,49 @@ func TestVLLMPrefill(t *testing.T) {
 	}
 	if got := VLLMPrefill([]byte(`[1]`), nil); string(got) != `[1]` {
 		t.Errorf("a body that is not an object became %s", got)
+	}
+	// Byte for byte: compact, keys sorted, the client's strings as they
+	// were (no \u003c for <).
+	const want = `{"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null},"max_tokens":1,"model":"m","prompt":"<b> & ✓","stream":false}`
+	if got := VLLMPrefill([]byte(`{"model":"m", "prompt":"<b> & ✓"}`), nil); string(got) != want {
+		t.Errorf("prefill body\n%s\nwant\n%s", got, want)
+	}
+}
+
+// Bootstrap gives a batch (n above 1, or a list of prompts) one host, port
+// and room a sequence, as SGLang's router does; a single prompt, token ids
+// included, one of each.
+func TestBootstrapBatch(t *testing.T) {
+	fl := fleet.New()
+	pre := &members.Member{B: fl.Add("p", &url.URL{Scheme: "http", Host: "10.0.0.7:30000"}, nil)}
+	next := uint64(0)
+	prev := SetRoom(func() uint64 { next++; return next })
+	t.Cleanup(func() { SetRoom(prev) })
+	tests := []struct{ body, host, port, room string }{
+		{`{"prompt":"a"}`, `"10.0.0.7"`, `8998`, `1`},
+		{`{"prompt":[1,2,3]}`, `"10.0.0.7"`, `8998`, `1`},
+		{`{"messages":[],"n":1}`, `"10.0.0.7"`, `8998`, `1`},
+		{`{"messages":[],"n":3}`, `["10.0.0.7","10.0.0.7","10.0.0.7"]`, `[8998,8998,8998]`, `[1,2,3]`},
+		{`{"prompt":["a","b"]}`, `["10.0.0.7","10.0.0.7"]`, `[8998,8998]`, `[1,2]`},
+		{`{"prompt":[[1,2],[3]]}`, `["10.0.0.7","10.0.0.7"]`, `[8998,8998]`, `[1,2]`},
+		{`{"text":["a","b","c"]}`, `["10.0.0.7","10.0.0.7","10.0.0.7"]`, `[8998,8998,8998]`, `[1,2,3]`},
+	}
+	for _, tt := range tests {
+		next = 0
+		legs := Legs(&request.View{}, config.ProtocolSGLang)
+		legs[0].Target = pre
+		Bootstrap(legs, []byte(tt.body), 8998)
+		out := legs[1].Rewrite([]byte(tt.body), nil)
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(out, &m); err != nil {
+			t.Fatalf("%s: %v", out, err)
+		}
+		if string(m["bootstrap_host"]) != tt.host || string(m["bootstrap_port"]) != tt.port || string(m["bootstrap_room"]) != tt.room {
+			t.Errorf("%s: bootstrap %s %s %s, want %s %s %s", tt.body, m["bootstrap_host"], m["bootstrap_port"], m["bootstrap_room"], tt.host, tt.port, tt.room)
+		}
+		if got := legs[0].Rewrite([]byte(tt.body), nil); string(got) != string(out) {
+			t.Errorf("%s: the prefill leg got %s, the decode leg %s: want one body", tt.body, got, out)
+		}
 	}
 }
 

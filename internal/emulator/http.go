@@ -114,6 +114,13 @@ func (s *Server) parse(w http.ResponseWriter, kind request.Kind, body []byte) (*
 		writeVLLMError(w, perr.Status, typeBadRequest, perr.Message)
 		return nil, false
 	}
+	if v.MaxTokens > 0 && v.MinTokens > v.MaxTokens {
+		// vLLM's SamplingParams check, which a prefill leg's max_tokens of
+		// 1 trips when a router keeps the client's min_tokens.
+		writeVLLMError(w, http.StatusBadRequest, typeBadRequest, fmt.Sprintf(
+			"min_tokens must be less than or equal to max_tokens=%d, got %d.", v.MaxTokens, v.MinTokens))
+		return nil, false
+	}
 	if _, adapter := s.loras[v.Model]; v.Model != "" && v.Model != s.model && !adapter {
 		writeVLLMError(w, http.StatusNotFound, typeNotFound, fmt.Sprintf("The model `%s` does not exist.", v.Model))
 		return nil, false

@@ -90,6 +90,17 @@ func TestPrefillDecodeLegs(t *testing.T) {
 		t.Errorf("prefill engine after the answer: %+v: want the prompt's blocks held", st)
 	}
 
+	// An idle prefill engine lets the blocks go once the transfer's time
+	// has passed (116 ms real at scale 10; polled for up to a minute).
+	for deadline := time.Now().Add(time.Minute); pre.Server.Stats().HeldRequests != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("prefill engine still holds the blocks a minute later: %+v", pre.Server.Stats())
+		}
+	}
+	if st := pre.Server.Stats(); st.KVUsage != 0 {
+		t.Errorf("prefill engine after the hold: KV usage %v", st.KVUsage)
+	}
+
 	// The decode leg: the client's request with the answer's params, as
 	// the router sends it.
 	decodeBody := fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":4,"ignore_eos":true,"kv_transfer_params":%s}`, dec.Server.Model(), prompt, answer.KV)
@@ -147,6 +158,12 @@ func TestKVTransferParamsErrors(t *testing.T) {
 		{"prefill leg to a decode engine", dec.URL, `{"do_remote_decode":true}`, "this is a decode engine"},
 	}
 	prompt := strings.Repeat("x", 2*engine.BlockSize*engine.BytesPerToken+8) // 2 full blocks and a part
+	// vLLM's sampling check that a prefill leg keeping the client's
+	// min_tokens trips.
+	if status, b := postRaw(t, pre.URL+"/v1/completions", `{"prompt":"hi","max_tokens":1,"min_tokens":2}`); status != 400 ||
+		!strings.Contains(string(b), "min_tokens must be less than or equal to max_tokens=1, got 2.") {
+		t.Errorf("min_tokens above max_tokens: %d %s", status, b)
+	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			status, b := postRaw(t, tt.url+"/v1/completions", fmt.Sprintf(`{"prompt":%q,"max_tokens":1,"kv_transfer_params":%s}`, prompt, tt.params))
