@@ -11,8 +11,9 @@ type PDRun struct {
 	// Prefill is the prefill leg's time, arrival to its one token (queue
 	// on the prefill engine and its prefill), in milliseconds.
 	Prefill Dist `json:"prefill_ms"`
-	// Transfer is the decode engine's wait for the prompt's KV cache, in
-	// milliseconds (the transfer of the blocks it did not hold).
+	// Transfer is the decode leg's wait on its engine until the prompt's
+	// KV cache is there, in milliseconds: its admission (a step's start)
+	// and the transfer of the blocks the engine did not hold.
 	Transfer Dist `json:"transfer_ms"`
 	// DecodeTTFT is the decode leg's time to its first token from the
 	// prefill leg's end: the transfer, then its queue and first step.
