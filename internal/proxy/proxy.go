@@ -62,7 +62,7 @@ type Server struct {
 	handler  http.Handler
 	// proxyLog is the reverse proxy's error log, at debug level.
 	proxyLog *log.Logger
-	// splitProto is the disaggregation protocol when the fleet has
+	// splitProto is the disaggregation protocol when the fleet may have
 	// prefill engines, "" otherwise (disagg.go).
 	splitProto string
 	// tracing is the OpenTelemetry tracer; nil with tracing off.
@@ -171,7 +171,7 @@ func New(p Parts) (*Server, error) {
 	s.shares.limit = cfg.Limits.BufferedBytesPerClient()
 	s.via = viaName()
 	s.passAllow = cfg.Passthrough.Endpoints()
-	if cfg.Split() {
+	if cfg.MaySplit() {
 		s.splitProto = cfg.Disaggregation.Protocol
 	}
 	s.limits = newLimitHits(s.metrics.reg, logger)
