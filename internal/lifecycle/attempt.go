@@ -458,7 +458,7 @@ func setBody(out *http.Request, body []byte) {
 func (p *Plane) beside(r *Request, l *Leg, req *http.Request, base *url.URL, g *pairGuard) {
 	ctx, stop := context.WithCancel(req.Context())
 	out := l.outbound(ctx, req, base, false, l.body(r.Body, nil))
-	l.done, l.stop, l.guard = make(chan struct{}), stop, g
+	l.done, l.stop = make(chan struct{}), stop
 	l.failed, l.status, l.responded, l.end, l.first, l.ended = nil, 0, false, BodyEnd{}, time.Time{}, time.Time{}
 	go func() {
 		defer close(l.done)

@@ -20,9 +20,12 @@
 //	                          RoundTrip: for each leg ─▶ attempt ─▶ first byte? ─no─▶ judge, reroute ─┐
 //	                                                       ▲                                         │
 //	                                                       └─────────────────────────────────────────┘
+//	                          (an earlier leg: its answer read, its load released at once;
+//	                           a Beside leg and the next: a pair, sent again together, pair.go)
 //	                          front relays the last leg's body
 //	                          Settle: status, breaker (each leg's last attempt), release, wake,
-//	                                  metrics, decision log, then the front's own records
+//	                                  metrics (per leg for a split request), decision log,
+//	                                  then the front's own records
 //
 // It must not know the client's transport (no http.ResponseWriter), make
 // routing decisions (package scheduler does) or keep per-backend state
@@ -193,11 +196,9 @@ type Leg struct {
 	failed    error
 	responded bool
 	skipped   bool
-	// done is closed when a Beside leg's attempt has ended; stop ends it;
-	// guard is the pair it runs in (pair.go).
+	// done is closed when a Beside leg's attempt has ended; stop ends it.
 	done   chan struct{}
 	stop   context.CancelFunc
-	guard  *pairGuard
 	status int
 	end    BodyEnd
 	// sent is when the leg was first sent (retries included in its time),

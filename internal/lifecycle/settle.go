@@ -207,7 +207,10 @@ func (r *Request) Reason() string {
 		if l.whole(r) {
 			b.WriteString(" (whole)")
 		}
-		if l.Retries > 0 {
+		switch {
+		case l.Retries == 1:
+			b.WriteString(" after 1 retry")
+		case l.Retries > 1:
 			b.WriteString(" after " + strconv.Itoa(l.Retries) + " retries")
 		}
 		b.WriteString(": " + l.A.Reason)

@@ -433,7 +433,7 @@ func TestSGLangPrefillFails(t *testing.T) {
 	if fails["d0"] != 0 || fails["p0"]+fails["p1"] != 1 {
 		t.Errorf("breaker failures %v: want one on the failed prefill engine, none on d0", fails)
 	}
-	if h := res.header.Get(headerReason); !strings.Contains(h, " after 1 retries: ") || !strings.Contains(h, "; decode d0: ") {
+	if h := res.header.Get(headerReason); !strings.Contains(h, " after 1 retry: ") || !strings.Contains(h, "; decode d0: ") {
 		t.Errorf("reason %q: want the prefill leg's retry and the decode leg", h)
 	}
 }
