@@ -66,6 +66,8 @@ func (g *pairGuard) besideFailed() bool { return g.state.Load() == 2 }
 func (p *Plane) pair(r *Request, pre, l *Leg, req *http.Request, base *url.URL, first, last bool) attempt {
 	ctx := req.Context()
 	for {
+		p.probe(r, pre)
+		p.probe(r, l)
 		if p.Bind != nil {
 			p.Bind(r)
 		}

@@ -305,18 +305,22 @@ func (k *sgKV) room(id string) chan struct{} {
 // client leaving (outcome "cancelled") or 5 s (outcome "timeout", a 500:
 // SGLang's decode engine gives up after its own bootstrap timeout).
 type sgPairEngines struct {
-	kv       sgKV
-	fails    atomic.Int32
-	hangup   bool
-	pre      []*httptest.Server
-	dec      *httptest.Server
+	kv     sgKV
+	fails  atomic.Int32
+	hangup bool
+	pre    []*httptest.Server
+	dec    *httptest.Server
+	// decFails: the first decFails decode requests answer 500 at once
+	// (on a second decode engine dec1, when there is one).
+	decFails atomic.Int32
+	dec1     *httptest.Server
 	mu       sync.Mutex
 	preRooms []string
 	decRooms []string
 	outcomes chan string
 }
 
-func newSGPair(t *testing.T, prefill int, fails int32, hangup bool) *sgPairEngines {
+func newSGPair(t *testing.T, prefill int, fails int32, hangup bool, decFails int32) *sgPairEngines {
 	e := &sgPairEngines{hangup: hangup, outcomes: make(chan string, 16)}
 	e.fails.Store(fails)
 	roomOf := func(r *http.Request) string {
@@ -352,7 +356,7 @@ func newSGPair(t *testing.T, prefill int, fails int32, hangup bool) *sgPairEngin
 		t.Cleanup(s.Close)
 		e.pre = append(e.pre, s)
 	}
-	e.dec = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	decode := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !completionOnly(w, r) {
 			return
 		}
@@ -360,6 +364,11 @@ func newSGPair(t *testing.T, prefill int, fails int32, hangup bool) *sgPairEngin
 		e.mu.Lock()
 		e.decRooms = append(e.decRooms, room)
 		e.mu.Unlock()
+		if e.decFails.Add(-1) >= 0 {
+			e.outcomes <- "failed"
+			http.Error(w, `{"error":{"message":"decode engine failed"}}`, http.StatusInternalServerError)
+			return
+		}
 		select {
 		case <-e.kv.room(room):
 		case <-r.Context().Done():
@@ -375,9 +384,33 @@ func newSGPair(t *testing.T, prefill int, fails int32, hangup bool) *sgPairEngin
 		for _, ev := range streamEvents("d0", 3) {
 			_, _ = io.WriteString(w, ev)
 		}
-	}))
+	})
+	e.dec = httptest.NewServer(decode)
 	t.Cleanup(e.dec.Close)
+	if decFails > 0 {
+		e.decFails.Store(decFails)
+		e.dec1 = httptest.NewServer(decode)
+		t.Cleanup(e.dec1.Close)
+	}
 	return e
+}
+
+// rooms are the bootstrap rooms the prefill and the decode engines got, in
+// order.
+func (e *sgPairEngines) rooms() (pre, dec []string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string(nil), e.preRooms...), append([]string(nil), e.decRooms...)
+}
+
+// breakerFails is each backend's count of failures in its breaker.
+func (r *rig) breakerFails() map[string]int {
+	set := r.srv.root.Members()
+	fails := map[string]int{}
+	for _, b := range r.srv.Fleet().Snapshot().All {
+		fails[b.Name] = set.Of(b).Breaker().Fails
+	}
+	return fails
 }
 
 // sgPairRig is a router over e's engines under protocol sglang, rooms
@@ -393,6 +426,9 @@ func sgPairRig(t *testing.T, e *sgPairEngines, attempts int) *rig {
 			c.Backends = append(c.Backends, config.Backend{URL: s.URL, Name: fmt.Sprintf("p%d", i), Models: []string{"m"}, Role: config.RolePrefill})
 		}
 		c.Backends = append(c.Backends, config.Backend{URL: e.dec.URL, Name: "d0", Models: []string{"m"}, Role: config.RoleDecode})
+		if e.dec1 != nil {
+			c.Backends = append(c.Backends, config.Backend{URL: e.dec1.URL, Name: "d1", Models: []string{"m"}, Role: config.RoleDecode})
+		}
 	})
 	r.waitReady(http.StatusOK)
 	return r
@@ -406,15 +442,13 @@ func sgPairRig(t *testing.T, e *sgPairEngines, attempts int) *rig {
 // gets the decode engine's stream. The failing prefill engine's breaker
 // hears of it, the decode engine's does not (it was not at fault).
 func TestSGLangPrefillFails(t *testing.T) {
-	e := newSGPair(t, 2, 1, false)
+	e := newSGPair(t, 2, 1, false, 0)
 	r := sgPairRig(t, e, 2)
 	res := r.post("/v1/chat/completions", clientBody)
 	if res.status != 200 || string(res.body) != strings.Join(streamEvents("d0", 3), "") {
 		t.Fatalf("status %d, body %q: want d0's stream after the pair was sent again", res.status, res.body)
 	}
-	e.mu.Lock()
-	pr, dr := append([]string(nil), e.preRooms...), append([]string(nil), e.decRooms...)
-	e.mu.Unlock()
+	pr, dr := e.rooms()
 	// The failed pair's decode leg may be cancelled before it reached
 	// the engine; if it did reach it, the router ended its wait.
 	if len(pr) != 2 || pr[0] == pr[1] || len(dr) == 0 || dr[len(dr)-1] != pr[1] || len(dr) > 2 || (len(dr) == 2 && dr[0] != pr[0]) {
@@ -425,11 +459,7 @@ func TestSGLangPrefillFails(t *testing.T) {
 			t.Errorf("a decode leg waited for its bootstrap until its own timeout: want it cancelled by the router")
 		}
 	}
-	set := r.srv.root.Members()
-	fails := map[string]int{}
-	for _, b := range r.srv.Fleet().Snapshot().All {
-		fails[b.Name] = set.Of(b).Breaker().Fails
-	}
+	fails := r.breakerFails()
 	if fails["d0"] != 0 || fails["p0"]+fails["p1"] != 1 {
 		t.Errorf("breaker failures %v: want one on the failed prefill engine, none on d0", fails)
 	}
@@ -438,12 +468,37 @@ func TestSGLangPrefillFails(t *testing.T) {
 	}
 }
 
+// TestSGLangDecodeFails: an SGLang decode engine that fails before its
+// first byte has the pair sent again, as SGLang's router does: the prefill
+// attempt of the abandoned room is ended (unjudged: not its fault) and the
+// prefill engine gets the request again with a new room, beside another
+// decode engine; the failed decode engine's breaker hears of it.
+func TestSGLangDecodeFails(t *testing.T) {
+	e := newSGPair(t, 1, 0, false, 1)
+	r := sgPairRig(t, e, 2)
+	res := r.post("/v1/chat/completions", clientBody)
+	if res.status != 200 || string(res.body) != strings.Join(streamEvents("d0", 3), "") {
+		t.Fatalf("status %d, body %q: want the stream after the pair was sent again", res.status, res.body)
+	}
+	if o1, o2 := <-e.outcomes, <-e.outcomes; o1 != "failed" || o2 != "served" {
+		t.Errorf("decode legs ended %q, %q: want failed, then served", o1, o2)
+	}
+	pr, dr := e.rooms()
+	if len(dr) != 2 || dr[0] == dr[1] || len(pr) == 0 || pr[len(pr)-1] != dr[1] {
+		t.Errorf("prefill rooms %v, decode rooms %v: want the pair sent again with a new room", pr, dr)
+	}
+	fails := r.breakerFails()
+	if fails["p0"] != 0 || fails["d0"]+fails["d1"] != 1 {
+		t.Errorf("breaker failures %v: want one on the failed decode engine, none on p0", fails)
+	}
+}
+
 // TestSGLangPrefillDown: when every attempt's prefill engine is gone (its
 // connection closed) the client gets a clean 502 at once, never a hang,
 // and each decode leg waiting for its bootstrap is cancelled by the
 // router rather than left to its timeout.
 func TestSGLangPrefillDown(t *testing.T) {
-	e := newSGPair(t, 1, 100, true)
+	e := newSGPair(t, 1, 100, true, 0)
 	r := sgPairRig(t, e, 1)
 	res := r.post("/v1/chat/completions", clientBody)
 	var oe struct {
