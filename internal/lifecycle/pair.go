@@ -59,7 +59,7 @@ func (g *pairGuard) besideFailed() bool { return g.state.Load() == 2 }
 // role when pre failed (connection refused, 5xx: l's wait is cancelled at
 // once rather than left to the decode engine's own bootstrap timeout), on
 // another engine of l's role when l failed (pre's attempt, now useless, is
-// ended first). At most Attempts times in all, as SGLang's router retries
+// ended first, and its engine chosen anew). At most Attempts times in all, as SGLang's router retries
 // a pair; then l's 5xx passes through, or the failure is the answer (502,
 // 504 for a timeout). l's wait is bounded as any attempt's is
 // (upstream.first_token_timeout, upstream.response_header_timeout).
@@ -118,7 +118,25 @@ func (p *Plane) pair(r *Request, pre, l *Leg, req *http.Request, base *url.URL, 
 		}
 		p.assign(r, failed, next)
 		failed.Retries++
+		if failed == l {
+			// The prefill engine is chosen again too, as SGLang's router
+			// selects a new pair: its abandoned attempt released its load.
+			p.repick(r, pre)
+		}
 	}
+}
+
+// repick routes leg l anew (its engines tried before not excluded), its
+// assignment released: for a leg sent again through no fault of its
+// engine. It keeps its engine when no other can be routed to.
+func (p *Plane) repick(r *Request, l *Leg) {
+	now := time.Now()
+	next, err := p.route(r, l, now)
+	if err != nil {
+		return
+	}
+	l.A.Done(now)
+	p.assign(r, l, next)
 }
 
 // reroutePair is the next engine for the failed leg of a pair (pre or l),
