@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -82,16 +81,12 @@ func (s *Server) fleetRoles(model string) int {
 	return splittable
 }
 
-// noDecodeWarned is when the last warning of a model without a decode
-// engine was logged (unix nanoseconds): at most one a minute.
-var noDecodeWarned atomic.Int64
-
 // warnNoDecode logs, at most once a minute, that model's requests are
 // served whole for want of a decode engine.
 func (s *Server) warnNoDecode(model string) {
 	now := time.Now().UnixNano()
-	last := noDecodeWarned.Load()
-	if now-last < int64(time.Minute) || !noDecodeWarned.CompareAndSwap(last, now) {
+	last := s.noDecodeWarned.Load()
+	if now-last < int64(time.Minute) || !s.noDecodeWarned.CompareAndSwap(last, now) {
 		return
 	}
 	s.log.Warn("prefill engines serve a model no decode engine serves: its requests are served whole (kvroute_pd_requests_total{outcome=\"no_decode_engine\"})",

@@ -65,6 +65,9 @@ type Server struct {
 	// splitProto is the disaggregation protocol when the fleet may have
 	// prefill engines, "" otherwise (disagg.go).
 	splitProto string
+	// noDecodeWarned is when the last warning of a model served whole for
+	// want of a decode engine was logged (unix nanoseconds; disagg.go).
+	noDecodeWarned atomic.Int64
 	// tracing is the OpenTelemetry tracer; nil with tracing off.
 	tracing *tracing
 	// creds are the API keys and the sources of priority, replaced on
