@@ -44,6 +44,31 @@ type Decision struct {
 	// Status is the response status the router saw when the decision was
 	// settled (the backend's, or the router's own error).
 	Status int `json:"status"`
+	// Whole is why a request that could have been split over a prefill
+	// and a decode engine was served whole; "" otherwise.
+	Whole string `json:"whole,omitempty"`
+	// Legs are the legs of a split request (prefill, then decode), in the
+	// order they ran; absent for a request of one leg.
+	Legs []Leg `json:"legs,omitempty"`
+}
+
+// Leg is one leg of a split request in a Decision.
+type Leg struct {
+	// Role is the leg's role: prefill or decode.
+	Role string `json:"role"`
+	// Backend is the engine of the leg's last attempt, "" when none could
+	// be chosen.
+	Backend string `json:"backend,omitempty"`
+	// Reason is the scheduler's reason for choosing it.
+	Reason string `json:"reason,omitempty"`
+	// Attempts is how many times the leg was sent (0: never).
+	Attempts int `json:"attempts"`
+	// Skipped is why the leg was skipped ("no backend", "failed on
+	// <backend>"); "" for a leg that served.
+	Skipped string `json:"skipped,omitempty"`
+	// Whole marks a decode leg that served the request whole, its
+	// prefill leg skipped.
+	Whole bool `json:"whole,omitempty"`
 }
 
 // Log is a fixed-size ring of the last decisions, bounded in bytes as

@@ -49,6 +49,16 @@ func (c *Config) Split() bool {
 	return slices.ContainsFunc(c.Backends, func(b Backend) bool { return b.Role == RolePrefill })
 }
 
+// MaySplit reports whether requests may be split: some backend is a
+// prefill engine (Split), or is a Kubernetes pool whose pods' labels
+// (kvroute.io/role) may make them prefill engines. Which requests are
+// split is then decided per request by the live fleet's roles.
+func (c *Config) MaySplit() bool {
+	return c.Split() || slices.ContainsFunc(c.Backends, func(b Backend) bool {
+		return b.Kubernetes != nil || b.Discovery == DiscoveryKubernetes
+	})
+}
+
 // RoleOf is an entry's role, both when unset.
 func RoleOf(b *Backend) string {
 	if b.Role == "" {

@@ -126,10 +126,14 @@ func list(items []json.RawMessage) json.RawMessage {
 // Roles is the scheduler filter of a split fleet: a prefill leg goes to
 // prefill engines only, a decode leg to decode engines (both engines when
 // no decode engine is left), and a whole request to both engines, else
-// decode ones, never to a prefill engine.
+// decode ones, else (Whole) prefill ones.
 type Roles struct {
 	// Of is a backend's configured role (config.RoleOf of its entry).
 	Of func(b *fleet.Backend) string
+	// Whole lets a whole request go to a prefill engine when no other
+	// engine can take it (a fleet left with no engine to decode a model):
+	// vLLM's prefill engines serve any request, SGLang's do not.
+	Whole bool
 }
 
 // Tier is b's tier for v (policy.Filter).
@@ -153,6 +157,10 @@ func (f Roles) Tier(v *request.View, b *fleet.Backend) int {
 			return 0
 		case RoleDecode:
 			return 1
+		case RolePrefill:
+			if f.Whole {
+				return 2
+			}
 		}
 	}
 	return -1

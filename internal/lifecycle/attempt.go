@@ -57,33 +57,43 @@ func (at *attempt) close() {
 }
 
 // RoundTrip is the reverse proxy's transport: it runs the request's legs
-// in order, each through its attempt loop, reads an earlier leg's body to
-// its end, and hands the last leg's response to the front (Respond). Its
-// error, when no backend produced a response, goes to Fail.
+// in order, each through its attempt loop (a Beside leg and the next one
+// as a pair, pair.go), reads an earlier leg's body to its end, and hands
+// the last leg's response to the front (Respond). Its error, when no
+// backend produced a response, goes to Fail.
 func (p *Plane) RoundTrip(r *Request, req *http.Request) (*http.Response, error) {
 	base := *req.URL
 	last := len(r.Legs) - 1
+	split := last > 0
 	var prev []byte
 	sent := false
 	for i := range r.Legs {
 		r.cur = i
 		l := &r.Legs[i]
-		if l.skipped {
+		if l.skipped || (l.Beside && i < last) {
+			// A Beside leg runs with the next one (pair).
+			if split && !l.skipped {
+				r.trace.LegStart(l)
+			}
 			prev = nil
 			continue
 		}
-		if l.Beside && i < last {
-			p.beside(r, l, req, &base)
-			prev = nil
-			continue
+		if split {
+			r.trace.LegStart(l)
 		}
-		at := p.attempts(r, l, req, &base, !sent, i == last, prev)
+		var at attempt
+		if i > 0 && r.Legs[i-1].Beside && !r.Legs[i-1].skipped {
+			at = p.pair(r, &r.Legs[i-1], l, req, &base, !sent, i == last)
+		} else {
+			at = p.attempts(r, l, req, &base, !sent, i == last, prev)
+		}
 		sent = true
 		if at.err != nil && !p.skip(r, l, req, at.err, i == last) {
 			return nil, at.err
 		}
 		if l.skipped {
 			at.close()
+			r.trace.LegEnd(l)
 			prev = nil
 			continue
 		}
@@ -96,9 +106,14 @@ func (p *Plane) RoundTrip(r *Request, req *http.Request) (*http.Response, error)
 		}
 		if err := p.drain(l, at); err != nil {
 			if !p.skip(r, l, req, err, false) {
+				r.trace.LegEnd(l)
 				return nil, err
 			}
 		}
+		// The leg's engine is done with the request: its load is released
+		// now, not when the last leg's stream ends (Settle judges it).
+		l.A.Done(time.Now())
+		r.trace.LegEnd(l)
 		prev = l.Answer
 		if l.skipped {
 			prev = nil
@@ -119,14 +134,7 @@ func (p *Plane) attempts(r *Request, l *Leg, req *http.Request, base *url.URL, f
 	ctx := req.Context()
 	for n := 0; ; n++ {
 		p.probe(r, l)
-		out := req
-		if n > 0 || !first {
-			out = req.Clone(ctx)
-			u := *base
-			out.URL = &u
-		}
-		setTarget(out, l.Target.B.URL)
-		setBody(out, l.body(r.Body, prev))
+		out := l.outbound(ctx, req, base, n == 0 && first, l.body(r.Body, prev))
 		at := p.try(r, l, out, last)
 		if at.err == nil {
 			return at
@@ -227,6 +235,7 @@ func (p *Plane) try(r *Request, l *Leg, out *http.Request, last bool) attempt {
 // answer's first byte comes with its last).
 func (p *Plane) firstContent(r *Request, l *Leg, last bool) {
 	now := time.Now()
+	l.first = now
 	l.A.FirstByte(now)
 	p.wake()
 	if !last {
@@ -264,6 +273,7 @@ func (p *Plane) drain(l *Leg, at attempt) error {
 	}
 	l.Answer = answer.Bytes()
 	l.end.Complete = true
+	l.ended = time.Now()
 	return nil
 }
 
@@ -393,6 +403,25 @@ func (ft *firstToken) done() bool {
 	return ft != nil && !ft.t.Stop() && ft.fired.Load()
 }
 
+// outbound is what an attempt of leg l sends: body, to l's backend, under
+// ctx: req itself when reuse (the first leg's first attempt: the reverse
+// proxy's outbound request), else a copy aimed from base.
+func (l *Leg) outbound(ctx context.Context, req *http.Request, base *url.URL, reuse bool, body []byte) *http.Request {
+	out := req
+	switch {
+	case !reuse:
+		out = req.Clone(ctx)
+		u := *base
+		out.URL = &u
+	case ctx != req.Context():
+		out = req.WithContext(ctx)
+	}
+	setTarget(out, l.Target.B.URL)
+	setBody(out, body)
+	l.markSent()
+	return out
+}
+
 // setTarget points out at the backend with base URL base, keeping the
 // inbound path (appended to base's path) and query.
 func setTarget(out *http.Request, base *url.URL) {
@@ -419,35 +448,40 @@ func setBody(out *http.Request, body []byte) {
 }
 
 // beside sends a Beside leg once, from a copy of req aimed from base, on a
-// goroutine of its own: its first byte is its prefill done, its body is
-// read to its end and dropped, its failure kept for Settle to judge. It is
-// not traced as an attempt of the request (the trace follows the legs run
-// in turn).
-func (p *Plane) beside(r *Request, l *Leg, req *http.Request, base *url.URL) {
+// goroutine of its own, in the pair guarded by g (pair.go): its first byte
+// is its prefill done, its body is read to its end and dropped, its
+// failure kept for Settle to judge and, before the next leg's first byte,
+// reported to g (that leg waits for a KV cache that will never come). Its
+// engine's load is released when its attempt ends. It is not traced as an
+// attempt of the request (the trace follows the legs run in turn; the
+// leg's own span covers it).
+func (p *Plane) beside(r *Request, l *Leg, req *http.Request, base *url.URL, g *pairGuard) {
 	ctx, stop := context.WithCancel(req.Context())
-	out := req.Clone(ctx)
-	u := *base
-	out.URL = &u
-	setTarget(out, l.Target.B.URL)
-	setBody(out, l.body(r.Body, nil))
+	out := l.outbound(ctx, req, base, false, l.body(r.Body, nil))
 	l.done, l.stop = make(chan struct{}), stop
+	l.failed, l.status, l.responded, l.end, l.first, l.ended = nil, 0, false, BodyEnd{}, time.Time{}, time.Time{}
 	go func() {
 		defer close(l.done)
-		resp, err := p.Upstream.RoundTrip(out)
-		if err != nil {
+		fail := func(err error) {
 			if ctx.Err() == nil {
 				l.failed = err
+				g.fail(err)
 			}
+		}
+		resp, err := p.Upstream.RoundTrip(out)
+		if err != nil {
+			fail(err)
 			return
 		}
 		defer resp.Body.Close()
 		l.status = resp.StatusCode
-		l.A.FirstByte(time.Now())
-		p.wake()
 		if resp.StatusCode >= 500 {
-			l.failed = members.StatusError(resp.StatusCode)
+			fail(members.StatusError(resp.StatusCode))
 			return
 		}
+		l.first = time.Now()
+		l.A.FirstByte(l.first)
+		p.wake()
 		l.responded = true
 		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
 			if ctx.Err() == nil {
@@ -456,6 +490,9 @@ func (p *Plane) beside(r *Request, l *Leg, req *http.Request, base *url.URL) {
 			return
 		}
 		l.end.Complete = true
+		l.ended = time.Now()
+		l.A.Done(l.ended)
+		p.wake()
 	}()
 }
 

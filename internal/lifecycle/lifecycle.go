@@ -20,9 +20,12 @@
 //	                          RoundTrip: for each leg ─▶ attempt ─▶ first byte? ─no─▶ judge, reroute ─┐
 //	                                                       ▲                                         │
 //	                                                       └─────────────────────────────────────────┘
+//	                          (an earlier leg: its answer read, its load released at once;
+//	                           a Beside leg and the next: a pair, sent again together, pair.go)
 //	                          front relays the last leg's body
 //	                          Settle: status, breaker (each leg's last attempt), release, wake,
-//	                                  metrics, decision log, then the front's own records
+//	                                  metrics (per leg for a split request), decision log,
+//	                                  then the front's own records
 //
 // It must not know the client's transport (no http.ResponseWriter), make
 // routing decisions (package scheduler does) or keep per-backend state
@@ -87,6 +90,13 @@ type Trace interface {
 	AttemptFailed(err error)
 	// FirstByte ends the current attempt's first-byte span.
 	FirstByte()
+	// LegStart starts the span of a leg of a split request (the legs of
+	// a request of one leg are not traced apart); the attempts that
+	// follow are its children, until LegEnd ends it with what became of
+	// the leg. A leg still open when the request ends is ended by the
+	// front.
+	LegStart(l *Leg)
+	LegEnd(l *Leg)
 }
 
 // BodyEnd is how a relayed response body ended.
@@ -124,6 +134,10 @@ type Request struct {
 	// TTFT is the time from arrival to the last leg's first content byte,
 	// 0 until it comes.
 	TTFT time.Duration
+	// Whole, when set, is why a request that could have been split over
+	// a prefill and a decode engine is served whole (its one leg's
+	// reason says so).
+	Whole string
 	// Status is the request's outcome, set by Settle: the status the
 	// client got, or 499 when it left first. Code is the error code of a
 	// request the router answered itself.
@@ -187,6 +201,11 @@ type Leg struct {
 	stop   context.CancelFunc
 	status int
 	end    BodyEnd
+	// sent is when the leg was first sent (retries included in its time),
+	// first when its answering attempt's first content byte came, ended
+	// when an earlier leg's answer was read to its end; zero until then
+	// (times.go).
+	sent, first, ended time.Time
 }
 
 // Init starts r at start, carried by front, traced by trace: one leg with
@@ -254,6 +273,13 @@ type Plane struct {
 	Unrouted func(policy, model string, status int)
 	// Decisions is the admin API's decision log; nil: none.
 	Decisions *admin.Log
+	// Bind gives a routed request's legs the bodies that name each
+	// other's engines (SGLang's bootstrap fields): after routing, and
+	// again each time a pair of legs is sent anew. Nil: none.
+	Bind func(r *Request)
+	// Split observes a settled split request's per-leg timings (its
+	// first leg the prefill, its last the decode); nil: none.
+	Split func(r *Request, t LegTimes)
 	// Reading is how Read parses and checks a completion's body.
 	Reading Reading
 }

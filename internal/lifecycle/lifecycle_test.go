@@ -57,6 +57,8 @@ func (noTrace) RouteEnd(*scheduler.Assignment, error) {}
 func (noTrace) Attempt(*Request, *Leg, *http.Request) {}
 func (noTrace) AttemptFailed(error)                   {}
 func (noTrace) FirstByte()                            {}
+func (noTrace) LegStart(*Leg)                         {}
+func (noTrace) LegEnd(*Leg)                           {}
 
 // backend is a test backend that records the bodies it gets and answers
 // with status and its name.

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -37,6 +38,11 @@ func (p *Plane) Settle(r *Request, aborted bool) {
 		p.wake()
 	}
 	p.count(r, end, now)
+	if p.Split != nil {
+		if t, ok := r.legTimes(); ok {
+			p.Split(r, t)
+		}
+	}
 	p.record(r)
 	r.front.Settled(r)
 }
@@ -100,14 +106,14 @@ func (p *Plane) count(r *Request, end BodyEnd, now time.Time) {
 
 // record logs the settled routing decision of a routed request: its final
 // backend and reason (or the error code of a request the router answered
-// itself), how many retries it took, and its status. It reads the
-// request's view, never its body.
+// itself), how many retries it took, and its status; for a split request
+// each leg. It reads the request's view, never its body.
 func (p *Plane) record(r *Request) {
 	if r.View == nil || p.Decisions == nil {
 		return
 	}
 	d := admin.Decision{Time: r.Start, Model: r.View.Model, Session: r.View.SessionKey, PromptTokens: r.View.PromptTokens,
-		TTFTMillis: float64(r.TTFT) / float64(time.Millisecond), Retries: r.Retries(), Status: r.Status, Reason: r.Code}
+		TTFTMillis: float64(r.TTFT) / float64(time.Millisecond), Retries: r.Retries(), Status: r.Status, Reason: r.Code, Whole: r.Whole}
 	l := r.Leg()
 	if l.Target != nil {
 		d.Backend = l.Target.B.Name
@@ -115,18 +121,72 @@ func (p *Plane) record(r *Request) {
 	if l.A != nil {
 		d.Reason = r.Reason()
 	}
+	if len(r.Legs) > 1 {
+		d.Legs = make([]admin.Leg, len(r.Legs))
+		for i := range r.Legs {
+			d.Legs[i] = r.Legs[i].decision(r)
+		}
+	}
 	p.Decisions.Record(d)
 }
 
-// Reason is why the request went where it went: its leg's decision, or for
-// a request of several legs each leg's role, backend and decision, in
-// order ("prefill a: ...; decode b: ..."), a skipped leg so marked.
+// decision is leg l of r as the decision log shows it.
+func (l *Leg) decision(r *Request) admin.Leg {
+	d := admin.Leg{Role: l.Role, Attempts: l.Attempts(), Skipped: l.skipReason()}
+	if l.Target != nil {
+		d.Backend = l.Target.B.Name
+	}
+	if l.A != nil && !l.skipped {
+		d.Reason = l.A.Reason
+		if l.whole(r) {
+			d.Whole = true
+		}
+	}
+	return d
+}
+
+// skipReason is why leg l was skipped, "" when it was not.
+func (l *Leg) skipReason() string {
+	switch {
+	case l.A == nil:
+		return "no backend"
+	case l.skipped:
+		return "failed on " + l.Target.B.Name
+	}
+	return ""
+}
+
+// whole reports whether leg l, the last of a split request, served it
+// whole: every earlier leg was skipped.
+func (l *Leg) whole(r *Request) bool {
+	if len(r.Legs) < 2 || l != &r.Legs[len(r.Legs)-1] {
+		return false
+	}
+	for i := range r.Legs[:len(r.Legs)-1] {
+		if !r.Legs[i].skipped {
+			return false
+		}
+	}
+	return true
+}
+
+// Reason is why the request went where it went: its leg's decision
+// (prefixed "whole (why): " for a request the router chose not to split),
+// or for a request of several legs each leg's role, backend and decision,
+// in order ("prefill a: ...; decode b: ..."): a leg sent more than once
+// says after how many retries, a skipped leg why, and a decode leg that
+// served the request whole after its prefill leg was skipped says so
+// ("decode b (whole): ...").
 func (r *Request) Reason() string {
 	if len(r.Legs) == 1 {
-		if a := r.Legs[0].A; a != nil {
-			return a.Reason
+		a := r.Legs[0].A
+		switch {
+		case a == nil:
+			return ""
+		case r.Whole != "":
+			return "whole (" + r.Whole + "): " + a.Reason
 		}
-		return ""
+		return a.Reason
 	}
 	var b strings.Builder
 	for i := range r.Legs {
@@ -143,7 +203,17 @@ func (r *Request) Reason() string {
 			b.WriteString(" skipped after failing on " + l.Target.B.Name)
 			continue
 		}
-		b.WriteString(" " + l.Target.B.Name + ": " + l.A.Reason)
+		b.WriteString(" " + l.Target.B.Name)
+		if l.whole(r) {
+			b.WriteString(" (whole)")
+		}
+		switch {
+		case l.Retries == 1:
+			b.WriteString(" after 1 retry")
+		case l.Retries > 1:
+			b.WriteString(" after " + strconv.Itoa(l.Retries) + " retries")
+		}
+		b.WriteString(": " + l.A.Reason)
 	}
 	return b.String()
 }

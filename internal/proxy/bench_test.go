@@ -87,6 +87,13 @@ func benchHop(b *testing.B, pol string, size, clients int) {
 	body := hopBody("bench-model", size)
 	pol, tracing := strings.CutSuffix(pol, "+tracing")
 	router := benchRouter(b, backend.URL, "bench-model", pol, tracing)
+	measureHop(b, backend.URL+"/v1/chat/completions", router+"/v1/chat/completions", body, clients)
+}
+
+// measureHop has clients each alternate a request of body to direct and
+// one to routed, b.N pairs in all, and reports the medians of both and
+// their difference.
+func measureHop(b *testing.B, direct, routed, body string, clients int) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients}}
 	defer client.CloseIdleConnections()
 	do := func(url string) (time.Duration, error) {
@@ -102,8 +109,6 @@ func benchHop(b *testing.B, pol string, size, clients int) {
 		}
 		return time.Since(start), nil
 	}
-	direct := backend.URL + "/v1/chat/completions"
-	routed := router + "/v1/chat/completions"
 	for _, u := range []string{direct, routed} {
 		if _, err := do(u); err != nil {
 			b.Fatal(err)

@@ -252,7 +252,7 @@ func TestVLLMPrefillFallback(t *testing.T) {
 	if len(d) != 1 || !reflect.DeepEqual(d[0].body, jsonOf(t, clientBody)) || d[0].header.Get("X-Request-Id") != "req-pd-2" {
 		t.Fatalf("decode got %v: want the client's own body once", d)
 	}
-	if reason := res.header.Get(headerReason); !strings.HasPrefix(reason, "prefill skipped after failing on p0; decode d0: ") {
+	if reason := res.header.Get(headerReason); !strings.HasPrefix(reason, "prefill skipped after failing on p0; decode d0 (whole): ") {
 		t.Errorf("reason %q: want the prefill skipped", reason)
 	}
 }

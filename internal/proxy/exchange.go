@@ -75,6 +75,10 @@ type exchange struct {
 	// its first byte's; nil with tracing off.
 	ctx                                   context.Context
 	span, routing, attempt, firstByteSpan trace.Span
+	// legs are the spans of a split request's legs (tracing.go), legCtx
+	// the context of the leg being run, parent of its attempts' spans.
+	legs   []legSpan
+	legCtx context.Context
 	// op is the request's GenAI operation (gen_ai.operation.name), ""
 	// for none.
 	op string
@@ -109,6 +113,8 @@ func (s *Server) newPlane() *lifecycle.Plane {
 			s.metrics.requests.WithLabelValues(noBackend, policy, model, strconv.Itoa(status)).Inc()
 		},
 		Decisions: s.decisions,
+		Bind:      s.bind,
+		Split:     s.metrics.pd.observe,
 		Reading: lifecycle.Reading{Options: s.parse, RejectOverContext: s.cfg.Limits.RejectOverContext,
 			MaxBytesPerToken: s.cfg.Limits.MaxBytesPerToken},
 	}
@@ -143,7 +149,6 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 	}
 	s.split(ex)
 	if s.plane.Route(&ex.Request) {
-		s.bootstrap(ex)
 		ex.forward()
 	}
 }

@@ -39,6 +39,8 @@ type Metrics struct {
 	upstreamErrors      *prometheus.CounterVec
 	// bodyBudgetRejects counts bodies refused for limits.max_buffered_bytes.
 	bodyBudgetRejects prometheus.Counter
+	// pd are the prefill/decode disaggregation's (disagg.go).
+	pd pdMetrics
 }
 
 // NewMetrics returns the router's metrics over f, in a new registry.
@@ -104,6 +106,7 @@ func NewMetrics(f *fleet.Fleet) *Metrics {
 	}
 	m.reg.MustRegister(m.bodyBudgetRejects, m.requests, m.ttft, m.e2e, m.itl, m.tokensIn, m.tokensOut, buildInfo(), m.prefixHit, m.promptTokens, m.retries, m.ejections, m.upstreamErrors,
 		&fleetCollector{f: f}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.pd = newPDMetrics(m.reg)
 	return m
 }
 
@@ -114,7 +117,7 @@ func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 // record resolves once.
 func (m *Metrics) Series() members.Series {
 	return members.Series{Requests: m.requests, TTFT: m.ttft, E2E: m.e2e, ITL: m.itl, InputTokens: m.tokensIn, OutputTokens: m.tokensOut,
-		Ejections: m.ejections, UpstreamErrors: m.upstreamErrors}
+		Ejections: m.ejections, UpstreamErrors: m.upstreamErrors, Others: m.pd.families()}
 }
 
 // routed counts a routing decision's prompt and predicted cache hit.

@@ -62,9 +62,12 @@ type Server struct {
 	handler  http.Handler
 	// proxyLog is the reverse proxy's error log, at debug level.
 	proxyLog *log.Logger
-	// splitProto is the disaggregation protocol when the fleet has
+	// splitProto is the disaggregation protocol when the fleet may have
 	// prefill engines, "" otherwise (disagg.go).
 	splitProto string
+	// noDecodeWarned is when the last warning of a model served whole for
+	// want of a decode engine was logged (unix nanoseconds; disagg.go).
+	noDecodeWarned atomic.Int64
 	// tracing is the OpenTelemetry tracer; nil with tracing off.
 	tracing *tracing
 	// creds are the API keys and the sources of priority, replaced on
@@ -171,7 +174,7 @@ func New(p Parts) (*Server, error) {
 	s.shares.limit = cfg.Limits.BufferedBytesPerClient()
 	s.via = viaName()
 	s.passAllow = cfg.Passthrough.Endpoints()
-	if cfg.Split() {
+	if cfg.MaySplit() {
 		s.splitProto = cfg.Disaggregation.Protocol
 	}
 	s.limits = newLimitHits(s.metrics.reg, logger)

@@ -256,12 +256,84 @@ func (ex *exchange) viewSpan() {
 	ex.span.SetAttributes(attribute.String("gen_ai.request.model", ex.View.Model))
 }
 
-// child starts a child span of the exchange's; nil when tracing is off.
+// child starts a child span of the exchange's (of the current leg's, for a
+// split request); nil when tracing is off.
 func (ex *exchange) child(name string, kind trace.SpanKind) (context.Context, trace.Span) {
 	if ex.span == nil {
 		return nil, nil
 	}
-	return ex.s.tracing.tracer.Start(ex.ctx, name, trace.WithSpanKind(kind))
+	parent := ex.ctx
+	if ex.legCtx != nil {
+		parent = ex.legCtx
+	}
+	return ex.s.tracing.tracer.Start(parent, name, trace.WithSpanKind(kind))
+}
+
+// legSpan is the span of one leg of a split request.
+type legSpan struct {
+	leg  *lifecycle.Leg
+	span trace.Span
+	ctx  context.Context
+}
+
+// LegStart starts the span of a leg of a split request, named for its role
+// ("prefill", "decode"), a child of the exchange's (lifecycle.Trace): the
+// attempts of a leg run in turn are its children (a Beside leg, sent with
+// the next one, has none).
+func (ex *exchange) LegStart(l *lifecycle.Leg) {
+	if ex.span == nil {
+		return
+	}
+	ctx, sp := ex.s.tracing.tracer.Start(ex.ctx, l.Role, trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(attribute.String("kvroute.leg.role", l.Role)))
+	ex.legs = append(ex.legs, legSpan{leg: l, span: sp, ctx: ctx})
+	if !l.Beside {
+		ex.legCtx = ctx
+	}
+}
+
+// LegEnd ends a leg's span with what became of the leg, and the span of
+// its last attempt (lifecycle.Trace).
+func (ex *exchange) LegEnd(l *lifecycle.Leg) {
+	endSpan(ex.firstByteSpan, nil)
+	if ex.attempt != nil {
+		if st := l.Status(); st != 0 {
+			ex.attempt.SetAttributes(attribute.Int("http.response.status_code", st))
+		}
+		endSpan(ex.attempt, nil)
+	}
+	ex.firstByteSpan, ex.attempt = nil, nil
+	for i := range ex.legs {
+		if ls := &ex.legs[i]; ls.leg == l && ls.span != nil {
+			endLeg(ls.span, l, time.Time{})
+			ls.span = nil
+			if ex.legCtx == ls.ctx {
+				ex.legCtx = nil
+			}
+		}
+	}
+}
+
+// endLeg ends a leg's span at end (now when zero) with its backend, its
+// attempts and, for a skipped leg, why.
+func endLeg(sp trace.Span, l *lifecycle.Leg, end time.Time) {
+	attrs := []attribute.KeyValue{attribute.Int("kvroute.attempts", l.Attempts())}
+	if l.Target != nil {
+		attrs = append(attrs, attribute.String("kvroute.backend", l.Target.B.Name))
+	}
+	if l.Retries > 0 {
+		attrs = append(attrs, attribute.Int("kvroute.retries", l.Retries))
+	}
+	sp.SetAttributes(attrs...)
+	if l.Skipped() || l.A == nil {
+		sp.SetAttributes(attribute.Bool("kvroute.leg.skipped", true))
+		sp.SetStatus(codes.Error, "leg skipped")
+	}
+	if end.IsZero() {
+		sp.End()
+		return
+	}
+	sp.End(trace.WithTimestamp(end))
 }
 
 // endSpan ends sp, marking it failed when err is not nil.
@@ -360,6 +432,12 @@ func (ex *exchange) endTrace() {
 	if ex.attempt != nil {
 		ex.attempt.SetAttributes(status)
 		endSpan(ex.attempt, err)
+	}
+	for i := range ex.legs {
+		if ls := &ex.legs[i]; ls.span != nil {
+			endLeg(ls.span, ls.leg, ls.leg.EndedAt()) // a Beside leg ended on its own
+			ls.span = nil
+		}
 	}
 	ex.span.SetAttributes(status, attribute.Int("kvroute.retries", ex.Retries()))
 	if ex.op != "" && ex.relay != nil && ex.relay.counted {

@@ -26,7 +26,10 @@ import (
 //     connections to the backends.
 //
 // Every other setting is read once at startup; a change to it is logged as
-// needing a restart and otherwise ignored.
+// needing a restart and otherwise ignored. A configuration that makes a
+// fleet that could not split requests able to (its first prefill role, or
+// Kubernetes pool, whose pods' labels may name prefill engines) is refused:
+// that takes a restart.
 func (s *Server) Reload(cfg *config.Config) error {
 	entries, err := cfg.Entries()
 	if err != nil {
@@ -47,6 +50,11 @@ func (s *Server) Reload(cfg *config.Config) error {
 	s.reload.Lock()
 	defer s.reload.Unlock()
 	old := s.last
+	if cfg.MaySplit() && !old.MaySplit() {
+		// The role filter is built at startup: without it a prefill
+		// engine would take whole requests.
+		return errors.New("reload: the configuration names the fleet's first prefill engine (backends[].role) or Kubernetes pool: splitting requests takes a restart")
+	}
 	if cfg.Policy != old.Policy || cfg.PolicyOptions != old.PolicyOptions {
 		p, err := policy.New(cfg.Policy, policy.Options{Seed: cfg.PolicyOptions.Seed, LoadFactor: cfg.PolicyOptions.LoadFactor})
 		if err != nil {

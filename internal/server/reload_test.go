@@ -37,3 +37,27 @@ func TestRestartKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestReloadFirstPrefillRole: a reload that gives a fleet that could not
+// split requests its first prefill engine is refused (the role filter is
+// built at startup; without it the prefill engine would take whole
+// requests), and the configuration in force keeps serving.
+func TestReloadFirstPrefillRole(t *testing.T) {
+	cfg := config.Default()
+	cfg.Backends = []config.Backend{{URL: "http://127.0.0.1:1", Name: "a", Models: []string{"m"}}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := *cfg
+	next.Backends = append(slices.Clone(cfg.Backends), config.Backend{URL: "http://127.0.0.1:2", Name: "p", Models: []string{"m"}, Role: config.RolePrefill})
+	if err := next.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Reload(&next); err == nil || len(s.Fleet().Snapshot().All) != 1 {
+		t.Errorf("reload to a first prefill engine: error %v, %d backends: want refused, the old fleet kept", err, len(s.Fleet().Snapshot().All))
+	}
+}

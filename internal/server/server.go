@@ -101,9 +101,13 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		pc := cfg.KVEvents.Precise()
 		sc.Precise = &pc
 	}
-	if cfg.Split() {
-		// Each leg goes to an engine of its role (package disagg).
-		sc.Filters = append(sc.Filters, disagg.Roles{Of: s.roleOf})
+	if cfg.MaySplit() {
+		// Each leg goes to an engine of its role (package disagg), the
+		// roles of the live fleet (a pod's label for a Kubernetes pool);
+		// the members are built below, hence the closure.
+		// vLLM's prefill engines (any KV connector's) serve a whole
+		// request when nothing else can; SGLang's do not.
+		sc.Filters = append(sc.Filters, disagg.Roles{Of: func(b *fleet.Backend) string { return s.set.RoleOf(b) }, Whole: cfg.Disaggregation.Protocol == config.ProtocolVLLM})
 	}
 	s.sched = scheduler.New(s.fleet, p, sc)
 	s.metrics = proxy.NewMetrics(s.fleet)
@@ -116,7 +120,8 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 			return nil, err
 		}
 		follower := members.NewKVFollower(s.fleet, s.sched.Precise(), cfg.KVEvents, reg, logger)
-		stream, series.Others = follower.Follow, follower.Families()
+		stream = follower.Follow
+		series.Others = append(series.Others, follower.Families()...)
 	}
 	s.set = members.New(members.Config{
 		Fleet:          s.fleet,
@@ -295,14 +300,4 @@ func (s *Server) newSync() error {
 	}
 	s.peers = l
 	return nil
-}
-
-// roleOf is backend b's role in disaggregated serving (its entry's, or
-// its pod's label for a Kubernetes pool): the role filter's lookup, both
-// for a backend without a record.
-func (s *Server) roleOf(b *fleet.Backend) string {
-	if m := s.set.Of(b); m != nil {
-		return config.RoleOf(&m.Entry.Backend)
-	}
-	return config.RoleBoth
 }
