@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvroute/kvroute/internal/costmodel"
 )
 
 // DefaultPrefillRate is the prior prefill rate in tokens per second, used
@@ -110,6 +112,8 @@ type Backend struct {
 	engineRate atomic.Uint64
 	// limits are the engine's limits and decode time (limits.go).
 	limits engineLimits
+	// cost is the engine's cost model (cost.go); nil until first asked.
+	cost atomic.Pointer[costmodel.Model]
 }
 
 // Load is the router's own accounting of a backend, read atomically field
@@ -297,7 +301,7 @@ func (b *Backend) Start(promptTokens, uncached, outputBudget int64, now time.Tim
 	promptTokens = clampTokens(promptTokens)
 	uncached = min(clampTokens(uncached), promptTokens)
 	outputBudget = clampTokens(outputBudget)
-	b.inflight.Add(1)
+	queued := b.inflight.Add(1) - 1
 	b.pendingPrefill.Add(uncached)
 	b.routedPrompt.Add(promptTokens)
 	b.routedCached.Add(promptTokens - uncached)
@@ -308,6 +312,7 @@ func (b *Backend) Start(promptTokens, uncached, outputBudget int64, now time.Tim
 		budget: outputBudget,
 		start:  now,
 		mark:   b.prefilled.Load(),
+		queued: queued,
 	}
 }
 
@@ -340,7 +345,10 @@ type Ticket struct {
 	prompt, uncach, budget int64
 	start                  time.Time
 	// mark is the backend's prefilled count when the request was routed.
-	mark   int64
+	mark int64
+	// queued is the backend's requests in flight (this router's) when it
+	// was routed.
+	queued int64
 	state  atomic.Int32
 	noRate atomic.Bool
 }
@@ -352,7 +360,7 @@ func (t *Ticket) NoRateSample() { t.noRate.Store(true) }
 
 // FirstByte marks the arrival of the first response byte: the request's
 // prefill tokens leave PendingPrefill and it becomes a decoding stream, and
-// the observed TTFT teaches the backend's prefill rate. Only the first call
+// the observed TTFT teaches the backend's prefill rate and its cost model. Only the first call
 // counts; a call after Done does nothing. It returns the change it made
 // to the backend's Load (zero when it made none), for sharing with peer
 // replicas.
@@ -361,6 +369,7 @@ func (t *Ticket) FirstByte(now time.Time) Load {
 		return Load{}
 	}
 	b := t.b
+	l := b.KnownLoad()
 	b.decoding.Add(1)
 	b.decodeBudget.Add(t.budget)
 	b.decodeTokens.Add(t.prompt)
@@ -368,6 +377,7 @@ func (t *Ticket) FirstByte(now time.Time) Load {
 	done := b.prefilled.Add(t.uncach)
 	if !t.noRate.Load() {
 		b.observeRate(done-t.mark, now.Sub(t.start))
+		b.observeTTFT(done-t.mark, t.uncach, t.prompt-t.uncach, t.queued, l, now.Sub(t.start), now)
 	}
 	return Load{PendingPrefill: -t.uncach, Decoding: 1, DecodeBudget: t.budget, DecodeTokens: t.prompt}
 }

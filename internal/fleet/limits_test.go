@@ -65,8 +65,37 @@ func TestLimitsPrecedence(t *testing.T) {
 	b.SetEngineMaxNumSeqs(0)
 	b.SetMaxBatchedTokens(512)
 	b.SetContextLen(-3)
-	if got, want := b.Limits(), (Limits{MaxNumSeqs: 8, MaxBatchedTokens: 512}); got != want {
+	if got, want := b.Limits(), (Limits{MaxNumSeqs: 8, MaxBatchedTokens: 512, PlausibleSeqs: 8}); got != want {
 		t.Fatalf("Limits() = %+v, want %+v", got, want)
+	}
+}
+
+// TestColdCap: before a learned cap is confirmed, the running count an
+// engine held with requests waiting is its plausible cap; a higher count
+// replaces it (and starts the confirmations afresh); nothing waiting, or
+// a full KV cache, suggests none.
+func TestColdCap(t *testing.T) {
+	b := New().Add("b", nil, nil)
+	b.ObserveRunning(5, 0, 0.1)
+	if got := b.Limits(); got.PlausibleSeqs != 0 || got.MaxNumSeqs != 0 {
+		t.Fatalf("nothing waiting: %+v, want no cap", got)
+	}
+	b.ObserveRunning(5, 3, 0.9)
+	if got := b.Limits(); got.PlausibleSeqs != 0 {
+		t.Fatalf("waiting with a full KV cache: %+v, want no cap", got)
+	}
+	b.ObserveRunning(5, 3, 0.1)
+	if got := b.Limits(); got.PlausibleSeqs != 5 || got.MaxNumSeqs != 0 {
+		t.Fatalf("5 running, 3 waiting once: %+v, want plausible 5, none confirmed", got)
+	}
+	b.ObserveRunning(7, 0, 0.1)
+	if got := b.Limits(); got.PlausibleSeqs != 0 {
+		t.Fatalf("7 running since: %+v, want no plausible cap until 7 is seen with a queue", got)
+	}
+	b.ObserveRunning(7, 1, 0.1)
+	b.ObserveRunning(7, 1, 0.1)
+	if got := b.Limits(); got.PlausibleSeqs != 7 || got.MaxNumSeqs != 7 {
+		t.Fatalf("7 confirmed: %+v, want 7", got)
 	}
 }
 
