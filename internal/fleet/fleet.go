@@ -370,6 +370,7 @@ func (t *Ticket) FirstByte(now time.Time) Load {
 	}
 	b := t.b
 	l := b.KnownLoad()
+	b.limits.observed.Store(true)
 	b.decoding.Add(1)
 	b.decodeBudget.Add(t.budget)
 	b.decodeTokens.Add(t.prompt)

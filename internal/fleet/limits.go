@@ -63,6 +63,9 @@ type engineLimits struct {
 	// configured maxNumSeqs.
 	reportedSeqs atomic.Int64
 	learnedCap   capState
+	// observed is set once the engine has shown anything of its running
+	// sequences: a reading of its running count, or a first byte.
+	observed atomic.Bool
 	// decodeTime holds the float64 bits of the engine's time per output
 	// token in seconds (see ObserveEngineDecode); 0 until then.
 	decodeTime atomic.Uint64
@@ -103,6 +106,8 @@ func (b *Backend) Limits() Limits {
 			l.MaxNumSeqs = int(s >> 32)
 		} else if uint32(s) > 0 {
 			l.PlausibleSeqs = int(s >> 32)
+		} else if !b.limits.observed.Load() {
+			l.PlausibleSeqs = 1
 		}
 	}
 	if l.MaxNumSeqs > 0 {
@@ -113,7 +118,12 @@ func (b *Backend) Limits() Limits {
 
 // The cold-start cap, for an engine whose cap is not confirmed yet (see
 // CapConfirmations): route as if its cap were the smallest one that what
-// has been observed allows. Once the engine has been seen holding its
+// has been observed allows. Before anything is observed (no reading of
+// its running count, no first byte), that is one: a burst onto fresh
+// engines spreads by count, whatever their prefill queues, instead of
+// piling short prompts onto the one engine whose queue of tokens is
+// shortest (60 of 63 on four engines, TestColdBurstSpreads in package
+// sim). Once the engine has been seen holding its
 // highest running count so far with requests waiting (and its KV cache
 // at most CapKVUsage full), that count is its plausible cap
 // (Limits.PlausibleSeqs), until a higher count or the confirmations
@@ -125,6 +135,7 @@ func (b *Backend) Limits() Limits {
 // sequences, waiting requests and KV cache usage 0..1 (negative when the
 // engine does not report it); see CapConfirmations.
 func (b *Backend) ObserveRunning(running, waiting int, kvUsage float64) {
+	b.limits.observed.Store(true)
 	if running <= 0 || running >= math.MaxInt32 {
 		return
 	}

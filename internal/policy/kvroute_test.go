@@ -49,6 +49,9 @@ func fxBackends(t testing.TB, loads ...fxLoad) []*fleet.Backend {
 	out := make([]*fleet.Backend, len(loads))
 	for i, l := range loads {
 		b := f.Add(fmt.Sprintf("b%d", i), nil, nil)
+		// An engine seen before (a reading of nothing running): the
+		// cold-start cap (fleet.Limits.PlausibleSeqs) is not the subject.
+		b.ObserveRunning(0, 0, -1)
 		if l.rate > 0 {
 			// fxRateSamples observed TTFTs on an idle backend at l.rate
 			// (for the policies that read the learned rate), and a cost
@@ -784,6 +787,9 @@ func TestKVRouteReplicasAgreeOnHolder(t *testing.T) {
 func replicaView(r int, pending []int64, turn int64) []*fleet.Backend {
 	f := fleet.New()
 	cands := []*fleet.Backend{f.Add("b0", nil, nil), f.Add("b1", nil, nil), f.Add("b2", nil, nil)}
+	for _, b := range cands {
+		b.ObserveRunning(0, 0, -1) // seen before: no cold-start cap
+	}
 	for i, p := range pending {
 		if p == 0 {
 			continue
