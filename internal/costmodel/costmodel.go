@@ -274,6 +274,9 @@ const ridge = 1e-8
 // solved in units of the prior's.
 const minCoeff = 1e-18
 
+// Chunk is the prior's token budget per step, at least 1.
+func (m *Model) Chunk() int64 { return max(m.prior.Chunk, 1) }
+
 // Prior returns the model's prior.
 func (m *Model) Prior() Prior { return m.prior }
 
@@ -505,10 +508,22 @@ func (g *Mean) Add(c Coeffs) {
 		}
 	}
 	for k := range n {
-		fr, ex := math.Frexp(g.m[k] * max(v[k], minCoeff))
-		g.m[k], g.e[k] = fr, g.e[k]+ex
+		g.m[k] *= min(max(v[k], minCoeff), 1e18)
 	}
 	g.count++
+	// Eight factors within [1e-18, 1e18] stay within a float64's range:
+	// renormalise once every eight.
+	if g.count%8 == 0 {
+		g.normalise()
+	}
+}
+
+// normalise moves the running products' exponents into e.
+func (g *Mean) normalise() {
+	for k := range n {
+		fr, ex := math.Frexp(g.m[k])
+		g.m[k], g.e[k] = fr, g.e[k]+ex
+	}
 }
 
 // Coeffs returns the mean; the zero Coeffs when nothing was added.
@@ -516,6 +531,7 @@ func (g *Mean) Coeffs() Coeffs {
 	if g.count == 0 {
 		return Coeffs{}
 	}
+	g.normalise()
 	var v [n]float64
 	for k := range n {
 		v[k] = math.Exp2((math.Log2(g.m[k]) + float64(g.e[k])) / float64(g.count))

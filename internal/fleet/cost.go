@@ -29,10 +29,10 @@ func (b *Backend) SetCostModel(m *costmodel.Model) { b.cost.Store(m) }
 // max_num_batched_tokens when known (Limits), else its cost model's
 // prior's.
 func (b *Backend) Chunk() int64 {
-	if c := b.Limits().MaxBatchedTokens; c > 0 {
-		return int64(c)
+	if c := b.limits.maxBatchedTokens.Load(); c > 0 {
+		return c
 	}
-	return max(b.Cost().Prior().Chunk, 1)
+	return b.Cost().Chunk()
 }
 
 // observeTTFT teaches b's cost model one request's time to first token:
