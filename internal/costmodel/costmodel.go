@@ -141,12 +141,16 @@ func Generic() Prior {
 		Coeffs: Coeffs{
 			Step:  0.015,
 			Token: 1e-4 - 0.015/GenericChunk,
-			// A pair of tokens in prefill attention costs about 2e-5 of
-			// a prefill token (4 x layers x width FLOPs against 2 x
-			// parameters: 3e-5 for a Llama-3-8B), and a context token
-			// a decoding sequence reads about a thousandth (its K and V
-			// against the matmuls of a token).
-			Attn: 2e-9,
+			// A pair of tokens in prefill attention costs 1e-7 of a
+			// prefill token: with flash attention it is a small share
+			// of a prompt below tens of thousands of tokens (a 20,000-
+			// token prompt's pairs cost 2% of its tokens), and the prior
+			// leans low so that a long prompt is not priced away before
+			// the engine shows its cost (see fleet's TTFT samples). A
+			// context token a decoding sequence reads costs about a
+			// thousandth of a prefill token (its K and V against the
+			// matmuls of a token).
+			Attn: 1e-11,
 			Seq:  1e-4,
 			Ctx:  1e-7,
 		},
@@ -234,6 +238,9 @@ type Model struct {
 	count int64
 
 	fit atomic.Pointer[Fit]
+	// anchor is what an unrefreshed fit decays toward (SetAnchor); nil:
+	// the prior.
+	anchor atomic.Pointer[anchor]
 	// frozen models publish their prior and learn nothing (a router told
 	// the true coefficients).
 	frozen bool
@@ -265,14 +272,62 @@ func Frozen(p Prior) *Model {
 // apart (prefills of one size: a step or a token?), the one that explains
 // more of the time at the prior takes the difference; and one that the
 // samples do exercise is barely biased, however far its truth lies from
-// the prior (an engine's attention term may be 100 times the generic
-// prior's, and the samples' information on it in these units 10^4 times
+// the prior (an engine's attention term may be 10^4 times the generic
+// prior's, and the samples' information on it in these units 10^8 times
 // smaller).
-const ridge = 1e-8
+const ridge = 1e-12
 
 // minCoeff is the least a prior coefficient may be (seconds): the fit is
 // solved in units of the prior's.
 const minCoeff = 1e-18
+
+// anchor is the coefficients a fit decays toward, with the log2 of each.
+type anchor struct {
+	c  Coeffs
+	lg [n]float64
+}
+
+// SetAnchor makes c what the model's estimate decays toward as its
+// evidence ages, in place of its prior: the fleet's coefficients (package
+// fleet sets them), so that an engine no traffic refreshes returns to what
+// its peers show rather than to a guess. A nil c restores the prior.
+func (m *Model) SetAnchor(c *Coeffs) {
+	if m.frozen {
+		return
+	}
+	if c == nil {
+		m.anchor.Store(nil)
+		return
+	}
+	a := &anchor{c: *c}
+	v := c.vec()
+	for k := range n {
+		a.lg[k] = math.Log2(max(v[k], minCoeff))
+	}
+	m.anchor.Store(a)
+}
+
+// Evidence is the weight, in samples, of the fit's samples at now: decayed
+// by their age (see HalfLife).
+func (m *Model) Evidence(now time.Time) float64 {
+	f := m.fit.Load()
+	if f.Weight <= 0 {
+		return 0
+	}
+	if age := now.Sub(f.At); age > 0 {
+		return f.Weight * math.Exp2(-age.Seconds()/HalfLife.Seconds())
+	}
+	return f.Weight
+}
+
+// Anchor returns what the model decays toward: its anchor, else its
+// prior's coefficients.
+func (m *Model) Anchor() Coeffs {
+	if a := m.anchor.Load(); a != nil {
+		return a.c
+	}
+	return m.prior.Coeffs
+}
 
 // Chunk is the prior's token budget per step, at least 1.
 func (m *Model) Chunk() int64 { return max(m.prior.Chunk, 1) }
@@ -284,7 +339,8 @@ func (m *Model) Prior() Prior { return m.prior }
 func (m *Model) Fit() *Fit { return m.fit.Load() }
 
 // Coeffs returns the coefficients at now: per coefficient, a weighted
-// geometric mean of the prior's and the fit's, the fit's share being
+// geometric mean of the prior's (or the anchor's, see SetAnchor) and the
+// fit's, the fit's share being
 // w^2/(w^2+S^2), w the weight of its samples decayed by its age (see
 // HalfLife) and S the prior's Samples. Geometric, because engines differ
 // by orders of magnitude: a sample of an engine 200 times slower than
@@ -298,7 +354,7 @@ func (m *Model) Fit() *Fit { return m.fit.Load() }
 func (m *Model) Coeffs(now time.Time) Coeffs {
 	f := m.fit.Load()
 	if f.Weight <= 0 {
-		return m.prior.Coeffs
+		return m.Anchor()
 	}
 	age := now.Sub(f.At)
 	if age < fresh {
@@ -311,16 +367,23 @@ func (m *Model) Coeffs(now time.Time) Coeffs {
 // decays by under 2.2%, and a read costs one atomic load.
 const fresh = HalfLife / 32
 
-// blend is f's coefficients at weight w (see Coeffs).
+// blend is f's coefficients at weight w (see Coeffs), against the
+// anchor, else the prior.
 func (m *Model) blend(f *Fit, w float64) Coeffs {
 	s2 := m.prior.Samples * m.prior.Samples
 	share := w * w / (w*w + s2)
+	a := m.anchor.Load()
 	if share < 1e-3 {
-		return m.prior.Coeffs
+		return m.Anchor()
 	}
 	var v [n]float64
 	for k := range n {
-		v[k] = m.p0[k] * math.Exp2(share*f.lr[k])
+		if a == nil {
+			v[k] = m.p0[k] * math.Exp2(share*f.lr[k])
+		} else {
+			fit := f.lr[k] + math.Log2(m.p0[k])
+			v[k] = math.Exp2(a.lg[k] + share*(fit-a.lg[k]))
+		}
 	}
 	return fromVec(v)
 }

@@ -53,14 +53,26 @@ func (b *Backend) observeTTFT(work, uncached, cached, queued int64, l Load, ttft
 		return
 	}
 	steps := float64(costmodel.Steps(work, b.Chunk()))
+	// The attention pairs only of a request that had the engine's prefill
+	// to itself (no other request's first byte came meanwhile): in a queue,
+	// what the work finished does not explain (prompts prefilled in part,
+	// preempted, waiting for KV blocks) grows with a long prompt's
+	// duration, and the attention term would absorb it (the learned term
+	// came out 1,000 times the engine's on the 70B preset's mixed
+	// workload).
+	var pairs float64
+	if work == uncached {
+		pairs = costmodel.AttnPairs(uncached, cached)
+	}
 	b.Cost().Observe(costmodel.Sample{
 		Steps:   steps,
 		Tokens:  float64(work),
-		Pairs:   costmodel.AttnPairs(uncached, cached),
+		Pairs:   pairs,
 		Seqs:    steps * float64(max(l.Decoding, 0)),
 		Ctx:     steps * float64(max(l.DecodeTokens, 0)),
 		Seconds: ttft.Seconds(),
 	}, now)
+	b.fleet.anchor(now)
 }
 
 // learnCost teaches b's cost model what one engine reading r shows: the
@@ -98,5 +110,44 @@ func (b *Backend) learnCost(r Reading) {
 		// computed: how many steps they took, and with what batch, the
 		// reading does not say, so it teaches the time per token alone.
 		m.Observe(costmodel.Sample{Tokens: r.PrefillTokens, Seconds: r.PrefillSeconds}, s.At)
+	}
+	b.fleet.anchor(s.At)
+}
+
+// AnchorEvery is how often, at most, the fleet's coefficients are
+// recomputed and given to every backend's cost model as what it decays
+// toward (see anchor).
+const AnchorEvery = time.Second
+
+// anchor gives every member's cost model the fleet's coefficients as what
+// it decays toward (costmodel.Model.SetAnchor): the geometric mean of the
+// fits that rest on at least their prior's weight of samples at now. An
+// engine that no traffic refreshes then returns to what its peers show
+// (a healthy engine locked out by a bad reading returns to the others'
+// figures, an idle engine among identical ones to theirs) rather than to
+// a generic guess. At most once every AnchorEvery of sample time, O(fleet
+// size); with no fit to go by, the priors stay.
+func (f *Fleet) anchor(now time.Time) {
+	if f == nil {
+		return
+	}
+	last := f.anchorAt.Load()
+	if now.UnixNano()-last < int64(AnchorEvery) || !f.anchorAt.CompareAndSwap(last, now.UnixNano()) {
+		return
+	}
+	all := f.Snapshot().All
+	var mean costmodel.Mean
+	for _, b := range all {
+		m := b.Cost()
+		if m.Evidence(now) >= m.Prior().Samples {
+			mean.Add(m.Fit().Coeffs)
+		}
+	}
+	c := mean.Coeffs()
+	if c == (costmodel.Coeffs{}) {
+		return
+	}
+	for _, b := range all {
+		b.Cost().SetAnchor(&c)
 	}
 }

@@ -427,6 +427,9 @@ type Fleet struct {
 	freed []string
 	grace time.Duration
 	snap  atomic.Pointer[Snapshot]
+	// anchorAt is when the fleet's coefficients were last given to the
+	// cost models (cost.go), in Unix nanoseconds of sample time.
+	anchorAt atomic.Int64
 }
 
 // Snapshot is an immutable view of the fleet's membership and health,

@@ -60,9 +60,10 @@ func TestKVRouteLockOutDecays(t *testing.T) {
 // not decide) behind a queue of 8,300 tokens; backend 1 is idle and holds
 // nothing. Per token alone, backend 1 computes 300 tokens less; but a
 // prompt computed after its cached prefix attends over fewer new pairs
-// (K^2/2 fewer for K cached), which at the generic prior's attention cost
-// is worth about 650 tokens: backend 0 wins. With the attention term
-// zeroed, backend 1 does.
+// (K^2/2 fewer for K cached), which at 2e-9 s a pair (an engine whose
+// attention is compute-bound: 2e-5 of a prefill token) is worth about
+// 650 tokens: backend 0 wins. With the attention term zeroed, backend 1
+// does.
 func TestKVRouteAttentionTermCounts(t *testing.T) {
 	loads := []fxLoad{{matched: 500, pending: []int64{8300}}, {}}
 	for _, tc := range []struct {
@@ -70,7 +71,7 @@ func TestKVRouteAttentionTermCounts(t *testing.T) {
 		attn float64
 		want int
 	}{
-		{"with attention", costmodel.Generic().Attn, 0},
+		{"with attention", 2e-9, 0},
 		{"attention zeroed", 0, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
