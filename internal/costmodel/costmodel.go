@@ -278,8 +278,17 @@ func Frozen(p Prior) *Model {
 const ridge = 1e-12
 
 // minCoeff is the least a prior coefficient may be (seconds): the fit is
-// solved in units of the prior's.
-const minCoeff = 1e-18
+// solved in units of the prior's. maxCoeff is the most an anchor's may be.
+const (
+	minCoeff = 1e-18
+	maxCoeff = 1e6
+)
+
+// maxRatio bounds a sample's features, in units of the prior's time, over
+// its seconds: a sample that says its work would take 10^9 times what it
+// took at the prior is not a measurement (and its square would overflow
+// the fit).
+const maxRatio = 1e9
 
 // anchor is the coefficients a fit decays toward, with the log2 of each.
 type anchor struct {
@@ -299,10 +308,16 @@ func (m *Model) SetAnchor(c *Coeffs) {
 		m.anchor.Store(nil)
 		return
 	}
-	a := &anchor{c: *c}
 	v := c.vec()
 	for k := range n {
-		a.lg[k] = math.Log2(max(v[k], minCoeff))
+		if !(v[k] >= 0) || math.IsInf(v[k], 0) {
+			v[k] = m.p0[k] // not a coefficient: the prior's
+		}
+		v[k] = min(max(v[k], minCoeff), maxCoeff)
+	}
+	a := &anchor{c: fromVec(v)}
+	for k := range n {
+		a.lg[k] = math.Log2(v[k])
 	}
 	m.anchor.Store(a)
 }
@@ -421,6 +436,9 @@ func (m *Model) Observe(s Sample, now time.Time) {
 	for k := range n {
 		pred += cur[k] * x[k]
 		x[k] *= m.p0[k] // in units of the prior (see p0)
+		if x[k] > maxRatio*s.Seconds {
+			return
+		}
 	}
 	r := math.Abs(s.Seconds-pred) / s.Seconds
 	w := 1.0

@@ -228,3 +228,24 @@ func TestMean(t *testing.T) {
 		}
 	}
 }
+
+// FuzzObserve: whatever numbers an engine reading or a TTFT carries, a
+// sample never panics, and the coefficients stay finite and non-negative.
+func FuzzObserve(f *testing.F) {
+	f.Add(1.0, 2000.0, 1e6, 32.0, 1e5, 0.3, int64(20))
+	f.Add(0.0, 1e300, 1e300, 0.0, 0.0, 1e-300, int64(-5))
+	f.Fuzz(func(t *testing.T, steps, tokens, pairs, seqs, ctx, seconds float64, ms int64) {
+		m := New(Generic())
+		for i := range 3 {
+			m.Observe(Sample{Steps: steps, Tokens: tokens, Pairs: pairs, Seqs: seqs, Ctx: ctx, Seconds: seconds}, t0.Add(time.Duration(ms*int64(i))*time.Millisecond))
+		}
+		m.SetAnchor(&Coeffs{Step: steps, Token: tokens, Attn: pairs, Seq: seqs, Ctx: ctx})
+		for _, at := range []time.Time{t0, t0.Add(time.Duration(ms) * time.Millisecond), t0.Add(time.Hour)} {
+			for k, v := range m.Coeffs(at).vec() {
+				if !(v >= 0) || math.IsInf(v, 0) {
+					t.Fatalf("coefficient %d = %v", k, v)
+				}
+			}
+		}
+	})
+}
