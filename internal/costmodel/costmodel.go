@@ -241,6 +241,8 @@ type Model struct {
 	// anchor is what an unrefreshed fit decays toward (SetAnchor); nil:
 	// the prior.
 	anchor atomic.Pointer[anchor]
+	// decayed caches the last decayed read (Coeffs).
+	decayed atomic.Pointer[decayed]
 	// frozen models publish their prior and learn nothing (a router told
 	// the true coefficients).
 	frozen bool
@@ -375,11 +377,28 @@ func (m *Model) Coeffs(now time.Time) Coeffs {
 	if age < fresh {
 		return f.now
 	}
-	return m.blend(f, f.Weight*math.Exp2(-age.Seconds()/HalfLife.Seconds()))
+	// Decayed: computed once per fresh-long step of age and kept, so
+	// that a pick over many idle backends reads each with one load.
+	step := int64(age / fresh)
+	if d := m.decayed.Load(); d != nil && d.fit == f && d.step == step && d.anchor == m.anchor.Load() {
+		return d.c
+	}
+	c := m.blend(f, f.Weight*math.Exp2(-float64(step)*fresh.Seconds()/HalfLife.Seconds()))
+	m.decayed.Store(&decayed{fit: f, anchor: m.anchor.Load(), step: step, c: c})
+	return c
+}
+
+// decayed is a fit's coefficients decayed to a step of age (Coeffs).
+type decayed struct {
+	fit    *Fit
+	anchor *anchor
+	step   int64
+	c      Coeffs
 }
 
 // fresh is how young a fit is read as published: within it the weight
-// decays by under 2.2%, and a read costs one atomic load.
+// decays by under 2.2%, and a read costs one atomic load. An older fit is
+// decayed in steps of fresh, each computed once.
 const fresh = HalfLife / 32
 
 // blend is f's coefficients at weight w (see Coeffs), against the
