@@ -1,7 +1,9 @@
 // Package fleet owns the set of backends and the router's own accounting of
 // their load: in-flight requests, pending prefill tokens, decoding streams
 // and their output budget, health, the prefill rate learned from observed
-// TTFTs, and the latest state the engine itself reported. State changes
+// TTFTs, each backend's cost model (package costmodel, fed by its TTFTs
+// and engine readings, cost.go) and the fleet's coefficients it decays
+// toward, and the latest state the engine itself reported. State changes
 // publish a new immutable Snapshot that pickers read without blocking.
 //
 // Every increment has exactly one decrement: Backend.Start returns a Ticket
