@@ -599,20 +599,19 @@ type Mean struct {
 	count int
 }
 
-// Add adds c to the mean.
+// Add adds c to the mean. Coefficients are positive (a model's are at
+// least its prior's over MaxSpeedup, and a prior's at least minCoeff) and
+// below 1e6 s: eight of them multiply within a float64's range.
 func (g *Mean) Add(c Coeffs) {
-	v := c.vec()
 	if g.count == 0 {
-		for k := range n {
-			g.m[k] = 1
-		}
+		g.m = [n]float64{1, 1, 1, 1, 1}
 	}
-	for k := range n {
-		g.m[k] *= min(max(v[k], minCoeff), 1e18)
-	}
+	g.m[0] *= c.Step
+	g.m[1] *= c.Token
+	g.m[2] *= c.Attn
+	g.m[3] *= c.Seq
+	g.m[4] *= c.Ctx
 	g.count++
-	// Eight factors within [1e-18, 1e18] stay within a float64's range:
-	// renormalise once every eight.
 	if g.count%8 == 0 {
 		g.normalise()
 	}
