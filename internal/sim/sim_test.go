@@ -392,7 +392,8 @@ func TestEngineLimitsReachRouter(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := fleet.Limits{ContextLen: engines[0].MaxModelLen}
+		// Before the run nothing is observed: the cold-start cap of one.
+		want := fleet.Limits{ContextLen: engines[0].MaxModelLen, PlausibleSeqs: 1}
 		if configured {
 			want.MaxNumSeqs, want.MaxBatchedTokens, want.PlausibleSeqs = 4, 512, 4
 		}
