@@ -53,8 +53,9 @@ type fleetFlags struct {
 	// limits override every engine's --max-num-seqs and
 	// --max-num-batched-tokens (sim and compare); configureLimits tells
 	// the router those limits as backends[] keys.
-	limits          limitFlags
-	configureLimits bool
+	limits           limitFlags
+	configureLimits  bool
+	trueCoefficients bool
 	// adapters and adapterZipf give the requests LoRA adapters
 	// (workload.Options).
 	adapters    int
@@ -87,6 +88,7 @@ func (w *fleetFlags) register(fs *flag.FlagSet, engines string) {
 	fs.IntVar(&w.prefill, "prefill", 0, "of the --engines, this many are prefill engines (backends[].role prefill): the run is repeated on that disaggregated fleet beside the aggregated one")
 	fs.IntVar(&w.decode, "decode", 0, "with --prefill: of the --engines, this many after the prefill ones are decode engines; the rest take whole requests (role both)")
 	fs.StringVar(&w.split, "split", sim.SplitConditional, "with --prefill: which requests are split: conditional (the decider: kvroute's, or a P/D policy's own), always, or both (each run twice)")
+	fs.BoolVar(&w.trueCoefficients, "true-coefficients", false, "give the router every engine's true cost coefficients up front (its preset's), frozen, instead of learning them from the generic prior: the yardstick of the learned cost model")
 	fs.BoolVar(&w.configureLimits, "configure-limits", false, "give the router every engine's max-num-seqs and max-num-batched-tokens as backends[].max_num_seqs and max_num_batched_tokens; without it the router learns the cap from the engines' running and waiting counts (vLLM exports neither)")
 }
 
@@ -232,7 +234,7 @@ func runSim(args []string) int {
 	var lb lateFlags
 	lb.register(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--max-num-seqs N] [--max-loras N --adapters N [--adapter-zipf S]] [--max-num-batched-tokens N [--configure-limits]] [--policies a,b] [--prefill N --decode M [--split conditional|always|both]] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--replicas N [--sync-delay D] [--no-sync]] [--late-binding[=both] [--hold-tokens N] [--hold-order fcfs|deadline] [--hold-slack X] [--hold-cap D]] [--json FILE] [--requests FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--max-num-seqs N] [--max-loras N --adapters N [--adapter-zipf S]] [--max-num-batched-tokens N [--configure-limits]] [--true-coefficients] [--policies a,b] [--prefill N --decode M [--split conditional|always|both]] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--replicas N [--sync-delay D] [--no-sync]] [--late-binding[=both] [--hold-tokens N] [--hold-order fcfs|deadline] [--hold-slack X] [--hold-cap D]] [--json FILE] [--requests FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nReplays the workload on a simulated fleet in virtual time, with the same scheduler and engine model as kvroute serve and kvroute engine, once per policy.\n\nflags:")
 		printDefaults(fs)
 		writeBuiltins(fs.Output())
@@ -286,7 +288,7 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, lb *lateFlags, sweep 
 	capacity := sim.Capacity(engines)
 	fmt.Fprintf(stdout, "fleet: %d engines, prefill capacity %.0f prompt tokens/s\n", len(engines), capacity)
 	plan, err := sim.Matrix{
-		Base: sim.Config{Engines: engines, KVBlocks: w.kvBlocks, ConfigureLimits: w.configureLimits, Seed: w.seed,
+		Base: sim.Config{Engines: engines, KVBlocks: w.kvBlocks, ConfigureLimits: w.configureLimits, TrueCoefficients: w.trueCoefficients, Seed: w.seed,
 			Replicas: w.replicas, SyncDelay: w.syncDelay, NoSync: w.noSync},
 		Workload: w.workload, Options: w.options(), Loads: loads, Policies: policies,
 		Holds: holds, KV: variants, Oracle: w.oracle, Fault: kv.fault,

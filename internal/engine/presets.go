@@ -25,6 +25,7 @@ type llm struct {
 	params                   float64
 	layers, kvHeads, headDim int
 	hidden, intermediate     int // widths of the attention and MLP projections
+	context                  int // context length in tokens; 0 is llama31Context
 }
 
 const gib = 1 << 30
@@ -32,9 +33,15 @@ const gib = 1 << 30
 var (
 	h100 = gpu{bf16FLOPS: 989e12, hbmBytesS: 3.35e12, memBytes: 80 * gib, nicBytesS: ndr400}
 	a100 = gpu{bf16FLOPS: 312e12, hbmBytesS: 2.039e12, memBytes: 80 * gib, nicBytesS: hdr200}
+	// The A10G is AWS's variant of the A10 (G5 instances): the A10's
+	// 24 GB of GDDR6 at 600 GB/s, 70 dense BF16 tensor TFLOPS against the
+	// A10's 125. A KV transfer goes over the instance's network:
+	// 100 Gb/s on the largest G5 (g5.48xlarge).
+	a10g = gpu{bf16FLOPS: 70e12, hbmBytesS: 600e9, memBytes: 24e9, nicBytesS: eth100}
 
 	llama31_8B  = llm{name: "meta-llama/Llama-3.1-8B-Instruct", params: 8.03e9, layers: 32, kvHeads: 8, headDim: 128, hidden: 4096, intermediate: 14336}
 	llama31_70B = llm{name: "meta-llama/Llama-3.1-70B-Instruct", params: 70.6e9, layers: 80, kvHeads: 8, headDim: 128, hidden: 8192, intermediate: 28672}
+	mistral_7B  = llm{name: "mistralai/Mistral-7B-Instruct-v0.3", params: 7.25e9, layers: 32, kvHeads: 8, headDim: 128, hidden: 4096, intermediate: 14336, context: 32768}
 )
 
 // Assumptions shared by every preset (docs/engine.md explains each).
@@ -57,6 +64,7 @@ const (
 	// trips of the side channel.
 	ndr400          = 400e9 / 8 // ConnectX-7, InfiniBand NDR: 400 Gb/s
 	hdr200          = 200e9 / 8 // ConnectX-6, InfiniBand HDR: 200 Gb/s
+	eth100          = 100e9 / 8 // the largest G5 instance's network: 100 Gb/s
 	linkUtil        = 0.80
 	kvTransferSetup = 2 * 50 * time.Microsecond
 )
@@ -95,13 +103,17 @@ func derive(name string, g gpu, m llm, tp, maxNumSeqs, maxBatched int) Preset {
 	}
 	perToken := ns(2 * m.params / (float64(tp) * g.bf16FLOPS * mfu))
 	kvBytes := gpuMemUtil*g.memBytes - weights - activationReserve
+	context := m.context
+	if context == 0 {
+		context = llama31Context
+	}
 	return Preset{
 		Name:             name,
 		Model:            m.name,
 		KVBlocks:         int(kvBytes / kvPerToken / BlockSize),
 		MaxNumSeqs:       maxNumSeqs,
 		MaxBatchedTokens: maxBatched,
-		MaxModelLen:      llama31Context,
+		MaxModelLen:      context,
 		StepOverhead:     overhead,
 		PerPrefillToken:  perToken,
 		// A decoding sequence is one more row through the same matmuls.
@@ -122,6 +134,7 @@ func Presets() []Preset {
 		derive("h100-llama3-8b", h100, llama31_8B, 1, 1024, 8192),
 		derive("a100-llama3-8b", a100, llama31_8B, 1, 256, 2048),
 		derive("h100-llama3-70b-tp4", h100, llama31_70B, 4, 1024, 8192),
+		derive("a10g-mistral-7b", a10g, mistral_7B, 1, 256, 2048),
 	}
 }
 

@@ -1,7 +1,9 @@
 // Package fleet owns the set of backends and the router's own accounting of
 // their load: in-flight requests, pending prefill tokens, decoding streams
 // and their output budget, health, the prefill rate learned from observed
-// TTFTs, and the latest state the engine itself reported. State changes
+// TTFTs, each backend's cost model (package costmodel, fed by its TTFTs
+// and engine readings, cost.go) and the fleet's coefficients it decays
+// toward, and the latest state the engine itself reported. State changes
 // publish a new immutable Snapshot that pickers read without blocking.
 //
 // Every increment has exactly one decrement: Backend.Start returns a Ticket
@@ -20,6 +22,8 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvroute/kvroute/internal/costmodel"
 )
 
 // DefaultPrefillRate is the prior prefill rate in tokens per second, used
@@ -110,6 +114,8 @@ type Backend struct {
 	engineRate atomic.Uint64
 	// limits are the engine's limits and decode time (limits.go).
 	limits engineLimits
+	// cost is the engine's cost model (cost.go); nil until first asked.
+	cost atomic.Pointer[costmodel.Model]
 }
 
 // Load is the router's own accounting of a backend, read atomically field
@@ -297,7 +303,7 @@ func (b *Backend) Start(promptTokens, uncached, outputBudget int64, now time.Tim
 	promptTokens = clampTokens(promptTokens)
 	uncached = min(clampTokens(uncached), promptTokens)
 	outputBudget = clampTokens(outputBudget)
-	b.inflight.Add(1)
+	queued := b.inflight.Add(1) - 1
 	b.pendingPrefill.Add(uncached)
 	b.routedPrompt.Add(promptTokens)
 	b.routedCached.Add(promptTokens - uncached)
@@ -308,6 +314,7 @@ func (b *Backend) Start(promptTokens, uncached, outputBudget int64, now time.Tim
 		budget: outputBudget,
 		start:  now,
 		mark:   b.prefilled.Load(),
+		queued: queued,
 	}
 }
 
@@ -340,7 +347,10 @@ type Ticket struct {
 	prompt, uncach, budget int64
 	start                  time.Time
 	// mark is the backend's prefilled count when the request was routed.
-	mark   int64
+	mark int64
+	// queued is the backend's requests in flight (this router's) when it
+	// was routed.
+	queued int64
 	state  atomic.Int32
 	noRate atomic.Bool
 }
@@ -352,7 +362,7 @@ func (t *Ticket) NoRateSample() { t.noRate.Store(true) }
 
 // FirstByte marks the arrival of the first response byte: the request's
 // prefill tokens leave PendingPrefill and it becomes a decoding stream, and
-// the observed TTFT teaches the backend's prefill rate. Only the first call
+// the observed TTFT teaches the backend's prefill rate and its cost model. Only the first call
 // counts; a call after Done does nothing. It returns the change it made
 // to the backend's Load (zero when it made none), for sharing with peer
 // replicas.
@@ -361,6 +371,8 @@ func (t *Ticket) FirstByte(now time.Time) Load {
 		return Load{}
 	}
 	b := t.b
+	l := b.KnownLoad()
+	b.limits.observed.Store(true)
 	b.decoding.Add(1)
 	b.decodeBudget.Add(t.budget)
 	b.decodeTokens.Add(t.prompt)
@@ -368,6 +380,7 @@ func (t *Ticket) FirstByte(now time.Time) Load {
 	done := b.prefilled.Add(t.uncach)
 	if !t.noRate.Load() {
 		b.observeRate(done-t.mark, now.Sub(t.start))
+		b.observeTTFT(done-t.mark, t.uncach, t.prompt-t.uncach, t.queued, l, now.Sub(t.start), now)
 	}
 	return Load{PendingPrefill: -t.uncach, Decoding: 1, DecodeBudget: t.budget, DecodeTokens: t.prompt}
 }
@@ -416,6 +429,9 @@ type Fleet struct {
 	freed []string
 	grace time.Duration
 	snap  atomic.Pointer[Snapshot]
+	// anchorAt is when the fleet's coefficients were last given to the
+	// cost models (cost.go), in Unix nanoseconds of sample time.
+	anchorAt atomic.Int64
 }
 
 // Snapshot is an immutable view of the fleet's membership and health,

@@ -18,6 +18,11 @@ type Limits struct {
 	// ContextLen is the context length of one request in tokens (vLLM's
 	// max_model_len, llama.cpp's n_ctx per slot).
 	ContextLen int
+	// PlausibleSeqs is the cap to route by: MaxNumSeqs when known, else,
+	// before a learned cap is confirmed, the smallest cap that what has
+	// been observed allows (the cold-start cap, below); 0 when nothing
+	// suggests one.
+	PlausibleSeqs int
 }
 
 // Learning the running-sequence cap of an engine that does not report it
@@ -58,6 +63,9 @@ type engineLimits struct {
 	// configured maxNumSeqs.
 	reportedSeqs atomic.Int64
 	learnedCap   capState
+	// observed is set once the engine has shown anything of its running
+	// sequences: a reading of its running count, or a first byte.
+	observed atomic.Bool
 	// decodeTime holds the float64 bits of the engine's time per output
 	// token in seconds (see ObserveEngineDecode); 0 until then.
 	decodeTime atomic.Uint64
@@ -82,7 +90,8 @@ func (b *Backend) SetContextLen(n int) { b.limits.contextLen.Store(int64(max(n, 
 
 // Limits returns what is known of b's limits. The cap is the one the
 // engine reports, else the configured one, else the learned one once
-// confirmed (see CapConfirmations).
+// confirmed (see CapConfirmations); the plausible cap before that (the
+// cold-start cap).
 func (b *Backend) Limits() Limits {
 	l := Limits{
 		MaxNumSeqs:       int(b.limits.reportedSeqs.Load()),
@@ -95,15 +104,38 @@ func (b *Backend) Limits() Limits {
 	if l.MaxNumSeqs == 0 {
 		if s := b.limits.learnedCap.Load(); uint32(s) >= CapConfirmations {
 			l.MaxNumSeqs = int(s >> 32)
+		} else if uint32(s) > 0 {
+			l.PlausibleSeqs = int(s >> 32)
+		} else if !b.limits.observed.Load() {
+			l.PlausibleSeqs = 1
 		}
+	}
+	if l.MaxNumSeqs > 0 {
+		l.PlausibleSeqs = l.MaxNumSeqs
 	}
 	return l
 }
+
+// The cold-start cap, for an engine whose cap is not confirmed yet (see
+// CapConfirmations): route as if its cap were the smallest one that what
+// has been observed allows. Before anything is observed (no reading of
+// its running count, no first byte), that is one: a burst onto fresh
+// engines spreads by count, whatever their prefill queues, instead of
+// piling short prompts onto the one engine whose queue of tokens is
+// shortest (60 of 63 on four engines, TestColdBurstSpreads in package
+// sim). Once the engine has been seen holding its
+// highest running count so far with requests waiting (and its KV cache
+// at most CapKVUsage full), that count is its plausible cap
+// (Limits.PlausibleSeqs), until a higher count or the confirmations
+// settle it. The first burst after startup then spreads over the
+// engines at the first sign of a queue, instead of piling on the one
+// the cache favours until a second reading confirms the cap.
 
 // ObserveRunning teaches b's learned cap one engine reading of running
 // sequences, waiting requests and KV cache usage 0..1 (negative when the
 // engine does not report it); see CapConfirmations.
 func (b *Backend) ObserveRunning(running, waiting int, kvUsage float64) {
+	b.limits.observed.Store(true)
 	if running <= 0 || running >= math.MaxInt32 {
 		return
 	}

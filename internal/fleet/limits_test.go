@@ -3,6 +3,7 @@ package fleet
 import (
 	"math"
 	"testing"
+	"time"
 )
 
 func TestLearnedCap(t *testing.T) {
@@ -65,8 +66,37 @@ func TestLimitsPrecedence(t *testing.T) {
 	b.SetEngineMaxNumSeqs(0)
 	b.SetMaxBatchedTokens(512)
 	b.SetContextLen(-3)
-	if got, want := b.Limits(), (Limits{MaxNumSeqs: 8, MaxBatchedTokens: 512}); got != want {
+	if got, want := b.Limits(), (Limits{MaxNumSeqs: 8, MaxBatchedTokens: 512, PlausibleSeqs: 8}); got != want {
 		t.Fatalf("Limits() = %+v, want %+v", got, want)
+	}
+}
+
+// TestColdCap: before a learned cap is confirmed, the running count an
+// engine held with requests waiting is its plausible cap; a higher count
+// replaces it (and starts the confirmations afresh); nothing waiting, or
+// a full KV cache, suggests none.
+func TestColdCap(t *testing.T) {
+	b := New().Add("b", nil, nil)
+	b.ObserveRunning(5, 0, 0.1)
+	if got := b.Limits(); got.PlausibleSeqs != 0 || got.MaxNumSeqs != 0 {
+		t.Fatalf("nothing waiting: %+v, want no cap", got)
+	}
+	b.ObserveRunning(5, 3, 0.9)
+	if got := b.Limits(); got.PlausibleSeqs != 0 {
+		t.Fatalf("waiting with a full KV cache: %+v, want no cap", got)
+	}
+	b.ObserveRunning(5, 3, 0.1)
+	if got := b.Limits(); got.PlausibleSeqs != 5 || got.MaxNumSeqs != 0 {
+		t.Fatalf("5 running, 3 waiting once: %+v, want plausible 5, none confirmed", got)
+	}
+	b.ObserveRunning(7, 0, 0.1)
+	if got := b.Limits(); got.PlausibleSeqs != 0 {
+		t.Fatalf("7 running since: %+v, want no plausible cap until 7 is seen with a queue", got)
+	}
+	b.ObserveRunning(7, 1, 0.1)
+	b.ObserveRunning(7, 1, 0.1)
+	if got := b.Limits(); got.PlausibleSeqs != 7 || got.MaxNumSeqs != 7 {
+		t.Fatalf("7 confirmed: %+v, want 7", got)
 	}
 }
 
@@ -88,5 +118,38 @@ func TestEngineDecodeTime(t *testing.T) {
 	c.ObserveEngineDecode(1, 1e6)
 	if got := c.EngineDecodeTime(); got != MaxDecodeTime {
 		t.Fatalf("stalled engine: %v, want the clamp %v", got, MaxDecodeTime)
+	}
+}
+
+// TestIdleEngineDecaysToFleet: an engine no traffic refreshes returns to
+// the fleet's coefficients (those its busy peers show), not to the
+// generic prior: its peers run at 20,000 tokens a second, it was taught
+// 1,000, and 30 s after its last sample it is costed within 10% of the
+// peers' rate.
+func TestIdleEngineDecaysToFleet(t *testing.T) {
+	f := New()
+	bs := []*Backend{f.Add("a", nil, nil), f.Add("b", nil, nil), f.Add("c", nil, nil)}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	teach := func(b *Backend, rate float64, at time.Time) {
+		tk := b.Start(4000, 4000, 16, at)
+		tk.FirstByte(at.Add(time.Duration(4000 / rate * float64(time.Second))))
+		tk.Done(at)
+	}
+	now := t0
+	for i := range 200 {
+		teach(bs[0], 1000, now)
+		teach(bs[1+i%2], 20000, now)
+		now = now.Add(100 * time.Millisecond)
+	}
+	for range 300 { // 30 s more of traffic to the peers only
+		teach(bs[1], 20000, now)
+		teach(bs[2], 20000, now)
+		now = now.Add(100 * time.Millisecond)
+	}
+	chunk := bs[0].Chunk()
+	peer := bs[1].Cost().Coeffs(now).ChunkRate(chunk)
+	idle := bs[0].Cost().Coeffs(now).ChunkRate(chunk)
+	if idle < 0.9*peer || idle > 1.1*peer {
+		t.Fatalf("idle engine costed at %.0f tokens/s, its peers at %.0f: want it back at theirs", idle, peer)
 	}
 }

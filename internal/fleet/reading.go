@@ -22,17 +22,23 @@ type Reading struct {
 	// one (the growth of its count and sum); zero when this one teaches
 	// none.
 	DecodeTokens, DecodeSeconds float64
+	// ComputedTokens is the prompt tokens the engine computed (not found
+	// in its cache) over the same span as DecodeTokens, which the steps
+	// timed by the inter-token latency also ran; zero when unknown.
+	ComputedTokens float64
 }
 
 // Learn teaches b one reading of its engine: the prefill rate and the
 // decode time the engine's counters show (ObserveEnginePrefill,
-// ObserveEngineDecode), its running-sequence cap (reported, or learned from
+// ObserveEngineDecode) and what they teach its cost model (Cost), its
+// running-sequence cap (reported, or learned from
 // the running and waiting counts: ObserveRunning), and, last, its report
 // (SetEngine), so that whoever reads the report also finds what it taught.
 // A count the engine does not report (State.Missing) teaches nothing.
 func (b *Backend) Learn(r Reading) {
 	b.ObserveEnginePrefill(r.PrefillTokens, r.PrefillSeconds)
 	b.ObserveEngineDecode(r.DecodeTokens, r.DecodeSeconds)
+	b.learnCost(r)
 	if r.MaxNumSeqs > 0 {
 		b.SetEngineMaxNumSeqs(r.MaxNumSeqs)
 	}

@@ -75,6 +75,7 @@ func (f *Fleet) rejoin(name string, u *url.URL, models []string, now time.Time) 
 		b.rate.Store(old.rate.Load())
 		b.rateSamples.Store(old.rateSamples.Load())
 		b.engineRate.Store(old.engineRate.Load())
+		b.cost.Store(old.cost.Load())
 		f.slots[i] = b
 		return b
 	}

@@ -111,7 +111,7 @@ func TestLimitsToFleet(t *testing.T) {
 	c.Backends = []config.Backend{{URL: "http://a:1", Name: "a", Models: []string{"m"}, MaxNumSeqs: 8, MaxNumBatchedTokens: 512, MaxModelLen: 4096}}
 	s, _, _ := newSet(t, c)
 	a := s.ByName("a")
-	if got, want := a.B.Limits(), (fleet.Limits{MaxNumSeqs: 8, MaxBatchedTokens: 512, ContextLen: 4096}); got != want {
+	if got, want := a.B.Limits(), (fleet.Limits{MaxNumSeqs: 8, MaxBatchedTokens: 512, ContextLen: 4096, PlausibleSeqs: 8}); got != want {
 		t.Fatalf("limits %+v, want %+v", got, want)
 	}
 	c.Backends[0].MaxNumSeqs, c.Backends[0].MaxNumBatchedTokens, c.Backends[0].MaxModelLen = 16, 0, 0
@@ -120,7 +120,7 @@ func TestLimitsToFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Apply(es, c.Fleet)
-	if got, want := a.B.Limits(), (fleet.Limits{MaxNumSeqs: 16}); got != want {
+	if got, want := a.B.Limits(), (fleet.Limits{MaxNumSeqs: 16, PlausibleSeqs: 16}); got != want {
 		t.Fatalf("after a reload: limits %+v, want %+v", got, want)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/costmodel"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/request"
 )
@@ -13,26 +14,11 @@ import (
 func init() { register("kvroute", func(o Options) Policy { return NewKVRoute(o) }) }
 
 // The constants of the kvroute estimate. docs/routing.md derives each one;
-// they are the knobs to tune against the peers in the simulator.
+// they are the knobs to tune against the peers in the simulator. What an
+// engine costs (its step, prefill and decode times, its prefill chunk) is
+// not among them: each backend's cost model learns it (fleet.Backend.Cost,
+// package costmodel), from a preset's figures or a generic prior.
 const (
-	// PrefillChunkTokens is the engine's token budget per step (vLLM v1's
-	// max_num_batched_tokens default for an OpenAI server on an 80 GB GPU).
-	// Chunked prefill cuts a long prefill into steps of this many tokens, and
-	// every step also runs the whole decoding batch.
-	PrefillChunkTokens = 8192
-
-	// DecodeSeqCost is what one decoding stream adds to every engine step,
-	// in prefill-token equivalents: its one new token costs the same matmul
-	// FLOPs as one prefill token, and takes one token of the step budget.
-	DecodeSeqCost = 1.0
-
-	// DecodeContextCost is what one token of a decoding stream's context
-	// adds to every step, in prefill-token equivalents: attention reads its
-	// K and V (128 KiB per token for Llama-3-8B in bf16, 39 ns at the H100's
-	// 3.35 TB/s) against about 32 µs of compute per prefill token (16 GFLOP
-	// at half of 989 TFLOPS): 39 ns / 32 µs ~ 1/800.
-	DecodeContextCost = 1.0 / 800
-
 	// AffinityRatio and AffinitySlack bound session stickiness in time: a
 	// request stays on its conversation's backend while that backend's
 	// estimate is at most AffinityRatio times the best estimate plus
@@ -50,10 +36,13 @@ const (
 	// fixes that while a hot key still spills as load grows.
 	AffinitySlots = 1
 
-	// RateTrust is how far a backend's learned prefill rate must stray from
-	// the fleet's (the geometric mean over the candidates) before it counts.
+	// RateTrust is how far a backend's prefill rate (its cost model's
+	// throughput in full chunks, costmodel.Coeffs.ChunkRate) must stray
+	// from the fleet's (the geometric mean over the candidates) before it
+	// counts.
 	// Within a factor RateTrust of the fleet's, every backend is costed at
-	// the fleet's rate; beyond it, at its own rate shrunk by that factor. A
+	// the fleet's rate (its own coefficients scaled to it); beyond it, at
+	// its own rate shrunk by that factor. A
 	// rate is learned from the TTFTs of the requests the router sent there,
 	// so noise feeds back: identical engines learn rates up to 2.2x apart
 	// (16k to 35k tokens/s on h100-llama3-8b under the mixed workload), the
@@ -72,15 +61,6 @@ const (
 	// it draws new work until its queue is about three times the others'.
 	RateCap = 3.0
 
-	// RatePriorSamples is how many samples the prior counts for when a
-	// backend's learned rate is weighed (in log space, see learnedRate):
-	// the one sample of that same 1 ms server moves its rate to
-	// 200^(1/5) = 2.9x the prior, inside RateTrust's band, so that idle
-	// backends still tie and new prompts spread; with 12 samples the
-	// learned rate carries three quarters of the weight. In the simulator
-	// every engine has that many within its first seconds.
-	RatePriorSamples = 4
-
 	// MissCostPerWaiter and FreeWaiters price the fleet-wide cost of
 	// recomputing a prompt. When the fleet is backlogged, every token one
 	// backend computes that another had cached delays the requests queued
@@ -95,11 +75,10 @@ const (
 	MissCostPerWaiter = 6.0
 	FreeWaiters       = 1.0
 
-	// CacheStickyTokens and CacheStickyRatio keep a request without a
+	// CacheStickyRatio keeps a request without a
 	// session key on the holder of its longest cached prefix when that
-	// holder has at least CacheStickyTokens more of it cached than the
-	// best-scored candidate (one full prefill chunk, PrefillChunkTokens),
-	// and costs at most CacheStickyRatio times the best score. Sending such
+	// holder has at least one full prefill chunk more of it cached than
+	// the best-scored candidate (see stickyTokens), and costs at most CacheStickyRatio times the best score. Sending such
 	// a prompt elsewhere recomputes at least one full engine step of
 	// prefill and duplicates that much KV on the other engine, evicting as
 	// much of other conversations' caches; shorter shared prefixes (system
@@ -110,22 +89,12 @@ const (
 	// 32 engines; the built-in workloads do not change (docs/routing.md).
 	// Ratios of 1.5 and 2 kept fewer hits.
 	// The lead is scaled to the engines (see stickyTokens): one prefill
-	// chunk of theirs when they report it, and at most a quarter of their
-	// context, so that the rule can fire on engines whose whole context is
-	// smaller than this constant.
-	CacheStickyTokens = PrefillChunkTokens
-	CacheStickyRatio  = 3.0
+	// chunk of theirs, and at most a quarter of their context, so that the
+	// rule can fire on engines whose whole context is smaller than a chunk.
+	CacheStickyRatio = 3.0
 	// StickyContextShare is the share of an engine's context length that
-	// the stickiness lead may not exceed (see CacheStickyTokens).
+	// the stickiness lead may not exceed (see stickyTokens).
 	StickyContextShare = 0.25
-
-	// DecodeStepTokens is the fixed cost of one engine step in
-	// prefill-token equivalents: reading the weights once (16 GB for
-	// Llama-3-8B in bf16, 6.0 ms at 80% of the H100's 3.35 TB/s) against
-	// 41 ns of compute per prefill token: 147. With the decode terms above
-	// it prices a step, and so the time per output token, when the engine
-	// reports no inter-token latency (see decodeTime).
-	DecodeStepTokens = 147
 
 	// FitRatio makes room in the KV cache part of the estimate: among the
 	// candidates whose score is at most FitRatio times the best, a request
@@ -182,16 +151,20 @@ const (
 // conversation on the backend that holds it while that costs at most a
 // bounded factor over the best.
 //
-// For candidate i, with all token counts estimated by the router:
+// For candidate i, with all token counts estimated by the router and c_i
+// its cost model's coefficients (fleet.Backend.Cost, scaled by the trust
+// band: see RateTrust):
 //
 //	work_i  = PendingPrefill_i + external waiting_i + computed(Uncached_i)
 //	steps_i = max(1, ceil(work_i / chunk_i))
-//	dec_i   = DecodeSeqCost*Decoding_i + DecodeContextCost*DecodeTokens_i
-//	est_i   = (work_i + steps_i*dec_i) / PrefillRate_i
+//	step_i  = c.Step + c.Seq*Decoding_i + c.Ctx*DecodeTokens_i
+//	est_i   = steps_i*step_i + c.Token*work_i + c.Attn*pairs(Uncached_i, Cached_i)
 //
-// Uncached_i and Extra_i are the scheduler's (Input.Uncached, Input.Extra);
-// chunk_i is the engine's token budget per step (chunkTokens). When the
-// engine's running-sequence cap is known and the requests there fill it,
+// Uncached_i, Cached_i and Extra_i are the scheduler's (Input.Uncached,
+// Input.Cached, Input.Extra); chunk_i is the engine's token budget per
+// step (fleet.Backend.Chunk); pairs is costmodel.AttnPairs. When the
+// engine's running-sequence cap is known (or plausible: see
+// fleet.Limits.PlausibleSeqs) and the requests there fill it,
 // the request first waits for a slot (see slotWait), and est_i is at least
 // that wait plus its own prefill; Extra_i is added last. Pick estimates
 // every candidate once, then chooses by small rules (kvroute_pick.go).
@@ -250,25 +223,6 @@ func evenArc(cands []*fleet.Backend, b *fleet.Backend) float64 {
 	return float64(k) / float64(len(cands))
 }
 
-// learnedRate is the prefill throughput the engine's own counters show
-// when it reports them (vLLM's prefill-time histogram, llama.cpp's prompt
-// seconds): the engine times its prefill without the network, the queue or
-// a cached response in between. Else it is b's rate learned from TTFTs,
-// weighed against the prior by the evidence behind it: the geometric mean
-// of the two, the prior counting for RatePriorSamples samples and the
-// learned rate for as many as taught it. With no sample it is the prior.
-func learnedRate(b *fleet.Backend) float64 {
-	if r := b.EnginePrefillRate(); r > 0 {
-		return r
-	}
-	r, n := b.PrefillRate(), float64(b.PrefillRateSamples())
-	if r <= 0 || n <= 0 {
-		return fleet.DefaultPrefillRate
-	}
-	w := n / (n + RatePriorSamples)
-	return math.Exp(w*math.Log(r) + (1-w)*math.Log(fleet.DefaultPrefillRate))
-}
-
 // trustedRate is the rate kvroute costs a backend at: the fleet's rate
 // unless the backend's own strays beyond a factor RateTrust, and then its
 // own shrunk by that factor (continuous at the band's edges), within a
@@ -305,11 +259,11 @@ func emptier(inFlight, w, bestLoad, bestWritten int64) bool {
 
 // estimate is a candidate's estimated TTFT in seconds for a request of
 // prompt tokens of which it computes uncached (at least one, see
-// computed) and of an output
-// budget of budget tokens (0 unknown), at rate tokens/s, given the
-// router's load l on backend b and the engine's fresh report e (nil if
-// none; see freshEngine).
-func (p *KVRoute) estimate(b *fleet.Backend, e *fleet.EngineState, l *fleet.Load, prompt, uncached, budget int64, rate float64) float64 {
+// computed) after cached ones, and of an output budget of budget tokens
+// (0 unknown), given the router's load l on backend b, the engine's
+// fresh report e (nil if none; see freshEngine), b's coefficients co and
+// its token budget per step chunk.
+func (p *KVRoute) estimate(b *fleet.Backend, e *fleet.EngineState, l *fleet.Load, prompt, uncached, cached, budget int64, co costmodel.Coeffs, chunk int64) float64 {
 	work := l.PendingPrefill + uncached
 	decoding, context := l.Decoding, l.DecodeTokens
 	// queued is every request at the engine, running or waiting: the
@@ -341,12 +295,13 @@ func (p *KVRoute) estimate(b *fleet.Backend, e *fleet.EngineState, l *fleet.Load
 		}
 	}
 
+	// One step's time besides its prefill: the fixed cost and the
+	// decoding batch, which every step of a chunked prefill runs too.
+	step := co.DecodeStep(float64(decoding), float64(context))
+	own := co.Token*float64(uncached) + co.Attn*costmodel.AttnPairs(uncached, cached)
+	est := float64(costmodel.Steps(work, chunk))*step + co.Token*float64(work-uncached) + own
 	lim := b.Limits()
-	chunk := chunkTokens(lim)
-	steps := max(fleet.SatAdd(work, chunk-1)/chunk, 1)
-	dec := DecodeSeqCost*float64(decoding) + DecodeContextCost*float64(context)
-	est := (float64(work) + float64(steps)*dec) / rate
-	if lim.MaxNumSeqs <= 0 {
+	if lim.PlausibleSeqs <= 0 {
 		return est
 	}
 	// Waiting for a slot: the request starts its prefill once enough
@@ -362,12 +317,11 @@ func (p *KVRoute) estimate(b *fleet.Backend, e *fleet.EngineState, l *fleet.Load
 		// no max_tokens: the one default the scheduler accounts too.
 		mean = request.DefaultOutputBudget
 	}
-	wait := slotWait(queued, int64(lim.MaxNumSeqs), decoding, mean, decodeTime(b, dec, rate))
+	wait := slotWait(queued, int64(lim.PlausibleSeqs), decoding, mean, decodeTime(b, step))
 	if wait <= 0 {
 		return est
 	}
-	own := (float64(uncached) + float64(max((uncached+chunk-1)/chunk, 1))*dec) / rate
-	return max(est, wait+own)
+	return max(est, wait+float64(costmodel.Steps(uncached, chunk))*step+own)
 }
 
 // slotWait is how long, in seconds, a request arriving at an engine that
@@ -393,41 +347,30 @@ func slotWait(queued, limit, decoding, mean int64, tokenTime float64) float64 {
 }
 
 // decodeTime is b's time per output token in seconds: the engine's own
-// inter-token latency when it reports it, else the time of a step that
-// runs the decoding batch, which costs dec prefill-token equivalents
-// besides its fixed DecodeStepTokens, at rate tokens/s.
-func decodeTime(b *fleet.Backend, dec, rate float64) float64 {
+// inter-token latency when it reports it, else step, the time of a step
+// that runs the decoding batch by b's cost model.
+func decodeTime(b *fleet.Backend, step float64) float64 {
 	if t := b.EngineDecodeTime(); t > 0 {
 		return t
 	}
-	return (DecodeStepTokens + dec) / rate
+	return step
 }
 
 // stickyTokens is the lead in cached tokens that keeps a request without
 // a session key on the holder of its longest cached prefix instead of the
-// best candidate (see CacheStickyTokens): for each of the two engines, its
-// token budget per step, else PrefillChunkTokens, at most
-// StickyContextShare of its context when known; the smaller of the two.
+// best candidate (see CacheStickyRatio): for each of the two engines, its
+// token budget per step (fleet.Backend.Chunk), at most StickyContextShare
+// of its context when known; the smaller of the two.
 func stickyTokens(holder, best *fleet.Backend) float64 {
 	t := math.Inf(1)
 	for _, b := range [2]*fleet.Backend{holder, best} {
-		lim := b.Limits()
-		c := float64(chunkTokens(lim))
-		if lim.ContextLen > 0 {
-			c = min(c, StickyContextShare*float64(lim.ContextLen))
+		c := float64(b.Chunk())
+		if ctx := b.Limits().ContextLen; ctx > 0 {
+			c = min(c, StickyContextShare*float64(ctx))
 		}
 		t = min(t, c)
 	}
 	return t
-}
-
-// chunkTokens is the engine's token budget per step (the prefill chunk):
-// its max_num_batched_tokens when known, else PrefillChunkTokens.
-func chunkTokens(lim fleet.Limits) int64 {
-	if lim.MaxBatchedTokens > 0 {
-		return int64(lim.MaxBatchedTokens)
-	}
-	return PrefillChunkTokens
 }
 
 // freshEngine is b's engine report if it is at most EngineStateMaxAge old,

@@ -4,6 +4,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/costmodel"
 	"github.com/kvroute/kvroute/internal/fleet"
 )
 
@@ -46,9 +47,11 @@ func TestKVRouteSlotWaitByHand(t *testing.T) {
 	// that runs 8, so a new one waits for the third stream to finish.
 	loads := []fxLoad{{decoding: 8, ctx: 1000, pending: []int64{500, 500}}}
 	const prompt = 2000
-	dec := 8*DecodeSeqCost + 8000*DecodeContextCost
-	base := (1000 + prompt + dec) / fleet.DefaultPrefillRate // one step of work
-	own := (prompt + dec) / fleet.DefaultPrefillRate
+	co := costmodel.Generic().Coeffs
+	step := co.DecodeStep(8, 8000)
+	pairs := co.Attn * costmodel.AttnPairs(prompt, 0)
+	base := step + (1000+prompt)*co.Token + pairs // one step of work
+	own := step + prompt*co.Token + pairs
 	tests := []struct {
 		name      string
 		cap       int
@@ -58,8 +61,8 @@ func TestKVRouteSlotWaitByHand(t *testing.T) {
 		{"no cap known: prefill only", 0, 0.01, base},
 		{"a cap above the queue: prefill only", 16, 0.01, base},
 		{"the engine's inter-token latency", 8, 0.01, 3*100.0/9*0.01 + own},
-		{"no latency reported: a step of the decoding batch at the prefill rate", 8, 0,
-			3*100.0/9*(DecodeStepTokens+dec)/fleet.DefaultPrefillRate + own},
+		{"no latency reported: a step of the decoding batch by the cost model", 8, 0,
+			3*100.0/9*step + own},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -126,8 +129,8 @@ func TestKVRouteChunkFromEngine(t *testing.T) {
 	loads := []fxLoad{{decoding: 50, ctx: 8000}}
 	cands := fxBackends(t, loads...)
 	fxLimits(cands[0], 0, 512, 0)
-	dec := 50*DecodeSeqCost + 50*8000*DecodeContextCost
-	want := (2000 + 4*dec) / fleet.DefaultPrefillRate
+	co := costmodel.Generic().Coeffs
+	want := 4*co.DecodeStep(50, 50*8000) + 2000*co.Token + co.Attn*costmodel.AttnPairs(2000, 0)
 	if d := fxNew(t, "kvroute", Options{}).Pick(fxInput(cands, loads, 2000, "")); math.Abs(d.EstTTFT-want) > want*1e-9 {
 		t.Fatalf("EstTTFT = %v, want %v", d.EstTTFT, want)
 	}
@@ -140,7 +143,7 @@ func TestStickyTokens(t *testing.T) {
 		holder, best lim
 		want         float64
 	}{
-		{"nothing reported: the constant", lim{}, lim{}, CacheStickyTokens},
+		{"nothing reported: the prior's chunk", lim{}, lim{}, costmodel.GenericChunk},
 		{"one chunk of the engines'", lim{2048, 0}, lim{2048, 0}, 2048},
 		{"a quarter of a small context", lim{0, 4096}, lim{0, 4096}, 1024},
 		{"a large context does not bind", lim{512, 131072}, lim{512, 131072}, 512},

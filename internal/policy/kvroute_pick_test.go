@@ -206,15 +206,6 @@ func TestComputedAndScored(t *testing.T) {
 	}
 }
 
-func TestChunkTokens(t *testing.T) {
-	if got := chunkTokens(fleet.Limits{}); got != PrefillChunkTokens {
-		t.Errorf("unknown: %d, want PrefillChunkTokens", got)
-	}
-	if got := chunkTokens(fleet.Limits{MaxBatchedTokens: 2048}); got != 2048 {
-		t.Errorf("reported 2048: %d", got)
-	}
-}
-
 // TestEstimateAll checks the estimate stage: candidate i lands at
 // (i - start) mod n with its own cached tokens, the fleet's sums, the
 // scorers' extra seconds added to the estimate, and the shared view
@@ -253,11 +244,17 @@ func TestEstimateAll(t *testing.T) {
 	in.Extra = nil
 	s := make([]candidate, 3)
 	fs := p.estimateAll(in, &r, true, 0, s)
-	if fs.rate != fleet.DefaultPrefillRate || s[0].fits || s[0].written != 0 {
-		t.Errorf("shared view: rate %v, fits %v, written %d; want the default rate and no own-view fields", fs.rate, s[0].fits, s[0].written)
+	// The fleet's rate on the shared view: the geometric mean of the
+	// priors' (candidate 0's fixture prior is 30,000 tokens/s, the
+	// others' the generic 10,000).
+	if want := math.Cbrt(30000 * 10000 * 10000); math.Abs(fs.rate-want) > 1e-6 || s[0].fits || s[0].written != 0 {
+		t.Errorf("shared view: rate %v, fits %v, written %d; want the priors' rate %v and no own-view fields", fs.rate, s[0].fits, s[0].written, want)
 	}
-	want := p.estimate(cands[0], nil, &s[0].load, 3000, 3000, 0, fleet.DefaultPrefillRate)
+	// Candidate 0's own model is frozen at 30,000 tokens/s; the shared view
+	// costs it at its prior (the fixture's frozen one) without engine.
+	// Within the trust band: the fleet's coefficients.
+	want := p.estimate(cands[0], nil, &s[0].load, 3000, 3000, 0, 0, fs.co, cands[0].Chunk())
 	if s[0].est != want {
-		t.Errorf("shared estimate of candidate 0 = %v, want %v (default rate, no engine)", s[0].est, want)
+		t.Errorf("shared estimate of candidate 0 = %v, want %v (the prior, no engine)", s[0].est, want)
 	}
 }

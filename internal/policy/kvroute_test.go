@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/costmodel"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/request"
 )
@@ -16,6 +17,14 @@ var fxT0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // fxRateSamples is how many samples teach a fixture's rate.
 const fxRateSamples = 16.0
+
+// fxPrior is the generic prior scaled to prefill rate tokens a second in
+// full chunks.
+func fxPrior(rate float64) costmodel.Prior {
+	p := costmodel.Generic()
+	p.Coeffs = p.Coeffs.Scale(p.Coeffs.ChunkRate(p.Chunk) / rate)
+	return p
+}
 
 // fxLoad describes one hand-built backend.
 type fxLoad struct {
@@ -40,21 +49,20 @@ func fxBackends(t testing.TB, loads ...fxLoad) []*fleet.Backend {
 	out := make([]*fleet.Backend, len(loads))
 	for i, l := range loads {
 		b := f.Add(fmt.Sprintf("b%d", i), nil, nil)
+		// An engine seen before (a reading of nothing running): the
+		// cold-start cap (fleet.Limits.PlausibleSeqs) is not the subject.
+		b.ObserveRunning(0, 0, -1)
 		if l.rate > 0 {
-			// fxRateSamples observed TTFTs on an idle backend, each at the
-			// raw rate that the prior's weight (see learnedRate) turns into
-			// l.rate.
+			// fxRateSamples observed TTFTs on an idle backend at l.rate
+			// (for the policies that read the learned rate), and a cost
+			// model that prefills l.rate tokens a second in full chunks.
 			const work = 100000
-			w := fxRateSamples / (fxRateSamples + RatePriorSamples)
-			raw := math.Exp((math.Log(l.rate) - (1-w)*math.Log(fleet.DefaultPrefillRate)) / w)
 			for range int(fxRateSamples) {
 				tk := b.Start(work, work, 0, fxT0)
-				tk.FirstByte(fxT0.Add(time.Duration(float64(work) / raw * float64(time.Second))))
+				tk.FirstByte(fxT0.Add(time.Duration(float64(work) / l.rate * float64(time.Second))))
 				tk.Done(fxT0)
 			}
-			if got := learnedRate(b); math.Abs(got-l.rate) > l.rate*1e-6 {
-				t.Fatalf("fixture: backend %d learned rate %v, want %v", i, got, l.rate)
-			}
+			b.SetCostModel(costmodel.Frozen(fxPrior(l.rate)))
 		}
 		// Decoding streams first, with no queued work, so that their instant
 		// first byte teaches no rate.
@@ -251,16 +259,18 @@ func TestKVRouteEstimateByHand(t *testing.T) {
 	cands := fxBackends(t, loads...)
 	// The rate is taught through nanosecond TTFTs: equal to 1e-9.
 	d := fxNew(t, "kvroute", Options{}).Pick(fxInput(cands, loads, 4000, ""))
-	// uncached = 4000 - 100 blocks * 64 chars / 4 = 2400; work = 2000 + 2400;
-	// one step; decode = 2*DecodeSeqCost + 2000*DecodeContextCost.
-	want := (4400 + 2*DecodeSeqCost + 2000*DecodeContextCost) / 20000
+	// uncached = 4000 - 100 blocks * 64 chars / 4 = 2400 after 1,600
+	// cached; work = 2000 + 2400; one step, which runs 2 decoding streams
+	// over 2,000 tokens of context.
+	co := fxPrior(20000).Coeffs // one backend: the fleet's coefficients are its own
+	want := co.Step + 2*co.Seq + 2000*co.Ctx + 4400*co.Token + co.Attn*costmodel.AttnPairs(2400, 1600)
 	if math.Abs(d.EstTTFT-want) > want*1e-9 {
 		t.Fatalf("EstTTFT = %v, want %v", d.EstTTFT, want)
 	}
 	// A prompt shorter than its match clamps uncached at the one token the
 	// engine always recomputes rather than crediting negative work.
 	d = fxNew(t, "kvroute", Options{}).Pick(fxInput(cands, loads, 1000, ""))
-	want = (2001 + 2*DecodeSeqCost + 2000*DecodeContextCost) / 20000
+	want = co.Step + 2*co.Seq + 2000*co.Ctx + 2001*co.Token + co.Attn*costmodel.AttnPairs(1, 1000)
 	if math.Abs(d.EstTTFT-want) > want*1e-9 {
 		t.Fatalf("short prompt: EstTTFT = %v, want %v", d.EstTTFT, want)
 	}
@@ -272,10 +282,10 @@ func TestKVRouteChunkedSteps(t *testing.T) {
 	loads := []fxLoad{{decoding: 50, ctx: 8000}}
 	cands := fxBackends(t, loads...)
 	p := fxNew(t, "kvroute", Options{})
-	dec := 50*DecodeSeqCost + 50*8000*DecodeContextCost
-	for _, prompt := range []int{100, PrefillChunkTokens, PrefillChunkTokens + 1, 5 * PrefillChunkTokens} {
-		steps := max((prompt+PrefillChunkTokens-1)/PrefillChunkTokens, 1)
-		want := (float64(prompt) + float64(steps)*dec) / fleet.DefaultPrefillRate
+	co, chunk := costmodel.Generic().Coeffs, costmodel.GenericChunk
+	for _, prompt := range []int{100, chunk, chunk + 1, 5 * chunk} {
+		steps := max((prompt+chunk-1)/chunk, 1)
+		want := float64(steps)*(co.Step+50*co.Seq+50*8000*co.Ctx) + float64(prompt)*co.Token + co.Attn*costmodel.AttnPairs(int64(prompt), 0)
 		if d := p.Pick(fxInput(cands, loads, prompt, "")); math.Abs(d.EstTTFT-want) > 1e-9 {
 			t.Errorf("prompt %d: EstTTFT = %v, want %v", prompt, d.EstTTFT, want)
 		}
@@ -370,13 +380,15 @@ func TestKVRouteSession(t *testing.T) {
 		}
 	})
 	t.Run("short requests pay at most the ratio to stay home", func(t *testing.T) {
-		// 200-token turns at the prior 10k tokens/s: every estimate is tens
-		// of milliseconds, where a fixed slack of the same size would keep
-		// a conversation home at any ratio.
+		// 200-token turns at the generic prior (a 15 ms step, about 0.1 ms
+		// a token): every estimate is tens of milliseconds, where a fixed
+		// slack of the same size would keep a conversation home at any
+		// ratio. 1.2x of the idle backend's 35 ms, plus the 2 ms slack, is
+		// about 90 queued tokens.
 		for _, tc := range []struct {
 			queued int64
 			want   string
-		}{{30, "sticky"}, {80, "spill"}, {400, "spill"}} {
+		}{{30, "sticky"}, {150, "spill"}, {400, "spill"}} {
 			loads := []fxLoad{{}, {pending: []int64{tc.queued}}}
 			cands := fxBackends(t, loads...)
 			p := fxNew(t, "kvroute", Options{}).(*KVRoute)
@@ -547,35 +559,37 @@ func TestKVRouteMissCost(t *testing.T) {
 	loads := []fxLoad{{matched: 500, pending: []int64{1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000}}, {}}
 	cands := fxBackends(t, loads...)
 	d := fxNew(t, "kvroute", Options{}).Pick(fxInput(cands, loads, 8000, ""))
-	// 12,000 queued tokens plus the one recomputed, no decoding batch.
-	want := 12001.0 / fleet.DefaultPrefillRate
+	// 12,000 queued tokens plus the one recomputed after 8,000 cached, in
+	// two steps, no decoding batch.
+	want := costmodel.Generic().Prefill(12001, 1, 8000, costmodel.GenericChunk, 0, 0)
 	if d.Index != 0 || math.Abs(d.EstTTFT-want) > 1e-12 {
 		t.Fatalf("picked %d est %v, want 0 est %v", d.Index, d.EstTTFT, want)
 	}
 }
 
 func TestKVRouteLearnedRateWeighsEvidence(t *testing.T) {
-	// One backend, taught n samples of 2,000 tokens in 1 ms (2M tokens/s,
-	// 200x the prior): a server whose TTFT does not grow with the prompt.
-	tests := []struct {
-		samples int
-		want    float64
-	}{
-		{0, fleet.DefaultPrefillRate},
-		{1, fleet.DefaultPrefillRate * math.Pow(200, 1.0/5)},
-		{4, fleet.DefaultPrefillRate * math.Pow(200, 4.0/8)},
-		{12, fleet.DefaultPrefillRate * math.Pow(200, 12.0/16)},
-	}
-	for _, tc := range tests {
+	// One backend, taught samples of 2,000 tokens in 1 ms: a server whose
+	// TTFT does not grow with the prompt. One sample leaves it within
+	// RateTrust of the prior (so idle backends still tie and prompts
+	// spread); a dozen move it beyond.
+	rate := func(samples int) float64 {
 		b := fleet.New().Add("b", nil, nil)
-		for range tc.samples {
+		for range samples {
 			tk := b.Start(2000, 2000, 1, fxT0)
 			tk.FirstByte(fxT0.Add(time.Millisecond))
 			tk.Done(fxT0)
 		}
-		if got := learnedRate(b); math.Abs(got-tc.want) > tc.want*1e-9 {
-			t.Errorf("%d samples: learnedRate = %v, want %v", tc.samples, got, tc.want)
-		}
+		return b.Cost().Coeffs(fxT0.Add(time.Millisecond)).ChunkRate(b.Chunk())
+	}
+	prior := costmodel.Generic().ChunkRate(costmodel.GenericChunk)
+	if r := rate(0); r != prior {
+		t.Errorf("no sample: %v tokens/s, want the prior's %v", r, prior)
+	}
+	if r := rate(1); r <= prior || r >= RateTrust*prior {
+		t.Errorf("one sample: %v tokens/s, want above the prior's %v and within RateTrust", r, prior)
+	}
+	if r := rate(12); r <= RateTrust*prior {
+		t.Errorf("12 samples: %v tokens/s, want beyond RateTrust of the prior's %v", r, prior)
 	}
 }
 
@@ -652,32 +666,23 @@ func TestKVRouteTieGoesToEmptierCache(t *testing.T) {
 	}
 }
 
-// The engine's own prefill throughput, when it reports one, is the rate
-// kvroute costs it at, whatever its TTFTs taught: a backend that answers
-// at once (2M tokens/s by TTFT) but whose engine says it prefills 5,000
-// tokens/s loses a cold prompt to an idle peer at the prior.
+// The engine's own prefill throughput, when it reports one, teaches its
+// cost model: a backend whose engine says it prefills 500 tokens/s
+// (twenty times slower than the prior, beyond the trust band) loses a
+// cold prompt to an idle peer at the prior.
 func TestKVRouteEngineReportedRate(t *testing.T) {
-	cands := fxBackends(t, fxLoad{rate: 2e6}, fxLoad{})
-	cands[0].ObserveEnginePrefill(5000, 1)
-	if got := learnedRate(cands[0]); got != 5000 {
-		t.Fatalf("learnedRate = %v, want the engine's 5000", got)
+	cands := fxBackends(t, fxLoad{}, fxLoad{})
+	for i := range 20 {
+		cands[0].Learn(fleet.Reading{State: &fleet.EngineState{At: fxT0.Add(time.Duration(i) * time.Millisecond)},
+			PrefillTokens: 8000, PrefillSeconds: 16})
 	}
-	// Costed at the fleet's rate sqrt(5000*10000) = 7071 (within RateTrust),
-	// so the two tie and the one with less written wins: backend 1 (the
-	// fixture wrote 100,000-token requests to backend 0).
-	p := fxNew(t, "kvroute", Options{})
-	for range 2 {
-		if d := p.Pick(fxInput(cands, make([]fxLoad, 2), 2000, "")); d.Index != 1 {
-			t.Fatalf("picked %d, want 1", d.Index)
-		}
+	in := fxInput(cands, make([]fxLoad, 2), 2000, "")
+	in.Now = fxT0.Add(20 * time.Millisecond)
+	if d := fxNew(t, "kvroute", Options{}).Pick(in); d.Index != 1 {
+		t.Fatalf("picked %d (%q), want 1, the engine at the prior", d.Index, d.Note)
 	}
 }
 
-// Router replicas that see the same fleet and do not yet see each other's
-// picks must not all send a burst's requests to the same backend: within
-// a burst each ranks candidates skewed towards its own arc of the circle
-// of backends (ReplicaSkew). One router, a replica outside a burst, and
-// the rules that weigh real scores (a long cached prefix) are unaffected.
 func TestKVRouteReplicaSkew(t *testing.T) {
 	const n = 8
 	loads := make([]fxLoad, n)
@@ -689,7 +694,7 @@ func TestKVRouteReplicaSkew(t *testing.T) {
 	loads[3].pending = []int64{19000}
 	cands := fxBackends(t, loads...)
 	cachedLoads := append([]fxLoad(nil), loads...)
-	cachedLoads[5].pending = []int64{loads[5].pending[0] + 2*CacheStickyTokens}
+	cachedLoads[5].pending = []int64{loads[5].pending[0] + 2*costmodel.GenericChunk}
 	cachedCands := fxBackends(t, cachedLoads...)
 
 	pick := func(replicas, rank int, burst bool, matched int32) int {
@@ -730,7 +735,7 @@ func TestKVRouteReplicaSkew(t *testing.T) {
 	// A cached prefix of two prefill chunks on backend 5 keeps the prompt
 	// there from every replica (the rule weighs unskewed scores).
 	for rank := range 4 {
-		if got := pick(4, rank, true, int32(2*CacheStickyTokens/16)); got != 5 {
+		if got := pick(4, rank, true, int32(2*costmodel.GenericChunk/16)); got != 5 {
 			t.Errorf("replica %d of 4 picked %d for a prompt cached on 5, want 5", rank, got)
 		}
 	}
@@ -782,6 +787,9 @@ func TestKVRouteReplicasAgreeOnHolder(t *testing.T) {
 func replicaView(r int, pending []int64, turn int64) []*fleet.Backend {
 	f := fleet.New()
 	cands := []*fleet.Backend{f.Add("b0", nil, nil), f.Add("b1", nil, nil), f.Add("b2", nil, nil)}
+	for _, b := range cands {
+		b.ObserveRunning(0, 0, -1) // seen before: no cold-start cap
+	}
 	for i, p := range pending {
 		if p == 0 {
 			continue

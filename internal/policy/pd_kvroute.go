@@ -3,6 +3,8 @@ package policy
 import (
 	"math"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/costmodel"
 )
 
 // kvroute's pair: the prefill leg of a split request is picked as any
@@ -36,16 +38,22 @@ const TransferPerToken = 3277 * time.Nanosecond
 func (p *KVRoute) pickDecode(in *Input) Decision {
 	n := len(in.Candidates)
 	start := p.rot.start(n)
+	// The fleet's rate and coefficients, as the pick's estimateAll reads
+	// them: each candidate within RateTrust of the fleet's rate is costed
+	// at the fleet's coefficients.
 	var logRate float64
+	var mean costmodel.Mean
 	for _, b := range in.Candidates {
-		logRate += math.Log(learnedRate(b))
+		co := b.Cost().Coeffs(in.Now)
+		logRate += math.Log(co.ChunkRate(b.Chunk()))
+		mean.Add(co)
 	}
-	fleetRate := math.Exp(logRate / float64(n))
+	fleetRate, fleetCo := math.Exp(logRate/float64(n)), mean.Coeffs()
 	best, fit := -1, -1
 	var bestEst, fitEst float64
 	for k := range n {
 		i := (start + k) % n
-		est, fits := p.estimateDecode(in, i, fleetRate)
+		est, fits := p.estimateDecode(in, i, fleetRate, fleetCo)
 		if best < 0 || est < bestEst || (est == bestEst && fewerStreams(in, i, best)) {
 			best, bestEst = i, est
 		}
@@ -64,16 +72,23 @@ func (p *KVRoute) pickDecode(in *Input) Decision {
 // prefill work and one token of its own among its decoding streams (the
 // kvroute estimate of a request that computes one token), and whether its
 // free KV cache holds the blocks it receives.
-func (p *KVRoute) estimateDecode(in *Input, i int, fleetRate float64) (float64, bool) {
+func (p *KVRoute) estimateDecode(in *Input, i int, fleetRate float64, fleetCo costmodel.Coeffs) (float64, bool) {
 	b := in.Candidates[i]
 	l := b.Load()
 	e := freshEngine(b, in.Now)
-	rate := trustedRate(learnedRate(b), fleetRate)
+	chunk := b.Chunk()
+	co := b.Cost().Coeffs(in.Now)
+	if rate := co.ChunkRate(chunk); trustedRate(rate, fleetRate) != fleetRate {
+		co = co.Scale(rate / trustedRate(rate, fleetRate))
+	} else {
+		co = fleetCo
+	}
 	var prompt, budget int64
 	if in.View != nil {
 		prompt, budget = int64(in.View.PromptTokens), int64(in.View.MaxTokens)
 	}
-	est := p.estimate(b, e, &l, prompt, computed(0), budget, rate) +
+	// The one token it computes attends to the whole prompt it received.
+	est := p.estimate(b, e, &l, prompt, computed(0), max(prompt-1, 0), budget, co, chunk) +
 		float64(in.Uncached[i])*TransferPerToken.Seconds()
 	if in.Extra != nil {
 		est += in.Extra[i]

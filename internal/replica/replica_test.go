@@ -184,7 +184,11 @@ func TestPeersLearn(t *testing.T) {
 	if out[1] != int32(len(hashes)) || out[0] != 0 {
 		t.Fatalf("index after a peer's routing: %v, want b to hold %d blocks", out, len(hashes))
 	}
-	// The session's next turn follows, although b carries the peer's load.
+	// The session's next turn follows, although b carries the peer's load
+	// (the engines have been seen before: no cold-start cap).
+	for _, b := range f.Snapshot().All {
+		b.ObserveRunning(0, 0, -1)
+	}
 	a, err := s.Route(v, nil, t0)
 	if err != nil {
 		t.Fatal(err)

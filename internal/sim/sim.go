@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/admission"
+	"github.com/kvroute/kvroute/internal/costmodel"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/openai"
@@ -55,6 +56,10 @@ type Config struct {
 	// max_num_batched_tokens do; without it the router learns the cap from
 	// the engine's running and waiting counts, as it must from vLLM.
 	ConfigureLimits bool
+	// TrueCoefficients gives the router each engine's true cost
+	// coefficients up front (its preset's, engine.Preset.Costs), frozen:
+	// the yardstick of the learned cost model (costs.go).
+	TrueCoefficients bool
 	// Policy is the routing policy's name (see policy.Names).
 	Policy string
 	// Seed seeds the policy's random choices.
@@ -234,6 +239,9 @@ type node struct {
 	// wakeAt is when an evWake is due for the idle engine (pd.go), 0
 	// for none.
 	wakeAt time.Duration
+	// computed is the engine's prompt tokens computed at the last reading
+	// (costs.go).
+	computed int64
 }
 
 // sim is one run's state.
@@ -335,6 +343,9 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 		p := s.nodes[i].eng.Preset()
 		s.forBackends(i, func(b *fleet.Backend) {
 			b.SetContextLen(p.MaxModelLen)
+			if cfg.TrueCoefficients {
+				b.SetCostModel(costmodel.Frozen(p.Costs()))
+			}
 			if cfg.ConfigureLimits {
 				b.SetMaxNumSeqs(p.MaxNumSeqs)
 				b.SetMaxBatchedTokens(p.MaxBatchedTokens)
@@ -611,7 +622,8 @@ func (s *sim) stepStart(i int) {
 	// inter-token latency since the last reading. As from the emulated
 	// engine's /metrics, no running-sequence cap (vLLM exports none) and
 	// no prefill time (kvroute engine exports none), so no prefill rate.
-	r := fleet.Reading{State: es, DecodeTokens: float64(n.itlN), DecodeSeconds: n.itlSum.Seconds()}
+	r := fleet.Reading{State: es, DecodeTokens: float64(n.itlN), DecodeSeconds: n.itlSum.Seconds(),
+		ComputedTokens: n.computedSince(st)}
 	n.itlN, n.itlSum = 0, 0
 	s.forBackends(i, func(b *fleet.Backend) { b.Learn(r) })
 	if d <= 0 {

@@ -392,15 +392,16 @@ func TestEngineLimitsReachRouter(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := fleet.Limits{ContextLen: engines[0].MaxModelLen}
+		// Before the run nothing is observed: the cold-start cap of one.
+		want := fleet.Limits{ContextLen: engines[0].MaxModelLen, PlausibleSeqs: 1}
 		if configured {
-			want.MaxNumSeqs, want.MaxBatchedTokens = 4, 512
+			want.MaxNumSeqs, want.MaxBatchedTokens, want.PlausibleSeqs = 4, 512, 4
 		}
 		if got := s.nodes[0].b.Limits(); got != want {
 			t.Fatalf("configured %v: limits before the run %+v, want %+v", configured, got, want)
 		}
 		s.loop()
-		want.MaxNumSeqs = 4
+		want.MaxNumSeqs, want.PlausibleSeqs = 4, 4
 		for i := range s.nodes {
 			b := s.nodes[i].b
 			if got := b.Limits(); got != want {

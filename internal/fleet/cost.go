@@ -1,0 +1,153 @@
+package fleet
+
+import (
+	"time"
+
+	"github.com/kvroute/kvroute/internal/costmodel"
+)
+
+// Cost returns b's cost model (package costmodel): its engine's
+// coefficients learned online from what the router sees of it (the TTFT
+// of every request, split by its known cached part: Ticket.FirstByte) and
+// what the engine reports (its inter-token latency and prefill time:
+// Learn). Until SetCostModel gives it another, a backend starts from the
+// generic prior. It never blocks.
+func (b *Backend) Cost() *costmodel.Model {
+	if m := b.cost.Load(); m != nil {
+		return m
+	}
+	b.cost.CompareAndSwap(nil, costmodel.New(costmodel.Generic()))
+	return b.cost.Load()
+}
+
+// SetCostModel gives b the cost model m: one started from its engine's
+// preset (a prior the first observations overrule), or a frozen one (the
+// simulator told the true coefficients).
+func (b *Backend) SetCostModel(m *costmodel.Model) { b.cost.Store(m) }
+
+// Chunk is b's token budget per engine step: its engine's
+// max_num_batched_tokens when known (Limits), else its cost model's
+// prior's.
+func (b *Backend) Chunk() int64 {
+	if c := b.limits.maxBatchedTokens.Load(); c > 0 {
+		return c
+	}
+	return b.Cost().Chunk()
+}
+
+// observeTTFT teaches b's cost model one request's time to first token:
+// the prefill work the backend finished between the request's routing
+// and its first token (work tokens, its own uncached ones included,
+// which follow cached ones in its context), in steps that also ran the
+// decoding streams l shows. As for the learned rate, a prefill of fewer
+// than MinRateWork tokens teaches nothing: its TTFT is the network, the
+// queue and one step, and a server that answers at once (a cached
+// response, a fake) would look infinitely fast. A request that found every sequence slot
+// taken when it was routed (queued at least the engine's cap) waited for
+// a slot the model does not price: it teaches nothing.
+func (b *Backend) observeTTFT(work, uncached, cached, queued int64, l Load, ttft time.Duration, now time.Time) {
+	if work < MinRateWork || ttft <= 0 {
+		return
+	}
+	if c := b.Limits().MaxNumSeqs; c > 0 && queued >= int64(c) {
+		return
+	}
+	steps := float64(costmodel.Steps(work, b.Chunk()))
+	// The attention pairs only of a request that had the engine's prefill
+	// to itself (no other request's first byte came meanwhile): in a queue,
+	// what the work finished does not explain (prompts prefilled in part,
+	// preempted, waiting for KV blocks) grows with a long prompt's
+	// duration, and the attention term would absorb it (the learned term
+	// came out 1,000 times the engine's on the 70B preset's mixed
+	// workload).
+	var pairs float64
+	if work == uncached {
+		pairs = costmodel.AttnPairs(uncached, cached)
+	}
+	b.Cost().Observe(costmodel.Sample{
+		Steps:   steps,
+		Tokens:  float64(work),
+		Pairs:   pairs,
+		Seqs:    steps * float64(max(l.Decoding, 0)),
+		Ctx:     steps * float64(max(l.DecodeTokens, 0)),
+		Seconds: ttft.Seconds(),
+	}, now)
+	b.fleet.anchor(now)
+}
+
+// learnCost teaches b's cost model what one engine reading r shows: the
+// mean step time its inter-token latency gives, for the sequences it ran
+// (its running count, else the router's decoding streams) over the context
+// they hold (its KV cache in use, else the router's count), with the
+// prompt tokens it computed meanwhile spread over those steps; and its own
+// prefill time for the tokens it prefilled.
+func (b *Backend) learnCost(r Reading) {
+	s := r.State
+	m := b.Cost()
+	if r.DecodeTokens >= 1 && r.DecodeSeconds > 0 {
+		l := b.KnownLoad()
+		seqs, ctx := float64(l.Decoding), float64(l.DecodeTokens)
+		if s.Has(EngineRunning) && s.Running > 0 {
+			seqs = float64(s.Running)
+		}
+		if s.Has(EngineKVUsage) && s.KVBlocks > 0 && s.BlockSize > 0 {
+			ctx = min(max(s.KVUsage, 0), 1) * float64(s.KVBlocks) * float64(s.BlockSize)
+		}
+		seqs = max(seqs, 1)
+		// Every running sequence gets a token a step, so the tokens over
+		// the sequences are the steps the reading spans.
+		steps := max(r.DecodeTokens/seqs, 1)
+		m.Observe(costmodel.Sample{
+			Steps:   1,
+			Tokens:  max(r.ComputedTokens, 0) / steps,
+			Seqs:    seqs,
+			Ctx:     ctx,
+			Seconds: r.DecodeSeconds / r.DecodeTokens,
+		}, s.At)
+	}
+	if r.PrefillTokens >= MinRateWork && r.PrefillSeconds > 0 {
+		// The requests' prefill times summed, over the tokens they
+		// computed: how many steps they took, and with what batch, the
+		// reading does not say, so it teaches the time per token alone.
+		m.Observe(costmodel.Sample{Tokens: r.PrefillTokens, Seconds: r.PrefillSeconds}, s.At)
+	}
+	b.fleet.anchor(s.At)
+}
+
+// AnchorEvery is how often, at most, the fleet's coefficients are
+// recomputed and given to every backend's cost model as what it decays
+// toward (see anchor).
+const AnchorEvery = time.Second
+
+// anchor gives every member's cost model the fleet's coefficients as what
+// it decays toward (costmodel.Model.SetAnchor): the geometric mean of the
+// fits that rest on at least their prior's weight of samples at now. An
+// engine that no traffic refreshes then returns to what its peers show
+// (a healthy engine locked out by a bad reading returns to the others'
+// figures, an idle engine among identical ones to theirs) rather than to
+// a generic guess. At most once every AnchorEvery of sample time, O(fleet
+// size); with no fit to go by, the priors stay.
+func (f *Fleet) anchor(now time.Time) {
+	if f == nil {
+		return
+	}
+	last := f.anchorAt.Load()
+	if now.UnixNano()-last < int64(AnchorEvery) || !f.anchorAt.CompareAndSwap(last, now.UnixNano()) {
+		return
+	}
+	all := f.Snapshot().All
+	var mean costmodel.Mean
+	for _, b := range all {
+		m := b.Cost()
+		if m.Evidence(now) >= m.Prior().Samples {
+			mean.Add(m.Fit().Coeffs)
+		}
+	}
+	c := mean.Coeffs()
+	if c == (costmodel.Coeffs{}) {
+		return
+	}
+	for _, b := range all {
+		b.Cost().SetAnchor(&c)
+	}
+}

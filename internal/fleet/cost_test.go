@@ -1,0 +1,76 @@
+package fleet
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/costmodel"
+)
+
+// TestLearnFromReadings: an engine's readings alone (its inter-token
+// latency over the running sequences, the KV cache they hold and the
+// prompt tokens computed meanwhile, with 3% noise) teach its step,
+// token, sequence and context coefficients, each within 15%, from the
+// generic prior, for an engine unlike it.
+func TestLearnFromReadings(t *testing.T) {
+	truth := costmodel.Coeffs{Step: 0.030, Token: 5e-4, Seq: 5e-4, Ctx: 2.7e-7}
+	b := New().Add("b", nil, nil)
+	rng := rand.New(rand.NewPCG(1, 1))
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const kvBlocks, blockSize = 2361, 16
+	for range 3000 {
+		at = at.Add(50 * time.Millisecond)
+		running := 1 + rng.IntN(64)
+		usage := rng.Float64()
+		computed := float64(rng.IntN(256))
+		ctx := usage * kvBlocks * blockSize
+		step := truth.Step + truth.Token*computed + truth.Seq*float64(running) + truth.Ctx*ctx
+		step *= 1 + 0.03*rng.NormFloat64()
+		b.Learn(Reading{
+			State:          &EngineState{At: at, Running: running, KVUsage: usage, KVBlocks: kvBlocks, BlockSize: blockSize},
+			DecodeTokens:   float64(running),
+			DecodeSeconds:  step * float64(running),
+			ComputedTokens: computed,
+		})
+	}
+	got := b.Cost().Coeffs(at)
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{{"Step", got.Step, truth.Step}, {"Token", got.Token, truth.Token}, {"Seq", got.Seq, truth.Seq}, {"Ctx", got.Ctx, truth.Ctx}} {
+		if math.Abs(c.got/c.want-1) > 0.15 {
+			t.Errorf("%s = %.3g, want %.3g", c.name, c.got, c.want)
+		}
+	}
+}
+
+// TestLearnFromTTFTs: the TTFTs of requests alone on an engine (prompts
+// of 300-6,000 tokens after cached prefixes, in chunks of 2,048, with no
+// decoding batch) teach its step, token and attention coefficients.
+func TestLearnFromTTFTs(t *testing.T) {
+	truth := costmodel.Coeffs{Step: 0.010, Token: 1.3e-4, Attn: 4e-9}
+	b := New().Add("b", nil, nil)
+	b.SetMaxBatchedTokens(2048)
+	rng := rand.New(rand.NewPCG(2, 2))
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for range 2000 {
+		at = at.Add(100 * time.Millisecond)
+		uncached := int64(300 + rng.IntN(5700))
+		cached := int64(rng.IntN(8000))
+		ttft := float64(costmodel.Steps(uncached, 2048))*truth.Step + truth.Token*float64(uncached) + truth.Attn*costmodel.AttnPairs(uncached, cached)
+		tk := b.Start(uncached+cached, uncached, 16, at)
+		tk.FirstByte(at.Add(time.Duration(ttft * (1 + 0.03*rng.NormFloat64()) * float64(time.Second))))
+		tk.Done(at)
+	}
+	got := b.Cost().Coeffs(at)
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{{"Step", got.Step, truth.Step}, {"Token", got.Token, truth.Token}, {"Attn", got.Attn, truth.Attn}} {
+		if math.Abs(c.got/c.want-1) > 0.15 {
+			t.Errorf("%s = %.3g, want %.3g", c.name, c.got, c.want)
+		}
+	}
+}
