@@ -605,6 +605,13 @@ func (s *sim) deliver(i int) {
 			f.a.FirstByte(at)
 			continue
 		}
+		// The engine's report of its cache hit checks the router's
+		// picture, as the live relay's does.
+		rep := scheduler.Report{Cached: f.CachedTokens, Prompt: f.PromptTokens}
+		if f.Generated > 0 {
+			rep.TTFT = f.first - f.arrival
+		}
+		f.a.Reported(rep, at)
 		f.a.Done(at)
 		smp := report.Sample{
 			Start:         f.arrival,
