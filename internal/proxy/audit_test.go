@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/admin"
+	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/prefix"
 )
 
@@ -32,7 +34,9 @@ func chatTurn(conv, turn int, stream bool) string {
 // audit changes nothing, and what it compared (the engine's reports,
 // streamed and whole) shows in its totals.
 func TestAuditEngineResetBehindTheRouter(t *testing.T) {
-	r, ems := newEmuRig(t, 1, 50, nil)
+	t.Setenv(config.AdminTokenEnv, "")
+	const token = "audit-token-0123456789"
+	r, ems := newEmuRig(t, 1, 50, func(c *config.Config) { c.Admin.Token = token })
 	b := r.backendByName(ems[0].name)
 	audit := r.srv.sched.Audit()
 	const convs = 6
@@ -75,4 +79,25 @@ func TestAuditEngineResetBehindTheRouter(t *testing.T) {
 		t.Fatalf("reset not detected after %d requests (audit %+v)", sent, audit.Backend(b.ID))
 	}
 	t.Logf("reset detected within %d requests", sent)
+	m := string(r.get("/metrics").body)
+	for _, want := range []string{
+		`kvroute_prefix_audit_actions_total{action="forget",backend="e0"} 1`,
+		`kvroute_prefix_trusted{backend="e0"} 1`,
+		`kvroute_cache_reported_tokens_total{backend="e0",policy="kvroute"} `,
+		`kvroute_cache_predicted_tokens_total{backend="e0",policy="kvroute"} `,
+		`kvroute_cache_best_tokens_total{backend="e0",policy="kvroute"} `,
+		`kvroute_ttft_estimated_requests_total{backend="e0",policy="kvroute"} `,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	status, body := r.adminCall("GET", "/admin/backends", token)
+	var list struct{ Backends []admin.Backend }
+	if err := json.Unmarshal(body, &list); status != http.StatusOK || err != nil || len(list.Backends) != 1 {
+		t.Fatalf("/admin/backends: %d %s", status, body)
+	}
+	if c := list.Backends[0].Cache; c.ReportedCachedTokens == 0 || c.AuditedPromptTokens == 0 || !c.Trusted || c.Actions["forget"] != 1 {
+		t.Errorf("/admin/backends cache audit %+v", c)
+	}
 }
