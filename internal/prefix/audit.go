@@ -62,7 +62,7 @@ type AuditConfig struct {
 	MinTokens int64
 	// Shortfall is the share of the window's prompt tokens by which the
 	// reported hits must fall short of the predicted ones for a
-	// shortfall (default 0.1: ten points of hit rate), or exceed them
+	// shortfall (default 0.05: five points of hit rate), or exceed them
 	// for an excess; Total the reported-to-predicted ratio under which
 	// a shortfall is near-total (default 0.1).
 	Shortfall, Total float64
@@ -141,6 +141,10 @@ type auditState struct {
 	n                   int
 	predicted, reported int64
 	prompt              int64
+	// short and excess sum, per request, the predicted tokens the
+	// engine did not report and the reported ones not predicted: a
+	// miss and a hit elsewhere in the window do not cancel out.
+	short, excess int64
 	// forgot is set once a shortfall made the index forget the backend,
 	// until a window agrees: a shortfall then shrinks.
 	forgot         bool
@@ -165,7 +169,7 @@ func NewAudit(cfg AuditConfig) *Audit {
 		cfg.MinTokens = 256
 	}
 	if cfg.Shortfall <= 0 {
-		cfg.Shortfall = 0.1
+		cfg.Shortfall = 0.05
 	}
 	if cfg.Total <= 0 {
 		cfg.Total = 0.1
@@ -292,6 +296,8 @@ func (a *Audit) Observe(o Observation, now time.Time) Verdict {
 	s.predicted += max(o.Predicted, 0)
 	s.reported += reported
 	s.prompt += max(o.Prompt, 0)
+	s.short += max(o.Predicted-reported, 0)
+	s.excess += max(reported-o.Predicted, 0)
 	if o.Predicted > 0 {
 		if float64(reported) < a.cfg.Total*float64(o.Predicted) {
 			s.streak++
@@ -303,7 +309,7 @@ func (a *Audit) Observe(o Observation, now time.Time) Verdict {
 		return Keep
 	}
 	v := a.judge(s, o.Held)
-	s.n, s.predicted, s.reported, s.prompt = 0, 0, 0, 0
+	s.n, s.predicted, s.reported, s.prompt, s.short, s.excess = 0, 0, 0, 0, 0, 0
 	s.actions[v]++
 	if v != Keep {
 		s.since = now
@@ -319,7 +325,7 @@ func (a *Audit) Observe(o Observation, now time.Time) Verdict {
 func (a *Audit) judge(s *auditState, held int) Verdict {
 	p, r := float64(s.predicted), float64(s.reported)
 	prompt := float64(max(s.prompt, 1))
-	short := (p - r) / prompt
+	short, excess := float64(s.short)/prompt, float64(s.excess)/prompt
 	switch {
 	case s.predicted < a.cfg.MinTokens && s.reported < a.cfg.MinTokens:
 		return Keep // nothing to judge by
@@ -368,7 +374,7 @@ func (a *Audit) judge(s *auditState, held int) Verdict {
 	if base == 0 {
 		base = a.cfg.DefaultCapacity
 	}
-	if s.capacity > 0 && s.capacity < base && -short > a.cfg.Shortfall {
+	if s.capacity > 0 && s.capacity < base && excess > a.cfg.Shortfall {
 		s.capacity = min(base, 2*s.capacity)
 		return Grow
 	}
@@ -386,6 +392,7 @@ func (a *Audit) Reset(backend int) {
 	defer a.mu.Unlock()
 	s := a.state(backend)
 	wasUntrusted := s.untrusted
+	s.short, s.excess = 0, 0
 	s.n, s.predicted, s.reported, s.prompt, s.capacity, s.misses, s.streak, s.untrusted, s.forgot = 0, 0, 0, 0, 0, 0, 0, false, false
 	if wasUntrusted {
 		a.publish()
