@@ -418,12 +418,15 @@ type BackendAudit struct {
 func (a *Audit) Backend(backend int) BackendAudit {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	out := BackendAudit{Capacity: a.cfg.DefaultCapacity, Actions: map[string]uint64{}, Totals: map[string]Totals{}}
 	if backend < 0 || backend >= len(a.b) {
-		return BackendAudit{Capacity: a.cfg.DefaultCapacity}
+		for _, v := range Verdicts {
+			out.Actions[v.String()] = 0
+		}
+		return out
 	}
 	s := &a.b[backend]
-	out := BackendAudit{Untrusted: s.untrusted, Capacity: a.capacity(s), Last: s.last,
-		Actions: map[string]uint64{}, Totals: map[string]Totals{}}
+	out.Untrusted, out.Capacity, out.Last = s.untrusted, a.capacity(s), s.last
 	for _, v := range Verdicts {
 		out.Actions[v.String()] = s.actions[v]
 	}

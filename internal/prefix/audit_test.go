@@ -171,3 +171,16 @@ func TestAuditTotals(t *testing.T) {
 		t.Errorf("sum %+v", sum)
 	}
 }
+
+// TestAuditBackendUnseen: a backend the audit never heard of has empty,
+// writable maps (a scrape before any request must not panic).
+func TestAuditBackendUnseen(t *testing.T) {
+	a := NewAudit(AuditConfig{})
+	for _, id := range []int{-1, 0, 5} {
+		b := a.Backend(id)
+		b.Totals["kvroute"] = Totals{}
+		if b.Untrusted || b.Capacity != DefaultCapacity || b.Actions["forget"] != 0 || len(b.Actions) != len(Verdicts) {
+			t.Errorf("backend %d: %+v", id, b)
+		}
+	}
+}
