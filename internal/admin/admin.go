@@ -76,6 +76,31 @@ type Backend struct {
 	// backend's predicted hit rate.
 	RoutedPromptTokens    int64 `json:"routed_prompt_tokens"`
 	PredictedCachedTokens int64 `json:"predicted_cached_tokens"`
+	// Cache is the audit of the router's cache picture of the backend
+	// against the cached tokens its engine reported.
+	Cache CacheAudit `json:"cache_audit"`
+}
+
+// CacheAudit is a backend's cache picture checked against its engine's
+// reports (see prefix.Audit), over the requests whose engine reported
+// its cached tokens, every policy together.
+type CacheAudit struct {
+	// AuditedPromptTokens is those requests' prompt tokens (the router's
+	// estimate); PredictedCachedTokens how many of them the router
+	// predicted cached there, ReportedCachedTokens how many the engine
+	// reported reusing, BestCachedTokens how many the best-placed
+	// candidate held at decision time.
+	AuditedPromptTokens   int64 `json:"audited_prompt_tokens"`
+	PredictedCachedTokens int64 `json:"predicted_cached_tokens"`
+	ReportedCachedTokens  int64 `json:"reported_cached_tokens"`
+	BestCachedTokens      int64 `json:"best_cached_tokens"`
+	// Trusted is false while the audit counts the backend's matches as
+	// 0; CapacityBlocks is its capacity in the prefix index.
+	Trusted        bool `json:"trusted"`
+	CapacityBlocks int  `json:"capacity_blocks"`
+	// Actions counts the audit's verdicts by name (forget, shrink,
+	// grow, untrust, trust).
+	Actions map[string]uint64 `json:"actions"`
 }
 
 // Breaker is a backend's circuit breaker.

@@ -21,6 +21,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,6 +38,10 @@ const DefaultMaxConcurrency = 4096
 
 // BackendHeader names the backend that served a request through kvroute.
 const BackendHeader = "X-Kvroute-Backend"
+
+// ReasonHeader is the router's account of its choice, whose
+// "prefix=<matched>/<blocks>" is its predicted hit (see predicted).
+const ReasonHeader = "X-Kvroute-Reason"
 
 // SessionHeader carries a request's conversation id.
 const SessionHeader = "X-Session-ID"
@@ -357,6 +362,7 @@ func (r *runner) do(ctx context.Context, wr *workload.Request, s *report.Sample,
 	st, err := readStream(resp.Body, start)
 	s.TTFT, s.E2E, s.ITL = st.ttft, st.e2e, st.itl
 	s.PromptTokens, s.CachedTokens, s.OutputTokens = st.prompt, st.cached, st.output
+	s.MatchedTokens = predicted(resp.Header.Get(ReasonHeader), st.prompt)
 	if err != nil {
 		s.Err = err.Error()
 	}
@@ -445,3 +451,25 @@ func tick(every time.Duration, fn func()) (stop func()) {
 
 // errNoDone is a stream that ended without "data: [DONE]".
 var errNoDone = errors.New("stream ended without [DONE]")
+
+// predicted is the router's predicted hit of a request of prompt tokens,
+// by the engine's count, read from its reason ("policy=kvroute
+// prefix=812/1024 ..."): the share of the prompt's blocks it matched on
+// the chosen backend. 0 when the reason gives none, or is malformed.
+func predicted(reason string, prompt int) int {
+	_, rest, ok := strings.Cut(reason, "prefix=")
+	if !ok {
+		return 0
+	}
+	rest, _, _ = strings.Cut(rest, " ")
+	m, n, ok := strings.Cut(rest, "/")
+	if !ok {
+		return 0
+	}
+	matched, err1 := strconv.Atoi(m)
+	blocks, err2 := strconv.Atoi(n)
+	if err1 != nil || err2 != nil || blocks <= 0 || matched < 0 || matched > blocks {
+		return 0
+	}
+	return int(int64(prompt) * int64(matched) / int64(blocks))
+}

@@ -321,6 +321,23 @@ func TestReadStreamFallbacks(t *testing.T) {
 	}
 }
 
+// TestReadStreamCached: the cached prompt tokens are read as each engine
+// reports them: vLLM's and SGLang's usage, llama.cpp's timings (its
+// prompt tokens less those it computed, or cache_n).
+func TestReadStreamCached(t *testing.T) {
+	tests := []struct{ name, last string }{
+		{"vLLM", `{"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":64}}}`},
+		{"llama.cpp", `{"choices":[{"text":"","index":0,"finish_reason":"length"}],"object":"text_completion","usage":{"completion_tokens":1,"prompt_tokens":100,"total_tokens":101},"timings":{"prompt_n":36,"prompt_ms":9.1}}`},
+		{"llama.cpp with cache_n", `{"choices":[],"timings":{"cache_n":64,"prompt_n":36},"usage":{"completion_tokens":1,"prompt_tokens":100}}`},
+	}
+	for _, tt := range tests {
+		st, err := readStream(strings.NewReader("data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: "+tt.last+"\n\ndata: [DONE]\n\n"), time.Now())
+		if err != nil || st.cached != 64 || st.prompt != 100 {
+			t.Errorf("%s: cached %d of %d, err %v; want 64 of 100", tt.name, st.cached, st.prompt, err)
+		}
+	}
+}
+
 func BenchmarkParseChunk(b *testing.B) {
 	data := []byte(`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" token","logprobs":null,"finish_reason":null}]}`)
 	b.ReportAllocs()

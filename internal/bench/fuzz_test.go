@@ -40,3 +40,35 @@ func FuzzReadStream(f *testing.F) {
 		}
 	})
 }
+
+// FuzzPredicted: whatever reason header a server sends, the predicted hit
+// is within the prompt and never negative.
+func FuzzPredicted(f *testing.F) {
+	f.Add("policy=kvroute prefix=812/1024 est_ttft=0.210s sticky", 4000)
+	f.Add("prefix=3/0", 10)
+	f.Add("prefix=-1/2", 10)
+	f.Fuzz(func(t *testing.T, reason string, prompt int) {
+		prompt = max(prompt, 0) % (1 << 30)
+		if got := predicted(reason, prompt); got < 0 || got > prompt {
+			t.Fatalf("predicted(%q, %d) = %d", reason, prompt, got)
+		}
+	})
+}
+
+func TestPredicted(t *testing.T) {
+	for _, tt := range []struct {
+		reason string
+		want   int
+	}{
+		{"policy=kvroute prefix=812/1024 est_ttft=0.210s sticky", 792},
+		{"policy=round-robin prefix=0/10", 0},
+		{"policy=kvroute", 0},
+		{"prefix=11/10", 0},
+		{"prefix=a/10", 0},
+		{"", 0},
+	} {
+		if got := predicted(tt.reason, 1000); got != tt.want {
+			t.Errorf("predicted(%q) = %d, want %d", tt.reason, got, tt.want)
+		}
+	}
+}

@@ -62,8 +62,11 @@ func readStream(body io.Reader, start time.Time) (st streamStats, err error) {
 		if ev.usage != nil {
 			st.usage = true
 			st.prompt, st.output = ev.usage.PromptTokens, ev.usage.CompletionTokens
-			if d := ev.usage.PromptTokensDetails; d != nil {
-				st.cached = d.CachedTokens
+		}
+		if ev.usage != nil || ev.timings != nil {
+			// vLLM's and SGLang's cached_tokens, or llama.cpp's timings.
+			if c, ok := openai.ReportedCached(ev.usage, ev.timings); ok {
+				st.cached = c
 			}
 		}
 	}
@@ -90,6 +93,7 @@ func readStream(body io.Reader, start time.Time) (st streamStats, err error) {
 type chunkEvent struct {
 	content bool
 	usage   *openai.Usage
+	timings *openai.Timings
 }
 
 var errorKey = []byte(`"error"`)
@@ -113,7 +117,7 @@ func parseChunk(data []byte) (chunkEvent, error) {
 	if err != nil {
 		return ev, fmt.Errorf("malformed usage chunk: %w", err)
 	}
-	ev.content, ev.usage = c.Content, c.Usage
+	ev.content, ev.usage, ev.timings = c.Content, c.Usage, c.Timings
 	return ev, nil
 }
 

@@ -108,6 +108,10 @@ type BodyEnd struct {
 	// Counted: a 2xx body read for its tokens, In and Out.
 	Counted bool
 	In, Out int
+	// Cached is the prompt tokens the engine reported reusing, when
+	// HasCached (see scheduler.Report).
+	Cached    int
+	HasCached bool
 }
 
 // Request is one client request's state, owned by the goroutine that

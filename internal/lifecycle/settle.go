@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/admin"
+	"github.com/kvroute/kvroute/internal/scheduler"
 )
 
 // Settle ends the request, exactly once: the front's one deferred call,
@@ -31,6 +32,9 @@ func (p *Plane) Settle(r *Request, aborted bool) {
 			l.end = end
 		}
 		p.judge(r, l, l.failed, l.end)
+		if l.end.HasCached && l.end.Complete {
+			l.A.Reported(r.report(l.end), now)
+		}
 		l.A.Done(now)
 		routed = true
 	}
@@ -45,6 +49,17 @@ func (p *Plane) Settle(r *Request, aborted bool) {
 	}
 	p.record(r)
 	r.front.Settled(r)
+}
+
+// report is what the engine said of the request's last leg, for the
+// audit of the prefix picture: its cached and prompt tokens, and the
+// observed TTFT of a streamed response.
+func (r *Request) report(end BodyEnd) scheduler.Report {
+	rep := scheduler.Report{Cached: end.Cached, Prompt: end.In}
+	if r.View != nil && r.View.Stream {
+		rep.TTFT = r.TTFT
+	}
+	return rep
 }
 
 // final is the request's status: the one answered, else 502 for a

@@ -39,7 +39,7 @@ func NewKVFollower(f *fleet.Fleet, ix *prefix.Precise, c config.KVEvents, reg pr
 // released backend go with its record (Series.Others).
 func (k *KVFollower) Families() []Family {
 	m := k.m
-	return []Family{m.received, m.decodeErrors, m.gaps, m.replays, m.stale, m.reconnects, m.fails, m.refused}
+	return []Family{m.received, m.decodeErrors, m.gaps, m.replays, m.stale, m.reconnects, m.fails, m.refused, m.parity}
 }
 
 // streamMetrics count what the backends' KV event subscribers saw.
@@ -49,6 +49,7 @@ type streamMetrics struct {
 	replays                  *prometheus.CounterVec // backend, outcome
 	stale, reconnects, fails *prometheus.CounterVec // backend
 	refused                  *prometheus.CounterVec // backend
+	parity                   *prometheus.GaugeVec   // backend
 }
 
 func newStreamMetrics(reg prometheus.Registerer) *streamMetrics {
@@ -57,7 +58,12 @@ func newStreamMetrics(reg prometheus.Registerer) *streamMetrics {
 		reg.MustRegister(v)
 		return v
 	}
+	parity := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvroute_kv_hash_parity",
+		Help: "1 when the hash-parity check found the router's block keys equal to the engine's for a known prompt, 0 when they differ (the log names the likely cause: block size, tokenizer, salt); absent until checked."},
+		[]string{"backend"})
+	reg.MustRegister(parity)
 	return &streamMetrics{
+		parity:       parity,
 		received:     c("kvroute_kv_events_received_total", "KV cache events received from the backend's stream, by type.", "type"),
 		decodeErrors: c("kvroute_kv_decode_errors_total", "Messages of the backend's KV event stream that were not well-formed batches (skipped)."),
 		gaps:         c("kvroute_kv_gaps_total", "Jumps forward in the backend's KV event sequence numbers."),
@@ -74,6 +80,7 @@ func newStreamMetrics(reg prometheus.Registerer) *streamMetrics {
 func (k *KVFollower) Follow(ctx context.Context, m *Member, endpoint, replay string, bind bool) {
 	defer k.ix.Forget(m.B.ID)
 	h := k.handler(m.B)
+	h.start = func() { k.startParity(ctx, h, m) }
 	logRefused := &rate.Sometimes{Interval: time.Second}
 	cfg := kvevents.SubscriberConfig{Endpoint: endpoint, Bind: bind, ReplayEndpoint: replay, StaleAfter: k.cfg.StaleAfter,
 		MaxMessageBytes: int(k.cfg.MaxMessageBytes),
@@ -94,16 +101,22 @@ func (k *KVFollower) Follow(ctx context.Context, m *Member, endpoint, replay str
 
 // handler returns a new stream's handler for b.
 func (k *KVFollower) handler(b *fleet.Backend) *streamHandler {
-	return &streamHandler{ix: k.ix, id: b.ID, name: b.Name, m: k.m, first: true}
+	return &streamHandler{ix: k.ix, k: k, id: b.ID, name: b.Name, models: b.Models, m: k.m, first: true}
 }
 
 // streamHandler applies one backend's stream to the precise index
 // (kvevents.Handler; called from the subscriber's goroutine only).
 type streamHandler struct {
-	ix   *prefix.Precise
-	id   int
-	name string
-	m    *streamMetrics
+	ix     *prefix.Precise
+	k      *KVFollower
+	id     int
+	name   string
+	models []string
+	m      *streamMetrics
+	// start begins a hash-parity check (parity.go), on the stream's first
+	// batch and on the first after a restart; parity is the check.
+	start  func()
+	parity *parity
 	// first: no batch since the stream began or was reset; restarted:
 	// the reset was a restart (the engine's cache is empty).
 	first, restarted bool
@@ -118,11 +131,17 @@ func (h *streamHandler) Batch(seq uint64, b kvevents.Batch) {
 	if h.first && (seq == 0 || h.restarted) {
 		h.ix.Reset(h.id, true, now)
 	}
+	if h.first && h.start != nil {
+		h.start()
+	}
 	h.first, h.restarted = false, false
 	for i := range b.Events {
 		h.m.received.WithLabelValues(h.name, b.Events[i].Kind.String()).Inc()
 	}
 	h.ix.Apply(h.id, b.Events, now)
+	if h.parity != nil {
+		h.k.observe(h, b.Events)
+	}
 }
 
 // Reset drops the backend's entries after a gap replay could not fill

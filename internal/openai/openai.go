@@ -120,6 +120,35 @@ type Response struct {
 	// answer in a disaggregated fleet (what the decode engine needs to
 	// pull the prompt's KV cache); absent otherwise.
 	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
+	// Timings is llama.cpp's, on its last chunk or whole response.
+	Timings *Timings `json:"timings,omitempty"`
+}
+
+// Timings is what the router reads of llama.cpp's timings object:
+// prompt_n is the prompt tokens it computed, cache_n (newer servers) the
+// ones it found in its prompt cache; prompt_n is -1 when not timed.
+type Timings struct {
+	PromptN *int `json:"prompt_n,omitempty"`
+	CacheN  *int `json:"cache_n,omitempty"`
+}
+
+// ReportedCached is the prompt tokens an engine reported reusing from its
+// prefix cache, from a response's usage and timings (either may be nil):
+// usage.prompt_tokens_details.cached_tokens (vLLM with
+// --enable-prompt-tokens-details, SGLang, llm-d's simulator), else
+// llama.cpp's timings.cache_n, else its prompt tokens less timings.prompt_n
+// (llama.cpp before cache_n). ok is false when the response reports none:
+// an engine that does not say must never read as one that reused nothing.
+func ReportedCached(u *Usage, t *Timings) (cached int, ok bool) {
+	switch {
+	case u != nil && u.PromptTokensDetails != nil:
+		return max(u.PromptTokensDetails.CachedTokens, 0), true
+	case t != nil && t.CacheN != nil && *t.CacheN >= 0:
+		return *t.CacheN, true
+	case t != nil && u != nil && t.PromptN != nil && *t.PromptN >= 0 && u.PromptTokens > 0:
+		return max(u.PromptTokens-*t.PromptN, 0), true
+	}
+	return 0, false
 }
 
 // Model is one entry of GET /v1/models.
@@ -145,14 +174,17 @@ type Chunk struct {
 	// string: a chunk with tokens, not the role-only first chunk nor
 	// the usage-only last one.
 	Content bool
-	// Usage is the chunk's usage object, nil without one.
-	Usage *Usage
+	// Usage is the chunk's usage object, nil without one; Timings its
+	// llama.cpp timings, nil without.
+	Usage   *Usage
+	Timings *Timings
 }
 
 var (
 	textKey    = []byte(`"text":"`)
 	contentKey = []byte(`"content":"`)
 	usageKey   = []byte(`"usage":{`)
+	timingsKey = []byte(`"timings":{`)
 )
 
 // ReadChunk reads one chunk. Content chunks, the bulk of a stream, are
@@ -162,12 +194,12 @@ var (
 func ReadChunk(data []byte) (Chunk, error) {
 	var c Chunk
 	c.Content = nonEmptyString(data, textKey) || nonEmptyString(data, contentKey)
-	if bytes.Contains(data, usageKey) {
+	if bytes.Contains(data, usageKey) || bytes.Contains(data, timingsKey) {
 		var r Response
 		if err := json.Unmarshal(data, &r); err != nil {
 			return c, err
 		}
-		c.Usage = r.Usage
+		c.Usage, c.Timings = r.Usage, r.Timings
 	}
 	return c, nil
 }

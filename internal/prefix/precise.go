@@ -357,12 +357,7 @@ func (p *Precise) store(backend int, st *stream, ev *kvevents.Event, keys []uint
 			p.loras[ev.LoraName] = struct{}{}
 		}
 	}
-	// A block without a parent starts a request's chain: vLLM salts it
-	// with the request's cache_salt, which its extra_keys carry.
-	parent := seedKey(ev.LoraName)
-	if !ev.HasParent && len(ev.ExtraKeys) > 0 {
-		parent = seedKey(JoinSalt(ev.LoraName, kvevents.CacheSalt(ev.ExtraKeys[0], ev.LoraName)))
-	}
+	parent := rootKey(ev)
 	if ev.HasParent {
 		pb, ok := st.eng[ev.Parent]
 		if !ok {
@@ -389,6 +384,17 @@ func (p *Precise) store(backend int, st *stream, ev *kvevents.Event, keys []uint
 	p.blocks.Insert(backend, keys[:n])
 	st.stats.Evicted += p.blocks.Evicted(backend) - before
 	return keys
+}
+
+// rootKey is the parent key of the chain of a BlockStored without a
+// parent: the first block of a request's chain, seeded by its LoRA
+// adapter and, as vLLM salts it, by the request's cache_salt, which its
+// extra_keys carry.
+func rootKey(ev *kvevents.Event) uint64 {
+	if len(ev.ExtraKeys) > 0 {
+		return seedKey(JoinSalt(ev.LoraName, kvevents.CacheSalt(ev.ExtraKeys[0], ev.LoraName)))
+	}
+	return seedKey(ev.LoraName)
 }
 
 // remove applies one BlockRemoved.

@@ -178,6 +178,7 @@ func New(p Parts) (*Server, error) {
 		s.splitProto = cfg.Disaggregation.Protocol
 	}
 	s.limits = newLimitHits(s.metrics.reg, logger)
+	s.metrics.reg.MustRegister(&auditCollector{f: s.fleet, sched: s.sched})
 	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kvroute_buffered_body_bytes",
 		Help: "Bytes of request bodies the router holds in memory (read whole before routing, kept until the request ends), against limits.max_buffered_bytes.",

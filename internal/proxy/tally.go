@@ -33,6 +33,7 @@ type tally struct {
 	// (modelSeen once they were, or from the start when nothing reports
 	// the model: tracing is off).
 	usage     *openai.Usage
+	timings   *openai.Timings
 	model     string
 	modelSeen bool
 	// head and tail are the JSON body's first and last bytes.
@@ -116,6 +117,9 @@ func (t *tally) event(line []byte, now time.Time) {
 	if c.Usage != nil {
 		t.usage = c.Usage
 	}
+	if c.Timings != nil {
+		t.timings = c.Timings
+	}
 	if c.Content {
 		if t.chunks > 0 && t.itl != nil {
 			t.itl.Observe(now.Sub(t.last).Seconds())
@@ -133,15 +137,33 @@ func (t *tally) finish() {
 	if !t.modelSeen {
 		t.readModel()
 	}
-	i := bytes.LastIndex(t.tail, []byte(`"usage":{`))
-	if i < 0 {
-		return
-	}
 	var u openai.Usage
-	if json.NewDecoder(bytes.NewReader(t.tail[i+len(`"usage":`):])).Decode(&u) == nil {
+	if tailObject(t.tail, `"usage":`, &u) {
 		t.usage = &u
 	}
+	var tm openai.Timings
+	if tailObject(t.tail, `"timings":`, &tm) {
+		t.timings = &tm
+	}
 	t.tail = nil
+}
+
+// tailObject decodes into v the object that follows the last key (`"name":`)
+// in tail, reporting whether it could.
+func tailObject(tail []byte, key string, v any) bool {
+	i := bytes.LastIndex(tail, []byte(key+"{"))
+	return i >= 0 && json.NewDecoder(bytes.NewReader(tail[i+len(key):])).Decode(v) == nil
+}
+
+// cached is the prompt tokens the engine reported reusing and its count
+// of the prompt (see openai.ReportedCached); ok is false when it reported
+// none.
+func (t *tally) cached() (cached, prompt int, ok bool) {
+	cached, ok = openai.ReportedCached(t.usage, t.timings)
+	if ok && t.usage != nil {
+		prompt = t.usage.PromptTokens
+	}
+	return cached, prompt, ok
 }
 
 // output is the response's generated tokens: its usage's, else its token

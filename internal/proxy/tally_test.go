@@ -59,11 +59,50 @@ func TestTally(t *testing.T) {
 	}
 }
 
+// TestTallyCached: the engine's reported cached tokens are read from
+// vLLM's and SGLang's usage (streamed and whole) and from llama.cpp's
+// timings (cache_n, or its prompt tokens less prompt_n), and a response
+// that reports none reads as none, never as a hit of 0.
+func TestTallyCached(t *testing.T) {
+	usage := `"usage":{"prompt_tokens":100,"completion_tokens":3,"total_tokens":103,"prompt_tokens_details":{"cached_tokens":64}}`
+	llama := `"usage":{"completion_tokens":3,"prompt_tokens":100,"total_tokens":103},"timings":{"prompt_n":30,"prompt_ms":12.5,"predicted_n":3}`
+	llamaNew := `"timings":{"cache_n":80,"prompt_n":20,"prompt_ms":12.5},"usage":{"completion_tokens":3,"prompt_tokens":100,"total_tokens":103}`
+	stream := func(last string) string {
+		return `data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\n" + `data: {"choices":[],` + last + "}\n\ndata: [DONE]\n\n"
+	}
+	tests := []struct {
+		name   string
+		body   string
+		sse    bool
+		cached int
+		ok     bool
+	}{
+		{"vLLM stream", stream(usage), true, 64, true},
+		{"vLLM JSON", `{"model":"m","choices":[{"message":{"content":"hi"}}],` + usage + `}`, false, 64, true},
+		{"vLLM without prompt details", `{"model":"m","choices":[],"usage":{"prompt_tokens":100,"completion_tokens":3,"prompt_tokens_details":null}}`, false, 0, false},
+		{"llama.cpp stream", stream(llama), true, 70, true},
+		{"llama.cpp JSON", `{"choices":[{"message":{"content":"hi"}}],"created":1,` + llama + `}`, false, 70, true},
+		{"llama.cpp with cache_n", `{"choices":[],` + llamaNew + `}`, false, 80, true},
+		{"llama.cpp stream with cache_n", stream(llamaNew), true, 80, true},
+		{"no usage", stream(`"x":1`), true, 0, false},
+	}
+	for _, tt := range tests {
+		for _, step := range []int{1, 5, len(tt.body)} {
+			c, prompt, ok := tallyOf([]byte(tt.body), tt.sse, step).cached()
+			if c != tt.cached || ok != tt.ok || (ok && prompt != 100) {
+				t.Errorf("%s, step %d: cached %d of %d, ok %v; want %d of 100, %v", tt.name, step, c, prompt, ok, tt.cached, tt.ok)
+			}
+		}
+	}
+}
+
 // FuzzTally: whatever a backend sends, the tally neither panics nor holds
 // more than its bounds, and reads the same however the bytes are split.
 func FuzzTally(f *testing.F) {
 	f.Add([]byte("data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"usage\":{\"completion_tokens\":3}}\n\n"), true, 3)
 	f.Add([]byte(`{"model":"m","usage":{"prompt_tokens":1}}`), false, 5)
+	f.Add([]byte("data: {\"usage\":{\"prompt_tokens\":9},\"timings\":{\"prompt_n\":4}}\n\n"), true, 2)
+	f.Add([]byte(`{"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":-3}},"timings":{"cache_n":5}}`), false, 4)
 	f.Fuzz(func(t *testing.T, body []byte, sse bool, step int) {
 		step = 1 + abs(step)%64
 		whole, split := tallyOf(body, sse, len(body)+1), tallyOf(body, sse, step)
@@ -72,6 +111,14 @@ func FuzzTally(f *testing.F) {
 		}
 		if sse && (whole.chunks != split.chunks || whole.output() != split.output()) {
 			t.Fatalf("whole: %d chunks, output %d; split by %d: %d, %d", whole.chunks, whole.output(), step, split.chunks, split.output())
+		}
+		wc, wp, wok := whole.cached()
+		sc, sp, sok := split.cached()
+		if sse && (wc != sc || wp != sp || wok != sok) {
+			t.Fatalf("whole: cached %d of %d (%v); split by %d: %d of %d (%v)", wc, wp, wok, step, sc, sp, sok)
+		}
+		if wc < 0 || sc < 0 {
+			t.Fatalf("negative cached tokens %d, %d", wc, sc)
 		}
 	})
 }

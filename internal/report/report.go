@@ -100,6 +100,12 @@ type Run struct {
 	OutputTokS    float64 `json:"output_tok_s"`
 	ReqS          float64 `json:"req_s"`
 	PrefixHitRate float64 `json:"prefix_hit_rate"`
+	// PredictedHitRate is the hit rate the router predicted for the same
+	// requests (their MatchedTokens over their prompt tokens), beside the
+	// delivered one the engines report (PrefixHitRate); absent when the
+	// samples carry no prediction (a target that is not kvroute, or one
+	// that does not reveal its reasons).
+	PredictedHitRate float64 `json:"predicted_hit_rate,omitempty"`
 	// Simulator extras.
 	PrefillUtilisation float64   `json:"prefill_utilisation,omitempty"`
 	EngineShare        []float64 `json:"engine_share,omitempty"`
@@ -150,12 +156,13 @@ const RoundRobin = "round-robin"
 // its mean is exact (an integer sum of nanoseconds) and its p99 is the exact
 // nearest-rank value, found by selection rather than by sorting every gap
 // (see itlSummary). The prefix hit rate is the sum of cached prompt tokens
-// over the sum of prompt tokens.
+// over the sum of prompt tokens, and the predicted one the sum of the
+// router's predicted hits over the same.
 func Summarize(policy string, samples []Sample, wall time.Duration) Run {
 	r := Run{Policy: policy, Samples: samples}
 	ttft := make([]float64, 0, len(samples))
 	e2e := make([]float64, 0, len(samples))
-	prompt, cached, output := 0, 0, 0
+	prompt, cached, output, matched := 0, 0, 0, 0
 	for i := range samples {
 		s := &samples[i]
 		if s.Err != "" {
@@ -168,6 +175,7 @@ func Summarize(policy string, samples []Sample, wall time.Duration) Run {
 		prompt += s.PromptTokens
 		cached += s.CachedTokens
 		output += s.OutputTokens
+		matched += s.MatchedTokens
 	}
 	r.TTFT = dist(ttft)
 	r.E2E = dist(e2e)
@@ -178,6 +186,7 @@ func Summarize(policy string, samples []Sample, wall time.Duration) Run {
 	}
 	if prompt > 0 {
 		r.PrefixHitRate = float64(cached) / float64(prompt)
+		r.PredictedHitRate = float64(matched) / float64(prompt)
 	}
 	r.Slowdown = slowdowns(samples)
 	return r
@@ -322,7 +331,7 @@ func nearestRank(p float64, n int) int {
 // prefix hit rate over round-robin's (higher is better).
 func WriteTable(w io.Writer, rep *Report) {
 	var rr *Run
-	load, share, util, oracle, loras := false, false, false, false, false
+	load, share, util, oracle, loras, predicted := false, false, false, false, false, false
 	for i := range rep.Runs {
 		r := &rep.Runs[i]
 		if r.Policy == RoundRobin && rr == nil {
@@ -333,6 +342,7 @@ func WriteTable(w io.Writer, rep *Report) {
 		util = util || r.PrefillUtilisation > 0
 		oracle = oracle || r.OfOracle > 0
 		loras = loras || r.AdapterLoads > 0
+		predicted = predicted || r.PredictedHitRate > 0
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	cols := []string{"policy"}
@@ -340,6 +350,9 @@ func WriteTable(w io.Writer, rep *Report) {
 		cols = append(cols, "load")
 	}
 	cols = append(cols, "done", "errors", "TTFT mean", "TTFT p50", "TTFT p99", "E2E p99", "ITL p99", "out tok/s", "hit rate")
+	if predicted {
+		cols = append(cols, "predicted hit")
+	}
 	if oracle {
 		cols = append(cols, "of oracle")
 	}
@@ -364,6 +377,9 @@ func WriteTable(w io.Writer, rep *Report) {
 		row = append(row, fmt.Sprint(r.Completed), fmt.Sprint(r.Errors),
 			msec(r.TTFT.Mean), msec(r.TTFT.P50), msec(r.TTFT.P99), msec(r.E2E.P99), msec(r.ITL.P99),
 			fmt.Sprintf("%.0f", r.OutputTokS), pct(r.PrefixHitRate))
+		if predicted {
+			row = append(row, pct(r.PredictedHitRate))
+		}
 		if oracle {
 			row = append(row, pct(r.OfOracle))
 		}
@@ -388,6 +404,9 @@ func WriteTable(w io.Writer, rep *Report) {
 	tw.Flush()
 	if rr != nil {
 		fmt.Fprintln(w, "vs rr: ratio to round-robin (p99 TTFT: lower is better; hit rate: higher is better)")
+	}
+	if predicted {
+		fmt.Fprintln(w, "hit rate: cached prompt tokens as the engines report them; predicted hit: as the router predicted them for the same requests")
 	}
 	writeSlowdowns(w, rep.Runs)
 	if rep.Oracle != nil {

@@ -65,11 +65,11 @@ func TestSummarize(t *testing.T) {
 		{
 			name: "errors excluded from latencies and throughput",
 			samples: []Sample{
-				{TTFT: msd(40), E2E: msd(400), ITL: []time.Duration{msd(10), msd(30)}, PromptTokens: 100, CachedTokens: 50, OutputTokens: 3},
-				{TTFT: msd(10), E2E: msd(100), ITL: []time.Duration{msd(20)}, PromptTokens: 200, CachedTokens: 0, OutputTokens: 2},
+				{TTFT: msd(40), E2E: msd(400), ITL: []time.Duration{msd(10), msd(30)}, PromptTokens: 100, CachedTokens: 50, MatchedTokens: 80, OutputTokens: 3},
+				{TTFT: msd(10), E2E: msd(100), ITL: []time.Duration{msd(20)}, PromptTokens: 200, CachedTokens: 0, MatchedTokens: 20, OutputTokens: 2},
 				{TTFT: msd(30), E2E: msd(300), PromptTokens: 50, CachedTokens: 50, OutputTokens: 1},
 				{TTFT: msd(20), E2E: msd(200), ITL: []time.Duration{msd(40)}, PromptTokens: 50, CachedTokens: 0, OutputTokens: 2},
-				{Err: "HTTP 503: overloaded", PromptTokens: 1000, CachedTokens: 1000},
+				{Err: "HTTP 503: overloaded", PromptTokens: 1000, CachedTokens: 1000, MatchedTokens: 1000},
 			},
 			wall: 2 * time.Second,
 			want: Run{
@@ -83,6 +83,8 @@ func TestSummarize(t *testing.T) {
 				ReqS:       2,
 				// (50+0+50+0) / (100+200+50+50)
 				PrefixHitRate: 0.25,
+				// (80+20) / 400, beside it
+				PredictedHitRate: 0.25 * 1,
 			},
 		},
 		{
@@ -132,7 +134,7 @@ func TestRunJSONFields(t *testing.T) {
 func TestWriteTable(t *testing.T) {
 	rep := &Report{Runs: []Run{
 		{Policy: "round-robin", OfferedLoad: 0.7, Completed: 100, TTFT: Dist{Mean: 500, P50: 300, P99: 4000}, PrefixHitRate: 0.1, OutputTokS: 1234},
-		{Policy: "kvroute", OfferedLoad: 0.7, Completed: 99, Errors: 1, TTFT: Dist{Mean: 50, P50: 30, P99: 200}, PrefixHitRate: 0.35, EngineShare: []float64{0.5, 0.25, 0.25}},
+		{Policy: "kvroute", OfferedLoad: 0.7, Completed: 99, Errors: 1, TTFT: Dist{Mean: 50, P50: 30, P99: 200}, PrefixHitRate: 0.35, PredictedHitRate: 0.425, EngineShare: []float64{0.5, 0.25, 0.25}},
 	}}
 	var buf bytes.Buffer
 	WriteTable(&buf, rep)
@@ -145,14 +147,14 @@ func TestWriteTable(t *testing.T) {
 	if len(lines[0]) != len(lines[1]) || len(lines[1]) != len(lines[2]) {
 		t.Errorf("rows not aligned:\n%s", out)
 	}
-	for _, want := range []string{"load", "0.70", "4000ms", "200ms", "35.0%", "0.05x", "3.50x", "1.00x", "50/25/25", "1234", "vs rr"} {
+	for _, want := range []string{"load", "0.70", "4000ms", "200ms", "35.0%", "0.05x", "3.50x", "1.00x", "50/25/25", "1234", "vs rr", "predicted hit", "42.5%"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
 	}
 	buf.Reset()
 	WriteTable(&buf, &Report{Runs: []Run{{Policy: "bench", Completed: 3}}})
-	if out := buf.String(); strings.Contains(out, "vs rr") || strings.Contains(out, "load") || strings.Contains(out, "share") {
+	if out := buf.String(); strings.Contains(out, "vs rr") || strings.Contains(out, "load") || strings.Contains(out, "share") || strings.Contains(out, "predicted") {
 		t.Errorf("table without round-robin, load or shares shows their columns:\n%s", out)
 	}
 }

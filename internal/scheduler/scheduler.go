@@ -58,6 +58,7 @@ type Scheduler struct {
 	// step (see route).
 	decide  sync.Mutex
 	index   *prefix.Index
+	audit   *prefix.Audit
 	precise *prefix.Precise // nil unless Config.Precise
 	blockCh int
 	filters []policy.Filter
@@ -99,6 +100,10 @@ type scratch struct {
 	cached, uncached []int64
 	extra            []float64
 	tiers            []int
+	// raw is all before untrust zeroed the untrusted backends' matches
+	// (empty when none is); best the largest match of a candidate.
+	raw  []int32
+	best int32
 }
 
 // New returns a scheduler over f using p.
@@ -112,6 +117,7 @@ func New(f *fleet.Fleet, p policy.Policy, cfg Config) *Scheduler {
 	s := &Scheduler{
 		fleet:   f,
 		index:   prefix.NewIndex(cfg.Capacity),
+		audit:   prefix.NewAudit(prefix.AuditConfig{DefaultCapacity: cfg.Capacity}),
 		blockCh: cfg.BlockChars,
 		filters: cfg.Filters,
 		scorers: cfg.Scorers,
@@ -134,7 +140,15 @@ func (s *Scheduler) Index() *prefix.Index { return s.index }
 // one conversion the live router (from engine metrics) and the simulator
 // (from the engine preset) share.
 func (s *Scheduler) SetKVCapacity(backend int, kvTokens int64) {
-	s.index.SetCapacity(backend, int(s.blocksOf(kvTokens)))
+	s.index.SetCapacity(backend, s.audit.SetBase(backend, int(s.blocksOf(kvTokens))))
+}
+
+// Forget forgets everything the picture holds of backend (it crashed, was
+// removed, or restarted with an empty cache): its blocks, and its audit's
+// window and verdicts.
+func (s *Scheduler) Forget(backend int) {
+	s.index.RemoveBackend(backend)
+	s.audit.Reset(backend)
 }
 
 // Policy returns the scheduler's policy.
@@ -170,6 +184,20 @@ type Assignment struct {
 	// EstTTFT is the policy's estimate of the time to first token in
 	// seconds, 0 when it makes none.
 	EstTTFT float64
+	// Predicted is the prompt tokens the prefix index matched for the
+	// chosen backend, as MatchedTokens but also when the audit untrusted
+	// its picture; Best the most any candidate held (the cache available
+	// elsewhere at decision time).
+	Predicted, Best int
+
+	// sched, policy, prompt and routed are what Reported needs: the
+	// scheduler, the policy's name, the prompt's estimated tokens and
+	// the routing's time; reported is set by its first call.
+	sched    *Scheduler
+	policy   string
+	prompt   int
+	routed   time.Time
+	reported atomic.Bool
 
 	ticket *fleet.Ticket
 	events Events
@@ -230,6 +258,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 	}
 	sc.all = sc.all[:snap.IDs]
 	s.match(sc, hashes, keys, now)
+	s.untrust(sc)
 	s.tokens(sc, v)
 
 	sc.in = policy.Input{
@@ -275,6 +304,10 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 	}
 	s.presume(b, a.ticket.Started(), sc.in.Replicas, now)
 	s.decide.Unlock()
+	predicted, _ := s.split(v, sc.rawMatch(b.ID))
+	best, _ := s.split(v, sc.best)
+	a.Predicted, a.Best = int(predicted), int(best)
+	a.sched, a.policy, a.prompt, a.routed = s, act.policy.Name(), v.PromptTokens, now
 	if act.observer != nil {
 		act.observer.Routed(&sc.in, d)
 	}

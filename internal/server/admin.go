@@ -6,6 +6,7 @@ import (
 	"github.com/kvroute/kvroute/internal/admin"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/members"
+	"github.com/kvroute/kvroute/internal/prefix"
 )
 
 // adminSource is the router state the admin API reads and changes.
@@ -42,6 +43,7 @@ func (a adminSource) Backends() []admin.Backend {
 			ab.Breaker.OpenUntil = &u
 		}
 		ab.RoutedPromptTokens, ab.PredictedCachedTokens = b.Routed()
+		ab.Cache = cacheAudit(s.sched.Audit().Backend(b.ID))
 		if e := b.Engine(); e != nil {
 			ab.Engine = &admin.Engine{ReportedAt: e.At, AgeSeconds: now.Sub(e.At).Seconds(), KVBlocks: e.KVBlocks}
 			if e.Has(fleet.EngineRunning) {
@@ -89,3 +91,14 @@ func (a adminSource) find(name string) *fleet.Backend {
 }
 
 var _ admin.Source = adminSource{}
+
+// cacheAudit is a backend's audit as the admin API shows it: its totals
+// summed over the policies.
+func cacheAudit(a prefix.BackendAudit) admin.CacheAudit {
+	var t prefix.Totals
+	for _, x := range a.Totals {
+		t.Sum(x)
+	}
+	return admin.CacheAudit{AuditedPromptTokens: t.Prompt, PredictedCachedTokens: t.Predicted, ReportedCachedTokens: t.Reported,
+		BestCachedTokens: t.Best, Trusted: !a.Untrusted, CapacityBlocks: a.Capacity, Actions: a.Actions}
+}

@@ -125,7 +125,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	}
 	s.set = members.New(members.Config{
 		Fleet:          s.fleet,
-		Forget:         s.sched.Index().RemoveBackend,
+		Forget:         s.sched.Forget,
 		Transport:      s.upstream,
 		Log:            logger,
 		Series:         series,

@@ -670,6 +670,13 @@ func (s *sim) deliver(i int) {
 			}
 			continue
 		}
+		// The engine's report of its cache hit checks the router's
+		// picture, as the live relay's does.
+		rep := scheduler.Report{Cached: f.CachedTokens, Prompt: f.PromptTokens}
+		if f.Generated > 0 {
+			rep.TTFT = f.first - f.arrival
+		}
+		f.a.Reported(rep, at)
 		f.a.Done(at)
 		if f.prefill {
 			s.prefilled(f) // a split request's prefill leg (pd.go)

@@ -66,7 +66,7 @@
   }
 
   const COLS = ["backend", "health", "breaker", "in_flight", "pending_prefill", "decoding",
-    "engine_running", "engine_waiting", "kv_usage", "prefill_rate", "hit_rate"];
+    "engine_running", "engine_waiting", "kv_usage", "prefill_rate", "hit_rate", "reported"];
   const LABELS = Array.from(document.querySelectorAll("#backends thead th"), (th) => th.textContent);
   const rows = new Map(); // backend name -> tr
 
@@ -122,6 +122,15 @@
       const routed = b.routed_prompt_tokens || 0;
       cell(tr, 10, routed ? pct((b.predicted_cached_tokens || 0) / routed) : "—", routed ? "" : "none",
         num(b.predicted_cached_tokens) + " of " + num(routed) + " routed prompt tokens predicted cached");
+      const a = b.cache_audit || {};
+      const audited = a.audited_prompt_tokens || 0;
+      const rep = (a.reported_cached_tokens || 0) / (audited || 1), pred = (a.predicted_cached_tokens || 0) / (audited || 1);
+      const acts = Object.entries(a.actions || {}).filter(([, n]) => n > 0).map(([k, n]) => k + " " + n).join(", ");
+      cell(tr, 11, audited ? pct(rep) + " / " + pct(pred) + (a.trusted === false ? " untrusted" : "") : "—",
+        !audited ? "none" : (a.trusted === false || Math.abs(rep - pred) > 0.1 ? "warn" : ""),
+        "hit rate the engine reported / the router predicted, over " + num(audited) + " prompt tokens of requests whose engine reported its cache hits; " +
+        "best any backend held: " + pct((a.best_cached_tokens || 0) / (audited || 1)) + "; index capacity " + num(a.capacity_blocks) + " blocks" +
+        (acts ? "; audit: " + acts : ""));
     });
     for (const [name, tr] of rows) {
       if (!seen.has(name)) {

@@ -66,7 +66,16 @@ function expected(b) {
     engine_waiting: e ? String(e.waiting) : "—",
     kv_usage: e ? (e.kv_usage * 100).toFixed(1) + "%" : "—",
     hit_rate: routed ? ((b.predicted_cached_tokens / routed) * 100).toFixed(1) + "%" : "—",
+    reported: expectedAudit(b.cache_audit),
   };
+}
+
+// expectedAudit is the reported / predicted cell of a backend's cache audit.
+function expectedAudit(a) {
+  const audited = a.audited_prompt_tokens;
+  if (!audited) return "—";
+  const p = (n) => ((n / audited) * 100).toFixed(1) + "%";
+  return p(a.reported_cached_tokens) + " / " + p(a.predicted_cached_tokens) + (a.trusted ? "" : " untrusted");
 }
 
 // The rows the page shows, as the same fields.

@@ -1,0 +1,449 @@
+package prefix
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Audit checks the router's cache picture against what the engines say
+// they reused. Each finished request brings one Observation: the prompt
+// tokens the index predicted the chosen backend to hold, and the cached
+// tokens its engine reported (vLLM's and SGLang's
+// usage.prompt_tokens_details.cached_tokens, llama.cpp's timings). Per
+// backend, requests are judged in windows of AuditConfig.Window, and a
+// window whose reported hits fall well short of the predicted ones is a
+// shortfall the picture must answer:
+//
+//   - a near-total shortfall (the engine reported under a tenth of the
+//     prediction: its cache was cleared behind the router's back, or it
+//     restarted) makes the index forget the backend's blocks (Forget);
+//     if the shortfall persists for MissesToUntrust windows although the
+//     index relearned from scratch, the engine does not keep what the
+//     router thinks it routes there (block hashes that do not match, a
+//     cache that is off), and its picture is untrusted: its matches count
+//     as 0 in the pick (Untrusted) until a window agrees again (Trust);
+//   - a partial shortfall (the engine evicts earlier than the index: a
+//     llama.cpp server keeps only its slots' prompts) shrinks the
+//     backend's capacity in the index to the part of its holdings the
+//     reports bear out (Shrink), down to MinCapacity blocks;
+//   - a window in which the engine reported clearly more than predicted
+//     while its capacity was shrunk grows it back, doubling up to the
+//     capacity its KV cache size gives (Grow).
+//
+// Reported tokens are scaled to the router's token estimate (the
+// reported hit times the router's prompt estimate over the engine's
+// prompt tokens), so that a tokenizer that counts differently from the
+// router's estimate does not read as a shortfall.
+//
+// The Audit owns the comparison's state, and each backend's audited
+// capacity; the caller applies a Verdict to the Index. Time is passed in.
+// It also keeps the totals of the regret metrics: per backend and policy,
+// prompt tokens, cached tokens predicted, reported and held at best by
+// any candidate at decision time, and the TTFT predicted and observed.
+type Audit struct {
+	cfg AuditConfig
+	mu  sync.Mutex
+	b   []auditState
+	// untrusted is an immutable copy of the backends' trust, replaced on
+	// change (rare), for the pick to read without a lock.
+	untrusted atomic.Pointer[[]bool]
+}
+
+// AuditConfig tunes an Audit; zero fields take the defaults.
+type AuditConfig struct {
+	// Window is the requests per backend judged together (default 8):
+	// a cache cleared behind the router's back is detected within two
+	// windows of requests.
+	Window int
+	// MinTokens is the least predicted (or reported) cached tokens a
+	// window needs to be judged at all (default 256): a window of cold
+	// prompts says nothing of the picture.
+	MinTokens int64
+	// Shortfall is the share of the window's prompt tokens by which the
+	// reported hits must fall short of the predicted ones for a
+	// shortfall (default 0.05: five points of hit rate), or exceed them
+	// for an excess; Total the reported-to-predicted ratio under which
+	// a shortfall is near-total (default 0.1).
+	Shortfall, Total float64
+	// MissesToUntrust is how many near-total shortfalls in a row untrust
+	// a backend's picture (default 3).
+	MissesToUntrust int
+	// MinCapacity is the least capacity, in blocks, a shrink leaves
+	// (default 64).
+	MinCapacity int
+	// DefaultCapacity is a backend's capacity until SetBase gives its
+	// own (default DefaultCapacity).
+	DefaultCapacity int
+}
+
+// Verdict is what a judged window asks of the index for its backend.
+type Verdict uint8
+
+// The verdicts. Keep asks nothing.
+const (
+	Keep    Verdict = iota
+	Forget          // forget every block of the backend (Index.RemoveBackend)
+	Shrink          // set its capacity to Audit.Capacity
+	Grow            // set its capacity to Audit.Capacity
+	Untrust         // count its matches as 0 in the pick
+	Trust           // count them again
+)
+
+var verdictNames = [...]string{"keep", "forget", "shrink", "grow", "untrust", "trust"}
+
+// String is the verdict's name, as the action label of the metrics.
+func (v Verdict) String() string {
+	if int(v) < len(verdictNames) {
+		return verdictNames[v]
+	}
+	return "unknown"
+}
+
+// Verdicts lists the verdicts that change something, in order.
+var Verdicts = []Verdict{Forget, Shrink, Grow, Untrust, Trust}
+
+// Observation is one finished request, as the audit needs it.
+type Observation struct {
+	Backend int
+	// Policy is the policy that routed it.
+	Policy string
+	// Prompt is the router's estimate of its prompt tokens; Predicted
+	// the tokens of it the index matched for the backend (before any
+	// untrust); Best the most any candidate held at decision time.
+	Prompt, Predicted, Best int64
+	// Reported is the engine's cached tokens, out of ReportedPrompt
+	// prompt tokens by its own count (0: the router's estimate).
+	Reported, ReportedPrompt int64
+	// Routed is when the request was routed: a request routed before
+	// the backend's last verdict saw the picture that verdict changed,
+	// and is left out of the next window (it still counts in the totals).
+	Routed time.Time
+	// Held is the blocks the index held for the backend when the
+	// request ended (Index.Len), the basis of a shrink.
+	Held int
+	// EstTTFT is the policy's TTFT estimate and TTFT the observed one,
+	// in seconds; either 0 when there is none.
+	EstTTFT, TTFT float64
+}
+
+// Totals are the regret counters of one backend under one policy.
+type Totals struct {
+	Requests                    int64
+	Prompt, Predicted           int64
+	Reported, Best              int64
+	TTFTRequests                int64
+	EstTTFTSeconds, TTFTSeconds float64
+}
+
+// auditState is one backend's window, verdict state and totals.
+type auditState struct {
+	n                   int
+	predicted, reported int64
+	prompt              int64
+	// short and excess sum, per request, the predicted tokens the
+	// engine did not report and the reported ones not predicted: a
+	// miss and a hit elsewhere in the window do not cancel out.
+	short, excess int64
+	// forgot is set once a shortfall made the index forget the backend,
+	// until a window agrees: a shortfall then shrinks.
+	forgot         bool
+	base, capacity int // 0: not set (the default)
+	untrusted      bool
+	misses         int
+	// streak counts the latest requests in a row whose engine reported
+	// under AuditConfig.Total of a prediction.
+	streak  int
+	last    time.Time
+	since   time.Time // the last verdict that changed something
+	totals  map[string]*Totals
+	actions [len(verdictNames)]uint64
+}
+
+// NewAudit returns an audit with cfg's defaults filled in.
+func NewAudit(cfg AuditConfig) *Audit {
+	if cfg.Window <= 0 {
+		cfg.Window = 8
+	}
+	if cfg.MinTokens <= 0 {
+		cfg.MinTokens = 256
+	}
+	if cfg.Shortfall <= 0 {
+		cfg.Shortfall = 0.05
+	}
+	if cfg.Total <= 0 {
+		cfg.Total = 0.1
+	}
+	if cfg.MissesToUntrust <= 0 {
+		cfg.MissesToUntrust = 3
+	}
+	if cfg.MinCapacity <= 0 {
+		cfg.MinCapacity = 64
+	}
+	if cfg.DefaultCapacity <= 0 {
+		cfg.DefaultCapacity = DefaultCapacity
+	}
+	return &Audit{cfg: cfg}
+}
+
+// state returns backend's state, growing the table. The caller holds mu.
+func (a *Audit) state(backend int) *auditState {
+	for len(a.b) <= backend {
+		a.b = append(a.b, auditState{})
+	}
+	return &a.b[backend]
+}
+
+// SetBase records backend's capacity as its KV cache size gives it and
+// returns the capacity the index should use: the base, or less while the
+// audit has shrunk it.
+func (a *Audit) SetBase(backend, blocks int) int {
+	if backend < 0 {
+		return blocks
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := a.state(backend)
+	s.base = max(blocks, 0)
+	return a.capacity(s)
+}
+
+// Capacity is the capacity in blocks the audit allows backend's index.
+func (a *Audit) Capacity(backend int) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.capacity(a.state(backend))
+}
+
+func (a *Audit) capacity(s *auditState) int {
+	base := s.base
+	if base == 0 {
+		base = a.cfg.DefaultCapacity
+	}
+	if s.capacity > 0 {
+		return min(s.capacity, base)
+	}
+	return base
+}
+
+// Untrusted reports whether backend's picture is untrusted: its matches
+// count as 0. It takes no lock.
+func (a *Audit) Untrusted(backend int) bool {
+	u := a.untrusted.Load()
+	return u != nil && backend >= 0 && backend < len(*u) && (*u)[backend]
+}
+
+// AnyUntrusted reports whether some backend's picture is untrusted.
+func (a *Audit) AnyUntrusted() bool {
+	u := a.untrusted.Load()
+	if u == nil {
+		return false
+	}
+	for _, x := range *u {
+		if x {
+			return true
+		}
+	}
+	return false
+}
+
+// publish replaces the untrusted copy. The caller holds mu.
+func (a *Audit) publish() {
+	u := make([]bool, len(a.b))
+	for i := range a.b {
+		u[i] = a.b[i].untrusted
+	}
+	a.untrusted.Store(&u)
+}
+
+// Observe adds one finished request and returns the verdict on its
+// backend's picture (Keep but at the end of a window).
+func (a *Audit) Observe(o Observation, now time.Time) Verdict {
+	if o.Backend < 0 {
+		return Keep
+	}
+	reported := max(o.Reported, 0)
+	if o.ReportedPrompt > 0 && o.Prompt > 0 {
+		reported = min(o.Prompt, reported*o.Prompt/o.ReportedPrompt)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := a.state(o.Backend)
+	s.last = now
+	if s.totals == nil {
+		s.totals = map[string]*Totals{}
+	}
+	t := s.totals[o.Policy]
+	if t == nil {
+		t = &Totals{}
+		s.totals[o.Policy] = t
+	}
+	t.Requests++
+	t.Prompt += max(o.Prompt, 0)
+	t.Predicted += max(o.Predicted, 0)
+	t.Reported += reported
+	t.Best += max(o.Best, 0)
+	if o.EstTTFT > 0 && o.TTFT > 0 {
+		t.TTFTRequests++
+		t.EstTTFTSeconds += o.EstTTFT
+		t.TTFTSeconds += o.TTFT
+	}
+
+	if o.Routed.Before(s.since) {
+		return Keep
+	}
+	s.n++
+	s.predicted += max(o.Predicted, 0)
+	s.reported += reported
+	s.prompt += max(o.Prompt, 0)
+	s.short += max(o.Predicted-reported, 0)
+	s.excess += max(reported-o.Predicted, 0)
+	if o.Predicted > 0 {
+		if float64(reported) < a.cfg.Total*float64(o.Predicted) {
+			s.streak++
+		} else {
+			s.streak = 0
+		}
+	}
+	if s.n < a.cfg.Window {
+		return Keep
+	}
+	v := a.judge(s, o.Held)
+	s.n, s.predicted, s.reported, s.prompt, s.short, s.excess = 0, 0, 0, 0, 0, 0
+	s.actions[v]++
+	if v != Keep {
+		s.since = now
+	}
+	if v == Untrust || v == Trust {
+		a.publish()
+	}
+	return v
+}
+
+// judge is the verdict on s's full window; held is the blocks the index
+// holds for the backend. The caller holds mu.
+func (a *Audit) judge(s *auditState, held int) Verdict {
+	p, r := float64(s.predicted), float64(s.reported)
+	prompt := float64(max(s.prompt, 1))
+	short, excess := float64(s.short)/prompt, float64(s.excess)/prompt
+	switch {
+	case s.predicted < a.cfg.MinTokens && s.reported < a.cfg.MinTokens:
+		return Keep // nothing to judge by
+	case r < a.cfg.Total*p || (short > a.cfg.Shortfall && 2*s.streak >= a.cfg.Window):
+		// Near-total, or a window that became so halfway: the cache was
+		// lost in the middle of it.
+		s.streak = 0
+		s.misses++
+		s.forgot = true
+		if s.misses >= a.cfg.MissesToUntrust && !s.untrusted {
+			s.untrusted = true
+			return Untrust
+		}
+		if s.untrusted {
+			return Keep
+		}
+		return Forget
+	case short > a.cfg.Shortfall:
+		s.misses = 0
+		if s.untrusted {
+			return Keep
+		}
+		if !s.forgot {
+			// The first answer to a shortfall: the engine lost part of
+			// what it held (a reset, a restart the router missed), and
+			// the picture relearns from what is routed next.
+			s.forgot = true
+			return Forget
+		}
+		// Still short on a relearned picture: the engine keeps less than
+		// the index thinks. It bears out r/p of the predictions: keep
+		// that share of the blocks held (of the capacity, if less).
+		c := min(held, a.capacity(s))
+		s.capacity = max(a.cfg.MinCapacity, int(float64(c)*r/p))
+		return Shrink
+	}
+	s.misses = 0
+	if short < a.cfg.Shortfall/2 {
+		s.forgot = false
+	}
+	if s.untrusted {
+		s.untrusted = false
+		return Trust
+	}
+	base := s.base
+	if base == 0 {
+		base = a.cfg.DefaultCapacity
+	}
+	if s.capacity > 0 && s.capacity < base && excess > a.cfg.Shortfall {
+		s.capacity = min(base, 2*s.capacity)
+		return Grow
+	}
+	return Keep
+}
+
+// Reset forgets backend's window and verdict state (its engine restarted
+// or it left): its capacity returns to its base, its picture is trusted.
+// Its totals are kept.
+func (a *Audit) Reset(backend int) {
+	if backend < 0 {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := a.state(backend)
+	wasUntrusted := s.untrusted
+	s.short, s.excess = 0, 0
+	s.n, s.predicted, s.reported, s.prompt, s.capacity, s.misses, s.streak, s.untrusted, s.forgot = 0, 0, 0, 0, 0, 0, 0, false, false
+	if wasUntrusted {
+		a.publish()
+	}
+}
+
+// BackendAudit is one backend's audit as the admin page and the metrics
+// show it.
+type BackendAudit struct {
+	// Untrusted: its matches count as 0 in the pick. Capacity is its
+	// audited capacity in blocks.
+	Untrusted bool
+	Capacity  int
+	// Actions counts each verdict that changed something.
+	Actions map[string]uint64
+	// Last is the last observation's time.
+	Last time.Time
+	// Totals by policy.
+	Totals map[string]Totals
+}
+
+// Backend returns a copy of backend's audit.
+func (a *Audit) Backend(backend int) BackendAudit {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := BackendAudit{Capacity: a.cfg.DefaultCapacity, Actions: map[string]uint64{}, Totals: map[string]Totals{}}
+	if backend < 0 || backend >= len(a.b) {
+		for _, v := range Verdicts {
+			out.Actions[v.String()] = 0
+		}
+		return out
+	}
+	s := &a.b[backend]
+	out.Untrusted, out.Capacity, out.Last = s.untrusted, a.capacity(s), s.last
+	for _, v := range Verdicts {
+		out.Actions[v.String()] = s.actions[v]
+	}
+	for p, t := range s.totals {
+		out.Totals[p] = *t
+	}
+	return out
+}
+
+// Sum adds t's counters to the receiver.
+func (t *Totals) Sum(o Totals) {
+	t.Requests += o.Requests
+	t.Prompt += o.Prompt
+	t.Predicted += o.Predicted
+	t.Reported += o.Reported
+	t.Best += o.Best
+	t.TTFTRequests += o.TTFTRequests
+	t.EstTTFTSeconds += o.EstTTFTSeconds
+	t.TTFTSeconds += o.TTFTSeconds
+}
