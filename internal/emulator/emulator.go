@@ -95,6 +95,7 @@ type Server struct {
 	loraInfo  *loraHistory
 	ttft      prometheus.Observer
 	itl       prometheus.Observer
+	requests  *requestMetrics // metrics.go
 	handler   http.Handler
 }
 
@@ -241,6 +242,9 @@ type pending struct {
 	promptTokens int
 	cachedTokens int
 	notify       chan struct{} // capacity 1: something was delivered
+	// finish is the response's finish reason, set before the request is
+	// added.
+	finish string
 }
 
 // sink buffers a step's events; the driver delivers them after sleeping
@@ -371,6 +375,7 @@ func (s *Server) deliver() {
 		if p.stepFin {
 			p.promptTokens = p.r.PromptTokens
 			p.cachedTokens = p.r.CachedTokens
+			s.finished(p)
 		}
 		p.delivered.Store(int64(p.stepGen))
 		if p.stepFin {

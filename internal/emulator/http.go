@@ -200,6 +200,11 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.
 		PromptHashes: prefix.HashSalted(nil, v.Prompt, engine.BlockSize*engine.BytesPerToken, prefix.AdapterSalt(adapter, v.PrefixSalt)), CacheSalt: v.PrefixSalt}
 	p.r.SetOutput(v.MaxTokens, v.MinTokens, v.IgnoreEOS, preset.MaxModelLen)
 	n := p.r.OutputTokens
+	finish := finishStop
+	if v.IgnoreEOS || (v.MaxTokens > 0 && n >= v.MaxTokens) || n >= preset.MaxModelLen-promptTokens {
+		finish = finishLength
+	}
+	p.finish = finish
 	if err := s.add(p); err != nil {
 		var ce *engine.ContextError
 		if errors.As(err, &ce) {
@@ -212,10 +217,6 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.
 	// Whatever happens to the client, the engine lets go of the request.
 	defer s.abort(p)
 
-	finish := "stop"
-	if v.IgnoreEOS || (v.MaxTokens > 0 && n >= v.MaxTokens) || n >= preset.MaxModelLen-promptTokens {
-		finish = "length"
-	}
 	rs := &response{
 		s: s, v: v, p: p, seed: seed, finish: finish,
 		head: openai.Response{Created: time.Now().Unix(), Model: cmp.Or(adapter, s.model)},
