@@ -7,7 +7,6 @@ import (
 
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/policy"
-	"github.com/kvroute/kvroute/internal/request"
 )
 
 // Probes. A policy that picks by estimates (kvroute) learns each engine's
@@ -18,9 +17,9 @@ import (
 // that circle. An engine is avoided at now when
 //   - it is a candidate for the request (healthy, serving the model, not
 //     excluded, admitted by warm-up and the filters),
-//   - no request was routed to it for an interval, although it was passed
-//     over for at least as many requests as there are candidates (a fair
-//     spread would have given it one of them),
+//   - no request was routed to it for an interval, although the router
+//     routed at least as many requests as there are candidates since its
+//     last (a fair spread would have given it one of them),
 //   - nothing routed to it is in flight (this router's or a peer's), and
 //   - its prefill figures, learned and engine-reported alike, have not
 //     changed for an interval: its estimate rests on an old reading;
@@ -64,12 +63,11 @@ type probeState struct {
 	// b is the backend the state is of: a slot given to another backend
 	// starts afresh.
 	b *fleet.Backend
-	// routed is the last routing to b (a probe or not), probed the last
-	// probe, changed when b's prefill figures were last seen to change.
+	// routed is the last routing to b (a probe or not) and routedPick its
+	// number among the scheduler's picks; probed is the last probe,
+	// changed when b's prefill figures were last seen to change.
 	routed, probed, changed time.Time
-	// passed counts the requests b was a candidate for and did not get
-	// since routed.
-	passed int
+	routedPick              uint64
 	// samples and engineRate are b's figures as last seen.
 	samples    int64
 	engineRate float64
@@ -79,7 +77,10 @@ type probeState struct {
 type probes struct {
 	// every is the interval; 0 turns probes off.
 	every time.Duration
-	state []probeState // by backend ID; guarded by Scheduler.decide
+	// picks numbers the routings; state is by backend ID. Both are
+	// guarded by Scheduler.decide.
+	picks uint64
+	state []probeState
 	total *prometheus.CounterVec
 }
 
@@ -119,6 +120,12 @@ func (s *Scheduler) Collector() prometheus.Collector { return s.probes.total }
 // probe applies the probe rule to the policy's decision d for the request
 // in sc at now, and records the routing. It returns d, or the probe that
 // replaces it. The caller holds s.decide.
+//
+// Only a request that could probe looks at the other candidates, and
+// only at those where it would teach a rate: the rule adds nothing to
+// the pick of the rest. A candidate's state is brought up to date when it
+// is looked at, so a change of its figures is noticed at the next
+// request that could probe it.
 func (s *Scheduler) probe(sc *scratch, ids int, d policy.Decision, now time.Time) policy.Decision {
 	p := s.probes
 	if p.every <= 0 {
@@ -127,39 +134,37 @@ func (s *Scheduler) probe(sc *scratch, ids int, d policy.Decision, now time.Time
 	if len(p.state) < ids {
 		p.state = append(p.state, make([]probeState, ids-len(p.state))...)
 	}
-	pick := -1
-	for i, b := range sc.cands {
-		st := p.see(b, now)
-		if i != d.Index && d.EstTTFT > 0 && p.avoided(st, len(sc.cands), now) && suits(sc.in.View, sc.uncached[i]) &&
-			(pick < 0 || st.routed.Before(p.state[sc.cands[pick].ID].routed)) {
-			pick = i
+	p.picks++
+	if d.EstTTFT > 0 && sc.in.View.Stream {
+		pick := -1
+		for i, b := range sc.cands {
+			if i == d.Index || !teaches(sc.uncached[i]) {
+				continue
+			}
+			if st := p.see(b, now); p.avoided(st, len(sc.cands), now) && (pick < 0 || st.routed.Before(p.state[sc.cands[pick].ID].routed)) {
+				pick = i
+			}
+		}
+		if pick >= 0 {
+			b := sc.cands[pick]
+			p.state[b.ID].probed = now
+			p.total.WithLabelValues(b.Name).Inc()
+			d = policy.Decision{Index: pick, Note: ProbeNote}
 		}
 	}
-	if pick >= 0 {
-		b := sc.cands[pick]
-		p.state[b.ID].probed = now
-		p.total.WithLabelValues(b.Name).Inc()
-		d = policy.Decision{Index: pick, Note: ProbeNote}
-	}
-	for i, b := range sc.cands {
-		st := &p.state[b.ID]
-		if i == d.Index {
-			st.routed, st.passed = now, 0
-		} else {
-			st.passed++
-		}
-	}
+	st := p.see(sc.cands[d.Index], now)
+	st.routed, st.routedPick = now, p.picks
 	return d
 }
 
-// see returns b's state, started afresh for a backend new to its slot
-// (as if just routed to: a newcomer is not avoided), with its prefill
-// figures' latest change noted.
+// see returns b's state, with its prefill figures' latest change noted.
+// A backend new to its slot starts as if routed to by the previous pick:
+// a newcomer is not avoided.
 func (p *probes) see(b *fleet.Backend, now time.Time) *probeState {
 	st := &p.state[b.ID]
 	samples, rate := b.PrefillRateSamples(), b.EnginePrefillRate()
 	if st.b != b {
-		*st = probeState{b: b, routed: now, changed: now, samples: samples, engineRate: rate}
+		*st = probeState{b: b, routed: now, routedPick: p.picks - 1, changed: now, samples: samples, engineRate: rate}
 	}
 	if samples != st.samples || rate != st.engineRate {
 		st.samples, st.engineRate, st.changed = samples, rate, now
@@ -168,15 +173,18 @@ func (p *probes) see(b *fleet.Backend, now time.Time) *probeState {
 }
 
 // avoided reports whether the backend of st is avoided at now among n
-// candidates (see the rule above).
+// candidates (see the rule above): passed over for at least n routings
+// (those of the router's requests since its last, this one's before it),
+// and the intervals passed.
 func (p *probes) avoided(st *probeState, n int, now time.Time) bool {
-	return st.passed >= n && now.Sub(st.routed) >= p.every && now.Sub(st.changed) >= p.every &&
+	return p.picks-st.routedPick-1 >= uint64(n) && now.Sub(st.routed) >= p.every && now.Sub(st.changed) >= p.every &&
 		now.Sub(st.probed) >= p.every && st.b.KnownLoad().InFlight == 0
 }
 
-// suits reports whether v may probe a candidate where uncached of its
-// prompt tokens are not cached: streamed, with a prefill there that
-// teaches a rate and is short.
-func suits(v *request.View, uncached int64) bool {
-	return v.Stream && uncached >= fleet.MinRateWork && uncached <= ProbeMaxTokens
+// teaches reports whether a probe with uncached prompt tokens not cached
+// on the probed engine is suitable: a prefill that teaches a rate and is
+// short. (The request must also be streamed: only a streamed first byte
+// teaches.)
+func teaches(uncached int64) bool {
+	return uncached >= fleet.MinRateWork && uncached <= ProbeMaxTokens
 }
