@@ -47,25 +47,28 @@ func TestNoLockOutAfterOverload(t *testing.T) {
 		chat[i].At += start
 	}
 	for seed := int64(1); seed <= 6; seed++ {
-		over, err := workload.Load("mixed", workload.Options{Rate: 60, Duration: 20 * time.Second, Seed: seed})
-		if err != nil {
-			t.Fatal(err)
-		}
-		run, err := sim.Run(append(over, chat...), sim.Config{Engines: engines, Policy: "kvroute"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		// The fleet has drained when the overload's last request ends.
-		var drained time.Duration
-		for _, s := range run.Samples {
-			if s.Start < start {
-				drained = max(drained, s.Start+s.E2E)
+		t.Run(fmt.Sprintf("overload seed %d", seed), func(t *testing.T) {
+			t.Parallel()
+			over, err := workload.Load("mixed", workload.Options{Rate: 60, Duration: 20 * time.Second, Seed: seed})
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-		if got := minShare(run.Samples, drained+30*time.Second, len(engines)); got < floor {
-			t.Errorf("overload seed %d: from 30 s after the fleet drained (at %v), an engine has %.1f%% of the chat requests, under %.1f%%, half the least share on a fleet without the overload%s",
-				seed, drained.Round(time.Second), 100*got, 100*floor, shares(run.Samples, drained+30*time.Second))
-		}
+			run, err := sim.Run(append(over, chat...), sim.Config{Engines: engines, Policy: "kvroute"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The fleet has drained when the overload's last request ends.
+			var drained time.Duration
+			for _, s := range run.Samples {
+				if s.Start < start {
+					drained = max(drained, s.Start+s.E2E)
+				}
+			}
+			if got := minShare(run.Samples, drained+30*time.Second, len(engines)); got < floor {
+				t.Errorf("from 30 s after the fleet drained (at %v), an engine has %.1f%% of the chat requests, under %.1f%%, half the least share on a fleet without the overload%s",
+					drained.Round(time.Second), 100*got, 100*floor, shares(run.Samples, drained+30*time.Second))
+			}
+		})
 	}
 }
 
