@@ -28,11 +28,10 @@ import (
 // goes to it, with the note "probe": a streaming one (only a streamed
 // first byte teaches a rate) whose uncached tokens there are at least
 // fleet.MinRateWork (the least that teaches) and at most ProbeMaxTokens.
-// A probe to an engine that really is slow
-// costs one short prefill there; one to a healthy engine teaches its
-// rate from a TTFT measured on an idle engine, and the policy routes by
-// that from then on. Among several avoided engines, the one avoided
-// longest is probed first.
+// A probe to an engine that really is slow costs one short prefill
+// there; one to a healthy engine teaches its rate from a TTFT measured on
+// an idle engine, and the policy routes by that from then on. Among
+// several avoided engines, the one avoided longest is probed first.
 //
 // The rule applies to the picks of a policy that estimates the time to
 // first token (policy.Decision.EstTTFT > 0): the baselines and the peers'
