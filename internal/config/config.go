@@ -26,6 +26,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/scheduler"
 )
 
 // Config is the whole configuration file.
@@ -93,6 +94,21 @@ type PolicyOptions struct {
 	LoadFactor float64 `yaml:"load_factor"`
 	// Seed seeds the policies' random choices. Default 0.
 	Seed int64 `yaml:"seed"`
+	// ProbeInterval is how long an engine that a policy routing by
+	// estimates (kvroute) avoids must go without requests, its estimate
+	// unrefreshed, before the next short request probes it, and the least
+	// time between two probes of one engine (docs/routing.md, "Probes").
+	// Default 5s; 0 turns probes off.
+	ProbeInterval time.Duration `yaml:"probe_interval"`
+}
+
+// Probes is ProbeInterval as scheduler.Config.ProbeInterval takes it
+// (negative: off).
+func (o PolicyOptions) Probes() time.Duration {
+	if o.ProbeInterval == 0 {
+		return -1
+	}
+	return o.ProbeInterval
 }
 
 // Backend is one inference server.
@@ -417,11 +433,12 @@ const (
 // keeps its default; this is the one place where defaults are set.
 func Default() *Config {
 	return &Config{
-		Listen:  DefaultListen,
-		Policy:  policy.Default,
-		Session: Session{Header: DefaultSessionHeader},
-		Limits:  defaultLimits(),
-		Prefix:  Prefix{BlockChars: prefix.DefaultBlockChars, CapacityBlocks: prefix.DefaultCapacity},
+		Listen:        DefaultListen,
+		Policy:        policy.Default,
+		PolicyOptions: PolicyOptions{ProbeInterval: scheduler.DefaultProbeInterval},
+		Session:       Session{Header: DefaultSessionHeader},
+		Limits:        defaultLimits(),
+		Prefix:        Prefix{BlockChars: prefix.DefaultBlockChars, CapacityBlocks: prefix.DefaultCapacity},
 		Health: Health{Interval: DefaultHealthInterval, Timeout: DefaultHealthTimeout, Path: DefaultHealthPath, EjectAfter: DefaultEjectAfter,
 			Cooldown: DefaultCooldown, MaxCooldown: DefaultMaxCooldown, HalfOpenProbes: DefaultHalfOpenProbes},
 		Retry:          Retry{Attempts: DefaultRetryAttempts},
@@ -589,6 +606,9 @@ func (c *Config) Validate() error {
 	}
 	if c.PolicyOptions.LoadFactor != 0 && c.PolicyOptions.LoadFactor < 1 {
 		bad("policy_options.load_factor: %g must be at least 1 (or 0 for the default)", c.PolicyOptions.LoadFactor)
+	}
+	if c.PolicyOptions.ProbeInterval < 0 {
+		bad("policy_options.probe_interval: %v must not be negative (0 turns probes off)", c.PolicyOptions.ProbeInterval)
 	}
 	if len(c.Backends) == 0 {
 		bad("backends: none configured (add backends to the file or pass --backend URL)")

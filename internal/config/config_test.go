@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/scheduler"
 )
 
 // parse is a fixture: it parses yaml and fails the test on error.
@@ -56,6 +58,23 @@ func TestDefaults(t *testing.T) {
 	for _, ch := range checks {
 		if ch.got != ch.want {
 			t.Errorf("%s = %v, want %v", ch.name, ch.got, ch.want)
+		}
+	}
+}
+
+// The probe interval reaches the scheduler as it takes it: the default,
+// a value of its own, or off.
+func TestProbeInterval(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want time.Duration
+	}{
+		{"", scheduler.DefaultProbeInterval},
+		{"policy_options: {probe_interval: 20s}", 20 * time.Second},
+		{"policy_options: {probe_interval: 0s}", -1},
+	} {
+		if got := parse(t, tc.yaml).PolicyOptions.Probes(); got != tc.want {
+			t.Errorf("%q: scheduler's probe interval %v, want %v", tc.yaml, got, tc.want)
 		}
 	}
 }
@@ -152,6 +171,7 @@ func TestValidateErrors(t *testing.T) {
 		{"zero engine timeout", "engines: {timeout: 0s}\nbackends: [{url: 'http://a:1'}]", "engines.timeout"},
 		{"zero stale_after", "engines: {stale_after: 0}\nbackends: [{url: 'http://a:1'}]", "engines.stale_after"},
 		{"low load factor", "policy_options: {load_factor: 0.5}\nbackends: [{url: 'http://a:1'}]", "load_factor"},
+		{"negative probe interval", "policy_options: {probe_interval: -1s}\nbackends: [{url: 'http://a:1'}]", "policy_options.probe_interval: -1s must not be negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

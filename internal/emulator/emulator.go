@@ -107,6 +107,7 @@ type Server struct {
 	loraInfo  *loraHistory
 	ttft      prometheus.Observer
 	itl       prometheus.Observer
+	requests  *requestMetrics // metrics.go
 	handler   http.Handler
 	// role, engineID, sideHost and sidePort: the engine's part in a
 	// disaggregated fleet (kvtransfer.go), fixed at New.
@@ -268,6 +269,9 @@ type pending struct {
 	// the decode engine, written with finished like the two above.
 	kvBlocks []int
 	notify   chan struct{} // capacity 1: something was delivered
+	// finish is the response's finish reason, set before the request is
+	// added.
+	finish string
 }
 
 // sink buffers a step's events; the driver delivers them after sleeping
@@ -416,6 +420,7 @@ func (s *Server) deliver() {
 		if p.stepFin {
 			p.promptTokens = p.r.PromptTokens
 			p.cachedTokens = p.r.CachedTokens
+			s.finished(p)
 		}
 		p.delivered.Store(int64(p.stepGen))
 		if p.stepFin {

@@ -228,6 +228,11 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.
 		p.r.HoldTimeout = s.holdFor(promptTokens)
 	}
 	n := p.r.OutputTokens
+	finish := finishStop
+	if v.IgnoreEOS || (v.MaxTokens > 0 && n >= v.MaxTokens) || n >= preset.MaxModelLen-promptTokens {
+		finish = finishLength
+	}
+	p.finish = finish
 	if err := s.add(p); err != nil {
 		var ce *engine.ContextError
 		if errors.As(err, &ce) {
@@ -240,10 +245,6 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.
 	// Whatever happens to the client, the engine lets go of the request.
 	defer s.abort(p)
 
-	finish := "stop"
-	if v.IgnoreEOS || (v.MaxTokens > 0 && n >= v.MaxTokens) || n >= preset.MaxModelLen-promptTokens {
-		finish = "length"
-	}
 	rs := &response{
 		s: s, v: v, p: p, seed: seed, finish: finish, prefillLeg: kt.remoteDecode,
 		head: openai.Response{Created: time.Now().Unix(), Model: cmp.Or(adapter, s.model)},

@@ -26,6 +26,101 @@ var ITLBuckets = []float64{
 	1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 }
 
+// RequestLatencyBuckets are vLLM v1's buckets for its request-level
+// timing histograms: vllm:e2e_request_latency_seconds and
+// vllm:request_{queue,inference,prefill,decode}_time_seconds.
+var RequestLatencyBuckets = []float64{
+	0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+	40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+}
+
+// tokenBuckets are vLLM's 1-2-5 buckets up to max (its
+// build_1_2_5_buckets), for histograms of token counts per request.
+func tokenBuckets(max int) []float64 {
+	var b []float64
+	for e := 1; ; e *= 10 {
+		for _, m := range []int{1, 2, 5} {
+			if m*e > max {
+				return b
+			}
+			b = append(b, float64(m*e))
+		}
+	}
+}
+
+// Finish reasons: the OpenAI finish_reason of a response, and vLLM's
+// finished_reason label values.
+const (
+	finishStop   = "stop"
+	finishLength = "length"
+	finishAbort  = "abort"
+)
+
+// requestMetrics are vLLM v1's request-level metrics, observed once per
+// request when it ends, as vLLM's output processor does: its timings
+// from the engine model's Arrival, ScheduledAt, FirstTokenAt and
+// FinishedAt (queue = scheduled - arrival, prefill = first token -
+// scheduled, decode = finish - first token, inference = finish -
+// scheduled, e2e = finish - arrival), the prompt tokens it computed (its
+// cached ones excluded), and the success counter by finish reason. Like
+// the inter-token latency, the timings are on the real clock: the router
+// learns the engine's prefill rate from request_prefill_time_seconds
+// against request_prefill_kv_computed_tokens, and weighs it against the
+// TTFTs it measures itself.
+type requestMetrics struct {
+	e2e, queue, inference, prefill, decode, computed prometheus.Observer
+	success                                          map[string]prometheus.Counter
+}
+
+func (s *Server) newRequestMetrics(labels prometheus.Labels) []prometheus.Collector {
+	var cs []prometheus.Collector
+	hist := func(name, help string, buckets []float64) prometheus.Observer {
+		h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets, ConstLabels: labels})
+		cs = append(cs, h)
+		return h
+	}
+	m := &requestMetrics{
+		e2e:       hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", RequestLatencyBuckets),
+		queue:     hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", RequestLatencyBuckets),
+		inference: hist("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", RequestLatencyBuckets),
+		prefill:   hist("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", RequestLatencyBuckets),
+		decode:    hist("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", RequestLatencyBuckets),
+		computed: hist("vllm:request_prefill_kv_computed_tokens", "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+			tokenBuckets(s.preset.MaxModelLen)),
+		success: map[string]prometheus.Counter{},
+	}
+	success := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:request_success_total", Help: "Count of successfully processed requests.",
+		ConstLabels: labels}, []string{"finished_reason"})
+	// vLLM exports every reason from the start, at 0. A request the
+	// emulated engine finishes stops or reaches its length; "abort" stays
+	// at 0.
+	for _, r := range []string{finishStop, finishLength, finishAbort} {
+		m.success[r] = success.WithLabelValues(r)
+	}
+	s.requests = m
+	return append(cs, success)
+}
+
+// finished observes p's request, which the engine has finished (a
+// request abandoned by its client never finishes, and is not counted).
+// The caller holds s.mu.
+func (s *Server) finished(p *pending) {
+	m := s.requests
+	c := m.success[p.finish]
+	if c == nil {
+		c = m.success[finishStop]
+	}
+	c.Inc()
+	r := &p.r
+	real := func(d time.Duration) float64 { return d.Seconds() / s.scale }
+	m.e2e.Observe(real(r.FinishedAt - r.Arrival))
+	m.queue.Observe(real(r.ScheduledAt - r.Arrival))
+	m.inference.Observe(real(r.FinishedAt - r.ScheduledAt))
+	m.prefill.Observe(real(r.FirstTokenAt - r.ScheduledAt))
+	m.decode.Observe(real(r.FinishedAt - r.FirstTokenAt))
+	m.computed.Observe(float64(r.PromptTokens - r.CachedTokens))
+}
+
 // collector exports engine.Stats under vLLM's names, read under the engine
 // lock at scrape time, so that a scrape sees one consistent state.
 type collector struct {
@@ -78,6 +173,7 @@ func (s *Server) initMetrics() {
 	}
 	s.reg = prometheus.NewRegistry()
 	s.reg.MustRegister(c, ttft, itl)
+	s.reg.MustRegister(s.newRequestMetrics(labels)...)
 }
 
 // Describe implements prometheus.Collector.

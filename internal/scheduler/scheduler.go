@@ -47,6 +47,9 @@ type Config struct {
 	// (policy.Filter, policy.Scorer). None by default.
 	Filters []policy.Filter
 	Scorers []policy.Scorer
+	// ProbeInterval is the probe rule's interval (probe.go); 0 means
+	// DefaultProbeInterval, a negative one turns probes off.
+	ProbeInterval time.Duration
 }
 
 // Scheduler routes requests over a fleet with one policy.
@@ -83,6 +86,8 @@ type Scheduler struct {
 	// adapters maps each known LoRA adapter to its base model (lora.go).
 	adapters   atomic.Pointer[map[string]string]
 	adaptersMu sync.Mutex // serialises writers of adapters
+	// probes is the probe rule (probe.go), guarded by decide.
+	probes *probes
 }
 
 // scratch is one Route's working memory, pooled so that routing allocates
@@ -121,6 +126,7 @@ func New(f *fleet.Fleet, p policy.Policy, cfg Config) *Scheduler {
 		blockCh: cfg.BlockChars,
 		filters: cfg.Filters,
 		scorers: cfg.Scorers,
+		probes:  newProbes(cfg.ProbeInterval),
 	}
 	if cfg.Precise != nil {
 		s.precise = prefix.NewPrecise(*cfg.Precise)
@@ -294,6 +300,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		// is as good as any when the policy has no answer.
 		d.Index = 0
 	}
+	d = s.probe(sc, snap.IDs, d, now)
 	b := sc.cands[d.Index]
 	blocks := int(sc.matched[d.Index])
 	a := &Assignment{

@@ -61,6 +61,7 @@ func (s *Server) Reload(cfg *config.Config) error {
 			return err
 		}
 		s.sched.SetPolicy(p)
+		s.sched.SetProbeInterval(cfg.PolicyOptions.Probes())
 		s.log.Info("reload: policy changed", "from", old.Policy, "to", cfg.Policy)
 	}
 	for _, k := range restartKeys(old, cfg) {

@@ -96,7 +96,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		}
 		s.cert.Store(c)
 	}
-	sc := scheduler.Config{BlockChars: cfg.Prefix.BlockChars, Capacity: cfg.Prefix.CapacityBlocks}
+	sc := scheduler.Config{BlockChars: cfg.Prefix.BlockChars, Capacity: cfg.Prefix.CapacityBlocks, ProbeInterval: cfg.PolicyOptions.Probes()}
 	if wantsPrecise(entries) {
 		pc := cfg.KVEvents.Precise()
 		sc.Precise = &pc
@@ -112,6 +112,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	s.sched = scheduler.New(s.fleet, p, sc)
 	s.metrics = proxy.NewMetrics(s.fleet)
 	reg := s.metrics.Registry()
+	reg.MustRegister(s.sched.Collector())
 	var tok *tokenize.Tokenizer
 	var stream members.Stream
 	series := s.metrics.Series()
