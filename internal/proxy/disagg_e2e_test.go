@@ -122,13 +122,20 @@ func emuPreset(t *testing.T) engine.Preset {
 }
 
 // emuRig starts a router speaking protocol over emulated engines, one
-// backend entry each.
+// backend entry each, splitting every request a prefill engine can take.
 func emuRig(t *testing.T, protocol string, engines ...*emuEngine) *rig {
+	t.Helper()
+	return emuRigWith(t, protocol, func(c *config.Config) { c.Disaggregation.Split = config.SplitAlways }, engines...)
+}
+
+// emuRigWith is emuRig with the disaggregation section as mod leaves it.
+func emuRigWith(t *testing.T, protocol string, mod func(*config.Config), engines ...*emuEngine) *rig {
 	t.Helper()
 	t.Setenv(config.AdminTokenEnv, "")
 	r := newRig(t, "kvroute", 0, func(c *config.Config) {
 		c.Disaggregation.Protocol = protocol
 		c.Disaggregation.BootstrapPort = 8998
+		mod(c)
 		for _, e := range engines {
 			role := config.RoleDecode
 			if strings.HasPrefix(e.name, "p") {

@@ -28,13 +28,13 @@ import (
 // hold, and decodes. A whole request is routed as any other (Roles sends
 // it to a both engine, else a decode one).
 
-// The values of Config.Split.
+// The values of Config.Split, the router's (disaggregation.split).
 const (
 	// SplitConditional splits a request when the decider says so: the
 	// policy's own (policy.PairDecider), else kvroute's (disagg.Decide).
-	SplitConditional = "conditional"
+	SplitConditional = config.SplitConditional
 	// SplitAlways splits every request that a prefill engine can take.
-	SplitAlways = "always"
+	SplitAlways = config.SplitAlways
 )
 
 // XPYD returns the roles of a fleet of n engines of which the first
