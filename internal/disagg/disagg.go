@@ -171,40 +171,45 @@ var _ policy.Filter = Roles{}
 // remoteDecode is the kv_transfer_params of a vLLM prefill leg: compute the
 // prompt's KV cache and keep it for a decode engine to pull (vLLM's
 // NixlConnector, and the connectors that read the same fields).
-var remoteDecode = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+var remoteDecode = []byte(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
 
 // VLLMPrefill is the body of a vLLM prefill leg (lifecycle.Leg.Rewrite):
 // the request's, answered in one piece with one token (stream false,
 // max_tokens 1, max_completion_tokens 1 when the request has it, no
 // stream_options, no min_tokens or min_completion_tokens, which vLLM
 // refuses above max_tokens: vLLM's toy_proxy_server.py drops them too),
-// with kv_transfer_params asking for a remote decode. A body that is not a
-// JSON object (it was parsed before routing, so never) is sent as it is.
+// with kv_transfer_params asking for a remote decode. The other members
+// are the client's bytes (splice); the changed ones follow them. A body
+// that is not a JSON object (it was parsed before routing, so never) is
+// sent as it is.
 func VLLMPrefill(body, _ []byte) []byte {
-	var m map[string]json.RawMessage
-	if json.Unmarshal(body, &m) != nil || m == nil {
+	out, ok := splice(body, prefillDrop,
+		member{key: "stream", value: jsonFalse},
+		member{key: "max_tokens", value: jsonOne},
+		member{key: "max_completion_tokens", value: jsonOne, present: true},
+		member{key: "kv_transfer_params", value: remoteDecode})
+	if !ok {
 		return body
 	}
-	one := json.RawMessage("1")
-	m["stream"] = json.RawMessage("false")
-	m["max_tokens"] = one
-	if _, ok := m["max_completion_tokens"]; ok {
-		m["max_completion_tokens"] = one
-	}
-	delete(m, "stream_options")
-	delete(m, "min_tokens")
-	delete(m, "min_completion_tokens")
-	m["kv_transfer_params"] = remoteDecode
-	return marshal(m, body)
+	return out
 }
+
+// prefillDrop are the members a prefill leg goes without.
+var prefillDrop = []string{"stream_options", "min_tokens", "min_completion_tokens"}
+
+var (
+	jsonFalse = []byte("false")
+	jsonOne   = []byte("1")
+)
 
 // VLLMDecode is the body of a vLLM decode leg (lifecycle.Leg.Rewrite): the
 // request's as the client sent it, with the kv_transfer_params of the
 // prefill leg's answer (prev), do_remote_prefill set, so that the decode
-// engine pulls the prompt's KV cache instead of computing it. Without an
-// answer, or one without kv_transfer_params (the prefill leg was skipped,
-// or its engine does not transfer), the body is the request's own: the
-// decode engine serves it whole.
+// engine pulls the prompt's KV cache instead of computing it (the other
+// members are the client's bytes, splice). Without an answer, or one
+// without kv_transfer_params (the prefill leg was skipped, or its engine
+// does not transfer), the body is the request's own: the decode engine
+// serves it whole.
 func VLLMDecode(body, prev []byte) []byte {
 	var answer struct {
 		KV map[string]json.RawMessage `json:"kv_transfer_params"`
@@ -212,17 +217,16 @@ func VLLMDecode(body, prev []byte) []byte {
 	if len(prev) == 0 || json.Unmarshal(prev, &answer) != nil || len(answer.KV) == 0 {
 		return body
 	}
-	var m map[string]json.RawMessage
-	if json.Unmarshal(body, &m) != nil || m == nil {
-		return body
-	}
 	answer.KV["do_remote_prefill"] = json.RawMessage("true")
 	kv := marshal(answer.KV, nil)
 	if kv == nil {
 		return body
 	}
-	m["kv_transfer_params"] = kv
-	return marshal(m, body)
+	out, ok := splice(body, nil, member{key: "kv_transfer_params", value: kv})
+	if !ok {
+		return body
+	}
+	return out
 }
 
 // marshal is m's JSON, or fallback should m not marshal (it holds only raw

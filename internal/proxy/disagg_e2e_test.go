@@ -170,10 +170,10 @@ var e2eContent = "<b>hello ✓</b> & " + strings.Repeat("the quick brown fox jum
 // max_completion_tokens 1, no stream_options, no min_tokens, the
 // kv_transfer_params asking for a remote decode); the decode leg is the
 // client's body with the prefill answer's kv_transfer_params (llm-d's
-// connector_nixlv2.go and the toy proxy both pass them on). Both are
-// encoded compact with sorted keys, as llm-d's sidecar (Go) and SGLang's
-// router (serde_json) encode, and with the client's strings as they were
-// (the toy proxy's httpx keeps them; llm-d's sidecar would write < as
+// connector_nixlv2.go and the toy proxy both pass them on). Both are the
+// client's members as it wrote them, in its order, then the members the
+// leg sets (the engines read JSON: key order is free; the client's
+// strings stay as they were, where llm-d's sidecar would write < as
 // \u003c). Both legs carry the client's X-Request-Id. The decode engine
 // receives the prompt's KV cache instead of computing it, and the client
 // reads its stream byte for byte.
@@ -191,7 +191,7 @@ func TestVLLMSplitEmulated(t *testing.T) {
 		t.Fatalf("prefill engine got %d requests, decode engine %d: want one each", len(p), len(d))
 	}
 	messages := fmt.Sprintf(`[{"role":"user","content":"%s"}]`, e2eContent)
-	wantPrefill := fmt.Sprintf(`{"ignore_eos":true,"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null},"max_completion_tokens":1,"max_tokens":1,"messages":%s,"model":%q,"stream":false,"temperature":0.5}`, messages, model)
+	wantPrefill := fmt.Sprintf(`{"model":%q,"messages":%s,"temperature":0.5,"ignore_eos":true,"stream":false,"max_tokens":1,"max_completion_tokens":1,"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}}`, model, messages)
 	if string(p[0].body) != wantPrefill {
 		t.Errorf("prefill leg\n%s\nwant\n%s", p[0].body, wantPrefill)
 	}
@@ -217,8 +217,8 @@ func TestVLLMSplitEmulated(t *testing.T) {
 	if !bytes.Contains(p[0].answer, []byte(wantAnswer)) {
 		t.Errorf("prefill answer %s\nwant it to carry %s", p[0].answer, wantAnswer)
 	}
-	wantDecode := fmt.Sprintf(`{"ignore_eos":true,"kv_transfer_params":{"do_remote_decode":false,"do_remote_prefill":true,"remote_block_ids":[[%s]],"remote_engine_id":"engine-p0","remote_host":%q,"remote_port":%s,"remote_request_id":%q,"tp_size":1},"max_completion_tokens":8,"max_tokens":8,"messages":%s,"min_tokens":2,"model":%q,"stream":true,"stream_options":{"include_usage":true},"temperature":0.5}`,
-		strings.Join(ids, ","), host, port, answerID, messages, model)
+	wantDecode := strings.TrimSuffix(client, "}") + fmt.Sprintf(`,"kv_transfer_params":{"do_remote_decode":false,"do_remote_prefill":true,"remote_block_ids":[[%s]],"remote_engine_id":"engine-p0","remote_host":%q,"remote_port":%s,"remote_request_id":%q,"tp_size":1}}`,
+		strings.Join(ids, ","), host, port, answerID)
 	if string(d[0].body) != wantDecode {
 		t.Errorf("decode leg\n%s\nwant\n%s", d[0].body, wantDecode)
 	}
