@@ -14,6 +14,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 
 	"github.com/kvroute/kvroute/internal/config"
@@ -67,37 +68,49 @@ func Bootstrap(legs []lifecycle.Leg, body []byte, port int) {
 	if len(legs) != 2 || !legs[0].Beside || legs[0].Target == nil {
 		return
 	}
-	var m map[string]json.RawMessage
-	if json.Unmarshal(body, &m) != nil || m == nil {
+	// The members batchSize reads, the last of each (json.loads's).
+	fields := map[string]json.RawMessage{}
+	if request.Members(body, func(key []byte, _, value, end int) {
+		if k := string(key); slices.Contains(batchKeys, k) {
+			fields[k] = body[value:end]
+		}
+	}) != nil {
 		return
 	}
 	host, _ := json.Marshal(legs[0].Target.B.URL.Hostname())
 	portJSON := json.RawMessage(strconv.Itoa(port))
-	if n := batchSize(m); n > 0 {
+	var hosts, ports, rooms json.RawMessage
+	if n := batchSize(fields); n > 0 {
 		// A batch: one of each a sequence, as SGLang's router sends them
 		// (its bootstrap_injector.rs).
-		hosts, ports, rooms := make([]json.RawMessage, n), make([]json.RawMessage, n), make([]json.RawMessage, n)
+		hl, pl, rl := make([]json.RawMessage, n), make([]json.RawMessage, n), make([]json.RawMessage, n)
 		for i := range n {
-			hosts[i], ports[i] = host, portJSON
-			rooms[i] = json.RawMessage(strconv.FormatUint(room(), 10))
+			hl[i], pl[i] = host, portJSON
+			rl[i] = json.RawMessage(strconv.FormatUint(room(), 10))
 		}
-		m["bootstrap_host"], m["bootstrap_port"], m["bootstrap_room"] = list(hosts), list(ports), list(rooms)
+		hosts, ports, rooms = list(hl), list(pl), list(rl)
 	} else {
-		m["bootstrap_host"] = host
-		m["bootstrap_port"] = portJSON
-		m["bootstrap_room"] = json.RawMessage(strconv.FormatUint(room(), 10))
+		hosts, ports, rooms = host, portJSON, json.RawMessage(strconv.FormatUint(room(), 10))
 	}
-	out := marshal(m, body)
+	out, ok := splice(body, nil, member{key: "bootstrap_host", value: hosts},
+		member{key: "bootstrap_port", value: ports}, member{key: "bootstrap_room", value: rooms})
+	if !ok {
+		return
+	}
 	shared := func(_, _ []byte) []byte { return out }
 	legs[0].Rewrite, legs[1].Rewrite = shared, shared
 }
+
+// batchKeys are the members batchSize reads.
+var batchKeys = []string{"n", "prompt", "text", "input_ids"}
 
 // maxBatch bounds the bootstrap lists of one request.
 const maxBatch = 4096
 
 // batchSize is how many sequences an SGLang request generates at once, by
 // the rule of SGLang's router: n above 1, else the length of a non-empty
-// prompt, text or input_ids array; 0 for a single sequence. Unlike the
+// prompt, text or input_ids array (m holds the request's members batchKeys
+// names); 0 for a single sequence. Unlike the
 // router, an array of token ids is one prompt, not a batch of its tokens
 // (SGLang's engine reads it as one).
 func batchSize(m map[string]json.RawMessage) int {
@@ -229,9 +242,10 @@ func VLLMDecode(body, prev []byte) []byte {
 	return out
 }
 
-// marshal is m's JSON, or fallback should m not marshal (it holds only raw
-// messages that came from a valid document, so it does): compact, its keys
-// sorted, and its strings as the client wrote them (no HTML escaping of
+// marshal is m's JSON (the decode leg's kv_transfer_params), or fallback
+// should m not marshal (it holds only raw messages that came from a valid
+// document, so it does): compact, its keys sorted, and its strings as the
+// engine wrote them (no HTML escaping of
 // <, > and &, which neither vLLM's proxy nor SGLang's router adds).
 func marshal(m map[string]json.RawMessage, fallback []byte) []byte {
 	var buf bytes.Buffer

@@ -85,7 +85,8 @@ func TestSpliceRepeatedKeys(t *testing.T) {
 // max_completion_tokens when present, the minimums and stream_options
 // gone; VLLMDecode's kv_transfer_params. The reference is the rewrite the
 // splice replaced: encoding/json's map of raw members, changed and
-// compared as values.
+// compared as values. Bootstrap's body parses and carries its three
+// members.
 func FuzzSplice(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"m","messages":[{"role":"user","content":"<b> ✓"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":9,"max_completion_tokens":9,"min_tokens":2}`,
@@ -96,8 +97,23 @@ func FuzzSplice(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	answer := []byte(`{"kv_transfer_params":{"remote_engine_id":"e","remote_block_ids":[[1,2]]}}`)
+	pre := &members.Member{B: fleet.New().Add("p", &url.URL{Scheme: "http", Host: "10.0.0.7:30000"}, nil)}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		valid := request.Members(body, func([]byte, int, int) {}) == nil
+		valid := request.Members(body, func([]byte, int, int, int) {}) == nil
+		// SGLang's legs: the body with the three bootstrap members.
+		legs := Legs(&request.View{}, config.ProtocolSGLang)
+		legs[0].Target = pre
+		Bootstrap(legs, body, 8998)
+		if valid != (legs[1].Rewrite != nil) {
+			t.Fatalf("bootstrap of %q: valid %v, rewritten %v", body, valid, legs[1].Rewrite != nil)
+		}
+		if valid {
+			var m map[string]json.RawMessage
+			out := legs[1].Rewrite(body, nil)
+			if json.Unmarshal(out, &m) != nil || m["bootstrap_host"] == nil || m["bootstrap_port"] == nil || m["bootstrap_room"] == nil {
+				t.Fatalf("bootstrap of %q: %q", body, out)
+			}
+		}
 		for _, leg := range []struct {
 			name    string
 			rewrite func(body, prev []byte) []byte
@@ -123,7 +139,7 @@ func FuzzSplice(f *testing.F) {
 				}
 				continue
 			}
-			if err := request.Members(out, func([]byte, int, int) {}); err != nil {
+			if err := request.Members(out, func([]byte, int, int, int) {}); err != nil {
 				t.Fatalf("%s leg of %q: %q does not parse: %v", leg.name, body, out, err)
 			}
 			var ref map[string]json.RawMessage

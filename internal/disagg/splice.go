@@ -32,7 +32,7 @@ type member struct {
 func splice(body []byte, drop []string, set ...member) (out []byte, ok bool) {
 	var seen uint64 // bit i: set[i].key is in the body
 	var keep [][2]int
-	err := request.Members(body, func(key []byte, start, end int) {
+	err := request.Members(body, func(key []byte, start, _, end int) {
 		for i := range set {
 			if string(key) == set[i].key {
 				seen |= 1 << i

@@ -241,7 +241,9 @@ func TestVLLMSplitEmulated(t *testing.T) {
 // bootstrap_port (disaggregation.bootstrap_port) and one bootstrap_room, as
 // SGLang's router's bootstrap_injector.rs adds them: scalars for one
 // sequence, lists of one a sequence for a batch (n above 1). Byte for
-// byte: compact, keys sorted (serde_json's map), strings as written.
+// byte: the client's members as written, then the three bootstrap ones
+// (SGLang's router re-encodes the body with serde_json; the engines read
+// JSON, whose key order is free).
 func TestSGLangSplitEmulated(t *testing.T) {
 	pre, dec := startEmu(t, "p0", emulator.RoleBoth, emuPreset(t)), startEmu(t, "d0", emulator.RoleBoth, emuPreset(t))
 	r := emuRig(t, config.ProtocolSGLang, pre, dec)
@@ -261,8 +263,7 @@ func TestSGLangSplitEmulated(t *testing.T) {
 		if res.status != 200 {
 			t.Fatalf("%s: status %d: %s", tt.name, res.status, res.body)
 		}
-		want := fmt.Sprintf(`{"bootstrap_host":%s,"bootstrap_port":%s,"bootstrap_room":%s,"max_tokens":4,"messages":%s,"model":%q%s,"stream":true}`,
-			tt.host, tt.port, tt.room, messages, model, tt.extra)
+		want := strings.TrimSuffix(client, "}") + fmt.Sprintf(`,"bootstrap_host":%s,"bootstrap_port":%s,"bootstrap_room":%s}`, tt.host, tt.port, tt.room)
 		p, d := pre.legs(), dec.legs()
 		if len(p) != i+1 || len(d) != i+1 {
 			t.Fatalf("%s: prefill engine got %d requests, decode engine %d", tt.name, len(p), len(d))
