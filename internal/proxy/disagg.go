@@ -55,6 +55,8 @@ func wholeWhy(ch disagg.Choice) string {
 		why = "prefill engines busier"
 	case "no-prefill":
 		return "no prefill engine can take it"
+	case "policy":
+		return "the policy's own split decision"
 	default:
 		why = ch.Reason
 	}

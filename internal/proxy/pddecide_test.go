@@ -30,8 +30,15 @@ const decideLatency = 4 * time.Millisecond
 // and an emulated decode engine.
 func decideRig(t *testing.T, split string) (*rig, *emuEngine, *emuEngine) {
 	t.Helper()
+	return decideRigPolicy(t, split, "kvroute")
+}
+
+// decideRigPolicy is decideRig under policy pol.
+func decideRigPolicy(t *testing.T, split, pol string) (*rig, *emuEngine, *emuEngine) {
+	t.Helper()
 	pre, dec := startEmu(t, "p0", emulator.RolePrefill, emuPreset(t)), startEmu(t, "d0", emulator.RoleDecode, emuPreset(t))
 	r := emuRigWith(t, config.ProtocolVLLM, func(c *config.Config) {
+		c.Policy = pol
 		c.Admin.Token, c.Admin.Decisions = "pd-admin-token-for-tests", 16
 		c.Disaggregation.Split = split
 		c.Disaggregation.KVTransferLatency = decideLatency
@@ -185,5 +192,17 @@ func TestAlwaysSplitLive(t *testing.T) {
 		if res.status != 200 || !strings.HasPrefix(res.header.Get(headerReason), "prefill p0") || len(pre.legs()) != i+1 {
 			t.Errorf("request %d: status %d, reason %q, %d prefill legs: want split", i, res.status, res.header.Get(headerReason), len(pre.legs()))
 		}
+	}
+}
+
+// TestPolicyDeciderLive: under split conditional a P/D policy with a split
+// decision of its own (policy.PairDecider) decides, as it does in the
+// simulator: least-loaded-pair splits every request, the short prompt the
+// conditional split would serve whole included.
+func TestPolicyDeciderLive(t *testing.T) {
+	r, pre, _ := decideRigPolicy(t, config.SplitConditional, "least-loaded-pair")
+	res := r.post("/v1/chat/completions", decideBody(pre.Model(), "a short question"))
+	if res.status != 200 || !strings.HasPrefix(res.header.Get(headerReason), "prefill p0") || len(pre.legs()) != 1 {
+		t.Errorf("status %d, reason %q, %d prefill legs: want split, by the policy", res.status, res.header.Get(headerReason), len(pre.legs()))
 	}
 }
