@@ -206,6 +206,14 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 		name := fmt.Sprintf("engine-%d", i)
 		engineOf[name] = i
 		be := config.Backend{URL: url, Name: name, Role: roleOf(fl, i)}
+		if be.Role == config.RoleDecode {
+			// The conditional split weighs the transfer the decode
+			// engines wait, in the router's (wall-clock) time, as the
+			// simulator weighs the decode engine's preset's.
+			wallClock := func(d time.Duration) time.Duration { return time.Duration(float64(d) / cfg.TimeScale) }
+			cc.Disaggregation.KVTransferLatency = wallClock(pr.KVTransferLatency)
+			cc.Disaggregation.KVTransferTimePerToken = wallClock(pr.KVTransferPerToken)
+		}
 		if cfg.ConfigureLimits {
 			be.MaxNumSeqs, be.MaxNumBatchedTokens = pr.MaxNumSeqs, pr.MaxBatchedTokens
 		}

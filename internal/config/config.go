@@ -442,7 +442,7 @@ func Default() *Config {
 		Health: Health{Interval: DefaultHealthInterval, Timeout: DefaultHealthTimeout, Path: DefaultHealthPath, EjectAfter: DefaultEjectAfter,
 			Cooldown: DefaultCooldown, MaxCooldown: DefaultMaxCooldown, HalfOpenProbes: DefaultHalfOpenProbes},
 		Retry:          Retry{Attempts: DefaultRetryAttempts},
-		Disaggregation: Disaggregation{Protocol: ProtocolVLLM, BootstrapPort: DefaultBootstrapPort},
+		Disaggregation: defaultDisaggregation(),
 		Admission:      defaultAdmission(),
 		Admin:          defaultAdmin(),
 		Auth:           defaultAuth(),

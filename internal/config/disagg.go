@@ -2,6 +2,9 @@ package config
 
 import (
 	"slices"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/engine"
 )
 
 // Backend roles (backends[].role): which part of a disaggregated request
@@ -38,6 +41,49 @@ type Disaggregation struct {
 	// BootstrapPort is the prefill engines' bootstrap port (SGLang's
 	// --disaggregation-bootstrap-port), for protocol sglang. Default 8998.
 	BootstrapPort int `yaml:"bootstrap_port"`
+	// Split is which requests are split: conditional (those whose split
+	// is cheaper than serving them whole, by disagg.Decide) or always
+	// (every request a prefill engine can take). Default conditional.
+	Split string `yaml:"split"`
+	// KVTransferLatency is the fixed time of one request's KV transfer
+	// from a prefill to a decode engine (the connector's handshake), and
+	// KVTransferTimePerToken the time per prompt token carried: what
+	// the conditional split weighs against the stall it saves. Defaults:
+	// the DefaultTransferPreset engine preset's (docs/engine.md).
+	KVTransferLatency      time.Duration `yaml:"kv_transfer_latency"`
+	KVTransferTimePerToken time.Duration `yaml:"kv_transfer_time_per_token"`
+}
+
+// Split modes (disaggregation.split).
+const (
+	// SplitConditional splits a request when disagg.Decide says its split
+	// is cheaper than serving it whole.
+	SplitConditional = "conditional"
+	// SplitAlways splits every request that a prefill engine can take.
+	SplitAlways = "always"
+)
+
+// DefaultTransferPreset is the engine preset whose KV transfer figures
+// are disaggregation's defaults: Llama-3.1-8B on H100s with 400 Gb/s
+// NICs, two side-channel round trips of 50 µs (100 µs) and 128 KiB of
+// KV cache per token at 80% of the link (3.28 µs a token).
+const DefaultTransferPreset = "h100-llama3-8b"
+
+// maxTransferLatency and maxTransferPerToken bound the transfer figures:
+// far above any connector's (a 10 s handshake, 10 ms a token: a prompt
+// of 8k tokens a minute and a half), they catch a unit mistaken.
+const (
+	maxTransferLatency  = 10 * time.Second
+	maxTransferPerToken = 10 * time.Millisecond
+)
+
+// defaultDisaggregation is the section's defaults.
+func defaultDisaggregation() Disaggregation {
+	d := Disaggregation{Protocol: ProtocolVLLM, BootstrapPort: DefaultBootstrapPort, Split: SplitConditional}
+	if p, err := engine.LookupPreset(DefaultTransferPreset); err == nil {
+		d.KVTransferLatency, d.KVTransferTimePerToken = p.KVTransferLatency, p.KVTransferPerToken
+	}
+	return d
 }
 
 // DefaultBootstrapPort is SGLang's default bootstrap port.
@@ -77,6 +123,15 @@ func (c *Config) validateRoles(bad func(string, ...any)) {
 	}
 	if d.BootstrapPort < 1 || d.BootstrapPort > 65535 {
 		bad("disaggregation.bootstrap_port: %d must be a port (1-65535)", d.BootstrapPort)
+	}
+	if d.Split != SplitConditional && d.Split != SplitAlways {
+		bad("disaggregation.split: %q must be conditional or always", d.Split)
+	}
+	if d.KVTransferLatency < 0 || d.KVTransferLatency > maxTransferLatency {
+		bad("disaggregation.kv_transfer_latency: %s must be in [0, %s]", d.KVTransferLatency, maxTransferLatency)
+	}
+	if d.KVTransferTimePerToken < 0 || d.KVTransferTimePerToken > maxTransferPerToken {
+		bad("disaggregation.kv_transfer_time_per_token: %s must be in [0, %s]", d.KVTransferTimePerToken, maxTransferPerToken)
 	}
 	decodes := func(model string) bool {
 		for i := range c.Backends {

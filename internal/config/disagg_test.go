@@ -3,6 +3,8 @@ package config
 import (
 	"strings"
 	"testing"
+
+	"github.com/kvroute/kvroute/internal/engine"
 )
 
 func TestDisaggregationConfig(t *testing.T) {
@@ -23,6 +25,12 @@ func TestDisaggregationConfig(t *testing.T) {
 		{"sglang", "disaggregation: {protocol: sglang, bootstrap_port: 9000}\nbackends: [{url: http://a:1}]", "", false},
 		{"unknown protocol", "disaggregation: {protocol: mooncake}\nbackends: [{url: http://a:1}]", `disaggregation.protocol: "mooncake"`, false},
 		{"bad port", "disaggregation: {bootstrap_port: 70000}\nbackends: [{url: http://a:1}]", "disaggregation.bootstrap_port: 70000", false},
+		{"split always", "disaggregation: {split: always}\nbackends: [{url: http://a:1}]", "", false},
+		{"unknown split", "disaggregation: {split: sometimes}\nbackends: [{url: http://a:1}]", `disaggregation.split: "sometimes"`, false},
+		{"transfer figures", "disaggregation: {kv_transfer_latency: 2ms, kv_transfer_time_per_token: 5us}\nbackends: [{url: http://a:1}]", "", false},
+		{"negative latency", "disaggregation: {kv_transfer_latency: -1ms}\nbackends: [{url: http://a:1}]", "disaggregation.kv_transfer_latency: -1ms", false},
+		{"per token in seconds", "disaggregation: {kv_transfer_time_per_token: 3s}\nbackends: [{url: http://a:1}]", "disaggregation.kv_transfer_time_per_token: 3s", false},
+		{"unknown key", "disaggregation: {kv_transfer_per_token: 3us}\nbackends: [{url: http://a:1}]", "kv_transfer_per_token", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -33,7 +41,7 @@ func TestDisaggregationConfig(t *testing.T) {
 			if tt.wantErr == "" && err != nil || tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
 				t.Fatalf("error %v, want %q", err, tt.wantErr)
 			}
-			if c.Split() != tt.split {
+			if c != nil && c.Split() != tt.split {
 				t.Errorf("Split() = %v, want %v", c.Split(), tt.split)
 			}
 		})
@@ -45,8 +53,17 @@ func TestDisaggregationDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Disaggregation != (Disaggregation{Protocol: ProtocolVLLM, BootstrapPort: DefaultBootstrapPort}) || RoleOf(&c.Backends[0]) != RoleBoth {
-		t.Errorf("disaggregation %+v, role %q", c.Disaggregation, RoleOf(&c.Backends[0]))
+	p, err := engine.LookupPreset(DefaultTransferPreset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Disaggregation{Protocol: ProtocolVLLM, BootstrapPort: DefaultBootstrapPort, Split: SplitConditional,
+		KVTransferLatency: p.KVTransferLatency, KVTransferTimePerToken: p.KVTransferPerToken}
+	if c.Disaggregation != want || RoleOf(&c.Backends[0]) != RoleBoth {
+		t.Errorf("disaggregation %+v, role %q: want %+v", c.Disaggregation, RoleOf(&c.Backends[0]), want)
+	}
+	if want.KVTransferLatency <= 0 || want.KVTransferTimePerToken <= 0 {
+		t.Errorf("preset %s has no transfer figures: %+v", DefaultTransferPreset, p)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/scheduler"
 )
@@ -86,7 +87,8 @@ type Choice struct {
 	WholeCost, SplitCost float64
 	// Reason is a short static word: "split", "short" (the uncached part
 	// is too short to be worth a transfer), "prefill-busy" (the prefill
-	// pool's queue outweighs the stall), "no-prefill", "no-whole".
+	// pool's queue outweighs the stall), "no-prefill", "no-whole";
+	// "policy" from Decider.Split when the policy decided.
 	Reason string
 }
 
@@ -189,7 +191,8 @@ func better(a, b Side) bool {
 
 // Decider is the conditional split of a fleet with prefill engines, for a
 // front that sets a request's legs (the proxy, the simulator): it gathers
-// a request's estimate and decides.
+// a request's estimate and decides, so that kvroute serve and kvroute sim
+// make the one decision.
 type Decider struct {
 	Sched *scheduler.Scheduler
 	Roles Roles
@@ -197,9 +200,16 @@ type Decider struct {
 }
 
 // Split reports whether request v (with its prompt's block hashes) is
-// split: Decide on Gather.
+// split: Decide on Gather, unless the scheduler's policy has a split
+// decision of its own (policy.PairDecider: a peer's P/D policy, as its
+// authors built it), which is asked instead on the same estimate (Reason
+// "policy").
 func (d *Decider) Split(v *request.View, hashes []uint64) Choice {
-	return Decide(Gather(d.Sched, d.Roles, v, hashes, 0), d.Costs)
+	e := Gather(d.Sched, d.Roles, v, hashes, 0)
+	if pd, ok := d.Sched.Policy().(policy.PairDecider); ok {
+		return Choice{Split: pd.Disaggregate(int64(v.PromptTokens), e.Held), Reason: "policy"}
+	}
+	return Decide(e, d.Costs)
 }
 
 // RoleBoth is the role of an engine that takes whole requests.

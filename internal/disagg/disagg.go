@@ -14,6 +14,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 
 	"github.com/kvroute/kvroute/internal/config"
@@ -67,37 +68,49 @@ func Bootstrap(legs []lifecycle.Leg, body []byte, port int) {
 	if len(legs) != 2 || !legs[0].Beside || legs[0].Target == nil {
 		return
 	}
-	var m map[string]json.RawMessage
-	if json.Unmarshal(body, &m) != nil || m == nil {
+	// The members batchSize reads, the last of each (json.loads's).
+	fields := map[string]json.RawMessage{}
+	if request.Members(body, func(key []byte, _, value, end int) {
+		if k := string(key); slices.Contains(batchKeys, k) {
+			fields[k] = body[value:end]
+		}
+	}) != nil {
 		return
 	}
 	host, _ := json.Marshal(legs[0].Target.B.URL.Hostname())
 	portJSON := json.RawMessage(strconv.Itoa(port))
-	if n := batchSize(m); n > 0 {
+	var hosts, ports, rooms json.RawMessage
+	if n := batchSize(fields); n > 0 {
 		// A batch: one of each a sequence, as SGLang's router sends them
 		// (its bootstrap_injector.rs).
-		hosts, ports, rooms := make([]json.RawMessage, n), make([]json.RawMessage, n), make([]json.RawMessage, n)
+		hl, pl, rl := make([]json.RawMessage, n), make([]json.RawMessage, n), make([]json.RawMessage, n)
 		for i := range n {
-			hosts[i], ports[i] = host, portJSON
-			rooms[i] = json.RawMessage(strconv.FormatUint(room(), 10))
+			hl[i], pl[i] = host, portJSON
+			rl[i] = json.RawMessage(strconv.FormatUint(room(), 10))
 		}
-		m["bootstrap_host"], m["bootstrap_port"], m["bootstrap_room"] = list(hosts), list(ports), list(rooms)
+		hosts, ports, rooms = list(hl), list(pl), list(rl)
 	} else {
-		m["bootstrap_host"] = host
-		m["bootstrap_port"] = portJSON
-		m["bootstrap_room"] = json.RawMessage(strconv.FormatUint(room(), 10))
+		hosts, ports, rooms = host, portJSON, json.RawMessage(strconv.FormatUint(room(), 10))
 	}
-	out := marshal(m, body)
+	out, ok := splice(body, nil, member{key: "bootstrap_host", value: hosts},
+		member{key: "bootstrap_port", value: ports}, member{key: "bootstrap_room", value: rooms})
+	if !ok {
+		return
+	}
 	shared := func(_, _ []byte) []byte { return out }
 	legs[0].Rewrite, legs[1].Rewrite = shared, shared
 }
+
+// batchKeys are the members batchSize reads.
+var batchKeys = []string{"n", "prompt", "text", "input_ids"}
 
 // maxBatch bounds the bootstrap lists of one request.
 const maxBatch = 4096
 
 // batchSize is how many sequences an SGLang request generates at once, by
 // the rule of SGLang's router: n above 1, else the length of a non-empty
-// prompt, text or input_ids array; 0 for a single sequence. Unlike the
+// prompt, text or input_ids array (m holds the request's members batchKeys
+// names); 0 for a single sequence. Unlike the
 // router, an array of token ids is one prompt, not a batch of its tokens
 // (SGLang's engine reads it as one).
 func batchSize(m map[string]json.RawMessage) int {
@@ -171,40 +184,45 @@ var _ policy.Filter = Roles{}
 // remoteDecode is the kv_transfer_params of a vLLM prefill leg: compute the
 // prompt's KV cache and keep it for a decode engine to pull (vLLM's
 // NixlConnector, and the connectors that read the same fields).
-var remoteDecode = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+var remoteDecode = []byte(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
 
 // VLLMPrefill is the body of a vLLM prefill leg (lifecycle.Leg.Rewrite):
 // the request's, answered in one piece with one token (stream false,
 // max_tokens 1, max_completion_tokens 1 when the request has it, no
 // stream_options, no min_tokens or min_completion_tokens, which vLLM
 // refuses above max_tokens: vLLM's toy_proxy_server.py drops them too),
-// with kv_transfer_params asking for a remote decode. A body that is not a
-// JSON object (it was parsed before routing, so never) is sent as it is.
+// with kv_transfer_params asking for a remote decode. The other members
+// are the client's bytes (splice); the changed ones follow them. A body
+// that is not a JSON object (it was parsed before routing, so never) is
+// sent as it is.
 func VLLMPrefill(body, _ []byte) []byte {
-	var m map[string]json.RawMessage
-	if json.Unmarshal(body, &m) != nil || m == nil {
+	out, ok := splice(body, prefillDrop,
+		member{key: "stream", value: jsonFalse},
+		member{key: "max_tokens", value: jsonOne},
+		member{key: "max_completion_tokens", value: jsonOne, present: true},
+		member{key: "kv_transfer_params", value: remoteDecode})
+	if !ok {
 		return body
 	}
-	one := json.RawMessage("1")
-	m["stream"] = json.RawMessage("false")
-	m["max_tokens"] = one
-	if _, ok := m["max_completion_tokens"]; ok {
-		m["max_completion_tokens"] = one
-	}
-	delete(m, "stream_options")
-	delete(m, "min_tokens")
-	delete(m, "min_completion_tokens")
-	m["kv_transfer_params"] = remoteDecode
-	return marshal(m, body)
+	return out
 }
+
+// prefillDrop are the members a prefill leg goes without.
+var prefillDrop = []string{"stream_options", "min_tokens", "min_completion_tokens"}
+
+var (
+	jsonFalse = []byte("false")
+	jsonOne   = []byte("1")
+)
 
 // VLLMDecode is the body of a vLLM decode leg (lifecycle.Leg.Rewrite): the
 // request's as the client sent it, with the kv_transfer_params of the
 // prefill leg's answer (prev), do_remote_prefill set, so that the decode
-// engine pulls the prompt's KV cache instead of computing it. Without an
-// answer, or one without kv_transfer_params (the prefill leg was skipped,
-// or its engine does not transfer), the body is the request's own: the
-// decode engine serves it whole.
+// engine pulls the prompt's KV cache instead of computing it (the other
+// members are the client's bytes, splice). Without an answer, or one
+// without kv_transfer_params (the prefill leg was skipped, or its engine
+// does not transfer), the body is the request's own: the decode engine
+// serves it whole.
 func VLLMDecode(body, prev []byte) []byte {
 	var answer struct {
 		KV map[string]json.RawMessage `json:"kv_transfer_params"`
@@ -212,22 +230,22 @@ func VLLMDecode(body, prev []byte) []byte {
 	if len(prev) == 0 || json.Unmarshal(prev, &answer) != nil || len(answer.KV) == 0 {
 		return body
 	}
-	var m map[string]json.RawMessage
-	if json.Unmarshal(body, &m) != nil || m == nil {
-		return body
-	}
 	answer.KV["do_remote_prefill"] = json.RawMessage("true")
 	kv := marshal(answer.KV, nil)
 	if kv == nil {
 		return body
 	}
-	m["kv_transfer_params"] = kv
-	return marshal(m, body)
+	out, ok := splice(body, nil, member{key: "kv_transfer_params", value: kv})
+	if !ok {
+		return body
+	}
+	return out
 }
 
-// marshal is m's JSON, or fallback should m not marshal (it holds only raw
-// messages that came from a valid document, so it does): compact, its keys
-// sorted, and its strings as the client wrote them (no HTML escaping of
+// marshal is m's JSON (the decode leg's kv_transfer_params), or fallback
+// should m not marshal (it holds only raw messages that came from a valid
+// document, so it does): compact, its keys sorted, and its strings as the
+// engine wrote them (no HTML escaping of
 // <, > and &, which neither vLLM's proxy nor SGLang's router adds).
 func marshal(m map[string]json.RawMessage, fallback []byte) []byte {
 	var buf bytes.Buffer

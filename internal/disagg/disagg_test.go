@@ -47,12 +47,113 @@ func TestVLLMPrefill(t *testing.T) {
 	if got := VLLMPrefill([]byte(`[1]`), nil); string(got) != `[1]` {
 		t.Errorf("a body that is not an object became %s", got)
 	}
-	// Byte for byte: compact, keys sorted, the client's strings as they
-	// were (no \u003c for <).
-	const want = `{"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null},"max_tokens":1,"model":"m","prompt":"<b> & ✓","stream":false}`
-	if got := VLLMPrefill([]byte(`{"model":"m", "prompt":"<b> & ✓"}`), nil); string(got) != want {
+	// Byte for byte: the client's members as they were, in their order
+	// (no \u003c for <, the space inside a value kept, none between
+	// members), then the members set.
+	const want = `{"model":"m","prompt":"<b> & ✓","stop":[1, 2],"stream":false,"max_tokens":1,"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}}`
+	if got := VLLMPrefill([]byte(` {"model":"m", "stream" : true, "prompt":"<b> & ✓",`+"\n\t"+`"stop":[1, 2]} `), nil); string(got) != want {
 		t.Errorf("prefill body\n%s\nwant\n%s", got, want)
 	}
+}
+
+// TestSpliceRepeatedKeys: a key the client repeats (json.loads takes the
+// last) or escapes ("strea\u006d" is "stream") is replaced in every
+// occurrence, so the engine reads the leg's value; a dropped one is gone
+// in every occurrence.
+func TestSpliceRepeatedKeys(t *testing.T) {
+	in := `{"stream":true,"max_tokens":5,"strea\u006d":true,"min_tokens":2,"prompt":"p","max_tokens":7,"min_tokens":3}`
+	want := `{"prompt":"p","stream":false,"max_tokens":1,"kv_transfer_params":` + string(remoteDecode) + `}`
+	if got := VLLMPrefill([]byte(in), nil); string(got) != want {
+		t.Errorf("prefill body\n%s\nwant\n%s", got, want)
+	}
+	answer := []byte(`{"kv_transfer_params":{"remote_engine_id":"e"}}`)
+	got := VLLMDecode([]byte(`{"kv_transfer_params":{"x":1},"prompt":"p","kv_transfer_params":null}`), answer)
+	if want := `{"prompt":"p","kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"e"}}`; string(got) != want {
+		t.Errorf("decode body\n%s\nwant\n%s", got, want)
+	}
+	for _, bad := range []string{`{"prompt":"p"`, `{"prompt":"p"} x`, `{"a":"\xff"}`, `["prompt"]`, ``} {
+		if got := VLLMPrefill([]byte(bad), nil); string(got) != bad {
+			t.Errorf("a body that is not one JSON object, %q, became %s", bad, got)
+		}
+	}
+}
+
+// FuzzSplice: whatever the client's body, a leg's body is the body itself
+// when it is not one JSON object (Members refuses it), else valid JSON
+// whose members are the client's (the last of a repeated key) with the
+// leg's changes: VLLMPrefill's stream, max_tokens, kv_transfer_params,
+// max_completion_tokens when present, the minimums and stream_options
+// gone; VLLMDecode's kv_transfer_params. The reference is the rewrite the
+// splice replaced: encoding/json's map of raw members, changed and
+// compared as values. Bootstrap's body parses and carries its three
+// members.
+func FuzzSplice(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"<b> ✓"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":9,"max_completion_tokens":9,"min_tokens":2}`,
+		`{"stream":true,"strea\u006d":false,"max_tokens":1,"max_tokens":2}`,
+		` { "prompt" : [1, 2, 3] , "n" : 2 } `,
+		`{}`, `{"a":{"b":[{}]}}`, `{"a":1`, `[]`, `{"a":"\ud800"}`, `{"kv_transfer_params":1,"kv_transfer_params":2}`,
+	} {
+		f.Add([]byte(s))
+	}
+	answer := []byte(`{"kv_transfer_params":{"remote_engine_id":"e","remote_block_ids":[[1,2]]}}`)
+	pre := &members.Member{B: fleet.New().Add("p", &url.URL{Scheme: "http", Host: "10.0.0.7:30000"}, nil)}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		valid := request.Members(body, func([]byte, int, int, int) {}) == nil
+		// SGLang's legs: the body with the three bootstrap members.
+		legs := Legs(&request.View{}, config.ProtocolSGLang)
+		legs[0].Target = pre
+		Bootstrap(legs, body, 8998)
+		if valid != (legs[1].Rewrite != nil) {
+			t.Fatalf("bootstrap of %q: valid %v, rewritten %v", body, valid, legs[1].Rewrite != nil)
+		}
+		if valid {
+			var m map[string]json.RawMessage
+			out := legs[1].Rewrite(body, nil)
+			if json.Unmarshal(out, &m) != nil || m["bootstrap_host"] == nil || m["bootstrap_port"] == nil || m["bootstrap_room"] == nil {
+				t.Fatalf("bootstrap of %q: %q", body, out)
+			}
+		}
+		for _, leg := range []struct {
+			name    string
+			rewrite func(body, prev []byte) []byte
+			change  func(m map[string]json.RawMessage)
+		}{
+			{"prefill", VLLMPrefill, func(m map[string]json.RawMessage) {
+				if _, ok := m["max_completion_tokens"]; ok {
+					m["max_completion_tokens"] = jsonOne
+				}
+				for _, k := range prefillDrop {
+					delete(m, k)
+				}
+				m["stream"], m["max_tokens"], m["kv_transfer_params"] = jsonFalse, jsonOne, remoteDecode
+			}},
+			{"decode", VLLMDecode, func(m map[string]json.RawMessage) {
+				m["kv_transfer_params"] = json.RawMessage(`{"do_remote_prefill":true,"remote_block_ids":[[1,2]],"remote_engine_id":"e"}`)
+			}},
+		} {
+			out := leg.rewrite(body, answer)
+			if !valid {
+				if !reflect.DeepEqual(out, body) {
+					t.Fatalf("%s: a body Members refuses became %q", leg.name, out)
+				}
+				continue
+			}
+			if err := request.Members(out, func([]byte, int, int, int) {}); err != nil {
+				t.Fatalf("%s leg of %q: %q does not parse: %v", leg.name, body, out, err)
+			}
+			var ref map[string]json.RawMessage
+			if err := json.Unmarshal(body, &ref); err != nil {
+				t.Fatalf("%q: Members accepts it, encoding/json does not: %v", body, err)
+			}
+			leg.change(ref)
+			want, _ := json.Marshal(ref)
+			var got, wantV any
+			if json.Unmarshal(out, &got) != nil || json.Unmarshal(want, &wantV) != nil || !reflect.DeepEqual(got, wantV) {
+				t.Fatalf("%s leg of %q:\n%s\nwant the values of\n%s", leg.name, body, out, want)
+			}
+		}
+	})
 }
 
 // Bootstrap gives a batch (n above 1, or a list of prompts) one host, port

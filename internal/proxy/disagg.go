@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,9 +31,41 @@ func (s *Server) split(ex *exchange) {
 		s.warnNoDecode(ex.View.Model)
 		return
 	}
+	if s.decider != nil {
+		if ch := s.decider.Split(ex.View, ex.Hashes); !ch.Split {
+			ex.Whole = wholeWhy(ch)
+			s.metrics.pd.requests.WithLabelValues(ex.Model, pdDecidedWhole).Inc()
+			return
+		}
+	}
 	if legs := disagg.Legs(ex.View, s.splitProto); legs != nil {
 		ex.SetLegs(legs...)
 	}
+}
+
+// wholeWhy is the Whole of a request the conditional split serves whole:
+// why, and the two estimates it compared (the whole TTFT plus the stall
+// of the whole engine's streams, the split TTFT).
+func wholeWhy(ch disagg.Choice) string {
+	var why string
+	switch ch.Reason {
+	case "short":
+		why = "not worth a transfer"
+	case "prefill-busy":
+		why = "prefill engines busier"
+	case "no-prefill":
+		return "no prefill engine can take it"
+	case "policy":
+		return "the policy's own split decision"
+	default:
+		why = ch.Reason
+	}
+	return fmt.Sprintf("%s: whole %s <= split %s", why, seconds(ch.WholeCost), seconds(ch.SplitCost))
+}
+
+// seconds is s seconds as a duration rounded to 10 µs.
+func seconds(s float64) time.Duration {
+	return time.Duration(s * float64(time.Second)).Round(10 * time.Microsecond)
 }
 
 // bind gives a routed SGLang request's legs their body (the prefill
@@ -99,6 +132,7 @@ const (
 	pdPrefillFailed  = "prefill_failed"   // the prefill leg failed on every attempt: served whole
 	pdPrefillNoRoute = "prefill_unrouted" // no prefill engine could take it: served whole
 	pdNoDecode       = "no_decode_engine" // not split: nothing to decode it
+	pdDecidedWhole   = "decided_whole"    // not split: the conditional split serves it whole
 )
 
 // pdMetrics are the metrics of prefill/decode disaggregation: what became

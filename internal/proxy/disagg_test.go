@@ -123,6 +123,9 @@ func pdRig(t *testing.T, prefill, decode int, mod func(*config.Config)) (*rig, [
 			return out
 		}
 		pre, dec = add(config.RolePrefill, prefill), add(config.RoleDecode, decode)
+		// These tests check the split's mechanics on short prompts,
+		// which the conditional split serves whole.
+		c.Disaggregation.Split = config.SplitAlways
 		if mod != nil {
 			mod(c)
 		}
@@ -339,7 +342,7 @@ func TestSGLangSplit(t *testing.T) {
 	t.Cleanup(func() { disagg.SetRoom(prevRoom) })
 	t.Setenv(config.AdminTokenEnv, "")
 	r := newRig(t, "kvroute", 0, func(c *config.Config) {
-		c.Disaggregation = config.Disaggregation{Protocol: config.ProtocolSGLang, BootstrapPort: 9123}
+		c.Disaggregation = config.Disaggregation{Protocol: config.ProtocolSGLang, BootstrapPort: 9123, Split: config.SplitAlways}
 		c.Backends = append(c.Backends,
 			config.Backend{URL: pre.srv.URL, Name: "p0", Models: []string{"m"}, Role: config.RolePrefill},
 			config.Backend{URL: dec.srv.URL, Name: "d0", Models: []string{"m"}, Role: config.RoleDecode})

@@ -36,6 +36,9 @@ func BenchmarkSplitHop(b *testing.B) {
 				}
 				if split {
 					cfg.Backends[0].Role, cfg.Backends[1].Role = config.RolePrefill, config.RoleDecode
+					// Every request split: the conditional split would
+					// serve these whole (nothing decodes to stall).
+					cfg.Disaggregation.Split = config.SplitAlways
 				}
 				if err := cfg.Validate(); err != nil {
 					b.Fatal(err)

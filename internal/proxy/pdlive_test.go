@@ -420,7 +420,7 @@ func sgPairRig(t *testing.T, e *sgPairEngines, attempts int) *rig {
 	prev := disagg.SetRoom(func() uint64 { return n.Add(1) })
 	t.Cleanup(func() { disagg.SetRoom(prev) })
 	r := newRig(t, "kvroute", 0, func(c *config.Config) {
-		c.Disaggregation = config.Disaggregation{Protocol: config.ProtocolSGLang, BootstrapPort: 9123}
+		c.Disaggregation = config.Disaggregation{Protocol: config.ProtocolSGLang, BootstrapPort: 9123, Split: config.SplitAlways}
 		c.Retry.Attempts = attempts
 		for i, s := range e.pre {
 			c.Backends = append(c.Backends, config.Backend{URL: s.URL, Name: fmt.Sprintf("p%d", i), Models: []string{"m"}, Role: config.RolePrefill})
@@ -527,6 +527,7 @@ func TestKubeRolesSplit(t *testing.T) {
 	cs := kubeFleet(t, map[string]*pdEngine{"pre-0": p, "dec-0": d}, map[string]string{"pre-0": "prefill", "dec-0": "decode"})
 	r := newRig(t, "kvroute", 0, func(c *config.Config) {
 		c.Backends = []config.Backend{{Name: "vllm", Models: []string{"m"}, Kubernetes: &config.Kubernetes{Namespace: "llm", Service: "vllm"}}}
+		c.Disaggregation.Split = config.SplitAlways
 	})
 	r.waitReady(http.StatusOK)
 	if res := r.post("/v1/chat/completions", clientBody); res.status != 200 {

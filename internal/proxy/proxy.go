@@ -38,6 +38,7 @@ import (
 	"github.com/kvroute/kvroute/internal/admin"
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/disagg"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/lifecycle"
 	"github.com/kvroute/kvroute/internal/members"
@@ -65,6 +66,8 @@ type Server struct {
 	// splitProto is the disaggregation protocol when the fleet may have
 	// prefill engines, "" otherwise (disagg.go).
 	splitProto string
+	// decider is the conditional split (Parts.Decider); nil: always.
+	decider *disagg.Decider
 	// noDecodeWarned is when the last warning of a model served whole for
 	// want of a decode engine was logged (unix nanoseconds; disagg.go).
 	noDecodeWarned atomic.Int64
@@ -145,6 +148,10 @@ type Parts struct {
 	// mounted at /admin/ (on the client listener without admin.listen).
 	Decisions *admin.Log
 	Admin     *admin.Handler
+	// Decider says which requests of a fleet with prefill engines are
+	// split (disaggregation.split conditional); nil splits every request
+	// a prefill engine can take.
+	Decider *disagg.Decider
 }
 
 // New builds the data plane over p. It does no I/O.
@@ -166,6 +173,7 @@ func New(p Parts) (*Server, error) {
 		peers:     p.Peers,
 		decisions: p.Decisions,
 		adminAPI:  p.Admin,
+		decider:   p.Decider,
 		tracing:   p.Tracer,
 		parse:     request.Options{SessionField: cfg.Session.BodyField, MaxMessages: cfg.Limits.MaxMessages},
 		proxyLog:  slog.NewLogLogger(logger.Handler(), slog.LevelDebug),

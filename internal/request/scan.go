@@ -74,6 +74,9 @@ type scanner struct {
 	spaced bool
 	// object is a bit per open container of skip: set for an object.
 	object [maxDepth/64 + 1]uint64
+	// keyAt is the offset of the opening quote of the key members read
+	// last.
+	keyAt int
 }
 
 // room makes the arena ready for text: the first time, it allocates it
@@ -180,6 +183,7 @@ func (d *scanner) members(member func(key []byte) bool) bool {
 		if d.peek() != '"' {
 			return d.unexpected("a string key")
 		}
+		d.keyAt = d.pos
 		k, ok := d.str()
 		if !ok || !d.colon() || !member(d.bytes(k)) {
 			return false

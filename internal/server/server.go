@@ -101,15 +101,24 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		pc := cfg.KVEvents.Precise()
 		sc.Precise = &pc
 	}
+	var roles disagg.Roles
 	if cfg.MaySplit() {
 		// Each leg goes to an engine of its role (package disagg), the
 		// roles of the live fleet (a pod's label for a Kubernetes pool);
 		// the members are built below, hence the closure.
 		// vLLM's prefill engines (any KV connector's) serve a whole
 		// request when nothing else can; SGLang's do not.
-		sc.Filters = append(sc.Filters, disagg.Roles{Of: func(b *fleet.Backend) string { return s.set.RoleOf(b) }, Whole: cfg.Disaggregation.Protocol == config.ProtocolVLLM})
+		roles = disagg.Roles{Of: func(b *fleet.Backend) string { return s.set.RoleOf(b) }, Whole: cfg.Disaggregation.Protocol == config.ProtocolVLLM}
+		sc.Filters = append(sc.Filters, roles)
 	}
 	s.sched = scheduler.New(s.fleet, p, sc)
+	var decider *disagg.Decider
+	if d := cfg.Disaggregation; cfg.MaySplit() && d.Split == config.SplitConditional {
+		// The conditional split: the simulator's decision, on the same
+		// scheduler's state and the same role filter as the legs.
+		decider = &disagg.Decider{Sched: s.sched, Roles: roles,
+			Costs: disagg.Costs{TransferLatency: d.KVTransferLatency, TransferPerToken: d.KVTransferTimePerToken}}
+	}
 	s.metrics = proxy.NewMetrics(s.fleet)
 	reg := s.metrics.Registry()
 	reg.MustRegister(s.sched.Collector())
@@ -160,7 +169,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	}
 	s.proxy, err = proxy.New(proxy.Parts{Config: cfg, Log: logger, Fleet: s.fleet, Scheduler: s.sched, Members: s.set,
 		Upstream: s.upstream, Metrics: s.metrics, Tokenizer: tok, Admission: adm, Peers: s.peers,
-		Tracer: s.tracer, Decisions: decisions, Admin: s.adminAPI})
+		Tracer: s.tracer, Decisions: decisions, Admin: s.adminAPI, Decider: decider})
 	if err != nil {
 		return nil, err
 	}

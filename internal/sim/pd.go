@@ -8,7 +8,6 @@ import (
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/disagg"
 	"github.com/kvroute/kvroute/internal/fleet"
-	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/report"
 	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/scheduler"
@@ -16,7 +15,7 @@ import (
 
 // Prefill/decode disaggregation (Config.Roles with a prefill engine). A
 // request is split or served whole as the decider says (Config.Split:
-// disagg.Decide, or the policy's own policy.PairDecider); a split one is
+// disagg.Decider, as kvroute serve's proxy asks it); a split one is
 // given its legs by disagg.Legs and routed leg by leg through the same
 // scheduler with the disagg.Roles filter, each on its leg's View, as the
 // live lifecycle routes them: both at arrival, the prefill leg first (and
@@ -28,13 +27,13 @@ import (
 // hold, and decodes. A whole request is routed as any other (Roles sends
 // it to a both engine, else a decode one).
 
-// The values of Config.Split.
+// The values of Config.Split, the router's (disaggregation.split).
 const (
 	// SplitConditional splits a request when the decider says so: the
 	// policy's own (policy.PairDecider), else kvroute's (disagg.Decide).
-	SplitConditional = "conditional"
+	SplitConditional = config.SplitConditional
 	// SplitAlways splits every request that a prefill engine can take.
-	SplitAlways = "always"
+	SplitAlways = config.SplitAlways
 )
 
 // XPYD returns the roles of a fleet of n engines of which the first
@@ -70,14 +69,14 @@ func XPYD(n, prefill, decode int) ([]string, error) {
 	return roles, nil
 }
 
-// pdState is a disaggregated run's: the roles by backend ID, the decider
-// and the legs' figures.
+// pdState is a disaggregated run's: the roles by backend ID, what the
+// decider weighs (the role filter, the transfer costs) and the legs'
+// figures.
 type pdState struct {
-	roles   []string
-	decider policy.PairDecider // nil: kvroute's (disagg.Decide)
-	always  bool
-	costs   disagg.Costs
-	filter  disagg.Roles
+	roles  []string
+	always bool
+	costs  disagg.Costs
+	filter disagg.Roles
 	// The split requests' legs (report.PDRun).
 	split                      int
 	prefill, transfer, decodeT []time.Duration
@@ -120,14 +119,9 @@ func (s *sim) setupPD() error {
 	return nil
 }
 
-// setDecider takes the policy's own decider, when it has one.
-func (s *sim) setDecider(p policy.Policy) {
-	if s.pd != nil {
-		s.pd.decider, _ = p.(policy.PairDecider)
-	}
-}
-
-// splits reports whether request v is split.
+// splits reports whether request v is split: the decider's answer
+// (disagg.Decider, the one kvroute serve asks: the policy's own decision
+// when it has one, else disagg.Decide), every request under SplitAlways.
 func (s *sim) splits(v *request.View, hashes []uint64) bool {
 	pd := s.pd
 	if pd.always {
@@ -136,11 +130,8 @@ func (s *sim) splits(v *request.View, hashes []uint64) bool {
 	if hashes == nil {
 		hashes = s.sched.Hashes(v)
 	}
-	e := disagg.Gather(s.sched, pd.filter, v, hashes, 0)
-	if pd.decider != nil {
-		return pd.decider.Disaggregate(int64(v.PromptTokens), e.Held)
-	}
-	return disagg.Decide(e, pd.costs).Split
+	d := disagg.Decider{Sched: s.sched, Roles: pd.filter, Costs: pd.costs}
+	return d.Split(v, hashes).Split
 }
 
 // bindPD routes the k-th request of a disaggregated run: whole, or its

@@ -310,7 +310,6 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 	if err := s.setupPD(); err != nil {
 		return nil, err
 	}
-	s.setDecider(p)
 	s.sched = scheduler.New(f, p, s.cfg.Scheduler)
 	s.sched.SetAdapters(adapters(reqs, s.model))
 	blockChars := s.sched.BlockChars()
