@@ -79,12 +79,13 @@ func (b *Backend) observeTTFT(work, uncached, cached, queued int64, l Load, ttft
 // mean step time its inter-token latency gives, for the sequences it ran
 // (its running count, else the router's decoding streams) over the context
 // they hold (its KV cache in use, else the router's count), with the
-// prompt tokens it computed meanwhile spread over those steps; and its own
+// prompt tokens it computed meanwhile spread over those steps (an engine
+// that does not tell them teaches no step time); and its own
 // prefill time for the tokens it prefilled.
 func (b *Backend) learnCost(r Reading) {
 	s := r.State
 	m := b.Cost()
-	if r.DecodeTokens >= 1 && r.DecodeSeconds > 0 {
+	if r.DecodeTokens >= 1 && r.DecodeSeconds > 0 && r.ComputedTokens >= 0 {
 		l := b.KnownLoad()
 		seqs, ctx := float64(l.Decoding), float64(l.DecodeTokens)
 		if s.Has(EngineRunning) && s.Running > 0 {

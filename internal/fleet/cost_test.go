@@ -74,3 +74,21 @@ func TestLearnFromTTFTs(t *testing.T) {
 		}
 	}
 }
+
+// TestNoStepTimeWithoutComputed: a reading of an engine that does not
+// tell the prompt tokens it computed teaches the cost model no step time
+// (the prefill chunks run in the timed steps would read as decode), and
+// one that tells them does.
+func TestNoStepTimeWithoutComputed(t *testing.T) {
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tt := range []struct {
+		computed float64
+		learns   bool
+	}{{-1, false}, {0, true}, {512, true}} {
+		b := New().Add("b", nil, nil)
+		b.Learn(Reading{State: &EngineState{At: at, Running: 4}, DecodeTokens: 40, DecodeSeconds: 1, ComputedTokens: tt.computed})
+		if got := b.Cost().Evidence(at) > 0; got != tt.learns {
+			t.Errorf("computed %v: learned %v, want %v", tt.computed, got, tt.learns)
+		}
+	}
+}
