@@ -31,6 +31,7 @@ func (p *Plane) Settle(r *Request, aborted bool) {
 			l.end = end
 		}
 		p.judge(r, l, l.failed, l.end)
+		decoded(l, now)
 		l.A.Done(now)
 		routed = true
 	}
@@ -45,6 +46,15 @@ func (p *Plane) Settle(r *Request, aborted bool) {
 	}
 	p.record(r)
 	r.front.Settled(r)
+}
+
+// decoded teaches leg l's backend its stream's inter-token timings as
+// relayed (scheduler.Assignment.Decoded): those of a complete 2xx stream
+// that this leg answered, of more than one token.
+func decoded(l *Leg, now time.Time) {
+	if e := l.end; e.Complete && e.Counted && e.Out > 1 && e.Decoding > 0 {
+		l.A.Decoded(int64(e.Out-1), e.Decoding, now)
+	}
 }
 
 // final is the request's status: the one answered, else 502 for a

@@ -247,6 +247,9 @@ func (ex *exchange) Ended() lifecycle.BodyEnd {
 	}
 	end := lifecycle.BodyEnd{Complete: rl.complete, Broken: rl.broken, Counted: rl.counted}
 	end.In, end.Out = ex.tokens()
+	if rl.counted {
+		end.Decoding = rl.tally.decoding()
+	}
 	return end
 }
 
