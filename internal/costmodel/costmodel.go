@@ -123,6 +123,11 @@ type Prior struct {
 	// Samples is the weight of the prior in samples: the first few
 	// observations outweigh it.
 	Samples float64
+	// Transfer is the time, in seconds, to carry one prompt token's KV
+	// cache from a prefill engine to this one (the model's KV bytes per
+	// token over the network), which no observation teaches; 0 when
+	// unknown (the generic prior's).
+	Transfer float64
 }
 
 // The generic prior: an engine nothing is known of. Its figures are round
