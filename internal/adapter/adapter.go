@@ -82,6 +82,15 @@ type State struct {
 	// time_per_output_token_seconds); llama.cpp: tokens_predicted_total
 	// over tokens_predicted_seconds_total.
 	DecodeTokens, DecodeSeconds float64
+	// ComputedTokens is the engine's lifetime count of prompt tokens it
+	// computed (found in no cache), -1 when it exports none; its growth
+	// between scrapes is the prefill that ran in the steps its
+	// inter-token latency timed. vLLM: the sum of
+	// request_prefill_kv_computed_tokens, else prompt_tokens_total less
+	// prefix_cache_hits_total; SGLang: prompt_tokens_total less
+	// cached_tokens_total (every cache source); llama.cpp:
+	// prompt_tokens_total, which counts only the tokens it evaluated.
+	ComputedTokens float64
 	// LoRA is the engine's report of its LoRA adapters (lora.go), nil when
 	// it reports none.
 	LoRA *LoRA
@@ -107,6 +116,8 @@ const (
 	sglTokens       = "sglang:token_usage"
 	sglHitRate      = "sglang:cache_hit_rate"
 	sglITL          = "sglang:inter_token_latency_seconds"
+	sglPrompt       = "sglang:prompt_tokens_total"
+	sglCached       = "sglang:cached_tokens_total"
 	llamaProc       = "llamacpp:requests_processing"
 	llamaDefer      = "llamacpp:requests_deferred"
 	llamaKV         = "llamacpp:kv_cache_usage_ratio"
@@ -135,7 +146,7 @@ func ParseMetrics(r io.Reader, kind Kind) (State, error) {
 		}
 	}
 	s := State{Kind: kind, Running: -1, Waiting: -1, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1,
-		PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1}
+		PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: -1}
 	switch kind {
 	case VLLM:
 		s.Running = sum(fams[vllmRunning])
@@ -148,11 +159,12 @@ func ParseMetrics(r io.Reader, kind Kind) (State, error) {
 		if q := sum(counter(fams, vllmQueries)); hits >= 0 && q > 0 {
 			s.PrefixHitRate = hits / q
 		}
+		s.ComputedTokens = histSum(fams[vllmComputed])
+		if s.ComputedTokens < 0 {
+			s.ComputedTokens = less(sum(counter(fams, vllmPrompt)), hits)
+		}
 		if s.PrefillSeconds = histSum(fams[vllmPrefillTime]); s.PrefillSeconds >= 0 {
-			s.PrefillTokens = histSum(fams[vllmComputed])
-			if p := sum(counter(fams, vllmPrompt)); s.PrefillTokens < 0 && p >= 0 && hits >= 0 {
-				s.PrefillTokens = max(p-hits, 0)
-			}
+			s.PrefillTokens = s.ComputedTokens
 		}
 		if f := fams[vllmITL]; f != nil {
 			s.DecodeTokens, s.DecodeSeconds = hist(f)
@@ -176,12 +188,14 @@ func ParseMetrics(r io.Reader, kind Kind) (State, error) {
 		s.KVUsage = maxOf(fams[sglTokens])
 		s.PrefixHitRate = maxOf(fams[sglHitRate])
 		s.DecodeTokens, s.DecodeSeconds = hist(fams[sglITL])
+		s.ComputedTokens = less(sum(counter(fams, sglPrompt)), sum(counter(fams, sglCached)))
 		s.LoRA = sglangLoRA(fams)
 	case LlamaCpp:
 		s.Running = sum(fams[llamaProc])
 		s.Waiting = sum(fams[llamaDefer])
 		s.KVUsage = maxOf(fams[llamaKV])
 		s.PrefillTokens = sum(counter(fams, llamaPrompt))
+		s.ComputedTokens = s.PrefillTokens
 		s.PrefillSeconds = sum(counter(fams, llamaPromptTime))
 		s.DecodeTokens = sum(counter(fams, llamaGen))
 		s.DecodeSeconds = sum(counter(fams, llamaGenTime))
@@ -247,6 +261,7 @@ func (s *State) sanitize() {
 	s.PrefixHitRate = bounded(s.PrefixHitRate, 1)
 	s.PrefillTokens, s.PrefillSeconds = pair(s.PrefillTokens, s.PrefillSeconds)
 	s.DecodeTokens, s.DecodeSeconds = pair(s.DecodeTokens, s.DecodeSeconds)
+	s.ComputedTokens = bounded(s.ComputedTokens, MaxCounter)
 	s.BlockSize = boundedInt(s.BlockSize, MaxBlockSize)
 	s.NumGPUBlocks = boundedInt(s.NumGPUBlocks, MaxKVTokens)
 	if s.BlockSize > 0 && s.NumGPUBlocks > MaxKVTokens/s.BlockSize {
@@ -271,6 +286,15 @@ func boundedInt(n, limit int) int {
 		return -1
 	}
 	return n
+}
+
+// less is the prompt tokens of a lifetime count of prompt tokens that
+// its count of cached ones leaves: -1 when either is absent.
+func less(prompt, cached float64) float64 {
+	if prompt < 0 || cached < 0 {
+		return -1
+	}
+	return max(prompt-cached, 0)
 }
 
 // pair sanitises a lifetime counter and its seconds: both, or both -1.

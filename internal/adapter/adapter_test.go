@@ -25,13 +25,13 @@ func TestParseMetrics(t *testing.T) {
 		kind Kind
 		want State
 	}{
-		{"vllm.prom", Unknown, State{Kind: VLLM, Running: 12, Waiting: 5, KVUsage: 0.42, PrefixHitRate: 0.25, BlockSize: 16, NumGPUBlocks: 27000, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1}},
-		{"vllm.prom", VLLM, State{Kind: VLLM, Running: 12, Waiting: 5, KVUsage: 0.42, PrefixHitRate: 0.25, BlockSize: 16, NumGPUBlocks: 27000, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1}},
-		{"vllm_v0.prom", Unknown, State{Kind: VLLM, Running: 3, Waiting: 0, KVUsage: 0.9, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1}},
-		{"sglang.prom", Unknown, State{Kind: SGLang, Running: 7, Waiting: 2, KVUsage: 0.28, PrefixHitRate: 0.0075, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1}},
-		{"llamacpp.prom", Unknown, State{Kind: LlamaCpp, Running: 4, Waiting: 9, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: 4096, PrefillSeconds: 2.048, DecodeTokens: -1, DecodeSeconds: -1}},
-		{"vllm_itl.prom", Unknown, State{Kind: VLLM, Running: 8, Waiting: 3, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: 400, DecodeSeconds: 6.5}},
-		{"tgi.prom", TGI, State{Kind: TGI, Running: 32, Waiting: 6, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1}},
+		{"vllm.prom", Unknown, State{Kind: VLLM, Running: 12, Waiting: 5, KVUsage: 0.42, PrefixHitRate: 0.25, BlockSize: 16, NumGPUBlocks: 27000, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: -1}},
+		{"vllm.prom", VLLM, State{Kind: VLLM, Running: 12, Waiting: 5, KVUsage: 0.42, PrefixHitRate: 0.25, BlockSize: 16, NumGPUBlocks: 27000, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: -1}},
+		{"vllm_v0.prom", Unknown, State{Kind: VLLM, Running: 3, Waiting: 0, KVUsage: 0.9, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: -1}},
+		{"sglang.prom", Unknown, State{Kind: SGLang, Running: 7, Waiting: 2, KVUsage: 0.28, PrefixHitRate: 0.0075, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: -1}},
+		{"llamacpp.prom", Unknown, State{Kind: LlamaCpp, Running: 4, Waiting: 9, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: 4096, PrefillSeconds: 2.048, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: 4096}},
+		{"vllm_itl.prom", Unknown, State{Kind: VLLM, Running: 8, Waiting: 3, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: 400, DecodeSeconds: 6.5, ComputedTokens: -1}},
+		{"tgi.prom", TGI, State{Kind: TGI, Running: 32, Waiting: 6, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: -1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.file+"/"+string(tt.kind), func(t *testing.T) {
@@ -297,5 +297,43 @@ func TestParseMetricsHostileNumbers(t *testing.T) {
 	}
 	if s.Waiting != MaxRequests || s.Running != 1024 || s.KVUsage != 1 || s.NumGPUBlocks != 1<<32 || s.BlockSize != 16 {
 		t.Fatalf("real figures lost: %+v", s)
+	}
+}
+
+// The engine's lifetime count of prompt tokens it computed, whether or
+// not it exports a prefill time: vLLM's computed-token histogram, else
+// its prompt tokens less its prefix-cache hits; SGLang's prompt tokens
+// less its cached ones over every cache source; llama.cpp's prompt tokens,
+// which are those it evaluated. Unknown without the counts.
+func TestParseMetricsComputed(t *testing.T) {
+	const vllm = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n"
+	const counters = "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total 12000\n" +
+		"# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total 2000\n"
+	const computed = "# TYPE vllm:request_prefill_kv_computed_tokens histogram\n" +
+		"vllm:request_prefill_kv_computed_tokens_bucket{le=\"+Inf\"} 3\nvllm:request_prefill_kv_computed_tokens_sum 9000\nvllm:request_prefill_kv_computed_tokens_count 3\n"
+	const sgl = "sglang:num_running_reqs 2\n# TYPE sglang:prompt_tokens_total counter\nsglang:prompt_tokens_total 5000\n"
+	const sglCached = "# TYPE sglang:cached_tokens_total counter\n" +
+		"sglang:cached_tokens_total{cache_source=\"device\"} 1500\nsglang:cached_tokens_total{cache_source=\"host\"} 500\n"
+	for _, tt := range []struct {
+		name string
+		text string
+		want float64
+	}{
+		{"vLLM counters, no prefill time", vllm + counters, 10000},
+		{"vLLM computed histogram wins", vllm + counters + computed, 9000},
+		{"vLLM without hits", vllm + "vllm:prompt_tokens_total 12000\n", -1},
+		{"SGLang", sgl + sglCached, 3000},
+		{"SGLang without cached count", sgl, -1},
+		{"llama.cpp", "llamacpp:requests_processing 1\nllamacpp:prompt_tokens_total 4096\n", 4096},
+		{"TGI", "tgi_queue_size 1\ntgi_batch_current_size 2\n", -1},
+		{"hostile", vllm + computed[:len(computed)-len("9000\nvllm:request_prefill_kv_computed_tokens_count 3\n")] + "NaN\n", -1},
+	} {
+		got, err := ParseMetrics(strings.NewReader(tt.text), Unknown)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if got.ComputedTokens != tt.want {
+			t.Errorf("%s: ComputedTokens %v, want %v", tt.name, got.ComputedTokens, tt.want)
+		}
 	}
 }

@@ -163,6 +163,11 @@ type Backend struct {
 	// the kvroute policy uses as the prefill chunk. Default 0: unknown
 	// (8,192 assumed).
 	MaxNumBatchedTokens int `yaml:"max_num_batched_tokens"`
+	// Preset names the engine preset (engine.Presets: hardware and model)
+	// whose coefficients the backend's cost model starts from, a prior
+	// its first observations overrule, with its KV transfer time per
+	// token. Default "": the generic prior.
+	Preset string `yaml:"preset"`
 	// KVEvents is the backend's KV cache event endpoint (vLLM's
 	// kv-events-config endpoint), tcp://host:port; for a dns entry, a
 	// port ("5557") on each discovered address, or a template such as

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/adapter"
+	"github.com/kvroute/kvroute/internal/costmodel"
+	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/fleet"
 )
 
@@ -82,6 +84,9 @@ type Entry struct {
 	// discovered backend's role (Backend.Role) may come from its pod's
 	// kvroute.io/role label instead of the entry.
 	EngineKind adapter.Kind
+	// Prior is the cost model prior of the named preset (Backend.Preset),
+	// nil for none.
+	Prior *costmodel.Prior
 }
 
 // DNS reports whether the entry is a pool of DNS-discovered backends.
@@ -166,6 +171,14 @@ func (c *Config) entries(bad func(string, ...any)) []Entry {
 		}
 		if e.MaxNumBatchedTokens < 0 {
 			bad("backends[%d].max_num_batched_tokens: %d must not be negative", i, e.MaxNumBatchedTokens)
+		}
+		if e.Preset != "" {
+			if p, err := engine.LookupPreset(e.Preset); err != nil {
+				bad("backends[%d].preset: %v", i, err)
+			} else {
+				c := p.Costs()
+				e.Prior = &c
+			}
 		}
 		e.validateKVEvents(i, bad)
 		out = append(out, e)

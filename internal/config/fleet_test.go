@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/engine"
 )
 
 func TestDiscoveryConfig(t *testing.T) {
@@ -40,6 +42,20 @@ func TestDiscoveryConfig(t *testing.T) {
 				t.Errorf("backend %+v", b)
 			}
 		}},
+		{"preset", "backends: [{url: http://a:1, preset: a10g-mistral-7b}, {url: http://b:1}]", "", func(t *testing.T, c *Config) {
+			es, err := c.Entries()
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := engine.LookupPreset("a10g-mistral-7b")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := p.Costs(); es[0].Prior == nil || *es[0].Prior != want || es[1].Prior != nil {
+				t.Errorf("priors %v, %v, want %+v and none", es[0].Prior, es[1].Prior, want)
+			}
+		}},
+		{"unknown preset", "backends: [{url: http://a:1, preset: b200-llama3-405b}]", "backends[0].preset: unknown engine preset \"b200-llama3-405b\" (known: ", nil},
 		{"negative max_num_seqs", "backends: [{url: http://a:1, max_num_seqs: -1}]", "backends[0].max_num_seqs", nil},
 		{"negative max_num_batched_tokens", "backends: [{url: http://a:1, max_num_batched_tokens: -1}]", "backends[0].max_num_batched_tokens", nil},
 		{"bad discovery", "backends: [{url: http://a:1, discovery: consul}]", "backends[0].discovery", nil},

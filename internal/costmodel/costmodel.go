@@ -123,6 +123,11 @@ type Prior struct {
 	// Samples is the weight of the prior in samples: the first few
 	// observations outweigh it.
 	Samples float64
+	// Transfer is the time, in seconds, to carry one prompt token's KV
+	// cache from a prefill engine to this one (the model's KV bytes per
+	// token over the network), which no observation teaches; 0 when
+	// unknown (the generic prior's).
+	Transfer float64
 }
 
 // The generic prior: an engine nothing is known of. Its figures are round
@@ -217,6 +222,11 @@ type Fit struct {
 	// -log2(MaxSpeedup)), so that a read decays it without a logarithm.
 	now Coeffs
 	lr  [n]float64
+	// weights is, per coefficient, the weight of the samples that
+	// exercised it (a non-zero feature) at At: its share of the estimate
+	// (Coeffs) rests on those alone, so that many samples of decode steps
+	// do not give one prefill's TTFT the say on the per-token cost.
+	weights [n]float64
 }
 
 // Model is one engine's learned cost model. The zero value is not usable;
@@ -232,7 +242,8 @@ type Model struct {
 	mu    sync.Mutex
 	a     [n][n]float64 // the samples' information on z, decayed
 	b     [n]float64
-	w     float64 // the samples' weight, decayed (the evidence in samples)
+	w     float64    // the samples' weight, decayed (the evidence in samples)
+	wk    [n]float64 // per coefficient, the weight of the samples that exercised it
 	last  time.Time
 	scale float64 // the usual relative residual (a moving mean of |r|)
 	count int64
@@ -358,8 +369,9 @@ func (m *Model) Fit() *Fit { return m.fit.Load() }
 // Coeffs returns the coefficients at now: per coefficient, a weighted
 // geometric mean of the prior's (or the anchor's, see SetAnchor) and the
 // fit's, the fit's share being
-// w^2/(w^2+S^2), w the weight of its samples decayed by its age (see
-// HalfLife) and S the prior's Samples. Geometric, because engines differ
+// w^2/(w^2+S^2), w the weight of the samples that exercised that
+// coefficient decayed by its age (see HalfLife) and S the prior's
+// Samples. Geometric, because engines differ
 // by orders of magnitude: a sample of an engine 200 times slower than
 // the prior moves the estimate 200^share times, not 200*share. Squared,
 // so that the prior holds against the first sample or two (a share of
@@ -383,7 +395,7 @@ func (m *Model) Coeffs(now time.Time) Coeffs {
 	if d := m.decayed.Load(); d != nil && d.fit == f && d.step == step && d.anchor == m.anchor.Load() {
 		return d.c
 	}
-	c := m.blend(f, f.Weight*math.Exp2(-float64(step)*fresh.Seconds()/HalfLife.Seconds()))
+	c := m.blend(f, math.Exp2(-float64(step)*fresh.Seconds()/HalfLife.Seconds()))
 	m.decayed.Store(&decayed{fit: f, anchor: m.anchor.Load(), step: step, c: c})
 	return c
 }
@@ -401,20 +413,24 @@ type decayed struct {
 // decayed in steps of fresh, each computed once.
 const fresh = HalfLife / 32
 
-// blend is f's coefficients at weight w (see Coeffs), against the
-// anchor, else the prior.
-func (m *Model) blend(f *Fit, w float64) Coeffs {
+// blend is f's coefficients with their weights decayed by the factor d
+// (see Coeffs), against the anchor, else the prior: each coefficient's
+// share rests on the weight of the samples that exercised it.
+func (m *Model) blend(f *Fit, d float64) Coeffs {
 	s2 := m.prior.Samples * m.prior.Samples
-	share := w * w / (w*w + s2)
 	a := m.anchor.Load()
-	if share < 1e-3 {
-		return m.Anchor()
-	}
 	var v [n]float64
 	for k := range n {
-		if a == nil {
+		w := f.weights[k] * d
+		share := w * w / (w*w + s2)
+		switch {
+		case share < 1e-3 && a == nil:
+			v[k] = m.p0[k]
+		case share < 1e-3:
+			v[k] = math.Exp2(a.lg[k])
+		case a == nil:
 			v[k] = m.p0[k] * math.Exp2(share*f.lr[k])
-		} else {
+		default:
 			fit := f.lr[k] + math.Log2(m.p0[k])
 			v[k] = math.Exp2(a.lg[k] + share*(fit-a.lg[k]))
 		}
@@ -466,6 +482,11 @@ func (m *Model) Observe(s Sample, now time.Time) {
 	}
 	m.scale += 0.1 * (min(r, 4*max(m.scale, MinScale)) - m.scale)
 	m.w += w
+	for k := range n {
+		if x[k] > 0 {
+			m.wk[k] += w
+		}
+	}
 	w /= s.Seconds * s.Seconds
 	for i := range n {
 		if x[i] == 0 {
@@ -493,6 +514,9 @@ func (m *Model) scaleBy(d float64) {
 		m.b[i] *= d
 	}
 	m.w *= d
+	for k := range n {
+		m.wk[k] *= d
+	}
 }
 
 // publish solves (ridge I + A) z = ridge 1 + b and stores the fit
@@ -538,13 +562,13 @@ func (m *Model) publish(now time.Time) {
 			break
 		}
 	}
-	f := &Fit{At: now, Samples: m.count, Weight: m.w}
+	f := &Fit{At: now, Samples: m.count, Weight: m.w, weights: m.wk}
 	for k := range n {
 		f.lr[k] = math.Log2(max(c[k], 1/MaxSpeedup))
 		c[k] = max(c[k], 0) * m.p0[k]
 	}
 	f.Coeffs = fromVec(c)
-	f.now = m.blend(f, m.w)
+	f.now = m.blend(f, 1)
 	m.fit.Store(f)
 }
 

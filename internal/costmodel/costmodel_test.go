@@ -249,3 +249,31 @@ func FuzzObserve(f *testing.F) {
 		}
 	})
 }
+
+// TestShareRestsOnExercisingSamples: each coefficient's share of the
+// estimate rests on the samples that exercised it. One prefill that
+// looked instant (a server answering 8,000 tokens at once, a cached
+// response) followed by many decode steps, which say nothing of the
+// per-token cost: the token coefficient moves no more than one sample
+// against the prior's allows (a share of 1/17, at most 100^(1/17) = 1.31
+// times), while the step and sequence coefficients, exercised by every
+// decode step, follow those samples. With a share on all the samples the
+// lone prefill set the token cost 93 times below the prior's, and such a
+// server drew every request (proxy's TestIdleSpreadThenStick).
+func TestShareRestsOnExercisingSamples(t *testing.T) {
+	p := Generic()
+	m := New(p)
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	m.Observe(Sample{Steps: 1, Tokens: 8000, Seconds: 1e-3}, at)
+	for range 30 {
+		at = at.Add(time.Millisecond)
+		m.Observe(Sample{Steps: 1, Seqs: 2, Seconds: 0.004}, at)
+	}
+	c := m.Coeffs(at)
+	if r := p.Token / c.Token; r > math.Pow(MaxSpeedup, 1.0/17)*1.001 {
+		t.Errorf("token coefficient %.3g, %.1f times below the prior's %.3g after one prefill", c.Token, r, p.Token)
+	}
+	if step := c.DecodeStep(2, 0); math.Abs(step/0.004-1) > 0.1 {
+		t.Errorf("decode step of 2 sequences %.4f s, want the samples' 0.004 s", step)
+	}
+}

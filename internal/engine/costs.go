@@ -8,7 +8,8 @@ import (
 
 // Costs is p's timing model in the router's terms (package costmodel): the
 // coefficients a router given the true figures up front would use, and
-// the prior a router told the preset starts from.
+// the prior a router told the preset starts from, with the preset's KV
+// transfer time per token.
 //
 // The engine's step charges PerContextToken for every token of context a
 // sequence reads, and a prefill chunk of n tokens after c computed reads
@@ -27,7 +28,8 @@ func (p Preset) Costs() costmodel.Prior {
 			Seq:   sec(p.PerDecodeSeq),
 			Ctx:   sec(p.PerContextToken),
 		},
-		Chunk:   chunk,
-		Samples: costmodel.PresetSamples,
+		Chunk:    chunk,
+		Samples:  costmodel.PresetSamples,
+		Transfer: sec(p.KVTransferPerToken),
 	}
 }

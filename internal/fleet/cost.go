@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/costmodel"
@@ -79,12 +80,13 @@ func (b *Backend) observeTTFT(work, uncached, cached, queued int64, l Load, ttft
 // mean step time its inter-token latency gives, for the sequences it ran
 // (its running count, else the router's decoding streams) over the context
 // they hold (its KV cache in use, else the router's count), with the
-// prompt tokens it computed meanwhile spread over those steps; and its own
+// prompt tokens it computed meanwhile spread over those steps (an engine
+// that does not tell them teaches no step time); and its own
 // prefill time for the tokens it prefilled.
 func (b *Backend) learnCost(r Reading) {
 	s := r.State
 	m := b.Cost()
-	if r.DecodeTokens >= 1 && r.DecodeSeconds > 0 {
+	if r.DecodeTokens >= 1 && r.DecodeSeconds > 0 && r.ComputedTokens >= 0 {
 		l := b.KnownLoad()
 		seqs, ctx := float64(l.Decoding), float64(l.DecodeTokens)
 		if s.Has(EngineRunning) && s.Running > 0 {
@@ -112,6 +114,46 @@ func (b *Backend) learnCost(r Reading) {
 		m.Observe(costmodel.Sample{Tokens: r.PrefillTokens, Seconds: r.PrefillSeconds}, s.At)
 	}
 	b.fleet.anchor(s.At)
+}
+
+// streamMark is what a ticket's first byte found on its backend: the
+// prefilled count (Backend.prefilled), the decoding streams (its own
+// included) and the prompt tokens they hold. Atomic: the first byte and
+// the settle may run on different goroutines.
+type streamMark struct{ prefilled, seqs, ctx atomic.Int64 }
+
+func (m *streamMark) mark(prefilled, seqs, ctx int64) {
+	m.prefilled.Store(prefilled)
+	m.seqs.Store(seqs)
+	m.ctx.Store(ctx)
+}
+
+// Decoded teaches t's backend's cost model what the router saw of the
+// request's decode, the relay's inter-token timings: tokens tokens after
+// its first in span (its first token's arrival to its last's), one
+// engine step each, run among the decoding streams and the context they
+// hold (the mean of the backend's load at its first byte and now), with
+// the prefill work finished on the backend meanwhile (the prompt tokens
+// its other requests computed in the same steps). Call it before Done,
+// once the stream ended; a request that never reached its first byte, or
+// is done, teaches nothing.
+func (t *Ticket) Decoded(tokens int64, span time.Duration, now time.Time) {
+	if tokens < 1 || span <= 0 || t.state.Load() != stateDecoding {
+		return
+	}
+	b := t.b
+	l := b.KnownLoad()
+	steps := float64(tokens)
+	seqs := float64(t.stream.seqs.Load()+max(l.Decoding, 1)) / 2
+	ctx := float64(t.stream.ctx.Load()+max(l.DecodeTokens, 0)) / 2
+	b.Cost().Observe(costmodel.Sample{
+		Steps:   steps,
+		Tokens:  float64(max(b.prefilled.Load()-t.stream.prefilled.Load(), 0)),
+		Seqs:    steps * seqs,
+		Ctx:     steps * ctx,
+		Seconds: span.Seconds(),
+	}, now)
+	b.fleet.anchor(now)
 }
 
 // AnchorEvery is how often, at most, the fleet's coefficients are

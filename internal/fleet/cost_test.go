@@ -35,15 +35,7 @@ func TestLearnFromReadings(t *testing.T) {
 			ComputedTokens: computed,
 		})
 	}
-	got := b.Cost().Coeffs(at)
-	for _, c := range []struct {
-		name      string
-		got, want float64
-	}{{"Step", got.Step, truth.Step}, {"Token", got.Token, truth.Token}, {"Seq", got.Seq, truth.Seq}, {"Ctx", got.Ctx, truth.Ctx}} {
-		if math.Abs(c.got/c.want-1) > 0.15 {
-			t.Errorf("%s = %.3g, want %.3g", c.name, c.got, c.want)
-		}
-	}
+	checkStepCoeffs(t, b.Cost().Coeffs(at), truth)
 }
 
 // TestLearnFromTTFTs: the TTFTs of requests alone on an engine (prompts
@@ -69,6 +61,81 @@ func TestLearnFromTTFTs(t *testing.T) {
 		name      string
 		got, want float64
 	}{{"Step", got.Step, truth.Step}, {"Token", got.Token, truth.Token}, {"Attn", got.Attn, truth.Attn}} {
+		if math.Abs(c.got/c.want-1) > 0.15 {
+			t.Errorf("%s = %.3g, want %.3g", c.name, c.got, c.want)
+		}
+	}
+}
+
+// TestNoStepTimeWithoutComputed: a reading of an engine that does not
+// tell the prompt tokens it computed teaches the cost model no step time
+// (the prefill chunks run in the timed steps would read as decode), and
+// one that tells them does.
+func TestNoStepTimeWithoutComputed(t *testing.T) {
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tt := range []struct {
+		computed float64
+		learns   bool
+	}{{-1, false}, {0, true}, {512, true}} {
+		b := New().Add("b", nil, nil)
+		b.Learn(Reading{State: &EngineState{At: at, Running: 4}, DecodeTokens: 40, DecodeSeconds: 1, ComputedTokens: tt.computed})
+		if got := b.Cost().Evidence(at) > 0; got != tt.learns {
+			t.Errorf("computed %v: learned %v, want %v", tt.computed, got, tt.learns)
+		}
+	}
+}
+
+// TestLearnFromRelayedStreams: the relay's timings of streams alone (each
+// decoding among a steady set of others whose prompts vary, with another
+// request's prefill finished on the backend meanwhile, 3% noise) teach
+// the backend's step, token, sequence and context coefficients, each
+// within 15% of the truth, from the generic prior, for an engine unlike
+// it (Ticket.Decoded).
+func TestLearnFromRelayedStreams(t *testing.T) {
+	truth := costmodel.Coeffs{Step: 0.030, Token: 5e-4, Seq: 5e-4, Ctx: 2.7e-7}
+	b := New().Add("b", nil, nil)
+	rng := rand.New(rand.NewPCG(2, 2))
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for range 2000 {
+		at = at.Add(50 * time.Millisecond)
+		others := make([]*Ticket, rng.IntN(48))
+		var ctx int64
+		for i := range others {
+			prompt := int64(rng.IntN(4000))
+			ctx += prompt
+			others[i] = b.Start(prompt, 0, 256, at)
+			others[i].FirstByte(at)
+		}
+		prompt := int64(rng.IntN(4000))
+		ctx += prompt
+		tk := b.Start(prompt, 0, 256, at)
+		tk.FirstByte(at)
+		// Another request's prefill finishes while it decodes.
+		computed := int64(rng.IntN(2048))
+		p := b.Start(computed, computed, 1, at)
+		p.FirstByte(at)
+		p.Done(at)
+		tokens := int64(1 + rng.IntN(256))
+		seqs := float64(len(others) + 1)
+		span := float64(tokens)*(truth.Step+truth.Seq*seqs+truth.Ctx*float64(ctx)) + truth.Token*float64(computed)
+		span *= 1 + 0.03*rng.NormFloat64()
+		tk.Decoded(tokens, time.Duration(span*float64(time.Second)), at)
+		tk.Done(at)
+		for _, o := range others {
+			o.Done(at)
+		}
+	}
+	checkStepCoeffs(t, b.Cost().Coeffs(at), truth)
+}
+
+// checkStepCoeffs fails t unless got's step, token, sequence and context
+// coefficients are each within 15% of truth's.
+func checkStepCoeffs(t *testing.T, got, truth costmodel.Coeffs) {
+	t.Helper()
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{{"Step", got.Step, truth.Step}, {"Token", got.Token, truth.Token}, {"Seq", got.Seq, truth.Seq}, {"Ctx", got.Ctx, truth.Ctx}} {
 		if math.Abs(c.got/c.want-1) > 0.15 {
 			t.Errorf("%s = %.3g, want %.3g", c.name, c.got, c.want)
 		}

@@ -353,6 +353,9 @@ type Ticket struct {
 	queued int64
 	state  atomic.Int32
 	noRate atomic.Bool
+	// stream is the backend's decoding load and prefilled count at the
+	// first byte, for the stream's decode sample (Decoded).
+	stream streamMark
 }
 
 // NoRateSample marks the ticket's first byte as no measure of prefill, so
@@ -378,6 +381,7 @@ func (t *Ticket) FirstByte(now time.Time) Load {
 	b.decodeTokens.Add(t.prompt)
 	b.pendingPrefill.Add(-t.uncach)
 	done := b.prefilled.Add(t.uncach)
+	t.stream.mark(done, l.Decoding+1, l.DecodeTokens+t.prompt)
 	if !t.noRate.Load() {
 		b.observeRate(done-t.mark, now.Sub(t.start))
 		b.observeTTFT(done-t.mark, t.uncach, t.prompt-t.uncach, t.queued, l, now.Sub(t.start), now)

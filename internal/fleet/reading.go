@@ -24,7 +24,10 @@ type Reading struct {
 	DecodeTokens, DecodeSeconds float64
 	// ComputedTokens is the prompt tokens the engine computed (not found
 	// in its cache) over the same span as DecodeTokens, which the steps
-	// timed by the inter-token latency also ran; zero when unknown.
+	// timed by the inter-token latency also ran; negative when the engine
+	// does not tell: its decode time then teaches the cost model nothing,
+	// since prefill chunks run in the same steps would read as decode
+	// time.
 	ComputedTokens float64
 }
 

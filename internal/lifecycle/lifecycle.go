@@ -112,6 +112,10 @@ type BodyEnd struct {
 	// HasCached (see scheduler.Report).
 	Cached    int
 	HasCached bool
+	// Decoding is the time from the stream's first token chunk to its
+	// last as relayed (the Out-1 tokens after its first), 0 for a JSON
+	// body or a stream of one chunk.
+	Decoding time.Duration
 }
 
 // Request is one client request's state, owned by the goroutine that

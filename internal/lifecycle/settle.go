@@ -35,6 +35,7 @@ func (p *Plane) Settle(r *Request, aborted bool) {
 		if l.end.HasCached && l.end.Complete {
 			l.A.Reported(r.report(l.end), now)
 		}
+		decoded(l, now)
 		l.A.Done(now)
 		routed = true
 	}
@@ -60,6 +61,15 @@ func (r *Request) report(end BodyEnd) scheduler.Report {
 		rep.TTFT = r.TTFT
 	}
 	return rep
+}
+
+// decoded teaches leg l's backend its stream's inter-token timings as
+// relayed (scheduler.Assignment.Decoded): those of a complete 2xx stream
+// that this leg answered, of more than one token.
+func decoded(l *Leg, now time.Time) {
+	if e := l.end; e.Complete && e.Counted && e.Out > 1 && e.Decoding > 0 {
+		l.A.Decoded(int64(e.Out-1), e.Decoding, now)
+	}
 }
 
 // final is the request's status: the one answered, else 502 for a

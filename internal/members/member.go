@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/costmodel"
 	"github.com/kvroute/kvroute/internal/fleet"
 )
 
@@ -109,6 +110,20 @@ func (m *Member) setLimits(e config.Entry) {
 	m.B.SetMaxNumSeqs(e.MaxNumSeqs)
 	m.B.SetMaxBatchedTokens(e.MaxNumBatchedTokens)
 	m.B.SetContextLen(m.contextLen())
+	setPrior(m.B, e.Prior)
+}
+
+// setPrior starts b's cost model from prior (nil: the generic one) unless
+// it already started from it: a reload that keeps the entry's preset keeps
+// what the backend learned.
+func setPrior(b *fleet.Backend, prior *costmodel.Prior) {
+	p := costmodel.Generic()
+	if prior != nil {
+		p = *prior
+	}
+	if m := costmodel.New(p); m.Prior() != b.Cost().Prior() {
+		b.SetCostModel(m)
+	}
 }
 
 // contextLen is the backend's context length for all its models: the

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/costmodel"
+	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/fleet"
 )
 
@@ -122,6 +124,49 @@ func TestLimitsToFleet(t *testing.T) {
 	s.Apply(es, c.Fleet)
 	if got, want := a.B.Limits(), (fleet.Limits{MaxNumSeqs: 16, PlausibleSeqs: 16}); got != want {
 		t.Fatalf("after a reload: limits %+v, want %+v", got, want)
+	}
+}
+
+// TestPresetPrior: an entry's preset gives its backend's cost model the
+// preset's prior (coefficients, chunk, KV transfer) instead of the generic
+// one; a reload that keeps it keeps what the backend learned, and one that
+// drops it returns the backend to the generic prior.
+func TestPresetPrior(t *testing.T) {
+	c := config.Default()
+	c.Backends = []config.Backend{{URL: "http://a:1", Name: "a", Preset: "h100-llama3-70b-tp4"}, {URL: "http://b:1", Name: "b"}}
+	s, _, _ := newSet(t, c)
+	p, err := engine.LookupPreset("h100-llama3-70b-tp4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := costmodel.New(p.Costs()).Prior()
+	a, b := s.ByName("a").B, s.ByName("b").B
+	if got := a.Cost().Prior(); got != want {
+		t.Fatalf("prior %+v, want the preset's %+v", got, want)
+	}
+	if got, generic := b.Cost().Prior(), costmodel.New(costmodel.Generic()).Prior(); got != generic {
+		t.Fatalf("prior of a backend with no preset %+v, want the generic %+v", got, generic)
+	}
+	if a.Chunk() != int64(p.MaxBatchedTokens) {
+		t.Errorf("chunk %d, want the preset's %d", a.Chunk(), p.MaxBatchedTokens)
+	}
+	learned := a.Cost()
+	apply := func() {
+		t.Helper()
+		es, err := c.Entries()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Apply(es, c.Fleet)
+	}
+	apply()
+	if a.Cost() != learned {
+		t.Error("a reload with the same preset replaced the cost model")
+	}
+	c.Backends[0].Preset = ""
+	apply()
+	if got, generic := a.Cost().Prior(), costmodel.New(costmodel.Generic()).Prior(); got != generic {
+		t.Errorf("after the preset was dropped: prior %+v, want the generic %+v", got, generic)
 	}
 }
 

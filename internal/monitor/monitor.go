@@ -160,6 +160,9 @@ type watcher struct {
 	// inter-token latency counters at the start of the interval not yet
 	// taught to the fleet.
 	prefill, decode counters
+	// computed is the engine's count of prompt tokens computed at the
+	// decode counters' last lesson, -1 for none (reading).
+	computed float64
 	// lastWarn is when a scrape warning was last logged, unlogged how
 	// many failed or late scrapes went unlogged since (see LogEvery).
 	lastWarn time.Time
@@ -223,7 +226,7 @@ func (m *Monitor) sync(ctx context.Context) {
 		if m.cfg.KindOf != nil {
 			kind = m.cfg.KindOf(b)
 		}
-		w := &watcher{b: b, kind: kind, cancel: cancel, done: make(chan struct{}), prefill: none, decode: none}
+		w := &watcher{b: b, kind: kind, cancel: cancel, done: make(chan struct{}), prefill: none, decode: none, computed: -1}
 		m.watchers[b] = w
 		go m.loop(wctx, w)
 	}
@@ -380,10 +383,29 @@ func (w *watcher) reading(st adapter.State, now time.Time) fleet.Reading {
 	if dt, ds, ok := w.prefill.take(st.PrefillTokens, st.PrefillSeconds, fleet.MinRateWork); ok {
 		r.PrefillTokens, r.PrefillSeconds = dt, ds
 	}
-	if dt, ds, ok := w.decode.take(st.DecodeTokens, st.DecodeSeconds, 1); ok {
+	before := w.decode
+	dt, ds, ok := w.decode.take(st.DecodeTokens, st.DecodeSeconds, 1)
+	if ok {
 		r.DecodeTokens, r.DecodeSeconds = dt, ds
 	}
+	if w.decode != before {
+		r.ComputedTokens = w.computedSince(st.ComputedTokens)
+	}
 	return r
+}
+
+// computedSince is the growth of the engine's count of prompt tokens
+// computed, now total, since the decode counters' last lesson (or fresh
+// start), which it marks: the prefill that ran in the steps the lesson's
+// inter-token latency timed. -1 when the engine does not count them, on a
+// first count and on a count that went back (a restart).
+func (w *watcher) computedSince(total float64) float64 {
+	last := w.computed
+	w.computed = total
+	if total < 0 || last < 0 || total < last {
+		return -1
+	}
+	return total - last
 }
 
 // warn logs a failed or late scrape of w's backend: the first, then at

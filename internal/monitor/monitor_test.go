@@ -719,3 +719,38 @@ vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="`+tt.blocks+`"
 		})
 	}
 }
+
+// TestReadingComputedTokens: a reading that teaches a time per output
+// token carries the prompt tokens the engine computed over the same span
+// (the growth of its count since the decode counters' last lesson,
+// including scrapes that taught none), so that the prefill chunks run in
+// those steps are not read as decode time; unknown (-1) when the engine
+// counts none and after a restart.
+func TestReadingComputedTokens(t *testing.T) {
+	w := &watcher{b: fleet.New().Add("b", nil, nil), prefill: none, decode: none, computed: -1}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	read := func(decTokens, decSeconds, computed float64) fleet.Reading {
+		t.Helper()
+		now = now.Add(time.Second)
+		st := adapter.State{Running: 1, Waiting: 0, KVUsage: 0.1, PrefillTokens: -1, PrefillSeconds: -1,
+			DecodeTokens: decTokens, DecodeSeconds: decSeconds, ComputedTokens: computed}
+		return w.reading(st, now)
+	}
+	read(100, 1, 5000) // the first reading starts the counters
+	if r := read(100, 1, 5600); r.DecodeTokens != 0 {
+		t.Fatalf("no token came, reading taught %v", r.DecodeTokens)
+	}
+	r := read(300, 3, 7000) // 200 tokens in 2 s, 2,000 prompt tokens computed since the lesson
+	if r.DecodeTokens != 200 || r.ComputedTokens != 2000 {
+		t.Fatalf("reading %v tokens with %v computed, want 200 with 2000", r.DecodeTokens, r.ComputedTokens)
+	}
+	if r := read(400, 4, 7000); r.DecodeTokens != 100 || r.ComputedTokens != 0 {
+		t.Fatalf("reading %v tokens with %v computed, want 100 with 0", r.DecodeTokens, r.ComputedTokens)
+	}
+	if r := read(500, 5, 10); r.DecodeTokens != 100 || r.ComputedTokens != -1 {
+		t.Fatalf("count went back: reading %v tokens with %v computed, want 100 with -1", r.DecodeTokens, r.ComputedTokens)
+	}
+	if r := read(600, 6, -1); r.DecodeTokens != 100 || r.ComputedTokens != -1 {
+		t.Fatalf("no count: reading %v tokens with %v computed, want 100 with -1", r.DecodeTokens, r.ComputedTokens)
+	}
+}

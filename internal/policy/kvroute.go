@@ -178,13 +178,15 @@ type KVRoute struct {
 	last [1 << sessionSlotsLog2]atomic.Uint64
 	// pool holds the candidates' estimates of a pick (*[]candidate).
 	pool sync.Pool
+	// transfer is Options.TransferPerToken (pd_kvroute.go).
+	transfer time.Duration
 }
 
 // NewKVRoute returns a kvroute policy. Options.LoadFactor bounds the
 // in-flight requests of a sticky backend as CHWBL does (default
 // DefaultLoadFactor).
 func NewKVRoute(o Options) *KVRoute {
-	return &KVRoute{loadFactor: sessionLoadFactor(o)}
+	return &KVRoute{loadFactor: sessionLoadFactor(o), transfer: max(o.TransferPerToken, 0)}
 }
 
 // Name implements Policy.

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/costmodel"
+	"github.com/kvroute/kvroute/internal/fleet"
 )
 
 // kvroute's pair: the prefill leg of a split request is picked as any
@@ -22,13 +23,30 @@ import (
 // (config.RoleDecode; package policy does not import config).
 const RoleDecodeLeg = "decode"
 
-// TransferPerToken is the KV transfer's time per prompt token carried
-// to a decode engine, for ranking decode engines by what they must
-// receive: Llama-3.1-8B's 128 KiB of KV cache per token over a 400 Gb/s
-// NIC at 80% of its rate, as the h100-llama3-8b preset derives its
-// KVTransferPerToken (docs/engine.md). Its fixed latency is the same for
-// every decode engine and so does not rank them.
-const TransferPerToken = 3277 * time.Nanosecond
+// DefaultTransferPerToken is the KV transfer's time per prompt token
+// carried to a decode engine when neither the engine's cost model prior
+// (its preset's figure, costmodel.Prior.Transfer) nor the policy's
+// Options.TransferPerToken gives one: Llama-3.1-8B's 128 KiB of KV cache
+// per token over a 400 Gb/s NIC at 80% of its rate, as the h100-llama3-8b
+// preset derives its KVTransferPerToken (docs/engine.md). The transfer's
+// fixed latency is the same for every decode engine and so does not rank
+// them.
+const DefaultTransferPerToken = 3277 * time.Nanosecond
+
+// transferPerToken is the seconds per prompt token that carrying its KV
+// cache to decode engine b takes, for ranking decode engines by what they
+// must receive: its cost model prior's figure (its preset's: KV bytes per
+// token are the model's, the link the hardware's), else the policy's
+// (Options.TransferPerToken), else DefaultTransferPerToken.
+func (p *KVRoute) transferPerToken(b *fleet.Backend) float64 {
+	if t := b.Cost().Prior().Transfer; t > 0 {
+		return t
+	}
+	if p.transfer > 0 {
+		return p.transfer.Seconds()
+	}
+	return DefaultTransferPerToken.Seconds()
+}
 
 // pickDecode is kvroute's pick of a decode leg: the candidate with the
 // lowest estimated time to its first token (estimateDecode) among those
@@ -89,7 +107,7 @@ func (p *KVRoute) estimateDecode(in *Input, i int, fleetRate float64, fleetCo co
 	}
 	// The one token it computes attends to the whole prompt it received.
 	est := p.estimate(b, e, &l, prompt, computed(0), max(prompt-1, 0), budget, co, chunk) +
-		float64(in.Uncached[i])*TransferPerToken.Seconds()
+		float64(in.Uncached[i])*p.transferPerToken(b)
 	if in.Extra != nil {
 		est += in.Extra[i]
 	}

@@ -3,6 +3,9 @@ package policy
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/costmodel"
 )
 
 // decodeLeg turns in into a split request's decode leg.
@@ -97,5 +100,43 @@ func TestDynamoPDDecodeLeg(t *testing.T) {
 	}
 	if d := p.Pick(decodeLeg(in)); d.Index != 1 {
 		t.Errorf("decode leg on %d; want the fewer active blocks", d.Index)
+	}
+}
+
+// TestKVRouteDecodeLegTransfer: the decode leg's pick weighs the KV
+// transfer at the decode engine's own figure (its cost model prior's, a
+// preset's: KV bytes per token are the model's), else the policy's
+// (Options.TransferPerToken, the disaggregation config's), never an
+// H100/Llama-3-8B constant: over a link slow enough, the engine that
+// already holds the prompt (nothing to receive) beats one with fewer
+// decoding streams that must receive all 4,000 tokens.
+func TestKVRouteDecodeLegTransfer(t *testing.T) {
+	loads := []fxLoad{{decoding: 40, ctx: 4000, matched: 250}, {decoding: 2, ctx: 4000}}
+	slow := costmodel.Generic()
+	slow.Transfer = time.Millisecond.Seconds()
+	tests := []struct {
+		name  string
+		opt   Options
+		prior *costmodel.Prior
+		want  int
+	}{
+		{"default figure: fewer streams win", Options{}, nil, 1},
+		{"the policy's slow link: the holder wins", Options{TransferPerToken: time.Millisecond}, nil, 0},
+		{"the engines' prior's slow link: the holder wins", Options{}, &slow, 0},
+		{"the engines' prior's figure over the policy's", Options{TransferPerToken: time.Nanosecond}, &slow, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bs := fxBackends(t, loads...)
+			if tt.prior != nil {
+				for _, b := range bs {
+					b.SetCostModel(costmodel.New(*tt.prior))
+				}
+			}
+			p := fxNew(t, "kvroute", tt.opt)
+			if d := p.Pick(decodeLeg(fxInput(bs, loads, 4000, ""))); d.Index != tt.want {
+				t.Errorf("picked %d (est %.4fs); want %d", d.Index, d.EstTTFT, tt.want)
+			}
+		})
 	}
 }

@@ -109,6 +109,11 @@ type Options struct {
 	// LoadFactor is CHWBL's bound on a backend's load relative to the mean
 	// (session-hash, kubeai-chwbl); default 1.25.
 	LoadFactor float64
+	// TransferPerToken is the KV transfer's time per prompt token carried
+	// from a prefill to a decode engine (the disaggregation config's),
+	// which kvroute's decode-leg pick weighs for an engine whose cost
+	// model prior gives none; 0: DefaultTransferPerToken.
+	TransferPerToken time.Duration
 }
 
 var registry = map[string]func(Options) Policy{}

@@ -249,6 +249,7 @@ func (ex *exchange) Ended() lifecycle.BodyEnd {
 	end.In, end.Out = ex.tokens()
 	if rl.counted {
 		end.Cached, _, end.HasCached = rl.tally.cached()
+		end.Decoding = rl.tally.decoding()
 	}
 	return end
 }

@@ -23,9 +23,10 @@ type tally struct {
 	// maxTallyLine, which is not read.
 	line []byte
 	skip bool
-	// chunks counts token chunks; last is the arrival of the latest.
-	chunks int
-	last   time.Time
+	// chunks counts token chunks; first and last are the arrivals of the
+	// first and the latest.
+	chunks      int
+	first, last time.Time
 	// itl observes the gaps; nil: not observed.
 	itl prometheus.Observer
 	// usage is the response's, nil until read; model the model the
@@ -124,6 +125,9 @@ func (t *tally) event(line []byte, now time.Time) {
 		if t.chunks > 0 && t.itl != nil {
 			t.itl.Observe(now.Sub(t.last).Seconds())
 		}
+		if t.chunks == 0 {
+			t.first = now
+		}
 		t.chunks++
 		t.last = now
 	}
@@ -173,6 +177,15 @@ func (t *tally) output() int {
 		return t.usage.CompletionTokens
 	}
 	return t.chunks
+}
+
+// decoding is the time from the stream's first token chunk to its last,
+// 0 for a stream of fewer than two (or a JSON body).
+func (t *tally) decoding() time.Duration {
+	if t.chunks < 2 {
+		return 0
+	}
+	return t.last.Sub(t.first)
 }
 
 // modelKey starts the response's model in its first chunk or JSON body.

@@ -385,6 +385,12 @@ func (a *Assignment) FirstByte(now time.Time) {
 	}
 }
 
+// Decoded reports the stream's tokens after its first and the time they
+// took as relayed (fleet.Ticket.Decoded). Call it before Done.
+func (a *Assignment) Decoded(tokens int64, span time.Duration, now time.Time) {
+	a.ticket.Decoded(tokens, span, now)
+}
+
 // Done reports that the request ended (any outcome): its load is released,
 // and its blocks in the prefix index become evictable, most recent first.
 // Only the first call counts.

@@ -55,8 +55,9 @@ func (s *Server) Reload(cfg *config.Config) error {
 		// engine would take whole requests.
 		return errors.New("reload: the configuration names the fleet's first prefill engine (backends[].role) or Kubernetes pool: splitting requests takes a restart")
 	}
-	if cfg.Policy != old.Policy || cfg.PolicyOptions != old.PolicyOptions {
-		p, err := policy.New(cfg.Policy, policy.Options{Seed: cfg.PolicyOptions.Seed, LoadFactor: cfg.PolicyOptions.LoadFactor})
+	if cfg.Policy != old.Policy || cfg.PolicyOptions != old.PolicyOptions ||
+		cfg.Disaggregation.KVTransferTimePerToken != old.Disaggregation.KVTransferTimePerToken {
+		p, err := policy.New(cfg.Policy, policyOptions(cfg))
 		if err != nil {
 			return err
 		}

@@ -82,7 +82,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	p, err := policy.New(cfg.Policy, policy.Options{Seed: cfg.PolicyOptions.Seed, LoadFactor: cfg.PolicyOptions.LoadFactor})
+	p, err := policy.New(cfg.Policy, policyOptions(cfg))
 	if err != nil {
 		return nil, err
 	}
@@ -310,4 +310,16 @@ func (s *Server) newSync() error {
 	}
 	s.peers = l
 	return nil
+}
+
+// policyOptions is what the routing policy is built with from cfg, at
+// startup and on a reload: its seed and load factor, and the fleet's KV
+// transfer figure (disaggregation.kv_transfer_time_per_token) that the
+// decode leg's pick weighs where a backend's preset gives none.
+func policyOptions(cfg *config.Config) policy.Options {
+	return policy.Options{
+		Seed:             cfg.PolicyOptions.Seed,
+		LoadFactor:       cfg.PolicyOptions.LoadFactor,
+		TransferPerToken: cfg.Disaggregation.KVTransferTimePerToken,
+	}
 }

@@ -676,6 +676,11 @@ func (s *sim) deliver(i int) {
 			rep.TTFT = f.first - f.arrival
 		}
 		f.a.Reported(rep, at)
+		if !f.prefill && f.Generated > 1 {
+			// The stream's inter-token timings, as a live router's
+			// relay teaches them (lifecycle's settle).
+			f.a.Decoded(int64(f.Generated-1), f.FinishedAt-f.first, at)
+		}
 		f.a.Done(at)
 		if f.prefill {
 			s.prefilled(f) // a split request's prefill leg (pd.go)
