@@ -24,7 +24,8 @@ func TestPairGuard(t *testing.T) {
 	}
 
 	g = newPairGuard(context.Background())
-	if !g.served() || !g.served() {
+	first, again := g.served(), g.served()
+	if !first || !again {
 		t.Error("the first byte first: want served (and served again)")
 	}
 	g.fail(boom)
