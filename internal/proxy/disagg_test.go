@@ -28,6 +28,13 @@ type pdEngine struct {
 	srv  *httptest.Server
 	// fail: 1 answers 500, 2 closes the connection without an answer.
 	fail atomic.Int32
+	// kv, when set, is the kv_transfer_params its prefill answers carry
+	// instead of kvParams(name).
+	kv atomic.Pointer[map[string]any]
+	// seen, when set, is called with every request before it is served
+	// (set it rather than the server's handler, which the router's
+	// scrapes read concurrently).
+	seen atomic.Pointer[func(*http.Request)]
 	mu   sync.Mutex
 	got  []pdLeg
 }
@@ -55,6 +62,9 @@ func kvParams(name string) map[string]any {
 }
 
 func (e *pdEngine) serve(w http.ResponseWriter, r *http.Request) {
+	if f := e.seen.Load(); f != nil {
+		(*f)(r)
+	}
 	body, ok := e.record(w, r)
 	if !ok {
 		return
@@ -71,8 +81,12 @@ func (e *pdEngine) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if kv, _ := body["kv_transfer_params"].(map[string]any); kv != nil && kv["do_remote_decode"] == true {
 		w.Header().Set("Content-Type", "application/json")
+		params := kvParams(e.name)
+		if kv := e.kv.Load(); kv != nil {
+			params = *kv
+		}
 		ans, _ := json.Marshal(map[string]any{"id": "p-" + e.name, "object": "chat.completion", "choices": []any{},
-			"kv_transfer_params": kvParams(e.name)})
+			"kv_transfer_params": params})
 		_, _ = w.Write(ans)
 		return
 	}

@@ -94,8 +94,7 @@ func TestPDPrefillLoadReleased(t *testing.T) {
 	during.Store(-1)
 	r, pre, dec := pdRig(t, 1, 1, nil)
 	rig = r
-	inner := dec[0].srv.Config.Handler
-	dec[0].srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	seen := func(req *http.Request) {
 		if req.URL.Path == "/v1/chat/completions" {
 			for _, b := range rig.srv.Fleet().Snapshot().All {
 				if b.Name == "p0" {
@@ -103,8 +102,8 @@ func TestPDPrefillLoadReleased(t *testing.T) {
 				}
 			}
 		}
-		inner.ServeHTTP(w, req)
-	})
+	}
+	dec[0].seen.Store(&seen)
 	if res := r.post("/v1/chat/completions", clientBody); res.status != 200 {
 		t.Fatalf("status %d", res.status)
 	}
@@ -253,17 +252,7 @@ func TestVLLMDataParallel(t *testing.T) {
 	r, pre, dec := pdRig(t, 1, 1, nil)
 	kv := map[string]any{"do_remote_prefill": true, "do_remote_decode": false, "remote_block_ids": []any{7.0, 8.0},
 		"remote_engine_id": "engine-p0_dp3", "remote_request_id": "cmpl-req-dp-0", "remote_host": "10.0.0.9", "remote_port": 5603.0, "tp_size": 2.0}
-	inner := pre[0].srv.Config.Handler
-	pre[0].srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if req.URL.Path != "/v1/chat/completions" {
-			inner.ServeHTTP(w, req)
-			return
-		}
-		_, _ = io.Copy(io.Discard, req.Body)
-		ans, _ := json.Marshal(map[string]any{"id": "p", "object": "chat.completion", "choices": []any{}, "kv_transfer_params": kv})
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(ans)
-	})
+	pre[0].kv.Store(&kv)
 	if res := r.post("/v1/chat/completions", clientBody, "X-Request-Id", "req-dp"); res.status != 200 {
 		t.Fatalf("status %d", res.status)
 	}
