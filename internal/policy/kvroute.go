@@ -225,6 +225,18 @@ func evenArc(cands []*fleet.Backend, b *fleet.Backend) float64 {
 	return float64(k) / float64(len(cands))
 }
 
+// costedAt is the coefficients kvroute costs a backend at, given its own
+// (co, whose prefill rate in full chunks is rate) and the fleet's (fleetCo,
+// fleetRate): the fleet's within RateTrust's band, beyond it its own
+// scaled to its trusted rate. The pick and the decode leg's pick both
+// cost through it.
+func costedAt(co costmodel.Coeffs, rate float64, fleetCo costmodel.Coeffs, fleetRate float64) costmodel.Coeffs {
+	if r := trustedRate(rate, fleetRate); r != fleetRate {
+		return co.Scale(rate / r)
+	}
+	return fleetCo
+}
+
 // trustedRate is the rate kvroute costs a backend at: the fleet's rate
 // unless the backend's own strays beyond a factor RateTrust, and then its
 // own shrunk by that factor (continuous at the band's edges), within a

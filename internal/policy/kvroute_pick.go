@@ -194,10 +194,7 @@ func (p *KVRoute) estimateAll(in *Input, r *pickRequest, shared bool, start int,
 		}
 		// Within the trust band, costed at the fleet's coefficients; beyond
 		// it, at its own, scaled to its trusted rate.
-		co := f.co
-		if r := trustedRate(x.rate, f.rate); r != f.rate {
-			co = x.co.Scale(x.rate / r)
-		}
+		co := costedAt(x.co, x.rate, f.co, f.rate)
 		x.step = co.Step
 		work := computed(in.Uncached[x.i])
 		x.est = p.estimate(b, e, &x.load, r.prompt, work, in.Cached[x.i], r.budget, co, x.chunk)

@@ -95,12 +95,8 @@ func (p *KVRoute) estimateDecode(in *Input, i int, fleetRate float64, fleetCo co
 	l := b.Load()
 	e := freshEngine(b, in.Now)
 	chunk := b.Chunk()
-	co := b.Cost().Coeffs(in.Now)
-	if rate := co.ChunkRate(chunk); trustedRate(rate, fleetRate) != fleetRate {
-		co = co.Scale(rate / trustedRate(rate, fleetRate))
-	} else {
-		co = fleetCo
-	}
+	own := b.Cost().Coeffs(in.Now)
+	co := costedAt(own, own.ChunkRate(chunk), fleetCo, fleetRate)
 	var prompt, budget int64
 	if in.View != nil {
 		prompt, budget = int64(in.View.PromptTokens), int64(in.View.MaxTokens)
