@@ -366,6 +366,24 @@ func (m *Model) Prior() Prior { return m.prior }
 // Fit returns the last published fit.
 func (m *Model) Fit() *Fit { return m.fit.Load() }
 
+// Learned is the last fit's coefficients as the samples alone give them,
+// and whether they are within the bounds the estimate keeps (each at
+// least its prior's over MaxSpeedup): only then may a fleet-wide figure
+// be built from them. A raw fit pins a coefficient the samples drive
+// negative at 0 (a backend whose TTFT does not grow with its prompt fits
+// a token cost of 0), which no engine has; clamped, it would still pull
+// a mean a hundredfold toward a speed no engine showed.
+func (m *Model) Learned() (Coeffs, bool) {
+	f := m.fit.Load()
+	v := f.Coeffs.vec()
+	for k := range n {
+		if !(v[k] >= m.p0[k]/MaxSpeedup) || v[k] > maxCoeff {
+			return f.Coeffs, false
+		}
+	}
+	return f.Coeffs, true
+}
+
 // Coeffs returns the coefficients at now: per coefficient, a weighted
 // geometric mean of the prior's (or the anchor's, see SetAnchor) and the
 // fit's, the fit's share being
@@ -623,10 +641,18 @@ type Mean struct {
 	count int
 }
 
-// Add adds c to the mean. Coefficients are positive (a model's are at
-// least its prior's over MaxSpeedup, and a prior's at least minCoeff) and
-// below 1e6 s: eight of them multiply within a float64's range.
-func (g *Mean) Add(c Coeffs) {
+// Add adds c to the mean and reports whether it did: coefficients that
+// are not all positive, finite and at most maxCoeff (a raw fit's pinned
+// zero, a NaN) are refused, since one zero would make the whole mean
+// zero. Feed it bounded coefficients (Model.Learned). Eight of them
+// multiply within a float64's range before the running product is
+// normalised.
+func (g *Mean) Add(c Coeffs) bool {
+	for _, v := range c.vec() {
+		if !(v > 0) || v > maxCoeff {
+			return false
+		}
+	}
 	if g.count == 0 {
 		g.m = [n]float64{1, 1, 1, 1, 1}
 	}
@@ -639,6 +665,7 @@ func (g *Mean) Add(c Coeffs) {
 	if g.count%8 == 0 {
 		g.normalise()
 	}
+	return true
 }
 
 // normalise moves the running products' exponents into e.

@@ -126,10 +126,11 @@ func Decide(e Estimate, c Costs) Choice {
 // off the router's state: for each kind of engine (Roles.Tier of a whole
 // request, a prefill leg and a decode leg, lowest tier), the candidate
 // with the least prefill work (queued plus its own uncached tokens),
-// fewer decoding streams on a tie. rate is the fleet's prefill rate in
-// tokens per second; 0: the geometric mean of the candidates' (rateOf).
-// It only reads.
-func Gather(s *scheduler.Scheduler, roles Roles, v *request.View, hashes []uint64, rate float64) Estimate {
+// fewer decoding streams on a tie. The prefill is priced at the
+// geometric mean of the candidates' prefill rates at now, each its cost
+// model's (fleet.Backend.PrefillRate): the estimate the pick prices the
+// same engines by. It only reads.
+func Gather(s *scheduler.Scheduler, roles Roles, v *request.View, hashes []uint64, now time.Time) Estimate {
 	e := Estimate{}
 	var logRate float64
 	n := 0
@@ -148,7 +149,7 @@ func Gather(s *scheduler.Scheduler, roles Roles, v *request.View, hashes []uint6
 		}
 	}
 	s.Holdings(v, hashes, func(b *fleet.Backend, _, uncached int64) {
-		logRate += math.Log(rateOf(b))
+		logRate += math.Log(b.PrefillRate(now))
 		n++
 		l := b.Load()
 		step = b.EngineDecodeTime()
@@ -160,26 +161,12 @@ func Gather(s *scheduler.Scheduler, roles Roles, v *request.View, hashes []uint6
 			e.Held, hTier = uncached, t
 		}
 	})
-	if rate <= 0 && n > 0 {
-		rate = math.Exp(logRate / float64(n))
-	}
-	if rate > 0 {
-		e.PrefillSeconds = 1 / rate
+	if n > 0 {
+		if rate := math.Exp(logRate / float64(n)); rate > 0 {
+			e.PrefillSeconds = 1 / rate
+		}
 	}
 	return e
-}
-
-// rateOf is b's prefill rate in tokens per second: the engine's own
-// (timed without the network), else the one the router learned from
-// TTFTs, else fleet.DefaultPrefillRate.
-func rateOf(b *fleet.Backend) float64 {
-	if r := b.EnginePrefillRate(); r > 0 {
-		return r
-	}
-	if r := b.PrefillRate(); r > 0 && b.PrefillRateSamples() > 0 {
-		return r
-	}
-	return fleet.DefaultPrefillRate
 }
 
 // better reports whether a has less prefill work than b, or as much and
@@ -204,8 +191,8 @@ type Decider struct {
 // decision of its own (policy.PairDecider: a peer's P/D policy, as its
 // authors built it), which is asked instead on the same estimate (Reason
 // "policy").
-func (d *Decider) Split(v *request.View, hashes []uint64) Choice {
-	e := Gather(d.Sched, d.Roles, v, hashes, 0)
+func (d *Decider) Split(v *request.View, hashes []uint64, now time.Time) Choice {
+	e := Gather(d.Sched, d.Roles, v, hashes, now)
 	if pd, ok := d.Sched.Policy().(policy.PairDecider); ok {
 		return Choice{Split: pd.Disaggregate(int64(v.PromptTokens), e.Held), Reason: "policy"}
 	}

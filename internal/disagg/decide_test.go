@@ -112,7 +112,7 @@ func TestGather(t *testing.T) {
 		t.Fatalf("prefill leg on %v (%v)", a, err)
 	}
 	held := byID[a.Backend.ID]
-	e := Gather(s, r, v, hashes, 0)
+	e := Gather(s, r, v, hashes, now)
 	if !e.Prefill.OK || !e.Decode.OK || !e.Whole.OK {
 		t.Fatalf("estimate %+v: want every kind", e)
 	}
@@ -132,7 +132,7 @@ func TestGather(t *testing.T) {
 	if _, err := s.Route(ov, []int{a.Backend.ID}, now); err != nil {
 		t.Fatal(err)
 	}
-	e = Gather(s, r, v, hashes, 0)
+	e = Gather(s, r, v, hashes, now)
 	if e.Prefill.Queued == 0 || e.Prefill.Uncached >= int64(v.PromptTokens) {
 		t.Errorf("prefill side %+v: want %s, which holds the prompt", e.Prefill, held)
 	}
@@ -145,7 +145,7 @@ func TestGather(t *testing.T) {
 	if _, err := s.RouteHashed(&dec, hashes, nil, now); err != nil {
 		t.Fatal(err)
 	}
-	if e = Gather(s, r, v, hashes, 0); e.Held != 0 {
+	if e = Gather(s, r, v, hashes, now); e.Held != 0 {
 		t.Errorf("Held %d after the decode leg: want 0", e.Held)
 	}
 }

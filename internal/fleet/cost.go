@@ -132,11 +132,18 @@ func (m *streamMark) mark(prefilled, seqs, ctx int64) {
 // request's decode, the relay's inter-token timings: tokens tokens after
 // its first in span (its first token's arrival to its last's), one
 // engine step each, run among the decoding streams and the context they
-// hold (the mean of the backend's load at its first byte and now), with
-// the prefill work finished on the backend meanwhile (the prompt tokens
-// its other requests computed in the same steps). Call it before Done,
-// once the stream ended; a request that never reached its first byte, or
-// is done, teaches nothing.
+// hold (the mean of the backend's load at its first byte and now). The
+// span also holds the prefill work the backend finished meanwhile (the
+// prompt tokens its other requests computed in the same steps), which the
+// sample does not measure: how those tokens were spread over the steps,
+// and so what they cost, the relay cannot see, and a span that holds a
+// long prompt's prefill would teach the per-token cost from a decode
+// (the learned prefill price then follows the decode streams, not the
+// prompts). So that time is taken out at the model's current price and
+// the sample teaches the step, sequence and context costs alone; a span
+// that the prefill explains (almost) entirely teaches nothing. Call it
+// before Done, once the stream ended; a request that never reached its
+// first byte, or is done, teaches nothing.
 func (t *Ticket) Decoded(tokens int64, span time.Duration, now time.Time) {
 	if tokens < 1 || span <= 0 || t.state.Load() != stateDecoding {
 		return
@@ -146,15 +153,27 @@ func (t *Ticket) Decoded(tokens int64, span time.Duration, now time.Time) {
 	steps := float64(tokens)
 	seqs := float64(t.stream.seqs.Load()+max(l.Decoding, 1)) / 2
 	ctx := float64(t.stream.ctx.Load()+max(l.DecodeTokens, 0)) / 2
-	b.Cost().Observe(costmodel.Sample{
+	m := b.Cost()
+	prefill := float64(max(b.prefilled.Load()-t.stream.prefilled.Load(), 0)) * m.Coeffs(now).Token
+	decode := span.Seconds() - prefill
+	if decode < DecodeShare*span.Seconds() {
+		return
+	}
+	m.Observe(costmodel.Sample{
 		Steps:   steps,
-		Tokens:  float64(max(b.prefilled.Load()-t.stream.prefilled.Load(), 0)),
 		Seqs:    steps * seqs,
 		Ctx:     steps * ctx,
-		Seconds: span.Seconds(),
+		Seconds: decode,
 	}, now)
 	b.fleet.anchor(now)
 }
+
+// DecodeShare is the least share of a relayed stream's span that its
+// decode steps must explain, once the prefill finished meanwhile is taken
+// out at its price, for the stream to teach the decode costs (Decoded):
+// below it the sample is mostly the other requests' prefill, and its
+// remainder mostly the error of that price.
+const DecodeShare = 0.5
 
 // AnchorEvery is how often, at most, the fleet's coefficients are
 // recomputed and given to every backend's cost model as what it decays
@@ -163,7 +182,8 @@ const AnchorEvery = time.Second
 
 // anchor gives every member's cost model the fleet's coefficients as what
 // it decays toward (costmodel.Model.SetAnchor): the geometric mean of the
-// fits that rest on at least their prior's weight of samples at now. An
+// fits that rest on at least their prior's weight of samples at now and
+// are within the estimate's bounds (costmodel.Model.Learned). An
 // engine that no traffic refreshes then returns to what its peers show
 // (a healthy engine locked out by a bad reading returns to the others'
 // figures, an idle engine among identical ones to theirs) rather than to
@@ -181,8 +201,8 @@ func (f *Fleet) anchor(now time.Time) {
 	var mean costmodel.Mean
 	for _, b := range all {
 		m := b.Cost()
-		if m.Evidence(now) >= m.Prior().Samples {
-			mean.Add(m.Fit().Coeffs)
+		if c, ok := m.Learned(); ok && m.Evidence(now) >= m.Prior().Samples {
+			mean.Add(c)
 		}
 	}
 	c := mean.Coeffs()

@@ -85,12 +85,14 @@ func TestNoStepTimeWithoutComputed(t *testing.T) {
 	}
 }
 
-// TestLearnFromRelayedStreams: the relay's timings of streams alone (each
+// TestLearnFromRelayedStreams: the relay's timings of streams (each
 // decoding among a steady set of others whose prompts vary, with another
-// request's prefill finished on the backend meanwhile, 3% noise) teach
-// the backend's step, token, sequence and context coefficients, each
-// within 15% of the truth, from the generic prior, for an engine unlike
-// it (Ticket.Decoded).
+// request's prefill finished on the backend meanwhile, 3% noise), with
+// the TTFTs of those prefills, teach the backend's step, token, sequence
+// and context coefficients, each within 15% of the truth, from the
+// generic prior, for an engine unlike it (Ticket.Decoded): the streams
+// teach the decode costs, the prefills the token cost, and the prefill
+// finished within a stream is taken out of its span at that cost.
 func TestLearnFromRelayedStreams(t *testing.T) {
 	truth := costmodel.Coeffs{Step: 0.030, Token: 5e-4, Seq: 5e-4, Ctx: 2.7e-7}
 	b := New().Add("b", nil, nil)
@@ -113,7 +115,9 @@ func TestLearnFromRelayedStreams(t *testing.T) {
 		// Another request's prefill finishes while it decodes.
 		computed := int64(rng.IntN(2048))
 		p := b.Start(computed, computed, 1, at)
-		p.FirstByte(at)
+		step := truth.Step + truth.Seq*float64(len(others)+1) + truth.Ctx*float64(ctx)
+		ttft := (step + truth.Token*float64(computed)) * (1 + 0.03*rng.NormFloat64())
+		p.FirstByte(at.Add(time.Duration(ttft * float64(time.Second))))
 		p.Done(at)
 		tokens := int64(1 + rng.IntN(256))
 		seqs := float64(len(others) + 1)

@@ -26,33 +26,25 @@ import (
 	"github.com/kvroute/kvroute/internal/costmodel"
 )
 
-// DefaultPrefillRate is the prior prefill rate in tokens per second, used
-// until a backend's TTFTs have been observed.
+// DefaultPrefillRate is the prefill rate in tokens per second of the
+// generic prior (costmodel.Generic's ChunkRate at its chunk): a backend's
+// rate until its cost model has learned otherwise, and the price of a
+// prompt token where no backend is at hand (admission's deadline).
 const DefaultPrefillRate = 10000
 
-// Learning the prefill rate. Each first byte gives one sample: the prefill
-// work the backend finished between this request's routing and its first
-// token (the uncached tokens of every request whose first byte came in that
-// interval, its own included) divided by the observed TTFT. Counting what
-// was finished, not what was queued ahead at routing, keeps the sample true
-// when the engine serves requests in another order than they were routed:
-// a request that overtakes the queue is not credited with the queue's work
-// (which taught rates 8x too high), and one served last is credited with
-// everything served before it. The samples fold into an exponentially weighted moving
-// average; the first sample replaces the DefaultPrefillRate prior outright,
-// since a real observation beats a guess about unknown hardware.
+// MinRateWork is the smallest prefill work, in tokens, whose TTFT teaches
+// a backend's cost model (observeTTFT) or whose engine-reported time
+// counts (ObserveEnginePrefill): the TTFT of a tiny prefill is network,
+// queueing and one decode step, and would teach a wildly slow prefill.
+const MinRateWork = 256
+
+// The engine-reported prefill rate (ObserveEnginePrefill), a reading
+// shown beside the learned one, folds into an exponentially weighted
+// moving average of weight RateAlpha, each sample clamped to
+// [MinPrefillRate, MaxPrefillRate] tokens per second so that a stalled
+// scrape or a clock hiccup cannot poison it.
 const (
-	// RateAlpha is the weight of a new sample in the moving average: with
-	// 0.2 the average follows a change in about ten requests while one
-	// outlier moves it by at most a fifth.
-	RateAlpha = 0.2
-	// MinRateWork is the smallest work, in tokens, that yields a sample:
-	// the TTFT of a tiny prefill is network, queueing and one decode step,
-	// and would teach a wildly low rate.
-	MinRateWork = 256
-	// MinPrefillRate and MaxPrefillRate clamp samples (tokens per second)
-	// so that a stalled connection or a clock hiccup cannot poison the
-	// average.
+	RateAlpha      = 0.2
 	MinPrefillRate = 100
 	MaxPrefillRate = 10_000_000
 )
@@ -105,10 +97,6 @@ type Backend struct {
 	// presumed is the load this router presumes its peers add while it
 	// cannot yet hear of it (peers.go).
 	presumed peerLoad
-	// rate holds the float64 bits of the learned prefill rate; 0 until the
-	// first sample. rateSamples counts the samples folded into it.
-	rate        atomic.Uint64
-	rateSamples atomic.Int64
 	// engineRate holds the float64 bits of the prefill throughput the
 	// engine itself reports (see ObserveEnginePrefill); 0 until then.
 	engineRate atomic.Uint64
@@ -223,28 +211,19 @@ func (b *Backend) OwnLoad() Load {
 	}
 }
 
-// PrefillRate is the learned prefill rate in tokens per second.
-func (b *Backend) PrefillRate() float64 {
-	if r := b.rate.Load(); r != 0 {
-		return math.Float64frombits(r)
-	}
-	return DefaultPrefillRate
+// PrefillRate is b's prefill rate at now in tokens per second, as its
+// cost model (Cost) prices a full chunk of fresh tokens: the one estimate
+// of b's prefill speed, which the pick, the split decision, the peers'
+// policies that need a rate and the metrics all read. Before any sample,
+// the prior's (DefaultPrefillRate for the generic one).
+func (b *Backend) PrefillRate(now time.Time) float64 {
+	return b.Cost().Coeffs(now).ChunkRate(b.Chunk())
 }
 
-// PrefillRateSamples is the number of samples the learned prefill rate
-// was taught by, 0 while PrefillRate is the prior: a reader that weighs a
-// rate by the evidence behind it (package policy's kvroute) needs it.
-func (b *Backend) PrefillRateSamples() int64 { return b.rateSamples.Load() }
-
-// observeRate folds one sample of work tokens prefilled in ttft into the
-// learned rate.
-func (b *Backend) observeRate(work int64, ttft time.Duration) {
-	if work < MinRateWork || ttft <= 0 {
-		return
-	}
-	fold(&b.rate, min(max(float64(work)/ttft.Seconds(), MinPrefillRate), MaxPrefillRate))
-	b.rateSamples.Add(1)
-}
+// CostSamples is the number of samples b's cost model has folded in since
+// it began (0 while it is its prior): a reader that waits for b's figures
+// to change (the probe rule) watches it.
+func (b *Backend) CostSamples() int64 { return b.Cost().Fit().Samples }
 
 // fold folds one sample into the moving average (weight RateAlpha) whose
 // float64 bits are in avg (0: none yet, and the sample replaces it). The
@@ -365,7 +344,7 @@ func (t *Ticket) NoRateSample() { t.noRate.Store(true) }
 
 // FirstByte marks the arrival of the first response byte: the request's
 // prefill tokens leave PendingPrefill and it becomes a decoding stream, and
-// the observed TTFT teaches the backend's prefill rate and its cost model. Only the first call
+// the observed TTFT teaches the backend's cost model. Only the first call
 // counts; a call after Done does nothing. It returns the change it made
 // to the backend's Load (zero when it made none), for sharing with peer
 // replicas.
@@ -383,7 +362,6 @@ func (t *Ticket) FirstByte(now time.Time) Load {
 	done := b.prefilled.Add(t.uncach)
 	t.stream.mark(done, l.Decoding+1, l.DecodeTokens+t.prompt)
 	if !t.noRate.Load() {
-		b.observeRate(done-t.mark, now.Sub(t.start))
 		b.observeTTFT(done-t.mark, t.uncach, t.prompt-t.uncach, t.queued, l, now.Sub(t.start), now)
 	}
 	return Load{PendingPrefill: -t.uncach, Decoding: 1, DecodeBudget: t.budget, DecodeTokens: t.prompt}

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"math"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -60,52 +61,56 @@ func TestTicketAccounting(t *testing.T) {
 	}
 }
 
+// rounds runs round n times, 100 ms apart from t0 (the cost model's
+// evidence then outweighs its prior), and returns the instant after the
+// last.
+func rounds(n int, round func(at time.Time)) time.Time {
+	at := t0
+	for range n {
+		round(at)
+		at = at.Add(100 * time.Millisecond)
+	}
+	return at
+}
+
+// near reports whether got is within 5% of want.
+func near(got, want float64) bool { return math.Abs(got-want) <= 0.05*want }
+
+// TestPrefillRate: a backend's prefill rate is its cost model's (the one
+// estimate of its prefill speed): the prior's until a TTFT teaches it,
+// then what the TTFTs show; a tiny prefill or a zero TTFT teaches nothing.
 func TestPrefillRate(t *testing.T) {
+	type req struct {
+		uncached int64
+		ttft     time.Duration
+	}
 	tests := []struct {
-		name string
-		// each request: uncached tokens, ttft; requests are sequential
-		reqs []struct {
-			uncached int64
-			ttft     time.Duration
-		}
-		want float64
+		name    string
+		reqs    []req
+		want    float64
+		samples bool
 	}{
-		{"prior until observed", nil, DefaultPrefillRate},
-		{"first sample replaces the prior", []struct {
-			uncached int64
-			ttft     time.Duration
-		}{{4000, time.Second}}, 4000},
-		{"ewma of two samples", []struct {
-			uncached int64
-			ttft     time.Duration
-		}{{4000, time.Second}, {2000, 100 * time.Millisecond}}, 4000 + RateAlpha*(20000-4000)},
-		{"tiny work teaches nothing", []struct {
-			uncached int64
-			ttft     time.Duration
-		}{{MinRateWork - 1, time.Second}}, DefaultPrefillRate},
-		{"zero ttft teaches nothing", []struct {
-			uncached int64
-			ttft     time.Duration
-		}{{4000, 0}}, DefaultPrefillRate},
-		{"clamped high", []struct {
-			uncached int64
-			ttft     time.Duration
-		}{{1 << 40, time.Millisecond}}, MaxPrefillRate},
-		{"clamped low", []struct {
-			uncached int64
-			ttft     time.Duration
-		}{{1000, time.Hour}}, MinPrefillRate},
+		{"prior until observed", nil, DefaultPrefillRate, false},
+		{"an engine at 4,000 tokens/s", []req{{4000, time.Second}, {2000, 500 * time.Millisecond}}, 4000, true},
+		{"an engine at 40,000 tokens/s", []req{{4000, 100 * time.Millisecond}, {8000, 200 * time.Millisecond}}, 40000, true},
+		{"tiny work teaches nothing", []req{{MinRateWork - 1, time.Second}}, DefaultPrefillRate, false},
+		{"zero ttft teaches nothing", []req{{4000, 0}}, DefaultPrefillRate, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, b := newBackend(t)
-			for _, r := range tt.reqs {
-				tk := b.Start(r.uncached, r.uncached, 1, t0)
-				tk.FirstByte(t0.Add(r.ttft))
-				tk.Done(t0.Add(r.ttft))
-			}
-			if got := b.PrefillRate(); got != tt.want {
+			end := rounds(100, func(at time.Time) {
+				for _, r := range tt.reqs {
+					tk := b.Start(r.uncached, r.uncached, 1, at)
+					tk.FirstByte(at.Add(r.ttft))
+					tk.Done(at.Add(r.ttft))
+				}
+			})
+			if got := b.PrefillRate(end); !near(got, tt.want) {
 				t.Errorf("PrefillRate = %v, want %v", got, tt.want)
+			}
+			if got := b.CostSamples() > 0; got != tt.samples {
+				t.Errorf("CostSamples = %d, want samples: %v", b.CostSamples(), tt.samples)
 			}
 		})
 	}
@@ -116,17 +121,19 @@ func TestPrefillRate(t *testing.T) {
 // plus 2000 of ours in one second prefills 4000 tokens/s, not 2000.
 func TestPrefillRateCountsQueuedWork(t *testing.T) {
 	_, b := newBackend(t)
-	ahead := b.Start(2000, 2000, 1, t0)
-	tk := b.Start(2000, 2000, 1, t0)
-	// ahead is prefilled first (2000 tokens in 0.5 s), then tk: 4000
-	// tokens finished in the second tk waited.
-	ahead.FirstByte(t0.Add(500 * time.Millisecond))
-	tk.FirstByte(t0.Add(time.Second))
-	if got := b.PrefillRate(); got != 4000 {
+	end := rounds(100, func(at time.Time) {
+		ahead := b.Start(2000, 2000, 1, at)
+		tk := b.Start(2000, 2000, 1, at)
+		// ahead is prefilled first (2000 tokens in 0.5 s), then tk: 4000
+		// tokens finished in the second tk waited.
+		ahead.FirstByte(at.Add(500 * time.Millisecond))
+		tk.FirstByte(at.Add(time.Second))
+		ahead.Done(at)
+		tk.Done(at)
+	})
+	if got := b.PrefillRate(end); !near(got, 4000) {
 		t.Errorf("PrefillRate = %v, want 4000", got)
 	}
-	ahead.Done(t0)
-	tk.Done(t0)
 	assertZero(t, b)
 }
 
@@ -135,18 +142,17 @@ func TestPrefillRateCountsQueuedWork(t *testing.T) {
 // overtook.
 func TestPrefillRateOutOfOrder(t *testing.T) {
 	_, b := newBackend(t)
-	ahead := b.Start(8000, 8000, 1, t0)
-	tk := b.Start(2000, 2000, 1, t0)
-	tk.FirstByte(t0.Add(time.Second)) // overtook ahead: 2000 tokens in 1 s
-	if got := b.PrefillRate(); got != 2000 {
-		t.Errorf("PrefillRate = %v after the overtaking request, want 2000 (crediting the queue would say 10000)", got)
+	end := rounds(100, func(at time.Time) {
+		ahead := b.Start(8000, 8000, 1, at)
+		tk := b.Start(2000, 2000, 1, at)
+		tk.FirstByte(at.Add(time.Second))       // overtook ahead: 2000 tokens in 1 s
+		ahead.FirstByte(at.Add(5 * time.Second)) // 10000 tokens finished in 5 s
+		ahead.Done(at)
+		tk.Done(at)
+	})
+	if got := b.PrefillRate(end); !near(got, 2000) {
+		t.Errorf("PrefillRate = %v, want 2000 (crediting the queue would say 10000)", got)
 	}
-	ahead.FirstByte(t0.Add(5 * time.Second)) // 10000 tokens finished in 5 s
-	if want := 0.8*2000 + 0.2*2000; b.PrefillRate() != want {
-		t.Errorf("PrefillRate = %v, want %v", b.PrefillRate(), want)
-	}
-	ahead.Done(t0)
-	tk.Done(t0)
 	assertZero(t, b)
 }
 
@@ -155,8 +161,8 @@ func TestNoRateSample(t *testing.T) {
 	tk := b.Start(4000, 4000, 1, t0)
 	tk.NoRateSample()
 	tk.FirstByte(t0.Add(10 * time.Second))
-	if got := b.PrefillRate(); got != DefaultPrefillRate {
-		t.Errorf("PrefillRate = %v after an excluded sample, want the prior %v", got, DefaultPrefillRate)
+	if got := b.PrefillRate(t0.Add(10 * time.Second)); got != DefaultPrefillRate || b.CostSamples() != 0 {
+		t.Errorf("PrefillRate = %v (%d samples) after an excluded sample, want the prior %v", got, b.CostSamples(), DefaultPrefillRate)
 	}
 	if l := b.Load(); l.Decoding != 1 || l.PendingPrefill != 0 {
 		t.Errorf("excluded sample changed the accounting: %+v", l)
@@ -274,8 +280,8 @@ func TestStorm(t *testing.T) {
 	wg.Wait()
 	for _, b := range f.Snapshot().All {
 		assertZero(t, b)
-		if r := b.PrefillRate(); r < MinPrefillRate || r > MaxPrefillRate {
-			t.Errorf("backend %d learned rate %v outside the clamp", b.ID, r)
+		if r := b.PrefillRate(t0); !(r > 0) || math.IsInf(r, 0) {
+			t.Errorf("backend %d learned rate %v", b.ID, r)
 		}
 	}
 }

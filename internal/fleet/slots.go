@@ -72,8 +72,6 @@ func (f *Fleet) rejoin(name string, u *url.URL, models []string, now time.Time) 
 		}
 		b := &Backend{ID: i, Name: name, Arc: old.Arc, URL: u, Models: slices.Clone(models), fleet: f, added: now}
 		b.healthy.Store(true)
-		b.rate.Store(old.rate.Load())
-		b.rateSamples.Store(old.rateSamples.Load())
 		b.engineRate.Store(old.engineRate.Load())
 		b.cost.Store(old.cost.Load())
 		f.slots[i] = b

@@ -24,8 +24,8 @@ func TestRejoinWithinGrace(t *testing.T) {
 	a := f.AddWarm("pool/10.0.0.1:8000", u, nil, t0, 10*time.Second)
 	f.Add("other", nil, nil)
 	learn(a)
-	rate := a.PrefillRate()
-	if a.PrefillRateSamples() != 1 {
+	rate := a.PrefillRate(t0.Add(2 * time.Second))
+	if a.CostSamples() != 1 {
 		t.Fatal("no rate learned")
 	}
 	f.Remove(a, t0.Add(time.Minute))
@@ -33,8 +33,8 @@ func TestRejoinWithinGrace(t *testing.T) {
 	if back.ID != a.ID {
 		t.Fatalf("returned within the grace in slot %d, want its own %d", back.ID, a.ID)
 	}
-	if back.PrefillRate() != rate || back.PrefillRateSamples() != 1 {
-		t.Errorf("rate after rejoin %g (%d samples), want %g (1)", back.PrefillRate(), back.PrefillRateSamples(), rate)
+	if back.PrefillRate(t0.Add(2*time.Second)) != rate || back.CostSamples() != 1 {
+		t.Errorf("rate after rejoin %g (%d samples), want %g (1)", back.PrefillRate(t0.Add(2*time.Second)), back.CostSamples(), rate)
 	}
 	if w := back.WarmupWeight(t0.Add(time.Minute + 59*time.Second)); w != 1 {
 		t.Errorf("a returning backend warms up again (weight %g)", w)
@@ -45,8 +45,8 @@ func TestRejoinWithinGrace(t *testing.T) {
 
 	f.Remove(back, t0.Add(2*time.Minute))
 	late := f.AddWarm("pool/10.0.0.1:8000", u, nil, t0.Add(3*time.Minute+time.Second), 10*time.Second)
-	if late.PrefillRateSamples() != 0 || late.ID == back.ID {
-		t.Errorf("returned after the grace: slot %d (old %d), %d rate samples; want a new slot and no rate", late.ID, back.ID, late.PrefillRateSamples())
+	if late.CostSamples() != 0 || late.ID == back.ID {
+		t.Errorf("returned after the grace: slot %d (old %d), %d cost samples; want a new slot and no rate", late.ID, back.ID, late.CostSamples())
 	}
 }
 

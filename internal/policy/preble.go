@@ -27,8 +27,9 @@
 // Our observables, and what they approximate:
 //   - the global tree is the router's prefix index: the engines holding the
 //     longest cached prefix are the candidates with the largest Input.Cached;
-//   - prefill time is tokens over the backend's learned prefill rate
-//     (fleet Backend.PrefillRate), for Preble's profiled prefill model;
+//   - prefill time is tokens over the backend's prefill rate as its cost
+//     model prices a full chunk (fleet Backend.PrefillRate), for Preble's
+//     profiled prefill model;
 //   - time per output token: Preble learns it from finished requests; our
 //     policies do not see completions, so it is a fixed 20 ms (an 8B model on
 //     one H100 at moderate batch); active requests are fleet Load.InFlight,
@@ -127,7 +128,7 @@ func (p *Preble) meanOutput() float64 {
 func (p *Preble) cost(in *Input, i int, now int64, explore bool) float64 {
 	b := in.Candidates[i]
 	l := b.Load()
-	rate := b.PrefillRate()
+	rate := b.PrefillRate(in.Now)
 	var w *prebleWindow
 	if b.ID < len(p.win) {
 		w = &p.win[b.ID]
@@ -190,7 +191,7 @@ func (p *Preble) Routed(in *Input, d Decision) {
 	cached := in.Cached[d.Index]
 	rec := prebleRec{
 		at:         in.Now.UnixNano(),
-		prefillSec: float64(in.Uncached[d.Index]) / b.PrefillRate(),
+		prefillSec: float64(in.Uncached[d.Index]) / b.PrefillRate(in.Now),
 		prompt:     int64(in.View.PromptTokens),
 		hit:        cached,
 	}

@@ -11,22 +11,32 @@ import (
 // tokens the index predicted the chosen backend to hold, and the cached
 // tokens its engine reported (vLLM's and SGLang's
 // usage.prompt_tokens_details.cached_tokens, llama.cpp's timings). Per
-// backend, requests are judged in windows of AuditConfig.Window, and a
-// window whose reported hits fall well short of the predicted ones is a
-// shortfall the picture must answer:
+// backend, requests are judged in windows of AuditConfig.Window. The
+// verdicts tell a cache that lost its contents from one that evicts as
+// caches do under pressure:
 //
-//   - a near-total shortfall (the engine reported under a tenth of the
-//     prediction: its cache was cleared behind the router's back, or it
-//     restarted) makes the index forget the backend's blocks (Forget);
-//     if the shortfall persists for MissesToUntrust windows although the
+//   - a loss (the cache was cleared behind the router's back, or the
+//     engine restarted): a window whose engine reported under a tenth of
+//     the prediction, or one in which at least half the window in a row
+//     reported under a tenth of their predictions on a backend whose
+//     predictions were until then mostly borne out (its bearing, a moving
+//     average of the reported-to-predicted ratio of its windows, at least
+//     Bearing): what a healthy, evicting cache does not do, since it
+//     evicts its least recently used blocks and keeps most of what the
+//     router predicts. The index forgets the backend's blocks (Forget);
+//     if losses persist for MissesToUntrust windows in a row although the
 //     index relearned from scratch, the engine does not keep what the
 //     router thinks it routes there (block hashes that do not match, a
 //     cache that is off), and its picture is untrusted: its matches count
 //     as 0 in the pick (Untrusted) until a window agrees again (Trust);
-//   - a partial shortfall (the engine evicts earlier than the index: a
-//     llama.cpp server keeps only its slots' prompts) shrinks the
-//     backend's capacity in the index to the part of its holdings the
-//     reports bear out (Shrink), down to MinCapacity blocks;
+//   - eviction earlier than the index's (the engine's cache also holds
+//     running requests' blocks, or it keeps only its slots' prompts, as a
+//     llama.cpp server does): a shortfall that persists over windows (a
+//     moving average of the windows' short share above Shortfall) shrinks
+//     the backend's capacity in the index by the share of predictions the
+//     engine bore out (between a half and nine tenths of it a time, down
+//     to MinCapacity blocks): the picture is never thrown away for it,
+//     nor cut to what the index held at one instant;
 //   - a window in which the engine reported clearly more than predicted
 //     while its capacity was shrunk grows it back, doubling up to the
 //     capacity its KV cache size gives (Grow).
@@ -72,6 +82,12 @@ type AuditConfig struct {
 	// MinCapacity is the least capacity, in blocks, a shrink leaves
 	// (default 64).
 	MinCapacity int
+	// Bearing is the least bearing (the moving average of a backend's
+	// windows' reported-to-predicted ratio) at which a run of near-total
+	// misses within a window reads as a loss (default 0.7): under it the
+	// engine keeps so little of what the index predicts that such runs
+	// are its eviction, and the persistent shortfall shrinks it instead.
+	Bearing float64
 	// DefaultCapacity is a backend's capacity until SetBase gives its
 	// own (default DefaultCapacity).
 	DefaultCapacity int
@@ -119,9 +135,6 @@ type Observation struct {
 	// the backend's last verdict saw the picture that verdict changed,
 	// and is left out of the next window (it still counts in the totals).
 	Routed time.Time
-	// Held is the blocks the index held for the backend when the
-	// request ended (Index.Len), the basis of a shrink.
-	Held int
 	// EstTTFT is the policy's TTFT estimate and TTFT the observed one,
 	// in seconds; either 0 when there is none.
 	EstTTFT, TTFT float64
@@ -145,12 +158,19 @@ type auditState struct {
 	// engine did not report and the reported ones not predicted: a
 	// miss and a hit elsewhere in the window do not cancel out.
 	short, excess int64
-	// forgot is set once a shortfall made the index forget the backend,
-	// until a window agrees: a shortfall then shrinks.
-	forgot         bool
+	// bearing is the moving average of the judged windows'
+	// reported-to-predicted ratio (1 until a window is judged), and
+	// shortAvg that of their short share: a backend's record over
+	// windows, which one window's verdict reads (see AuditConfig.Bearing
+	// and judge).
+	bearing, shortAvg float64
+	// windows counts the windows judged since the capacity last
+	// changed (or the backend was first judged: seen).
+	windows        int
+	seen           bool
 	base, capacity int // 0: not set (the default)
-	untrusted      bool
-	misses         int
+	untrusted         bool
+	misses            int
 	// streak counts the latest requests in a row whose engine reported
 	// under AuditConfig.Total of a prediction.
 	streak  int
@@ -179,6 +199,9 @@ func NewAudit(cfg AuditConfig) *Audit {
 	}
 	if cfg.MinCapacity <= 0 {
 		cfg.MinCapacity = 64
+	}
+	if cfg.Bearing <= 0 {
+		cfg.Bearing = 0.7
 	}
 	if cfg.DefaultCapacity <= 0 {
 		cfg.DefaultCapacity = DefaultCapacity
@@ -308,7 +331,7 @@ func (a *Audit) Observe(o Observation, now time.Time) Verdict {
 	if s.n < a.cfg.Window {
 		return Keep
 	}
-	v := a.judge(s, o.Held)
+	v := a.judge(s)
 	s.n, s.predicted, s.reported, s.prompt, s.short, s.excess = 0, 0, 0, 0, 0, 0
 	s.actions[v]++
 	if v != Keep {
@@ -320,21 +343,48 @@ func (a *Audit) Observe(o Observation, now time.Time) Verdict {
 	return v
 }
 
-// judge is the verdict on s's full window; held is the blocks the index
-// holds for the backend. The caller holds mu.
-func (a *Audit) judge(s *auditState, held int) Verdict {
+// ShrinkWindows is the fewest windows judged since a backend's capacity
+// last changed before a shortfall may shrink it: one bad window is not a
+// record.
+const ShrinkWindows = 3
+
+// windowWeight is the weight of one judged window in a backend's moving
+// averages (auditState.bearing, shortAvg): a shortfall must hold for
+// about three windows in a row to cross the Shortfall threshold from
+// none.
+const windowWeight = 0.3
+
+// judge is the verdict on s's full window. The caller holds mu.
+func (a *Audit) judge(s *auditState) Verdict {
 	p, r := float64(s.predicted), float64(s.reported)
 	prompt := float64(max(s.prompt, 1))
 	short, excess := float64(s.short)/prompt, float64(s.excess)/prompt
-	switch {
-	case s.predicted < a.cfg.MinTokens && s.reported < a.cfg.MinTokens:
+	if s.predicted < a.cfg.MinTokens && s.reported < a.cfg.MinTokens {
 		return Keep // nothing to judge by
-	case r < a.cfg.Total*p || (short > a.cfg.Shortfall && 2*s.streak >= a.cfg.Window):
-		// Near-total, or a window that became so halfway: the cache was
-		// lost in the middle of it.
+	}
+	if !s.seen {
+		s.seen, s.bearing = true, 1
+	}
+	ratio := 1.0
+	if p > 0 {
+		ratio = min(r/p, 1)
+	}
+	total := r < a.cfg.Total*p
+	// Half the window in a row reporting nothing of its predictions is a
+	// loss on a backend whose picture was borne out until then, and not
+	// just after a loss (when a poor bearing has yet to show: a second
+	// such window in a row is the engine's eviction).
+	streak := 2*s.streak >= a.cfg.Window && short > a.cfg.Shortfall && s.bearing >= a.cfg.Bearing && s.misses == 0
+	if !total {
+		// The window's share borne out is the engine's record, a run of
+		// misses included; a window of (almost) nothing is not (the
+		// cache was lost, and the relearned picture will tell).
+		s.bearing += windowWeight * (ratio - s.bearing)
+	}
+	if total || streak {
+		// A loss: the index forgets the backend's blocks and relearns.
 		s.streak = 0
 		s.misses++
-		s.forgot = true
 		if s.misses >= a.cfg.MissesToUntrust && !s.untrusted {
 			s.untrusted = true
 			return Untrust
@@ -343,32 +393,26 @@ func (a *Audit) judge(s *auditState, held int) Verdict {
 			return Keep
 		}
 		return Forget
-	case short > a.cfg.Shortfall:
-		s.misses = 0
-		if s.untrusted {
-			return Keep
-		}
-		if !s.forgot {
-			// The first answer to a shortfall: the engine lost part of
-			// what it held (a reset, a restart the router missed), and
-			// the picture relearns from what is routed next.
-			s.forgot = true
-			return Forget
-		}
-		// Still short on a relearned picture: the engine keeps less than
-		// the index thinks. It bears out r/p of the predictions: keep
-		// that share of the blocks held (of the capacity, if less).
-		c := min(held, a.capacity(s))
-		s.capacity = max(a.cfg.MinCapacity, int(float64(c)*r/p))
-		return Shrink
 	}
 	s.misses = 0
-	if short < a.cfg.Shortfall/2 {
-		s.forgot = false
-	}
+	s.shortAvg += windowWeight * (short - s.shortAvg)
+	s.windows++
 	if s.untrusted {
 		s.untrusted = false
 		return Trust
+	}
+	if s.shortAvg > a.cfg.Shortfall && s.windows >= ShrinkWindows {
+		// The engine keeps less than the index thinks, window after
+		// window: keep the share of the capacity its bearing says (at
+		// least half, at most nine tenths, a time), and start the
+		// shortfall's record afresh for the smaller picture.
+		c := a.capacity(s)
+		s.capacity = max(a.cfg.MinCapacity, int(float64(c)*min(max(s.bearing, 0.5), 0.9)))
+		s.shortAvg, s.windows = 0, 0
+		if s.capacity < c {
+			return Shrink
+		}
+		return Keep
 	}
 	base := s.base
 	if base == 0 {
@@ -376,6 +420,7 @@ func (a *Audit) judge(s *auditState, held int) Verdict {
 	}
 	if s.capacity > 0 && s.capacity < base && excess > a.cfg.Shortfall {
 		s.capacity = min(base, 2*s.capacity)
+		s.shortAvg, s.windows = 0, 0
 		return Grow
 	}
 	return Keep
@@ -393,7 +438,8 @@ func (a *Audit) Reset(backend int) {
 	s := a.state(backend)
 	wasUntrusted := s.untrusted
 	s.short, s.excess = 0, 0
-	s.n, s.predicted, s.reported, s.prompt, s.capacity, s.misses, s.streak, s.untrusted, s.forgot = 0, 0, 0, 0, 0, 0, 0, false, false
+	s.n, s.predicted, s.reported, s.prompt, s.capacity, s.misses, s.streak, s.untrusted = 0, 0, 0, 0, 0, 0, 0, false
+	s.bearing, s.shortAvg, s.windows, s.seen = 0, 0, 0, false
 	if wasUntrusted {
 		a.publish()
 	}

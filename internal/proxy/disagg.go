@@ -32,7 +32,7 @@ func (s *Server) split(ex *exchange) {
 		return
 	}
 	if s.decider != nil {
-		if ch := s.decider.Split(ex.View, ex.Hashes); !ch.Split {
+		if ch := s.decider.Split(ex.View, ex.Hashes, time.Now()); !ch.Split {
 			ex.Whole = wholeWhy(ch)
 			s.metrics.pd.requests.WithLabelValues(ex.Model, pdDecidedWhole).Inc()
 			return

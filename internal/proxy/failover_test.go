@@ -104,8 +104,8 @@ func TestCrashMovesOnlyDeadSessions(t *testing.T) {
 				}
 			}
 			for _, b := range r.srv.Fleet().Snapshot().All {
-				if b.PrefillRate() != fleet.DefaultPrefillRate {
-					t.Errorf("%s learned a prefill rate (%v): the prompts are too long for this test", b.Name, b.PrefillRate())
+				if m := b.Cost(); m.Coeffs(time.Now()).Token != m.Prior().Token {
+					t.Errorf("%s learned a prefill cost (%v tokens/s): the prompts are too long for this test", b.Name, b.PrefillRate(time.Now()))
 				}
 			}
 			if moved != per[dead] {

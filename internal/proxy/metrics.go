@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -187,7 +188,7 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(l.PendingPrefill), b.Name)
 		ch <- prometheus.MustNewConstMetric(descDecoding, prometheus.GaugeValue, float64(l.Decoding), b.Name)
 		ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, healthy, b.Name)
-		ch <- prometheus.MustNewConstMetric(descRate, prometheus.GaugeValue, b.PrefillRate(), b.Name)
+		ch <- prometheus.MustNewConstMetric(descRate, prometheus.GaugeValue, b.PrefillRate(time.Now()), b.Name)
 		if r := b.EnginePrefillRate(); r > 0 {
 			ch <- prometheus.MustNewConstMetric(descEngineRate, prometheus.GaugeValue, r, b.Name)
 		}

@@ -68,7 +68,6 @@ func (a *Assignment) Reported(r Report, now time.Time) {
 		Backend: id, Policy: a.policy, Routed: a.routed,
 		Prompt: int64(a.prompt), Predicted: int64(a.Predicted), Best: int64(a.Best),
 		Reported: int64(r.Cached), ReportedPrompt: int64(r.Prompt),
-		Held:    s.index.Len(id),
 		EstTTFT: a.EstTTFT, TTFT: r.TTFT.Seconds(),
 	}, now)
 	switch v {

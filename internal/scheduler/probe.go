@@ -67,9 +67,10 @@ type probeState struct {
 	// changed when b's prefill figures were last seen to change.
 	routed, probed, changed time.Time
 	routedPick              uint64
-	// samples and engineRate are b's figures as last seen.
-	samples    int64
-	engineRate float64
+	// samples is b's cost model's sample count as last seen
+	// (fleet.Backend.CostSamples): it changes with every TTFT, relayed
+	// stream or engine reading that teaches the model.
+	samples int64
 }
 
 // probes is the scheduler's probe rule.
@@ -161,12 +162,12 @@ func (s *Scheduler) probe(sc *scratch, ids int, d policy.Decision, now time.Time
 // a newcomer is not avoided.
 func (p *probes) see(b *fleet.Backend, now time.Time) *probeState {
 	st := &p.state[b.ID]
-	samples, rate := b.PrefillRateSamples(), b.EnginePrefillRate()
+	samples := b.CostSamples()
 	if st.b != b {
-		*st = probeState{b: b, routed: now, routedPick: p.picks - 1, changed: now, samples: samples, engineRate: rate}
+		*st = probeState{b: b, routed: now, routedPick: p.picks - 1, changed: now, samples: samples}
 	}
-	if samples != st.samples || rate != st.engineRate {
-		st.samples, st.engineRate, st.changed = samples, rate, now
+	if samples != st.samples {
+		st.samples, st.changed = samples, now
 	}
 	return st
 }

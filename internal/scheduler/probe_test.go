@@ -101,7 +101,8 @@ func TestProbeUnsuitable(t *testing.T) {
 			f.Snapshot().All[1].Start(10, 10, 10, t0)
 		}, tokens: fleet.MinRateWork + 10, stream: true},
 		{name: "figures just changed", prep: func(_ *fixed, f *fleet.Fleet) {
-			f.Snapshot().All[1].ObserveEnginePrefill(1000, 0.1)
+			// An engine reading that teaches its cost model.
+			f.Snapshot().All[1].Learn(fleet.Reading{State: &fleet.EngineState{At: t0}, PrefillTokens: 1000, PrefillSeconds: 0.1, ComputedTokens: -1})
 		}, tokens: fleet.MinRateWork + 10, stream: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -268,12 +268,15 @@ func TestRateLearning(t *testing.T) {
 		}
 		a.FirstByte(t0.Add(2 * time.Second))
 		a.Done(t0.Add(3 * time.Second))
-		want := float64(fleet.DefaultPrefillRate)
-		if stream {
-			want = 5000
+		// Streamed, the TTFT (10,000 tokens in 2 s) teaches the cost
+		// model a slower prefill than the prior's; not streamed, the
+		// first byte came after the whole generation and teaches nothing.
+		got, n := a.Backend.PrefillRate(t0.Add(3*time.Second)), a.Backend.CostSamples()
+		if stream && (n != 1 || !(got < fleet.DefaultPrefillRate)) {
+			t.Errorf("stream: PrefillRate = %v (%d samples), want below the prior's %v, from 1 sample", got, n, fleet.DefaultPrefillRate)
 		}
-		if got := a.Backend.PrefillRate(); got != want {
-			t.Errorf("stream=%v: PrefillRate = %v, want %v", stream, got, want)
+		if !stream && (n != 0 || got != fleet.DefaultPrefillRate) {
+			t.Errorf("not streamed: PrefillRate = %v (%d samples), want the prior's %v", got, n, fleet.DefaultPrefillRate)
 		}
 	}
 }

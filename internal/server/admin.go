@@ -31,7 +31,7 @@ func (a adminSource) Backends() []admin.Backend {
 			Breaker:  admin.Breaker{State: st.State, ConsecutiveFailures: st.Fails},
 			Load: admin.Load{InFlight: l.InFlight, PendingPrefillTokens: l.PendingPrefill, Decoding: l.Decoding,
 				DecodeBudgetTokens: l.DecodeBudget, DecodeTokens: l.DecodeTokens},
-			PrefillRate:       b.PrefillRate(),
+			PrefillRate:       b.PrefillRate(now),
 			EnginePrefillRate: b.EnginePrefillRate(),
 			PrefixBlocks:      s.sched.Index().Len(b.ID),
 		}

@@ -131,7 +131,7 @@ func (s *sim) splits(v *request.View, hashes []uint64) bool {
 		hashes = s.sched.Hashes(v)
 	}
 	d := disagg.Decider{Sched: s.sched, Roles: pd.filter, Costs: pd.costs}
-	return d.Split(v, hashes).Split
+	return d.Split(v, hashes, Epoch.Add(s.now)).Split
 }
 
 // bindPD routes the k-th request of a disaggregated run: whole, or its
