@@ -233,6 +233,8 @@ func runSim(args []string) int {
 	fs.StringVar(&w.requests, "requests", "", "write one CSV row per request of every run to this file: its engine, matched and cached tokens, its TTFT as router hold, engine queue and prefill (with --oracle, its oracle TTFT too), and the router's reason")
 	var lb lateFlags
 	lb.register(fs)
+	table := fs.Bool("table", false, tableFlagUsage)
+	traces := fs.String("traces", defaultTraceDir, "with --table: the directory of the real traces")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--max-num-seqs N] [--max-loras N --adapters N [--adapter-zipf S]] [--max-num-batched-tokens N [--configure-limits]] [--true-coefficients] [--policies a,b] [--prefill N --decode M [--split conditional|always|both]] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--replicas N [--sync-delay D] [--no-sync]] [--late-binding[=both] [--hold-tokens N] [--hold-order fcfs|deadline] [--hold-slack X] [--hold-cap D]] [--json FILE] [--requests FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nReplays the workload on a simulated fleet in virtual time, with the same scheduler and engine model as kvroute serve and kvroute engine, once per policy.\n\nflags:")
@@ -241,6 +243,13 @@ func runSim(args []string) int {
 	}
 	if code, ok := parseFlags(fs, args, false); !ok {
 		return code
+	}
+	if *table {
+		if err := simTable(os.Stdout, *traces, w.policies, *parallel); err != nil {
+			fmt.Fprintf(os.Stderr, "kvroute sim: %v\n", err)
+			return 1
+		}
+		return 0
 	}
 	if err := simMain(os.Stdout, &w, &kv, &lb, *sweep, *parallel); err != nil {
 		fmt.Fprintf(os.Stderr, "kvroute sim: %v\n", err)

@@ -148,14 +148,27 @@ func TestDecaysToPrior(t *testing.T) {
 // TestOutlierRejected: once the fit has settled, one sample 100x too slow
 // moves it by little.
 func TestOutlierRejected(t *testing.T) {
-	m := New(Generic())
-	end := trace(m, fastEngine, 8192, 400, rand.New(rand.NewPCG(5, 6)))
-	before := m.Coeffs(end).ChunkRate(8192)
-	s := Sample{Steps: 1, Tokens: 4000}
-	s.Seconds = 100 * (fastEngine.Step + fastEngine.Token*4000)
-	m.Observe(s, end)
-	if after := m.Coeffs(end).ChunkRate(8192); after < 0.8*before {
-		t.Fatalf("one outlier moved the rate from %.0f to %.0f tokens/s", before, after)
+	// A sample is weighed by 1/y^2 (relative residuals), so a slow
+	// outlier weighs little by itself; a fast one (a response served from
+	// elsewhere, a fake) weighs 10^4 times a true sample and only the
+	// Huber weighting holds it: within a factor of 3 (30 without it; see
+	// docs/benchmarks.md, "Routing quality held to account").
+	for _, tc := range []struct {
+		name   string
+		factor float64
+		most   float64
+	}{{"slow", 100, 1.25}, {"fast", 0.01, 3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := New(Generic())
+			end := trace(m, fastEngine, 8192, 400, rand.New(rand.NewPCG(5, 6)))
+			before := m.Coeffs(end).ChunkRate(8192)
+			s := Sample{Steps: 1, Tokens: 4000}
+			s.Seconds = tc.factor * (fastEngine.Step + fastEngine.Token*4000)
+			m.Observe(s, end)
+			if after := m.Coeffs(end).ChunkRate(8192); after < before/tc.most || after > tc.most*before {
+				t.Fatalf("one outlier moved the rate from %.0f to %.0f tokens/s", before, after)
+			}
+		})
 	}
 }
 

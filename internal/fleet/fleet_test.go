@@ -145,7 +145,7 @@ func TestPrefillRateOutOfOrder(t *testing.T) {
 	end := rounds(100, func(at time.Time) {
 		ahead := b.Start(8000, 8000, 1, at)
 		tk := b.Start(2000, 2000, 1, at)
-		tk.FirstByte(at.Add(time.Second))       // overtook ahead: 2000 tokens in 1 s
+		tk.FirstByte(at.Add(time.Second))        // overtook ahead: 2000 tokens in 1 s
 		ahead.FirstByte(at.Add(5 * time.Second)) // 10000 tokens finished in 5 s
 		ahead.Done(at)
 		tk.Done(at)

@@ -10,33 +10,39 @@ import (
 // they reused. Each finished request brings one Observation: the prompt
 // tokens the index predicted the chosen backend to hold, and the cached
 // tokens its engine reported (vLLM's and SGLang's
-// usage.prompt_tokens_details.cached_tokens, llama.cpp's timings). Per
-// backend, requests are judged in windows of AuditConfig.Window. The
-// verdicts tell a cache that lost its contents from one that evicts as
-// caches do under pressure:
+// usage.prompt_tokens_details.cached_tokens, llama.cpp's timings), and
+// whether the predicted blocks were fresh in the index at routing
+// (Observation.Fresh, Index's Age: touched within the last half of the
+// backend's capacity). Per backend, requests are judged in windows of
+// AuditConfig.Window. The verdicts tell a cache that lost its contents
+// from one that evicts as caches do under pressure, by which predictions
+// fall short: an engine that evicts least recently used first loses the
+// index's oldest blocks, never its fresh ones, unless it keeps less than
+// half of what the index thinks; one that lost its cache loses all.
 //
 //   - a loss (the cache was cleared behind the router's back, or the
 //     engine restarted): a window whose engine reported under a tenth of
-//     the prediction, or one in which at least half the window in a row
-//     reported under a tenth of their predictions on a backend whose
-//     predictions were until then mostly borne out (its bearing, a moving
-//     average of the reported-to-predicted ratio of its windows, at least
-//     Bearing): what a healthy, evicting cache does not do, since it
-//     evicts its least recently used blocks and keeps most of what the
-//     router predicts. The index forgets the backend's blocks (Forget);
-//     if losses persist for MissesToUntrust windows in a row although the
-//     index relearned from scratch, the engine does not keep what the
-//     router thinks it routes there (block hashes that do not match, a
-//     cache that is off), and its picture is untrusted: its matches count
-//     as 0 in the pick (Untrusted) until a window agrees again (Trust);
-//   - eviction earlier than the index's (the engine's cache also holds
-//     running requests' blocks, or it keeps only its slots' prompts, as a
-//     llama.cpp server does): a shortfall that persists over windows (a
-//     moving average of the windows' short share above Shortfall) shrinks
-//     the backend's capacity in the index by the share of predictions the
+//     the prediction; or, on a backend whose predictions were borne out
+//     until then (its bearing, a moving average of its windows'
+//     reported-to-predicted ratio, at least Bearing), one in which a
+//     quarter of the fresh predictions (two or more) fell short by more
+//     than Shortfall of the prompt. The index forgets the backend's
+//     blocks (Forget); if total losses persist for MissesToUntrust
+//     windows in a row although the index relearned from scratch, the
+//     engine does not keep what the router thinks it routes there (block
+//     hashes that do not match, a cache that is off), and its picture is
+//     untrusted: its matches count as 0 in the pick (Untrusted) until a
+//     window agrees again (Trust);
+//   - a cache smaller than half the index's (the engine's cache also
+//     holds running requests' blocks, or it keeps only its slots'
+//     prompts, as a llama.cpp server does): fresh predictions that keep
+//     falling short over windows (a moving average of their share above
+//     FreshShortfall, over ShrinkWindows windows at least) shrink the
+//     backend's capacity in the index by the share of predictions the
 //     engine bore out (between a half and nine tenths of it a time, down
-//     to MinCapacity blocks): the picture is never thrown away for it,
-//     nor cut to what the index held at one instant;
+//     to MinCapacity blocks). Stale predictions fallen short are the
+//     eviction the index's LRU order and the engine's differ on, and
+//     call for nothing;
 //   - a window in which the engine reported clearly more than predicted
 //     while its capacity was shrunk grows it back, doubling up to the
 //     capacity its KV cache size gives (Grow).
@@ -131,6 +137,11 @@ type Observation struct {
 	// Reported is the engine's cached tokens, out of ReportedPrompt
 	// prompt tokens by its own count (0: the router's estimate).
 	Reported, ReportedPrompt int64
+	// Fresh says that the predicted blocks were fresh in the index when
+	// the request was routed (prefix.Age.Fresh): an engine that keeps at
+	// least half what the index thinks, least recently used evicted
+	// first, still held them.
+	Fresh bool
 	// Routed is when the request was routed: a request routed before
 	// the backend's last verdict saw the picture that verdict changed,
 	// and is left out of the next window (it still counts in the totals).
@@ -159,25 +170,31 @@ type auditState struct {
 	// miss and a hit elsewhere in the window do not cancel out.
 	short, excess int64
 	// bearing is the moving average of the judged windows'
-	// reported-to-predicted ratio (1 until a window is judged), and
-	// shortAvg that of their short share: a backend's record over
-	// windows, which one window's verdict reads (see AuditConfig.Bearing
-	// and judge).
-	bearing, shortAvg float64
+	// reported-to-predicted ratio (1 until a window is judged): a
+	// backend's record over windows, which one window's verdict reads
+	// (see AuditConfig.Bearing and judge).
+	bearing float64
 	// windows counts the windows judged since the capacity last
 	// changed (or the backend was first judged: seen).
 	windows        int
 	seen           bool
 	base, capacity int // 0: not set (the default)
-	untrusted         bool
-	misses            int
-	// streak counts the latest requests in a row whose engine reported
-	// under AuditConfig.Total of a prediction.
-	streak  int
-	last    time.Time
-	since   time.Time // the last verdict that changed something
-	totals  map[string]*Totals
-	actions [len(verdictNames)]uint64
+	untrusted      bool
+	misses         int
+	// fresh counts the window's requests with a fresh prediction
+	// (Observation.Fresh), freshShort those of them whose engine reported
+	// less than predicted by more than AuditConfig.Shortfall of the
+	// prompt.
+	fresh, freshShort int
+	// freshAvg is the moving average of the judged windows' share of
+	// fresh predictions fallen short; suspect is set by a loss verdict
+	// until a window bears the fresh predictions out again.
+	freshAvg float64
+	suspect  bool
+	last     time.Time
+	since    time.Time // the last verdict that changed something
+	totals   map[string]*Totals
+	actions  [len(verdictNames)]uint64
 }
 
 // NewAudit returns an audit with cfg's defaults filled in.
@@ -321,11 +338,10 @@ func (a *Audit) Observe(o Observation, now time.Time) Verdict {
 	s.prompt += max(o.Prompt, 0)
 	s.short += max(o.Predicted-reported, 0)
 	s.excess += max(reported-o.Predicted, 0)
-	if o.Predicted > 0 {
-		if float64(reported) < a.cfg.Total*float64(o.Predicted) {
-			s.streak++
-		} else {
-			s.streak = 0
+	if o.Predicted > 0 && o.Fresh {
+		s.fresh++
+		if float64(o.Predicted-reported) > a.cfg.Shortfall*float64(max(o.Prompt, 1)) {
+			s.freshShort++
 		}
 	}
 	if s.n < a.cfg.Window {
@@ -333,6 +349,7 @@ func (a *Audit) Observe(o Observation, now time.Time) Verdict {
 	}
 	v := a.judge(s)
 	s.n, s.predicted, s.reported, s.prompt, s.short, s.excess = 0, 0, 0, 0, 0, 0
+	s.fresh, s.freshShort = 0, 0
 	s.actions[v]++
 	if v != Keep {
 		s.since = now
@@ -343,22 +360,24 @@ func (a *Audit) Observe(o Observation, now time.Time) Verdict {
 	return v
 }
 
+// FreshShortfall is the moving average of a backend's share of fresh
+// predictions fallen short above which its capacity shrinks.
+const FreshShortfall = 0.25
+
 // ShrinkWindows is the fewest windows judged since a backend's capacity
 // last changed before a shortfall may shrink it: one bad window is not a
 // record.
 const ShrinkWindows = 3
 
 // windowWeight is the weight of one judged window in a backend's moving
-// averages (auditState.bearing, shortAvg): a shortfall must hold for
-// about three windows in a row to cross the Shortfall threshold from
-// none.
+// averages (auditState.bearing, freshAvg).
 const windowWeight = 0.3
 
 // judge is the verdict on s's full window. The caller holds mu.
 func (a *Audit) judge(s *auditState) Verdict {
 	p, r := float64(s.predicted), float64(s.reported)
 	prompt := float64(max(s.prompt, 1))
-	short, excess := float64(s.short)/prompt, float64(s.excess)/prompt
+	excess := float64(s.excess) / prompt
 	if s.predicted < a.cfg.MinTokens && s.reported < a.cfg.MinTokens {
 		return Keep // nothing to judge by
 	}
@@ -370,20 +389,26 @@ func (a *Audit) judge(s *auditState) Verdict {
 		ratio = min(r/p, 1)
 	}
 	total := r < a.cfg.Total*p
-	// Half the window in a row reporting nothing of its predictions is a
-	// loss on a backend whose picture was borne out until then, and not
-	// just after a loss (when a poor bearing has yet to show: a second
-	// such window in a row is the engine's eviction).
-	streak := 2*s.streak >= a.cfg.Window && short > a.cfg.Shortfall && s.bearing >= a.cfg.Bearing && s.misses == 0
+	// Fresh predictions fallen short: at least two and a quarter of the
+	// window's, on a backend whose record bore its predictions out and
+	// that is not already suspect. (One fresh prediction lost entirely
+	// is not enough: on the whole Mooncake trace, where engines' running
+	// requests crowd their caches, that rule forgot healthy pictures and
+	// tripled the mean TTFT; docs/benchmarks.md.)
+	shortShare := 0.0
+	if s.fresh > 0 {
+		shortShare = float64(s.freshShort) / float64(s.fresh)
+	}
+	lost := s.freshShort >= 2 && 4*s.freshShort >= s.fresh && s.bearing >= a.cfg.Bearing && !s.suspect
 	if !total {
-		// The window's share borne out is the engine's record, a run of
-		// misses included; a window of (almost) nothing is not (the
-		// cache was lost, and the relearned picture will tell).
+		// The window's share borne out is the engine's record; a window
+		// of (almost) nothing is not (the cache was lost, and the
+		// relearned picture will tell).
 		s.bearing += windowWeight * (ratio - s.bearing)
 	}
-	if total || streak {
+	if total || lost {
 		// A loss: the index forgets the backend's blocks and relearns.
-		s.streak = 0
+		s.suspect = true
 		s.misses++
 		if s.misses >= a.cfg.MissesToUntrust && !s.untrusted {
 			s.untrusted = true
@@ -395,20 +420,26 @@ func (a *Audit) judge(s *auditState) Verdict {
 		return Forget
 	}
 	s.misses = 0
-	s.shortAvg += windowWeight * (short - s.shortAvg)
+	if 4*s.freshShort < max(s.fresh, 1) {
+		s.suspect = false // the fresh predictions borne out again
+	}
+	if s.fresh > 0 {
+		s.freshAvg += windowWeight * (shortShare - s.freshAvg)
+	}
 	s.windows++
 	if s.untrusted {
 		s.untrusted = false
 		return Trust
 	}
-	if s.shortAvg > a.cfg.Shortfall && s.windows >= ShrinkWindows {
-		// The engine keeps less than the index thinks, window after
-		// window: keep the share of the capacity its bearing says (at
-		// least half, at most nine tenths, a time), and start the
-		// shortfall's record afresh for the smaller picture.
+	if s.freshAvg > FreshShortfall && s.windows >= ShrinkWindows {
+		// The engine loses fresh predictions window after window: it
+		// keeps less than half of what the index thinks. Keep the share
+		// of the capacity its bearing says (at least half, at most nine
+		// tenths, a time), and start the record afresh for the smaller
+		// picture.
 		c := a.capacity(s)
 		s.capacity = max(a.cfg.MinCapacity, int(float64(c)*min(max(s.bearing, 0.5), 0.9)))
-		s.shortAvg, s.windows = 0, 0
+		s.freshAvg, s.windows = 0, 0
 		if s.capacity < c {
 			return Shrink
 		}
@@ -420,7 +451,7 @@ func (a *Audit) judge(s *auditState) Verdict {
 	}
 	if s.capacity > 0 && s.capacity < base && excess > a.cfg.Shortfall {
 		s.capacity = min(base, 2*s.capacity)
-		s.shortAvg, s.windows = 0, 0
+		s.freshAvg, s.windows = 0, 0
 		return Grow
 	}
 	return Keep
@@ -438,8 +469,9 @@ func (a *Audit) Reset(backend int) {
 	s := a.state(backend)
 	wasUntrusted := s.untrusted
 	s.short, s.excess = 0, 0
-	s.n, s.predicted, s.reported, s.prompt, s.capacity, s.misses, s.streak, s.untrusted = 0, 0, 0, 0, 0, 0, 0, false
-	s.bearing, s.shortAvg, s.windows, s.seen = 0, 0, 0, false
+	s.n, s.predicted, s.reported, s.prompt, s.capacity, s.misses, s.untrusted = 0, 0, 0, 0, 0, 0, false
+	s.fresh, s.freshShort, s.freshAvg, s.suspect = 0, 0, 0, false
+	s.bearing, s.windows, s.seen = 0, 0, false
 	if wasUntrusted {
 		a.publish()
 	}

@@ -19,7 +19,7 @@ func TestNoWaitQueuedWhileHeld(t *testing.T) {
 			}
 
 			hold()
-			if nodes := ix.AcquireNodesNoWait(3, p, nil); nodes != nil {
+			if nodes, _ := ix.AcquireNodesNoWait(3, p, 0, nil); nodes != nil {
 				t.Fatalf("acquire under a held lock returned %d handles, want none (queued)", len(nodes))
 			}
 			if got := ix.queued.Load(); got != 1 {
@@ -44,7 +44,7 @@ func TestNoWaitQueuedWhileHeld(t *testing.T) {
 			// A release queued behind its own acquire applies after it.
 			q := hs(1<<30, 10)
 			hold()
-			ix.AcquireNodesNoWait(3, q, nil)
+			ix.AcquireNodesNoWait(3, q, 0, nil)
 			ix.ReleaseNodesNoWait(3, q, nil)
 			release()
 			checkPins(t, ix, 3, 40)
@@ -100,7 +100,7 @@ func TestConcurrentMatch(t *testing.T) {
 			for i := range 300 {
 				h := append(hs(uint64(g+1)<<60, 20), hs(uint64(g+1)<<58|uint64(i+1)<<24, 100)...)
 				b := (i + g) % backends
-				nodes := ix.AcquireNodesNoWait(b, h, nil)
+				nodes, _ := ix.AcquireNodesNoWait(b, h, 0, nil)
 				ix.ReleaseNodesNoWait(b, h, nodes)
 			}
 		})

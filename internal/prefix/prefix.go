@@ -242,7 +242,7 @@ func (ix *Index) Insert(backend int, hashes []uint64) {
 		return
 	}
 	ix.lock()
-	ix.insert(backend, hashes, false, nil)
+	ix.insert(backend, hashes, false, nil, 0)
 	ix.unlock()
 }
 
@@ -255,7 +255,7 @@ func (ix *Index) Acquire(backend int, hashes []uint64) {
 		return
 	}
 	ix.lock()
-	ix.insert(backend, hashes, true, nil)
+	ix.insert(backend, hashes, true, nil, 0)
 	ix.unlock()
 }
 
@@ -273,7 +273,7 @@ func (ix *Index) AcquireNodes(backend int, hashes []uint64, nodes []int32) []int
 		return nodes
 	}
 	ix.lock()
-	ix.insert(backend, hashes, true, nodes)
+	ix.insert(backend, hashes, true, nodes, 0)
 	ix.unlock()
 	return nodes
 }
@@ -284,33 +284,57 @@ func (ix *Index) AcquireNodes(backend int, hashes []uint64, nodes []int32) []int
 // before it lets go, and the result is nil (no handles: ReleaseNodes looks
 // the blocks up). Either way, a later write by the same goroutine applies
 // after it.
-func (ix *Index) AcquireNodesNoWait(backend int, hashes []uint64, nodes []int32) []int32 {
+//
+// It also tells how fresh the backend's copy of the first matched blocks
+// (the prefix the pick counted on) was: the Age of the least recently
+// used of them, unknown when the acquire was queued.
+func (ix *Index) AcquireNodesNoWait(backend int, hashes []uint64, matched int, nodes []int32) ([]int32, Age) {
 	if backend < 0 || len(hashes) == 0 {
-		return nil
+		return nil, Age{}
 	}
 	if !ix.mu.TryLock() {
 		ix.post(opAcquire, backend, hashes)
-		return nil
+		return nil, Age{}
 	}
 	ix.drain()
 	nodes = slices.Grow(nodes[:0], len(hashes))[:len(hashes)]
-	ix.insert(backend, hashes, true, nodes)
+	age := ix.insert(backend, hashes, true, nodes, matched)
 	ix.unlock()
-	return nodes
+	return nodes, age
 }
 
+// Age is how long ago, in the backend's own touches of blocks, the least
+// recently used of a request's matched blocks was last touched, against
+// the backend's capacity: Touches below half of Capacity say that fewer
+// than half the capacity's blocks were touched since, so an engine that
+// evicts least recently used first and keeps at least half what the
+// index thinks still holds them (a block in use by a request in flight
+// is touched now). Known is false when it was not measured.
+type Age struct {
+	Touches, Capacity int
+	Known             bool
+}
+
+// Fresh reports whether the age is known and under half the capacity.
+func (a Age) Fresh() bool { return a.Known && 2*a.Touches < a.Capacity }
+
 // insert records hashes for backend, pinned if pin, and sets nodes[i] (when
-// nodes is not nil) to the node of hashes[i]. The caller holds the write
-// lock.
-func (ix *Index) insert(backend int, hashes []uint64, pin bool, nodes []int32) {
+// nodes is not nil) to the node of hashes[i]. It returns the Age of the
+// first matched blocks before the insert touched them (unknown when
+// matched is 0). The caller holds the write lock.
+func (ix *Index) insert(backend int, hashes []uint64, pin bool, nodes []int32, matched int) Age {
 	l := ix.backend(backend)
 	b := int32(backend)
+	age := Age{Capacity: l.capacity, Known: matched > 0}
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
 		// A block the backend holds needs only its recency refreshed (or
 		// its pin count raised): the block map is not touched.
 		if n := ix.pairs.find(ix.nodes, h, b); n != nilNode {
 			nd := &ix.nodes[n]
+			if i < matched && nd.pins == 0 {
+				age.Touches = max(age.Touches, int(l.clock-nd.stamp))
+			}
 			switch {
 			case nd.pins > 0:
 				if pin {
@@ -343,6 +367,7 @@ func (ix *Index) insert(backend int, hashes []uint64, pin bool, nodes []int32) {
 		l.n++
 	}
 	ix.evict(l)
+	return age
 }
 
 // Release ends the pin of an Acquire of the same hashes on backend: blocks
@@ -485,11 +510,11 @@ func (ix *Index) drain() {
 		hashes := arena[o.lo:o.hi]
 		switch o.kind {
 		case opAcquire:
-			ix.insert(int(o.backend), hashes, true, nil)
+			ix.insert(int(o.backend), hashes, true, nil, 0)
 		case opRelease:
 			ix.release(int(o.backend), hashes, nil)
 		default:
-			ix.insert(int(o.backend), hashes, false, nil)
+			ix.insert(int(o.backend), hashes, false, nil, 0)
 		}
 	}
 	ix.spareOps, ix.spareArena = ops[:0], arena[:0]

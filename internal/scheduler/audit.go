@@ -66,7 +66,7 @@ func (a *Assignment) Reported(r Report, now time.Time) {
 	id := a.Backend.ID
 	v := s.audit.Observe(prefix.Observation{
 		Backend: id, Policy: a.policy, Routed: a.routed,
-		Prompt: int64(a.prompt), Predicted: int64(a.Predicted), Best: int64(a.Best),
+		Prompt: int64(a.prompt), Predicted: int64(a.Predicted), Best: int64(a.Best), Fresh: a.age.Fresh(),
 		Reported: int64(r.Cached), ReportedPrompt: int64(r.Prompt),
 		EstTTFT: a.EstTTFT, TTFT: r.TTFT.Seconds(),
 	}, now)

@@ -196,13 +196,15 @@ type Assignment struct {
 	// elsewhere at decision time).
 	Predicted, Best int
 
-	// sched, policy, prompt and routed are what Reported needs: the
-	// scheduler, the policy's name, the prompt's estimated tokens and
-	// the routing's time; reported is set by its first call.
+	// sched, policy, prompt, routed and age are what Reported needs: the
+	// scheduler, the policy's name, the prompt's estimated tokens, the
+	// routing's time and how fresh the predicted blocks were in the
+	// index; reported is set by its first call.
 	sched    *Scheduler
 	policy   string
 	prompt   int
 	routed   time.Time
+	age      prefix.Age
 	reported atomic.Bool
 
 	ticket *fleet.Ticket
@@ -320,7 +322,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 	}
 	// The blocks stay pinned while the request is in flight there, as the
 	// engine cannot evict the blocks of a queued or running request.
-	a.nodes = s.index.AcquireNodesNoWait(b.ID, hashes, nil)
+	a.nodes, a.age = s.index.AcquireNodesNoWait(b.ID, hashes, int(sc.rawMatch(b.ID)), nil)
 	a.index, a.hashes = s.index, hashes
 	s.speculate(b.ID, keys, now)
 	if s.events != nil {

@@ -104,8 +104,14 @@ func TestResetPrefixCacheDetected(t *testing.T) {
 		}
 		e := predictionError(run, "engine-0", reset, 20, 40)
 		t.Logf("seed %d: reset detected after %d requests ended on engine-0; hit-rate prediction error over its requests 20-60 after the reset: %.1f points", seed, after, e)
-		if after < 0 || after > 20 {
-			t.Errorf("seed %d: reset detected after %d requests ended on the engine, want within 20", seed, after)
+		// Within 40: on this workload the reset shows as little (its
+		// shared system prompts are re-cached by the next request, and
+		// only conversations' own turns are lost), and the rule that
+		// caught it within 20 (any shortfall forgets) cost the whole
+		// Mooncake trace twice its mean TTFT (docs/benchmarks.md,
+		// "Routing quality held to account").
+		if after < 0 || after > 40 {
+			t.Errorf("seed %d: reset detected after %d requests ended on the engine, want within 40", seed, after)
 		}
 		if !(e < 5) {
 			t.Errorf("seed %d: prediction error %.1f points over requests 20-60 after the reset, want under 5", seed, e)
