@@ -290,3 +290,29 @@ func TestShareRestsOnExercisingSamples(t *testing.T) {
 		t.Errorf("decode step of 2 sequences %.4f s, want the samples' 0.004 s", step)
 	}
 }
+
+// TestMeanRefusesNonCoefficients: a zero, negative, NaN or infinite
+// coefficient is refused whole, and the mean of what was taken is kept.
+func TestMeanRefusesNonCoefficients(t *testing.T) {
+	ok := Coeffs{Step: 0.01, Token: 1e-4, Attn: 1e-11, Seq: 1e-4, Ctx: 1e-7}
+	var m Mean
+	if !m.Add(ok) {
+		t.Fatal("a valid vector refused")
+	}
+	for _, bad := range []Coeffs{
+		{Step: 0.01, Token: 0, Attn: 1e-11, Seq: 1e-4, Ctx: 1e-7},
+		{Step: 0.01, Token: -1e-4, Attn: 1e-11, Seq: 1e-4, Ctx: 1e-7},
+		{Step: math.NaN(), Token: 1e-4, Attn: 1e-11, Seq: 1e-4, Ctx: 1e-7},
+		{Step: 0.01, Token: 1e-4, Attn: math.Inf(1), Seq: 1e-4, Ctx: 1e-7},
+	} {
+		if m.Add(bad) {
+			t.Errorf("%+v taken", bad)
+		}
+	}
+	got := m.Coeffs()
+	for k, v := range got.vec() {
+		if w := ok.vec()[k]; math.Abs(v/w-1) > 1e-9 {
+			t.Errorf("coefficient %d: mean %g, want %g", k, v, w)
+		}
+	}
+}

@@ -145,3 +145,30 @@ func checkStepCoeffs(t *testing.T, got, truth costmodel.Coeffs) {
 		}
 	}
 }
+
+// TestAnchorRefusesZeroCoefficient: a backend whose TTFT does not grow
+// with its prompt (a server that answers before its prefill, a cached
+// response) fits a token cost of 0; the fleet's coefficients, toward
+// which an unobserved backend decays, must not become 0 for it (they did:
+// every other backend was then costed at 1e-18 s a token, 10^13 below the
+// prior, although the estimate promises at most MaxSpeedup).
+func TestAnchorRefusesZeroCoefficient(t *testing.T) {
+	f := New()
+	flat := f.Add("flat", nil, nil)
+	idle := f.Add("idle", nil, nil)
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i := range 200 {
+		at = at.Add(100 * time.Millisecond)
+		work := int64(MinRateWork + 100*(i%40))
+		tk := flat.Start(work, work, 1, at)
+		tk.FirstByte(at.Add(20 * time.Millisecond)) // the same TTFT whatever the prompt
+		tk.Done(at)
+	}
+	if c, _ := flat.Cost().Learned(); c.Token != 0 {
+		t.Fatalf("the flat backend fit a token cost of %g, want 0 (the case under test)", c.Token)
+	}
+	prior := idle.Cost().Prior()
+	if got := idle.Cost().Coeffs(at.Add(time.Minute)); !(got.Token >= prior.Token/costmodel.MaxSpeedup) {
+		t.Errorf("an unobserved backend is costed at %g s a token, under the prior's %g over %v", got.Token, prior.Token, costmodel.MaxSpeedup)
+	}
+}

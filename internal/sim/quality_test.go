@@ -103,19 +103,21 @@ func TestRoutingQuality(t *testing.T) {
 func TestFiguresWorse(t *testing.T) {
 	base := Figures{P99TTFTms: 1000, MeanTTFTms: 100, HitRate: 0.5}
 	for _, tc := range []struct {
-		name string
-		got  Figures
-		want int
+		name      string
+		base, got Figures
+		want      int
 	}{
-		{"same", base, 0},
-		{"better everywhere", Figures{900, 90, 0.6}, 0},
-		{"within tolerance", Figures{1029, 102.9, 0.486}, 0},
-		{"p99 worse", Figures{1031, 100, 0.5}, 1},
-		{"mean worse", Figures{1000, 103.1, 0.5}, 1},
-		{"hit rate worse", Figures{1000, 100, 0.484}, 1},
-		{"all worse", Figures{2000, 200, 0.1}, 3},
+		{"same", base, base, 0},
+		{"better everywhere", base, Figures{900, 90, 0.6}, 0},
+		{"within tolerance", base, Figures{1029, 102.9, 0.486}, 0},
+		{"p99 worse", base, Figures{1031, 100, 0.5}, 1},
+		{"mean worse", base, Figures{1000, 103.1, 0.5}, 1},
+		{"hit rate worse", base, Figures{1000, 100, 0.484}, 1},
+		{"all worse", base, Figures{2000, 200, 0.1}, 3},
+		{"a tiny hit rate less by under a tenth of a point", Figures{1000, 100, 0.0006}, Figures{1000, 100, 0.0001}, 0},
+		{"a tiny hit rate lost", Figures{1000, 100, 0.0016}, Figures{1000, 100, 0.0001}, 1},
 	} {
-		if got := base.Worse(tc.got, 0.03); len(got) != tc.want {
+		if got := tc.base.Worse(tc.got, 0.03); len(got) != tc.want {
 			t.Errorf("%s: %d findings %v, want %d", tc.name, len(got), got, tc.want)
 		}
 	}
