@@ -144,3 +144,21 @@ func (l *LoRA) HasWaiting(adapter string) bool { return contains(l.Waiting, adap
 // Free reports whether the engine can take one more adapter without
 // evicting one a request uses.
 func (l *LoRA) Free() bool { return l.Used < l.Max }
+
+// WaitsForAdapterSlot reports whether the engine names a waiting adapter
+// that cannot join its batch: one that no running request uses while the
+// running requests' adapters already fill its cap (vLLM's scheduler passes
+// such a request over and leaves it waiting). Its requests wait for an
+// adapter slot, not for a sequence slot or KV cache. False when the engine
+// names no adapters (SGLang's counts do not say who waits).
+func (l *LoRA) WaitsForAdapterSlot() bool {
+	if !l.Named || len(l.Running) < l.Max {
+		return false
+	}
+	for _, w := range l.Waiting {
+		if !contains(l.Running, w) {
+			return true
+		}
+	}
+	return false
+}
