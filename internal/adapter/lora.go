@@ -67,16 +67,25 @@ func vllmLoRA(f *dto.MetricFamily) *LoRA {
 			latest = m
 		}
 	}
+	// Several series may carry the latest time: llm-d's simulator sets
+	// the gauge to the time in whole seconds, and the exposition orders
+	// series by their labels, not by time. Their adapters are read
+	// together: each was running or waiting within that second.
 	var running, waiting []string
 	maxLoRA := -1
-	for _, lp := range latest.Label {
-		switch lp.GetName() {
-		case labelMaxLoRA:
-			maxLoRA = atoi(lp.GetValue())
-		case labelRunning:
-			running = adapterList(lp.GetValue())
-		case labelWaitingLo:
-			waiting = adapterList(lp.GetValue())
+	for _, m := range f.Metric {
+		if m != latest && value(m) != value(latest) {
+			continue
+		}
+		for _, lp := range m.Label {
+			switch lp.GetName() {
+			case labelMaxLoRA:
+				maxLoRA = max(maxLoRA, atoi(lp.GetValue()))
+			case labelRunning:
+				running = appendAdapters(running, lp.GetValue())
+			case labelWaitingLo:
+				waiting = appendAdapters(waiting, lp.GetValue())
+			}
 		}
 	}
 	if maxLoRA < 0 || maxLoRA > MaxLoRAs {
@@ -111,8 +120,11 @@ func sglangLoRA(fams map[string]*dto.MetricFamily) *LoRA {
 // adapterList splits a comma-separated list of names, dropping empty
 // names and repeats, and keeping at most MaxLoRAs names of at most
 // MaxAdapterName bytes.
-func adapterList(s string) []string {
-	var out []string
+func adapterList(s string) []string { return appendAdapters(nil, s) }
+
+// appendAdapters adds to out the names of the comma-separated list s
+// that it lacks, as adapterList keeps them.
+func appendAdapters(out []string, s string) []string {
 	for name := range strings.SplitSeq(s, ",") {
 		name = strings.TrimSpace(name)
 		if name == "" || len(name) > MaxAdapterName || contains(out, name) {
