@@ -65,7 +65,9 @@ var AdapterSpill = 1.5
 //     AdapterSpill times the candidates' mean in-flight count (plus one):
 //     an adapter in demand stays on as few engines as its load needs, so
 //     that the others keep their slots for the rest;
-//  2. those and the engines with a free slot (a load, no wait);
+//  2. those and the engines with a free slot (a load, no wait); else those
+//     and the engines whose slots hold only idle adapters (a load that
+//     evicts one, no wait);
 //  3. those and the engines where its requests wait already (one wait
 //     for a slot, not one on each engine);
 //  4. those running it, however loaded: elsewhere it would wait;
@@ -87,11 +89,13 @@ var AdapterSpill = 1.5
 // served 3.75 of 8 adapters. So an adapter among the first max_lora of an
 // engine's resident ones counts as running there, and an engine whose
 // resident adapters fill its max_lora has no free slot, whatever its
-// batch holds at the moment.
+// batch holds at the moment: it comes after the engines with a free slot,
+// as one that would evict an idle adapter to load this one (tier 2b).
 func AdapterTiers(cands []*fleet.Backend, adapter string, now time.Time, resident func(b *fleet.Backend) []string) []*fleet.Backend {
 	const (
 		full = iota
 		waiting
+		evictable
 		free
 		running
 	)
@@ -120,6 +124,8 @@ func AdapterTiers(cands []*fleet.Backend, adapter string, now time.Time, residen
 			return running
 		case l.Free() && len(res[i]) < l.Max:
 			return free
+		case l.Free():
+			return evictable
 		case l.HasWaiting(adapter):
 			return waiting
 		}
@@ -148,6 +154,8 @@ func AdapterTiers(cands []*fleet.Backend, adapter string, now time.Time, residen
 		keep = func(_, c int) bool { return c == running }
 	case has[free]:
 		keep = func(_, c int) bool { return c == running || c == free }
+	case has[evictable]:
+		keep = func(_, c int) bool { return c == running || c == evictable }
 	case has[waiting]:
 		keep = func(_, c int) bool { return c == running || c == waiting }
 	case has[running]:

@@ -147,6 +147,7 @@ func TestAdapterTiersResident(t *testing.T) {
 		{"served last", [][]string{{"x", "y"}, {"a"}, nil}, []int{1}},
 		{"beyond max_lora it is evicted", [][]string{{"x", "y", "a"}, {"x"}, {"x", "y"}}, []int{1}},
 		{"residents fill the slots", [][]string{{"x", "y"}, {"x", "z"}, {"w"}}, []int{2}},
+		{"else an idle adapter is evicted", [][]string{{"x", "y"}, {"x", "z"}, {"w", "v"}}, []int{0, 1, 2}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cands := loraFleet([]int{0, 0, 0}, []*fleet.LoRAState{idle(), idle(), idle()})
