@@ -117,13 +117,9 @@ func sglangLoRA(fams map[string]*dto.MetricFamily) *LoRA {
 	return &LoRA{Max: int(total), Used: int(used)}
 }
 
-// adapterList splits a comma-separated list of names, dropping empty
-// names and repeats, and keeping at most MaxLoRAs names of at most
-// MaxAdapterName bytes.
-func adapterList(s string) []string { return appendAdapters(nil, s) }
-
 // appendAdapters adds to out the names of the comma-separated list s
-// that it lacks, as adapterList keeps them.
+// that it lacks, dropping empty names and repeats, and keeping at most
+// MaxLoRAs names of at most MaxAdapterName bytes.
 func appendAdapters(out []string, s string) []string {
 	for name := range strings.SplitSeq(s, ",") {
 		name = strings.TrimSpace(name)
