@@ -67,16 +67,25 @@ func vllmLoRA(f *dto.MetricFamily) *LoRA {
 			latest = m
 		}
 	}
+	// Several series may carry the latest time: llm-d's simulator sets
+	// the gauge to the time in whole seconds, and the exposition orders
+	// series by their labels, not by time. Their adapters are read
+	// together: each was running or waiting within that second.
 	var running, waiting []string
 	maxLoRA := -1
-	for _, lp := range latest.Label {
-		switch lp.GetName() {
-		case labelMaxLoRA:
-			maxLoRA = atoi(lp.GetValue())
-		case labelRunning:
-			running = adapterList(lp.GetValue())
-		case labelWaitingLo:
-			waiting = adapterList(lp.GetValue())
+	for _, m := range f.Metric {
+		if m != latest && value(m) != value(latest) {
+			continue
+		}
+		for _, lp := range m.Label {
+			switch lp.GetName() {
+			case labelMaxLoRA:
+				maxLoRA = max(maxLoRA, atoi(lp.GetValue()))
+			case labelRunning:
+				running = appendAdapters(running, lp.GetValue())
+			case labelWaitingLo:
+				waiting = appendAdapters(waiting, lp.GetValue())
+			}
 		}
 	}
 	if maxLoRA < 0 || maxLoRA > MaxLoRAs {
@@ -108,11 +117,10 @@ func sglangLoRA(fams map[string]*dto.MetricFamily) *LoRA {
 	return &LoRA{Max: int(total), Used: int(used)}
 }
 
-// adapterList splits a comma-separated list of names, dropping empty
-// names and repeats, and keeping at most MaxLoRAs names of at most
-// MaxAdapterName bytes.
-func adapterList(s string) []string {
-	var out []string
+// appendAdapters adds to out the names of the comma-separated list s
+// that it lacks, dropping empty names and repeats, and keeping at most
+// MaxLoRAs names of at most MaxAdapterName bytes.
+func appendAdapters(out []string, s string) []string {
 	for name := range strings.SplitSeq(s, ",") {
 		name = strings.TrimSpace(name)
 		if name == "" || len(name) > MaxAdapterName || contains(out, name) {
@@ -144,3 +152,21 @@ func (l *LoRA) HasWaiting(adapter string) bool { return contains(l.Waiting, adap
 // Free reports whether the engine can take one more adapter without
 // evicting one a request uses.
 func (l *LoRA) Free() bool { return l.Used < l.Max }
+
+// WaitsForAdapterSlot reports whether the engine names a waiting adapter
+// that cannot join its batch: one that no running request uses while the
+// running requests' adapters already fill its cap (vLLM's scheduler passes
+// such a request over and leaves it waiting). Its requests wait for an
+// adapter slot, not for a sequence slot or KV cache. False when the engine
+// names no adapters (SGLang's counts do not say who waits).
+func (l *LoRA) WaitsForAdapterSlot() bool {
+	if !l.Named || len(l.Running) < l.Max {
+		return false
+	}
+	for _, w := range l.Waiting {
+		if !contains(l.Running, w) {
+			return true
+		}
+	}
+	return false
+}

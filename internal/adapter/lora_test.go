@@ -131,3 +131,22 @@ func init() {
 	// The LoRA expositions seed FuzzParseMetrics too.
 	fuzzSeeds = append(fuzzSeeds, "vllm_lora.prom", "sglang_lora.prom")
 }
+
+// Series of the same time are read together: llm-d's simulator sets the
+// gauge to whole seconds, and the exposition sorts series by label, so
+// the one listed first is not the latest.
+func TestParseLoRASameSecond(t *testing.T) {
+	body := "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n# TYPE vllm:lora_requests_info gauge\n" +
+		"vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} 1.7e+09\n" +
+		"vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"a\",waiting_lora_adapters=\"\"} 1.8e+09\n" +
+		"vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"a,b\",waiting_lora_adapters=\"c\"} 1.8e+09\n" +
+		"vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"d\",waiting_lora_adapters=\"\"} 1.6e+09\n"
+	s, err := ParseMetrics(strings.NewReader(body), VLLM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := NamedLoRA([]string{"a", "b"}, []string{"c"}, 2)
+	if !reflect.DeepEqual(s.LoRA, want) {
+		t.Fatalf("LoRA %+v, want %+v", s.LoRA, want)
+	}
+}

@@ -76,6 +76,14 @@ type Backend struct {
 	// backend's predicted hit rate.
 	RoutedPromptTokens    int64 `json:"routed_prompt_tokens"`
 	PredictedCachedTokens int64 `json:"predicted_cached_tokens"`
+	// MaxNumSeqs is the running-sequence cap the backend is routed by, 0
+	// when none is known, and MaxNumSeqsSource where it comes from:
+	// "engine" (its own report, llama.cpp's slots), "config"
+	// (backends[].max_num_seqs), "learned" (confirmed from its running
+	// and waiting counts) or "plausible" (the cold-start cap, not
+	// confirmed yet).
+	MaxNumSeqs       int    `json:"max_num_seqs"`
+	MaxNumSeqsSource string `json:"max_num_seqs_source,omitempty"`
 	// Cache is the audit of the router's cache picture of the backend
 	// against the cached tokens its engine reported.
 	Cache CacheAudit `json:"cache_audit"`

@@ -35,7 +35,8 @@ type Reading struct {
 // decode time the engine's counters show (ObserveEnginePrefill,
 // ObserveEngineDecode) and what they teach its cost model (Cost), its
 // running-sequence cap (reported, or learned from
-// the running and waiting counts: ObserveRunning), and, last, its report
+// the running and waiting counts: ObserveRunning, the waiting ones that
+// may wait for a sequence slot only: seqWaiting), and, last, its report
 // (SetEngine), so that whoever reads the report also finds what it taught.
 // A count the engine does not report (State.Missing) teaches nothing.
 func (b *Backend) Learn(r Reading) {
@@ -51,7 +52,7 @@ func (b *Backend) Learn(r Reading) {
 		if !s.Has(EngineKVUsage) {
 			kv = -1 // unknown, which ObserveRunning reads as not full
 		}
-		b.ObserveRunning(s.Running, s.Waiting, kv)
+		b.ObserveRunning(s.Running, seqWaiting(s), kv)
 	}
 	b.SetEngine(s)
 }

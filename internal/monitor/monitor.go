@@ -341,7 +341,8 @@ func (m *Monitor) scrapeOnce(ctx context.Context, w *watcher) {
 	// else what its running and waiting counts taught (fleet.CapConfirmations).
 	if c := w.b.Limits().MaxNumSeqs; c != w.seqCap {
 		w.seqCap = c
-		m.log.Info("running-sequence cap", "backend", w.b.Name, "max_num_seqs", c)
+		_, src := w.b.SeqCap()
+		m.log.Info("running-sequence cap", "backend", w.b.Name, "max_num_seqs", c, "source", src)
 	}
 }
 

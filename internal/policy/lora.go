@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"slices"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -64,7 +65,9 @@ var AdapterSpill = 1.5
 //     AdapterSpill times the candidates' mean in-flight count (plus one):
 //     an adapter in demand stays on as few engines as its load needs, so
 //     that the others keep their slots for the rest;
-//  2. those and the engines with a free slot (a load, no wait);
+//  2. those and the engines with a free slot (a load, no wait); else those
+//     and the engines whose slots hold only idle adapters (a load that
+//     evicts one, no wait);
 //  3. those and the engines where its requests wait already (one wait
 //     for a slot, not one on each engine);
 //  4. those running it, however loaded: elsewhere it would wait;
@@ -75,31 +78,54 @@ var AdapterSpill = 1.5
 // The policy's pick then weighs load and prefix among the engines kept,
 // as for any request. A report older than EngineStateMaxAge counts as
 // none.
-func AdapterTiers(cands []*fleet.Backend, adapter string, now time.Time) []*fleet.Backend {
+//
+// resident, when not nil, gives the adapters the router sent each engine
+// last, most recent first (the scheduler's picture of the adapters the
+// engine keeps loaded; scheduler/lora.go). An engine reports only the
+// adapters of the requests it runs or holds at the time of a scrape, so
+// between two requests an adapter it has just served, and keeps loaded,
+// is absent from its report, and the engine reads as a free slot to every
+// other adapter: with short requests, four engines of --max-loras 2 each
+// served 3.75 of 8 adapters. So an adapter among the first max_lora of an
+// engine's resident ones counts as running there, and an engine whose
+// resident adapters fill its max_lora has no free slot, whatever its
+// batch holds at the moment: it comes after the engines with a free slot,
+// as one that would evict an idle adapter to load this one (tier 2b).
+func AdapterTiers(cands []*fleet.Backend, adapter string, now time.Time, resident func(b *fleet.Backend) []string) []*fleet.Backend {
 	const (
 		full = iota
 		waiting
+		evictable
 		free
 		running
 	)
 	var reports [8]*fleet.LoRAState // most fleets: no allocation
-	lora := reports[:0]
+	var held [8][]string
+	lora, res := reports[:0], held[:0]
 	for _, b := range cands {
 		var l *fleet.LoRAState
 		if e := freshEngine(b, now); e != nil {
 			l = e.LoRA
 		}
 		lora = append(lora, l)
+		var r []string
+		if resident != nil && l != nil && l.Max > 0 {
+			r = resident(b)
+			r = r[:min(len(r), l.Max)]
+		}
+		res = append(res, r)
 	}
 	class := func(i int) int {
 		l := lora[i]
 		switch {
 		case l == nil:
 			return free
-		case l.HasRunning(adapter):
+		case l.HasRunning(adapter) || slices.Contains(res[i], adapter):
 			return running
-		case l.Free():
+		case l.Free() && len(res[i]) < l.Max:
 			return free
+		case l.Free():
+			return evictable
 		case l.HasWaiting(adapter):
 			return waiting
 		}
@@ -128,6 +154,8 @@ func AdapterTiers(cands []*fleet.Backend, adapter string, now time.Time) []*flee
 		keep = func(_, c int) bool { return c == running }
 	case has[free]:
 		keep = func(_, c int) bool { return c == running || c == free }
+	case has[evictable]:
+		keep = func(_, c int) bool { return c == running || c == evictable }
 	case has[waiting]:
 		keep = func(_, c int) bool { return c == running || c == waiting }
 	case has[running]:

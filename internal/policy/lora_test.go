@@ -79,7 +79,7 @@ func TestAdapterTiers(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			cands := loraFleet(c.inflight, c.reports)
 			var got []int
-			for _, b := range AdapterTiers(slices.Clone(cands), "a", fxT0) {
+			for _, b := range AdapterTiers(slices.Clone(cands), "a", fxT0, nil) {
 				got = append(got, b.ID)
 			}
 			if !slices.Equal(got, c.want) {
@@ -89,7 +89,7 @@ func TestAdapterTiers(t *testing.T) {
 	}
 	// A stale report counts as none.
 	cands := loraFleet([]int{0, 0}, []*fleet.LoRAState{full, lora(2, []string{"a"}, nil)})
-	if got := AdapterTiers(slices.Clone(cands), "a", fxT0.Add(EngineStateMaxAge+time.Second)); len(got) != 2 {
+	if got := AdapterTiers(slices.Clone(cands), "a", fxT0.Add(EngineStateMaxAge+time.Second), nil); len(got) != 2 {
 		t.Errorf("stale reports: kept %d of 2", len(got))
 	}
 }
@@ -129,5 +129,39 @@ func TestAdapterInterfaces(t *testing.T) {
 	}
 	if _, ok := blind.(SessionLearner); !ok {
 		t.Error("the adapter-blind kvroute lost kvroute's session table")
+	}
+}
+
+// The adapters the router sent an engine last count as loaded there,
+// whatever its batch holds at the scrape: an idle engine that served "a"
+// last is where "a" goes, and one whose max_lora adapters are taken by
+// others' recent requests has no free slot.
+func TestAdapterTiersResident(t *testing.T) {
+	idle := func() *fleet.LoRAState { return lora(2, nil, nil) }
+	for _, c := range []struct {
+		name     string
+		resident [][]string
+		want     []int
+	}{
+		{"no picture: every idle engine is a free slot", nil, []int{0, 1, 2}},
+		{"served last", [][]string{{"x", "y"}, {"a"}, nil}, []int{1}},
+		{"beyond max_lora it is evicted", [][]string{{"x", "y", "a"}, {"x"}, {"x", "y"}}, []int{1}},
+		{"residents fill the slots", [][]string{{"x", "y"}, {"x", "z"}, {"w"}}, []int{2}},
+		{"else an idle adapter is evicted", [][]string{{"x", "y"}, {"x", "z"}, {"w", "v"}}, []int{0, 1, 2}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cands := loraFleet([]int{0, 0, 0}, []*fleet.LoRAState{idle(), idle(), idle()})
+			var resident func(b *fleet.Backend) []string
+			if c.resident != nil {
+				resident = func(b *fleet.Backend) []string { return c.resident[b.ID] }
+			}
+			var got []int
+			for _, b := range AdapterTiers(slices.Clone(cands), "a", fxT0, resident) {
+				got = append(got, b.ID)
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("kept %v, want %v", got, c.want)
+			}
+		})
 	}
 }

@@ -2,8 +2,11 @@ package scheduler
 
 import (
 	"maps"
+	"slices"
+	"sync"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/adapter"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/prefix"
@@ -103,5 +106,58 @@ func (s *Scheduler) adapterStage(cands []*fleet.Backend, model, parent string, n
 	if a, ok := s.Policy().(policy.AdapterAffinity); !ok || !a.AdapterAffinity() {
 		return cands
 	}
-	return policy.AdapterTiers(cands, model, now)
+	return policy.AdapterTiers(cands, model, now, s.resident.of)
+}
+
+// residents is the router's picture of the adapters each backend keeps
+// loaded: the adapters it routed there, most recent first. An engine
+// keeps an adapter loaded after its last request ends, until another
+// needs its slot (vLLM's LRU of --max-loras adapters, as llm-d's
+// simulator keeps them too), but reports only the adapters of the
+// requests it runs or holds; so the adapter stage reads this picture
+// beside the engine's report (policy.AdapterTiers).
+type residents struct {
+	mu sync.Mutex
+	by map[int][]string // fleet ID -> adapters, most recent first
+}
+
+// maxResident bounds the adapters remembered per backend: the engine's
+// cap on adapters (max_lora) is at most adapter.MaxLoRAs.
+const maxResident = adapter.MaxLoRAs
+
+// routedAdapter notes that a request for model went to b, when model is
+// a known adapter and the policy knows adapters.
+func (s *Scheduler) routedAdapter(b *fleet.Backend, model string) {
+	if s.Parent(model) == "" || s.adapterBlind() {
+		return
+	}
+	r := &s.resident
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.by == nil {
+		r.by = map[int][]string{}
+	}
+	list := r.by[b.ID]
+	if i := slices.Index(list, model); i >= 0 {
+		list = slices.Delete(list, i, i+1)
+	} else if len(list) == maxResident {
+		list = list[:maxResident-1]
+	}
+	r.by[b.ID] = slices.Insert(list, 0, model)
+}
+
+// of returns the adapters routed to b, most recent first; the slice is
+// a copy.
+func (r *residents) of(b *fleet.Backend) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.by[b.ID])
+}
+
+// forget drops what was routed to backend (its slot is freed or its
+// engine restarted).
+func (r *residents) forget(backend int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.by, backend)
 }

@@ -86,6 +86,9 @@ type Scheduler struct {
 	// adapters maps each known LoRA adapter to its base model (lora.go).
 	adapters   atomic.Pointer[map[string]string]
 	adaptersMu sync.Mutex // serialises writers of adapters
+	// resident is the router's picture of the adapters each backend
+	// keeps loaded (lora.go).
+	resident residents
 	// probes is the probe rule (probe.go), guarded by decide.
 	probes *probes
 }
@@ -155,6 +158,7 @@ func (s *Scheduler) SetKVCapacity(backend int, kvTokens int64) {
 func (s *Scheduler) Forget(backend int) {
 	s.index.RemoveBackend(backend)
 	s.audit.Reset(backend)
+	s.resident.forget(backend)
 }
 
 // Policy returns the scheduler's policy.
@@ -312,6 +316,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		ticket:        b.Start(int64(v.PromptTokens), pendingOf(v, sc.uncached[d.Index]), int64(budget), now),
 	}
 	s.presume(b, a.ticket.Started(), sc.in.Replicas, now)
+	s.routedAdapter(b, v.Model)
 	s.decide.Unlock()
 	predicted, _ := s.split(v, sc.rawMatch(b.ID))
 	best, _ := s.split(v, sc.best)

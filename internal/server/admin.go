@@ -43,6 +43,7 @@ func (a adminSource) Backends() []admin.Backend {
 			ab.Breaker.OpenUntil = &u
 		}
 		ab.RoutedPromptTokens, ab.PredictedCachedTokens = b.Routed()
+		ab.MaxNumSeqs, ab.MaxNumSeqsSource = b.SeqCap()
 		ab.Cache = cacheAudit(s.sched.Audit().Backend(b.ID))
 		if e := b.Engine(); e != nil {
 			ab.Engine = &admin.Engine{ReportedAt: e.At, AgeSeconds: now.Sub(e.At).Seconds(), KVBlocks: e.KVBlocks}
