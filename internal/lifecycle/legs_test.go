@@ -198,7 +198,7 @@ func TestPrefillAnswerBudget(t *testing.T) {
 	front := &bareFront{room: 8 << 10}
 	r, _ := runCtx(t, context.Background(), p, front, chatBody, splitLegs(v, &got)...)
 	if r.Status != http.StatusOK || !r.Legs[0].Skipped() || len(got) != 1 || got[0] != "" {
-		t.Fatalf("status %d, prefill skipped %v, decode got %q: want served whole", r.Status, r.Legs[0].Skipped(), got)
+		t.Fatalf("status %d, prefill skipped %v, decode got %d answers (the first %.40q): want served whole", r.Status, r.Legs[0].Skipped(), len(got), got)
 	}
 	if front.held <= front.room {
 		t.Errorf("held %d bytes of a %d-byte budget: want the answer to have asked for more", front.held, front.room)
