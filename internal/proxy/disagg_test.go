@@ -284,7 +284,10 @@ func TestVLLMDecodeRetried(t *testing.T) {
 	// connection before its first byte; the other answers.
 	var decodes atomic.Int32
 	for _, e := range dec {
-		fail := func(*http.Request) {
+		fail := func(req *http.Request) {
+			if req.URL.Path != "/v1/chat/completions" {
+				return // the router's scrapes and checks
+			}
 			if decodes.Add(1) == 1 {
 				e.fail.Store(2)
 			} else {
