@@ -52,6 +52,11 @@ type Disaggregation struct {
 	// the DefaultTransferPreset engine preset's (docs/engine.md).
 	KVTransferLatency      time.Duration `yaml:"kv_transfer_latency"`
 	KVTransferTimePerToken time.Duration `yaml:"kv_transfer_time_per_token"`
+	// TransferHosts are the side-channel hosts a vLLM prefill answer's
+	// kv_transfer_params may name (remote_host) besides its prefill
+	// engine's own host: for engines whose side channel listens on
+	// another interface than their HTTP server. Default none.
+	TransferHosts []string `yaml:"transfer_hosts"`
 }
 
 // Split modes (disaggregation.split).

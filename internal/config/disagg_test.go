@@ -1,6 +1,7 @@
 package config
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 
@@ -59,7 +60,7 @@ func TestDisaggregationDefaults(t *testing.T) {
 	}
 	want := Disaggregation{Protocol: ProtocolVLLM, BootstrapPort: DefaultBootstrapPort, Split: SplitConditional,
 		KVTransferLatency: p.KVTransferLatency, KVTransferTimePerToken: p.KVTransferPerToken}
-	if c.Disaggregation != want || RoleOf(&c.Backends[0]) != RoleBoth {
+	if !reflect.DeepEqual(c.Disaggregation, want) || RoleOf(&c.Backends[0]) != RoleBoth {
 		t.Errorf("disaggregation %+v, role %q: want %+v", c.Disaggregation, RoleOf(&c.Backends[0]), want)
 	}
 	if want.KVTransferLatency <= 0 || want.KVTransferTimePerToken <= 0 {

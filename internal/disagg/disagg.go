@@ -36,10 +36,12 @@ const (
 // request whole), and a decode leg.
 //
 // Under vllm the prefill leg runs first and, when it fails on every
-// attempt, is skipped too. Under sglang it is sent at once with the decode
-// leg (Beside), once; Bootstrap gives both legs their body once they are
-// routed.
-func Legs(v *request.View, protocol string) []lifecycle.Leg {
+// attempt, is skipped too; its answer's kv_transfer_params go to the
+// decode leg when t allows them (Transfer), else the decode leg serves
+// the request whole (its Whole says why). Under sglang it is sent at once
+// with the decode leg (Beside), once; Bootstrap gives both legs their
+// body once they are routed.
+func Legs(v *request.View, protocol string, t Transfer) []lifecycle.Leg {
 	pre, dec := *v, *v
 	pre.Role, dec.Role = RolePrefill, RoleDecode
 	if protocol == config.ProtocolSGLang {
@@ -48,10 +50,22 @@ func Legs(v *request.View, protocol string) []lifecycle.Leg {
 			{Role: RoleDecode, View: &dec},
 		}
 	}
-	return []lifecycle.Leg{
+	legs := []lifecycle.Leg{
 		{Role: RolePrefill, View: &pre, Optional: true, Rewrite: VLLMPrefill},
-		{Role: RoleDecode, View: &dec, Rewrite: VLLMDecode},
+		{Role: RoleDecode, View: &dec},
 	}
+	// The decode leg's Rewrite reads the prefill leg's engine when it runs:
+	// legs is the request's own slice (lifecycle.Request.SetLegs keeps it).
+	legs[1].Rewrite = func(body, prev []byte) []byte {
+		var host string
+		if m := legs[0].Target; m != nil {
+			host = m.B.URL.Hostname()
+		}
+		out, why := t.decode(body, prev, host)
+		legs[1].Whole = why
+		return out
+	}
+	return legs
 }
 
 // room draws a bootstrap room: a random integer in [0, 2^63), as SGLang's
@@ -215,31 +229,42 @@ var (
 	jsonOne   = []byte("1")
 )
 
-// VLLMDecode is the body of a vLLM decode leg (lifecycle.Leg.Rewrite): the
-// request's as the client sent it, with the kv_transfer_params of the
-// prefill leg's answer (prev), do_remote_prefill set, so that the decode
+// decode is the body of a vLLM decode leg: the request's as the client
+// sent it, with the kv_transfer_params of the prefill leg's answer (prev)
+// from the engine at host pre, do_remote_prefill set, so that the decode
 // engine pulls the prompt's KV cache instead of computing it (the other
-// members are the client's bytes, splice). Without an answer, or one
-// without kv_transfer_params (the prefill leg was skipped, or its engine
-// does not transfer), the body is the request's own: the decode engine
-// serves it whole.
-func VLLMDecode(body, prev []byte) []byte {
+// members are the client's bytes, splice). Without an answer (the prefill
+// leg was skipped), or with one whose kv_transfer_params are missing or
+// refused (checkParams), the body is the request's own: the decode engine
+// serves it whole, and why says why (for an answer that came).
+func (t Transfer) decode(body, prev []byte, pre string) (out []byte, why string) {
+	if len(prev) == 0 {
+		return body, ""
+	}
 	var answer struct {
-		KV map[string]json.RawMessage `json:"kv_transfer_params"`
+		KV json.RawMessage `json:"kv_transfer_params"`
 	}
-	if len(prev) == 0 || json.Unmarshal(prev, &answer) != nil || len(answer.KV) == 0 {
-		return body
+	var kv map[string]json.RawMessage
+	if err := json.Unmarshal(prev, &answer); err != nil {
+		return body, "prefill answer unusable: not JSON"
 	}
-	answer.KV["do_remote_prefill"] = json.RawMessage("true")
-	kv := marshal(answer.KV, nil)
-	if kv == nil {
-		return body
+	if json.Unmarshal(answer.KV, &kv) != nil || len(kv) == 0 {
+		return body, "prefill answer unusable: no kv_transfer_params object"
 	}
-	out, ok := splice(body, nil, member{key: "kv_transfer_params", value: kv})
+	if err := t.checkParams(kv, len(answer.KV), pre); err != nil {
+		return body, "prefill answer unusable: " + err.Error()
+	}
+	kv["do_remote_prefill"] = json.RawMessage("true")
+	kv["do_remote_decode"] = json.RawMessage("false")
+	enc := marshal(kv, nil)
+	if enc == nil {
+		return body, "prefill answer unusable: kv_transfer_params do not encode"
+	}
+	out, ok := splice(body, nil, member{key: "kv_transfer_params", value: enc})
 	if !ok {
-		return body
+		return body, ""
 	}
-	return out
+	return out, ""
 }
 
 // marshal is m's JSON (the decode leg's kv_transfer_params), or fallback

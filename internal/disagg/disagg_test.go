@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/url"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/config"
@@ -66,9 +67,9 @@ func TestSpliceRepeatedKeys(t *testing.T) {
 	if got := VLLMPrefill([]byte(in), nil); string(got) != want {
 		t.Errorf("prefill body\n%s\nwant\n%s", got, want)
 	}
-	answer := []byte(`{"kv_transfer_params":{"remote_engine_id":"e"}}`)
-	got := VLLMDecode([]byte(`{"kv_transfer_params":{"x":1},"prompt":"p","kv_transfer_params":null}`), answer)
-	if want := `{"prompt":"p","kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"e"}}`; string(got) != want {
+	answer := []byte(`{"kv_transfer_params":{"remote_engine_id":"e","remote_host":"h","remote_port":1,"remote_block_ids":[1]}}`)
+	got := vllmDecode([]byte(`{"kv_transfer_params":{"x":1},"prompt":"p","kv_transfer_params":null}`), answer)
+	if want := `{"prompt":"p","kv_transfer_params":{"do_remote_decode":false,"do_remote_prefill":true,"remote_block_ids":[1],"remote_engine_id":"e","remote_host":"h","remote_port":1}}`; string(got) != want {
 		t.Errorf("decode body\n%s\nwant\n%s", got, want)
 	}
 	for _, bad := range []string{`{"prompt":"p"`, `{"prompt":"p"} x`, `{"a":"\xff"}`, `["prompt"]`, ``} {
@@ -96,12 +97,12 @@ func FuzzSplice(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	answer := []byte(`{"kv_transfer_params":{"remote_engine_id":"e","remote_block_ids":[[1,2]]}}`)
+	answer := []byte(`{"kv_transfer_params":{"remote_engine_id":"e","remote_block_ids":[[1,2]],"remote_host":"h","remote_port":5600}}`)
 	pre := &members.Member{B: fleet.New().Add("p", &url.URL{Scheme: "http", Host: "10.0.0.7:30000"}, nil)}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		valid := request.Members(body, func([]byte, int, int, int) {}) == nil
 		// SGLang's legs: the body with the three bootstrap members.
-		legs := Legs(&request.View{}, config.ProtocolSGLang)
+		legs := Legs(&request.View{}, config.ProtocolSGLang, Transfer{})
 		legs[0].Target = pre
 		Bootstrap(legs, body, 8998)
 		if valid != (legs[1].Rewrite != nil) {
@@ -128,8 +129,8 @@ func FuzzSplice(f *testing.F) {
 				}
 				m["stream"], m["max_tokens"], m["kv_transfer_params"] = jsonFalse, jsonOne, remoteDecode
 			}},
-			{"decode", VLLMDecode, func(m map[string]json.RawMessage) {
-				m["kv_transfer_params"] = json.RawMessage(`{"do_remote_prefill":true,"remote_block_ids":[[1,2]],"remote_engine_id":"e"}`)
+			{"decode", vllmDecode, func(m map[string]json.RawMessage) {
+				m["kv_transfer_params"] = json.RawMessage(`{"do_remote_decode":false,"do_remote_prefill":true,"remote_block_ids":[[1,2]],"remote_engine_id":"e","remote_host":"h","remote_port":5600}`)
 			}},
 		} {
 			out := leg.rewrite(body, answer)
@@ -176,7 +177,7 @@ func TestBootstrapBatch(t *testing.T) {
 	}
 	for _, tt := range tests {
 		next = 0
-		legs := Legs(&request.View{}, config.ProtocolSGLang)
+		legs := Legs(&request.View{}, config.ProtocolSGLang, Transfer{})
 		legs[0].Target = pre
 		Bootstrap(legs, []byte(tt.body), 8998)
 		out := legs[1].Rewrite([]byte(tt.body), nil)
@@ -193,25 +194,124 @@ func TestBootstrapBatch(t *testing.T) {
 	}
 }
 
+// vllmDecode is the decode leg's body after a prefill engine at host "h".
+func vllmDecode(body, prev []byte) []byte {
+	out, _ := Transfer{}.decode(body, prev, "h")
+	return out
+}
+
 func TestVLLMDecode(t *testing.T) {
 	const body = `{"model":"m","prompt":"p","stream":true}`
 	answer := `{"id":"x","choices":[],"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[1,2],"remote_engine_id":"e","remote_host":"h","remote_port":5600,"tp_size":1}}`
 	want := decode(t, []byte(body))
 	want["kv_transfer_params"] = decode(t, []byte(answer))["kv_transfer_params"]
-	if got := decode(t, VLLMDecode([]byte(body), []byte(answer))); !reflect.DeepEqual(got, want) {
+	if got := decode(t, vllmDecode([]byte(body), []byte(answer))); !reflect.DeepEqual(got, want) {
 		t.Errorf("got %v\nwant %v", got, want)
 	}
 	// do_remote_prefill is set whatever the prefill engine said.
-	got := decode(t, VLLMDecode([]byte(body), []byte(`{"kv_transfer_params":{"remote_engine_id":"e"}}`)))
+	got := decode(t, vllmDecode([]byte(body), []byte(`{"kv_transfer_params":{"remote_engine_id":"e","remote_host":"h","remote_port":5600,"remote_block_ids":[],"do_remote_prefill":false}}`)))
 	if kv := got["kv_transfer_params"].(map[string]any); kv["do_remote_prefill"] != true || kv["remote_engine_id"] != "e" {
 		t.Errorf("kv_transfer_params %v", kv)
 	}
-	// Without usable params the decode engine serves the request whole.
-	for _, prev := range []string{"", `{}`, `{"kv_transfer_params":null}`, `{"kv_transfer_params":{}}`, `not json`, `{"kv_transfer_params":[1]}`} {
-		if got := VLLMDecode([]byte(body), []byte(prev)); string(got) != body {
-			t.Errorf("answer %q: body %s, want the request's own", prev, got)
+	if out, why := (Transfer{}).decode([]byte(body), nil, "h"); string(out) != body || why != "" {
+		t.Errorf("no answer (the prefill leg skipped): body %s, why %q: want the request's own, no reason", out, why)
+	}
+}
+
+// TestPrefillParamsChecked: parameters a decode engine would act on are
+// checked before any decode leg carries them; whatever fails, the decode
+// engine serves the request whole (the client's body) and the reason says
+// the answer was unusable.
+func TestPrefillParamsChecked(t *testing.T) {
+	const body = `{"model":"m","prompt":"p"}`
+	params := func(edit string) string {
+		return `{"kv_transfer_params":{"remote_engine_id":"e","remote_host":"10.0.0.7","remote_port":5600,"remote_block_ids":[1,2]` + edit + `}}`
+	}
+	huge := `,"x":"` + strings.Repeat("a", maxParams) + `"`
+	for _, tt := range []struct {
+		name, answer string
+		ok           bool
+	}{
+		{"own host", params(""), true},
+		{"allowed host", `{"kv_transfer_params":{"remote_engine_id":"e","remote_host":"10.9.9.9","remote_port":5600,"remote_block_ids":[[1],[2]]}}`, true},
+		{"empty answer", `{}`, false},
+		{"not JSON", `garbage`, false},
+		{"params null", `{"kv_transfer_params":null}`, false},
+		{"params a list", `{"kv_transfer_params":[1]}`, false},
+		{"params empty", `{"kv_transfer_params":{}}`, false},
+		{"metadata endpoint", `{"kv_transfer_params":{"remote_engine_id":"e","remote_host":"169.254.169.254","remote_port":80,"remote_block_ids":[1]}}`, false},
+		{"host a number", `{"kv_transfer_params":{"remote_engine_id":"e","remote_host":1,"remote_port":5600,"remote_block_ids":[1]}}`, false},
+		{"port 0", `{"kv_transfer_params":{"remote_engine_id":"e","remote_host":"10.0.0.7","remote_port":0,"remote_block_ids":[1]}}`, false},
+		{"port 65536", `{"kv_transfer_params":{"remote_engine_id":"e","remote_host":"10.0.0.7","remote_port":65536,"remote_block_ids":[1]}}`, false},
+		{"port a string", `{"kv_transfer_params":{"remote_engine_id":"e","remote_host":"10.0.0.7","remote_port":"5600","remote_block_ids":[1]}}`, false},
+		{"no engine id", `{"kv_transfer_params":{"remote_host":"10.0.0.7","remote_port":5600,"remote_block_ids":[1]}}`, false},
+		{"engine id too long", `{"kv_transfer_params":{"remote_engine_id":"` + strings.Repeat("e", maxName+1) + `","remote_host":"10.0.0.7","remote_port":5600,"remote_block_ids":[1]}}`, false},
+		{"negative block", params(`,"remote_block_ids":[-1]`), false},
+		{"block ids strings", params(`,"remote_block_ids":["1"]`), false},
+		{"over the size bound", params(huge), false},
+	} {
+		out, why := Transfer{Hosts: []string{"10.9.9.9"}}.decode([]byte(body), []byte(tt.answer), "10.0.0.7")
+		if tt.ok != (why == "") || tt.ok == (string(out) == body) {
+			t.Errorf("%s: body %.80s, why %q: want used %v", tt.name, out, why, tt.ok)
+		}
+		if !tt.ok && !strings.HasPrefix(why, "prefill answer unusable: ") {
+			t.Errorf("%s: why %q", tt.name, why)
 		}
 	}
+	// An engine on the router's machine names its side channel
+	// "localhost" (vLLM's default) while its URL says 127.0.0.1.
+	if _, why := (Transfer{}).decode([]byte(body), []byte(`{"kv_transfer_params":{"remote_engine_id":"e","remote_host":"localhost","remote_port":5600,"remote_block_ids":[1]}}`), "127.0.0.1"); why != "" {
+		t.Errorf("loopback: %s", why)
+	}
+}
+
+// TestStrip: a client's split protocol members are gone from its body,
+// at the top level and inside vllm_xargs, in every occurrence (escaped
+// or repeated keys); the other members are the client's bytes, and a
+// body without any is returned as it is.
+func TestStrip(t *testing.T) {
+	for _, tt := range []struct{ in, want string }{
+		{`{"model":"m","prompt":"p"}`, `{"model":"m","prompt":"p"}`},
+		{`{"model":"m","kv_transfer_params":{"do_remote_prefill":true,"remote_host":"169.254.169.254"},"prompt":"p"}`, `{"model":"m","prompt":"p"}`},
+		{`{"kv_transfer_params":{"do_remote_decode":true},"kv_transfer_param\u0073":1,"prompt":"p"}`, `{"prompt":"p"}`},
+		{`{"prompt":"p","bootstrap_host":"10.0.0.9","bootstrap_port":1,"bootstrap_room":7,"routed_dp_rank":1,"data_parallel_rank":0,"disagg_prefill_dp_rank":2}`, `{"prompt":"p"}`},
+		{`{"prompt":"p","vllm_xargs":{"kv_transfer_params":{"do_remote_decode":true},"a":1}}`, `{"prompt":"p","vllm_xargs":{"a":1}}`},
+		{`{"prompt":"p","vllm_xargs":{"a":1}}`, `{"prompt":"p","vllm_xargs":{"a":1}}`},
+		{`not json`, `not json`},
+	} {
+		if got := Strip([]byte(tt.in)); string(got) != tt.want {
+			t.Errorf("Strip(%s) = %s, want %s", tt.in, got, tt.want)
+		}
+	}
+}
+
+// FuzzStrip: whatever a client sends, Strip's answer is the body itself
+// or a JSON object without any member a client may not send.
+func FuzzStrip(f *testing.F) {
+	f.Add([]byte(`{"kv_transfer_params":{"a":1},"prompt":"p","vllm_xargs":{"kv_transfer_params":1}}`))
+	f.Add([]byte(`{"bootstrap_room":1,"bootstrap_room":2}`))
+	f.Add([]byte(`{"a":`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		out := Strip(body)
+		if string(out) == string(body) {
+			return
+		}
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(out, &m); err != nil {
+			t.Fatalf("Strip(%q) = %q: %v", body, out, err)
+		}
+		for _, k := range clientDrop {
+			if _, ok := m[k]; ok {
+				t.Fatalf("Strip(%q) = %q keeps %s", body, out, k)
+			}
+		}
+		var x map[string]json.RawMessage
+		if json.Unmarshal(m[xargs], &x) == nil {
+			if _, ok := x["kv_transfer_params"]; ok {
+				t.Fatalf("Strip(%q) = %q keeps vllm_xargs.kv_transfer_params", body, out)
+			}
+		}
+	})
 }
 
 func TestRolesTier(t *testing.T) {
@@ -238,12 +338,12 @@ func TestRolesTier(t *testing.T) {
 
 func TestLegs(t *testing.T) {
 	v := &request.View{Model: "m"}
-	legs := Legs(v, config.ProtocolVLLM)
+	legs := Legs(v, config.ProtocolVLLM, Transfer{})
 	if len(legs) != 2 || legs[0].Role != RolePrefill || !legs[0].Optional || legs[0].View.Role != RolePrefill ||
 		legs[1].Role != RoleDecode || legs[1].Optional || legs[1].View.Role != RoleDecode || v.Role != "" {
 		t.Errorf("legs %+v", legs)
 	}
-	legs = Legs(v, config.ProtocolSGLang)
+	legs = Legs(v, config.ProtocolSGLang, Transfer{})
 	if len(legs) != 2 || !legs[0].Beside || !legs[0].Optional || legs[0].Rewrite != nil || legs[0].View.Role != RolePrefill ||
 		legs[1].Beside || legs[1].Rewrite != nil || legs[1].View.Role != RoleDecode {
 		t.Errorf("sglang legs %+v", legs)
@@ -258,7 +358,7 @@ func FuzzVLLMDecode(f *testing.F) {
 	f.Add([]byte(`{"kv_transfer_params":null}`))
 	f.Add([]byte(`{"kv_transfer_params":{"a":`))
 	f.Fuzz(func(t *testing.T, prev []byte) {
-		out := VLLMDecode([]byte(`{"model":"m","prompt":"p"}`), prev)
+		out := vllmDecode([]byte(`{"model":"m","prompt":"p"}`), prev)
 		if !json.Valid(out) {
 			t.Fatalf("decode body %q is not JSON", out)
 		}

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/members"
@@ -65,7 +64,7 @@ func (p *Plane) RoundTrip(r *Request, req *http.Request) (*http.Response, error)
 	base := *req.URL
 	last := len(r.Legs) - 1
 	split := last > 0
-	var prev []byte
+	var prev *Leg
 	sent := false
 	for i := range r.Legs {
 		r.cur = i
@@ -98,29 +97,35 @@ func (p *Plane) RoundTrip(r *Request, req *http.Request) (*http.Response, error)
 			continue
 		}
 		l.status = at.resp.StatusCode
-		if i == last {
+		if i == last || refused(at.resp.StatusCode) {
+			// The last leg's response is the client's; so is an earlier
+			// leg's refusal (a 4xx: the client's request is at fault,
+			// and the next leg would refuse it too).
 			l.responded = true
 			r.answer(at.resp.StatusCode, "")
 			r.front.Respond(l, at.resp, at.head, at.headErr)
 			return at.resp, nil
 		}
-		if err := p.drain(l, at); err != nil {
-			if !p.skip(r, l, req, err, false) {
-				r.trace.LegEnd(l)
-				return nil, err
-			}
+		if err := p.drain(r, l, at); err != nil && !p.skip(r, l, req, err, false) {
+			r.trace.LegEnd(l)
+			return nil, err
 		}
 		// The leg's engine is done with the request: its load is released
 		// now, not when the last leg's stream ends (Settle judges it).
 		l.A.Done(time.Now())
 		r.trace.LegEnd(l)
-		prev = l.Answer
+		prev = l
 		if l.skipped {
 			prev = nil
 		}
 	}
 	panic("lifecycle: a request without legs")
 }
+
+// refused reports whether status is a backend's refusal of the request
+// itself (a 4xx): the client's mistake, which says nothing of the backend
+// (judge) and is the client's answer on any leg.
+func refused(status int) bool { return status/100 == 4 }
 
 // attempts is a leg's attempt loop. It sends the request to the leg's
 // backend and, when that backend fails before the first response byte
@@ -130,8 +135,12 @@ func (p *Plane) RoundTrip(r *Request, req *http.Request) (*http.Response, error)
 // response on, so that nothing has reached the client while a retry is
 // still possible. req is sent as it is on the first leg's first attempt;
 // every other attempt sends a copy aimed from base.
-func (p *Plane) attempts(r *Request, l *Leg, req *http.Request, base *url.URL, first, last bool, prev []byte) attempt {
+func (p *Plane) attempts(r *Request, l *Leg, req *http.Request, base *url.URL, first, last bool, pre *Leg) attempt {
 	ctx := req.Context()
+	var prev []byte
+	if pre != nil {
+		prev = pre.Answer
+	}
 	for n := 0; ; n++ {
 		p.probe(r, l)
 		out := l.outbound(ctx, req, base, n == 0 && first, l.body(r.Body, prev))
@@ -165,7 +174,45 @@ func (p *Plane) attempts(r *Request, l *Leg, req *http.Request, base *url.URL, f
 		}
 		p.assign(r, l, next)
 		l.Retries++
+		if prev != nil {
+			// The failed engine may have pulled the earlier leg's KV
+			// cache already, which its engine then freed: the answer's
+			// parameters name blocks that may be gone or reused, so the
+			// earlier leg runs again for fresh ones (none: served whole).
+			prev = p.again(r, pre, req, base)
+		}
 	}
+}
+
+// again runs an earlier leg pre once more, on an engine routed anew, for
+// a later leg retried after its engine failed; it returns pre's new
+// answer, or nil when pre failed (it is then skipped, and judged by
+// Settle) or has no backend.
+func (p *Plane) again(r *Request, pre *Leg, req *http.Request, base *url.URL) []byte {
+	now := time.Now()
+	next, err := p.route(r, pre, now)
+	if err != nil {
+		pre.skipped = true
+		return nil
+	}
+	pre.A.Done(now) // released when its answer was read: Done is once
+	p.assign(r, pre, next)
+	pre.Answer, pre.end, pre.responded, pre.ended = nil, BodyEnd{}, false, time.Time{}
+	at := p.attempts(r, pre, req, base, false, false, nil)
+	if at.err == nil && !refused(at.resp.StatusCode) {
+		pre.status = at.resp.StatusCode
+		at.err = p.drain(r, pre, at)
+	} else if at.err == nil {
+		at.close()
+		at.err = members.StatusError(at.resp.StatusCode)
+	}
+	pre.A.Done(time.Now())
+	if at.err != nil {
+		p.Log.Warn("leg skipped", "request_id", r.ID, "role", pre.Role, "backend", pre.Target.B.Name, "err", at.err)
+		pre.skipped = true
+		return nil
+	}
+	return pre.Answer
 }
 
 // probe keeps a request off a half-open backend whose probes are out: it
@@ -249,8 +296,13 @@ func (p *Plane) firstContent(r *Request, l *Leg, last bool) {
 
 // drain reads an earlier leg's response to its end (its answer feeds the
 // next leg through that leg's Rewrite, not the client), noting how it
-// ended for Settle; a failure ends the request.
-func (p *Plane) drain(l *Leg, at attempt) error {
+// ended for Settle; a failure ends the request. The engine writes its
+// answer at once, so the whole body is bounded by one deadline
+// (answerTimeout) from its first byte, and an answer that stalls or
+// trickles fails in bounded time, charged to its engine. Its bytes are
+// held in the front's budget of buffered bytes (Front.Hold) as they
+// arrive: an answer the budget has no room for fails with errNoRoom.
+func (p *Plane) drain(r *Request, l *Leg, at attempt) error {
 	defer at.close()
 	if l.failed != nil {
 		return l.failed
@@ -260,22 +312,97 @@ func (p *Plane) drain(l *Leg, at attempt) error {
 		return l.failed
 	}
 	l.responded = true
-	answer := bytes.NewBuffer(append([]byte(nil), at.head...))
-	if at.headErr == nil {
-		_, err := io.Copy(answer, io.LimitReader(at.resp.Body, maxAnswer))
-		if err == nil {
-			_, err = io.Copy(io.Discard, at.resp.Body)
-		}
-		if err != nil {
+	answer, err := p.readAnswer(r, at)
+	if err != nil {
+		if !errors.Is(err, errNoRoom) {
 			l.end.Broken = err
-			return err
 		}
+		return err
 	}
-	l.Answer = answer.Bytes()
+	l.Answer = answer
 	l.end.Complete = true
 	l.ended = time.Now()
 	return nil
 }
+
+// readAnswer reads an earlier leg's answer whole: at most maxAnswer bytes,
+// within answerTimeout, held in the front's budget as they arrive.
+func (p *Plane) readAnswer(r *Request, at attempt) ([]byte, error) {
+	answer := make([]byte, 0, min(len(at.head)+answerChunk, maxAnswer+1))
+	if !r.front.Hold(int64(cap(answer))) {
+		return nil, errNoRoom
+	}
+	answer = append(answer, at.head...)
+	if at.headErr != nil {
+		return answer, nil // the body ended with its first bytes
+	}
+	body := at.resp.Body
+	t := AfterFunc(p.answerTimeout(), func() { _ = body.Close() })
+	var err error
+	for err == nil {
+		if len(answer) == cap(answer) {
+			if len(answer) > maxAnswer {
+				err = errAnswerTooLong
+				break
+			}
+			grow := min(cap(answer), maxAnswer+1-cap(answer))
+			if !r.front.Hold(int64(grow)) {
+				err = errNoRoom
+				break
+			}
+			answer = append(make([]byte, 0, cap(answer)+grow), answer...)
+		}
+		var n int
+		n, err = body.Read(answer[len(answer):cap(answer)])
+		answer = answer[:len(answer)+n]
+	}
+	if !t.Stop() {
+		// The deadline passed first: the body is (or is about to be)
+		// closed, whatever the last read returned.
+		return nil, ErrAnswerTimeout
+	}
+	if err == io.EOF && len(answer) > maxAnswer {
+		err = errAnswerTooLong
+	}
+	if err != io.EOF {
+		return nil, err
+	}
+	return answer, nil
+}
+
+// answerTimeout bounds the read of an earlier leg's answer after its
+// first byte: upstream.stream_idle_timeout, else
+// upstream.response_header_timeout, else defaultAnswerTimeout.
+func (p *Plane) answerTimeout() time.Duration {
+	switch {
+	case p.StreamIdleTimeout > 0:
+		return p.StreamIdleTimeout
+	case p.HeaderTimeout > 0:
+		return p.HeaderTimeout
+	}
+	return defaultAnswerTimeout
+}
+
+// defaultAnswerTimeout bounds an earlier leg's answer when the upstream
+// timeouts are off: every read of a backend's body has a deadline.
+const defaultAnswerTimeout = 30 * time.Second
+
+// answerChunk is the first room taken for an answer past its first bytes;
+// the room doubles as the answer grows.
+const answerChunk = 4 << 10
+
+var (
+	// ErrAnswerTimeout is an earlier leg's answer (a prefill's) that did
+	// not end within the stream idle timeout of its first byte: a
+	// timeout, charged to its engine.
+	ErrAnswerTimeout error = Timeout("the prefill answer did not end within upstream.stream_idle_timeout of its first byte")
+	// errAnswerTooLong is an earlier leg's answer over maxAnswer bytes:
+	// no engine's one-token answer is that long; charged to its engine.
+	errAnswerTooLong = errors.New("the prefill answer is over 1 MiB")
+	// errNoRoom is an earlier leg's answer the budget of buffered bytes
+	// has no room for: the router's limit, charged to no engine.
+	errNoRoom = errors.New("no room in limits.max_buffered_bytes for the prefill answer")
+)
 
 // Fail answers a request that no backend answered (the reverse proxy's
 // error handler): nothing when the client left (499), else 504 for a
@@ -323,7 +450,7 @@ func (p *Plane) skip(r *Request, l *Leg, req *http.Request, err error, last bool
 	if !l.Optional || last || req.Context().Err() != nil {
 		return false
 	}
-	if l.failed == nil {
+	if l.failed == nil && !errors.Is(err, errNoRoom) && l.end.Broken == nil {
 		l.failed = err
 	}
 	l.skipped = true
@@ -333,7 +460,7 @@ func (p *Plane) skip(r *Request, l *Leg, req *http.Request, err error, last bool
 
 // maxAnswer bounds the answer of a leg that feeds the next one (a
 // prefill's one-token completion and its kv_transfer_params): a longer
-// one is cut, and the next leg's Rewrite sees it unparsable.
+// one fails (errAnswerTooLong).
 const maxAnswer = 1 << 20
 
 // firstByte is peek bounded by upstream.response_header_timeout: engines
@@ -346,13 +473,11 @@ func (p *Plane) firstByte(body io.ReadCloser) ([]byte, error) {
 	if d <= 0 {
 		return peek(body)
 	}
-	var fired atomic.Bool
-	t := time.AfterFunc(d, func() {
-		fired.Store(true)
-		_ = body.Close()
-	})
+	t := AfterFunc(d, func() { _ = body.Close() })
 	head, err := peek(body)
-	if !t.Stop() && fired.Load() {
+	if !t.Stop() {
+		// The deadline passed first: the body is (or is about to be)
+		// closed, whatever peek read.
 		return nil, ErrFirstByteTimeout
 	}
 	return head, err
@@ -374,8 +499,7 @@ func peek(body io.Reader) ([]byte, error) {
 // context, which ends the wait for headers and for the first byte alike.
 // A nil *firstToken bounds nothing.
 type firstToken struct {
-	t     *time.Timer
-	fired atomic.Bool
+	t Timer
 }
 
 // boundFirstToken returns out under the first-token bound when r is a
@@ -386,21 +510,18 @@ func (p *Plane) boundFirstToken(r *Request, out *http.Request) (*http.Request, *
 		return out, nil
 	}
 	ctx, cancel := context.WithCancelCause(out.Context())
-	ft := &firstToken{}
-	ft.t = time.AfterFunc(d, func() {
-		ft.fired.Store(true)
-		cancel(ErrFirstTokenTimeout)
-	})
+	ft := &firstToken{t: AfterFunc(d, func() { cancel(ErrFirstTokenTimeout) })}
 	// The attempt's context is a child of the request's, which the front
 	// cancels when the request ends: cancel need not be kept.
 	return out.WithContext(ctx), ft
 }
 
 // done stops the bound once the attempt has its first byte (or failed)
-// and reports whether the bound fired first, in which case the attempt's
-// context is cancelled and the attempt is a timeout.
+// and reports whether the bound fired first (Stop false), in which case
+// the attempt's context is (or is about to be) cancelled and the attempt
+// is a timeout. It is called once per attempt.
 func (ft *firstToken) done() bool {
-	return ft != nil && !ft.t.Stop() && ft.fired.Load()
+	return ft != nil && !ft.t.Stop()
 }
 
 // outbound is what an attempt of leg l sends: body, to l's backend, under

@@ -70,6 +70,11 @@ type Front interface {
 	// and headErr are what the lifecycle already read of its body. The
 	// front relays the rest and reports how it ended through Ended.
 	Respond(l *Leg, resp *http.Response, head []byte, headErr error)
+	// Hold takes room for n more bytes the lifecycle buffers for the
+	// request (an earlier leg's answer) in the front's budget of buffered
+	// bytes, given back when the request settles; false when there is
+	// none.
+	Hold(n int64) bool
 	// Ended is how the response's body ended, read once by Settle.
 	Ended() BodyEnd
 	// Settled is the front's own records, once, at the end of Settle
@@ -144,7 +149,8 @@ type Request struct {
 	TTFT time.Duration
 	// Whole, when set, is why a request that could have been split over
 	// a prefill and a decode engine is served whole (its one leg's
-	// reason says so).
+	// reason says so): by the split decision, or by Route when a later
+	// leg found no backend.
 	Whole string
 	// Status is the request's outcome, set by Settle: the status the
 	// client got, or 499 when it left first. Code is the error code of a
@@ -184,6 +190,10 @@ type Leg struct {
 	// Answer is the body of the leg's response when a later leg follows
 	// (at most maxAnswer bytes), handed to that leg's Rewrite.
 	Answer []byte
+	// Whole, set by the leg's Rewrite, is why the last leg of a split
+	// request serves it whole although the earlier leg answered (its
+	// answer unusable, say); "" when it does not.
+	Whole string
 	// Beside marks a leg sent at once with the next one rather than
 	// before it (SGLang's prefill, which waits for its decode engine to
 	// connect): one attempt on a goroutine of its own, never retried, its
@@ -268,14 +278,16 @@ type Plane struct {
 	Log      *slog.Logger
 	// Attempts is retry.attempts; HeaderTimeout
 	// upstream.response_header_timeout (also bounding the first body
-	// byte); FirstTokenTimeout upstream.first_token_timeout.
-	Attempts                         int
-	HeaderTimeout, FirstTokenTimeout time.Duration
+	// byte); FirstTokenTimeout upstream.first_token_timeout;
+	// StreamIdleTimeout upstream.stream_idle_timeout (bounding an earlier
+	// leg's answer, drain).
+	Attempts                                            int
+	HeaderTimeout, FirstTokenTimeout, StreamIdleTimeout time.Duration
 	// Wake wakes the admission queue (a first byte or a settle freed
 	// room); nil: none.
 	Wake func()
-	// Routed counts a decision (prompt and matched tokens); Retried a
-	// retry; Unrouted a request the router answered itself. Nil: none.
+	// Routed counts a routed request once (its prompt tokens, and the
+	// tokens matched on the engine of its first leg); Retried a retry; Unrouted a request the router answered itself. Nil: none.
 	Routed   func(v *request.View, a *scheduler.Assignment)
 	Retried  prometheus.Counter
 	Unrouted func(policy, model string, status int)

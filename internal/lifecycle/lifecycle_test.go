@@ -28,12 +28,15 @@ type bareFront struct {
 	errs    []*openai.Error
 	end     BodyEnd
 	settled int
+	// held is the room taken (Hold), within room (-1: no bound).
+	held, room int64
 }
 
 func (f *bareFront) Admit(*Request) (func(), *openai.Error) { return func() {}, nil }
 func (f *bareFront) Tokenize(*Request) []uint64             { return nil }
 func (f *bareFront) WriteError(e *openai.Error)             { f.errs = append(f.errs, e) }
 func (f *bareFront) Ended() BodyEnd                         { return f.end }
+func (f *bareFront) Hold(n int64) bool                      { f.held += n; return f.room < 0 || f.held <= f.room }
 func (f *bareFront) Settled(*Request)                       { f.settled++ }
 
 // Respond reads the whole response at once: the front's relay.
@@ -94,6 +97,12 @@ func newPlane(t *testing.T, bs ...*backend) (*Plane, *fleet.Fleet) {
 // validated.
 func newPlaneWith(t *testing.T, edit func(*config.Config), bs ...*backend) (*Plane, *fleet.Fleet) {
 	t.Helper()
+	return newPlaneFiltered(t, edit, nil, bs...)
+}
+
+// newPlaneFiltered is newPlaneWith with the scheduler's filters.
+func newPlaneFiltered(t *testing.T, edit func(*config.Config), filters []policy.Filter, bs ...*backend) (*Plane, *fleet.Fleet) {
+	t.Helper()
 	cfg := config.Default()
 	for i, b := range bs {
 		cfg.Backends = append(cfg.Backends, config.Backend{URL: b.srv.URL, Name: string(rune('a' + i)), Models: []string{"m"}})
@@ -115,7 +124,7 @@ func newPlaneWith(t *testing.T, edit func(*config.Config), bs ...*backend) (*Pla
 	if err != nil {
 		t.Fatal(err)
 	}
-	sched := scheduler.New(f, pol, scheduler.Config{BlockChars: cfg.Prefix.BlockChars, Capacity: cfg.Prefix.CapacityBlocks})
+	sched := scheduler.New(f, pol, scheduler.Config{BlockChars: cfg.Prefix.BlockChars, Capacity: cfg.Prefix.CapacityBlocks, Filters: filters})
 	log := slog.New(slog.DiscardHandler)
 	set := members.New(members.Config{Fleet: f, Forget: sched.Index().RemoveBackend, Transport: http.DefaultTransport, Log: log,
 		Health: cfg.Health, FleetSection: cfg.Fleet}, entries)
@@ -126,11 +135,16 @@ func newPlaneWith(t *testing.T, edit func(*config.Config), bs ...*backend) (*Pla
 // through the lifecycle, as a front would, and settles it.
 func run(t *testing.T, p *Plane, body string, legs ...Leg) (*Request, *bareFront) {
 	t.Helper()
+	return runCtx(t, context.Background(), p, &bareFront{room: -1}, body, legs...)
+}
+
+// runCtx is run under the client's context ctx, with front f.
+func runCtx(t *testing.T, ctx context.Context, p *Plane, f *bareFront, body string, legs ...Leg) (*Request, *bareFront) {
+	t.Helper()
 	v, e := request.Parse(request.Chat, []byte(body), request.Options{})
 	if e != nil {
 		t.Fatal(e)
 	}
-	f := &bareFront{}
 	r := &Request{}
 	r.Init(time.Now(), f, noTrace{})
 	r.View, r.Body, r.Model, r.Hashes = v, []byte(body), v.Model, p.Sched.Hashes(v)
@@ -138,10 +152,10 @@ func run(t *testing.T, p *Plane, body string, legs ...Leg) (*Request, *bareFront
 		r.SetLegs(legs...)
 	}
 	if p.Route(r) {
-		req := httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/chat/completions", bytes.NewReader(r.Body))
+		req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/chat/completions", bytes.NewReader(r.Body))
 		req.RequestURI = ""
 		if _, err := p.RoundTrip(r, req); err != nil {
-			p.Fail(r, false, err)
+			p.Fail(r, ctx.Err() != nil, err)
 		}
 	}
 	p.Settle(r, false)

@@ -32,13 +32,64 @@ func (p *Plane) Route(r *Request) bool {
 			l.skipped = true
 			continue
 		}
+		if err != nil && i > 0 {
+			// A later leg found no backend (its engines ejected, say):
+			// the request is served whole where the fleet allows it,
+			// and its refusal is charged to no engine of an earlier leg.
+			return p.routeWhole(r, err)
+		}
 		if err != nil {
 			r.Reject(routeError(err, r.View.Model))
 			return false
 		}
 		p.assign(r, l, a)
 	}
+	p.counted(r)
 	return true
+}
+
+// routeWhole routes a split request one of whose later legs found no
+// backend (err) as one whole request: the legs routed so far are
+// released, and the request gets its one plain leg, routed on its own
+// view (the roles filter lets a whole request go to an engine of any
+// role that serves it whole). It reports false, the request rejected with
+// no backend's name, when none can take it.
+func (p *Plane) routeWhole(r *Request, err error) bool {
+	now := time.Now()
+	for i := range r.Legs {
+		if a := r.Legs[i].A; a != nil {
+			a.Done(now)
+		}
+	}
+	r.Whole = wholeNoLeg + r.Legs[len(r.Legs)-1].Role + " engine"
+	r.one = [1]Leg{}
+	r.SetLegs(r.one[:]...)
+	a, werr := p.route(r, &r.Legs[0], now)
+	if werr != nil {
+		r.Reject(routeError(err, r.View.Model))
+		return false
+	}
+	p.assign(r, &r.Legs[0], a)
+	p.counted(r)
+	return true
+}
+
+// wholeNoLeg starts the Whole of a request served whole because a later
+// leg found no backend.
+const wholeNoLeg = "no backend for its "
+
+// counted counts a routed request once (Routed), with the decision of its
+// first leg routed: the engine that computes its prompt.
+func (p *Plane) counted(r *Request) {
+	if p.Routed == nil {
+		return
+	}
+	for i := range r.Legs {
+		if a := r.Legs[i].A; a != nil {
+			p.Routed(r.View, a)
+			return
+		}
+	}
 }
 
 // route asks the scheduler for a backend for leg l, away from those it
@@ -55,12 +106,10 @@ func (p *Plane) route(r *Request, l *Leg, now time.Time) (*scheduler.Assignment,
 	return a, err
 }
 
-// assign makes a leg l's current assignment.
+// assign makes a leg l's current assignment (a retry's too; the request
+// is counted once, by Route).
 func (p *Plane) assign(r *Request, l *Leg, a *scheduler.Assignment) {
 	l.A, l.Target = a, p.Set.Of(a.Backend)
-	if p.Routed != nil {
-		p.Routed(r.View, a)
-	}
 }
 
 // routeError maps the scheduler's errors to client errors.

@@ -182,10 +182,14 @@ func (l *Leg) skipReason() string {
 }
 
 // whole reports whether leg l, the last of a split request, served it
-// whole: every earlier leg was skipped.
+// whole: its Rewrite said so (the earlier leg's answer unusable), or
+// every earlier leg was skipped.
 func (l *Leg) whole(r *Request) bool {
 	if len(r.Legs) < 2 || l != &r.Legs[len(r.Legs)-1] {
 		return false
+	}
+	if l.Whole != "" {
+		return true
 	}
 	for i := range r.Legs[:len(r.Legs)-1] {
 		if !r.Legs[i].skipped {

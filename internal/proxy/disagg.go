@@ -38,7 +38,7 @@ func (s *Server) split(ex *exchange) {
 			return
 		}
 	}
-	if legs := disagg.Legs(ex.View, s.splitProto); legs != nil {
+	if legs := disagg.Legs(ex.View, s.splitProto, s.transfer); legs != nil {
 		ex.SetLegs(legs...)
 	}
 }
@@ -92,10 +92,12 @@ const wholeNoDecode = "no decode engine for the model"
 // fleetRoles is what the live fleet has for model: a prefill engine
 // serving it (its role is its entry's, a pod's label for a Kubernetes
 // pool), and an engine to decode it (a decode or both engine serving
-// it). It reads the fleet's snapshot, never blocks.
+// it), among the engines that may take new requests (healthy, not
+// draining: an ejected engine counts for nothing). It reads the fleet's
+// snapshot, never blocks.
 func (s *Server) fleetRoles(model string) int {
 	var prefill, decode bool
-	for _, b := range s.fleet.Snapshot().All {
+	for _, b := range s.fleet.Snapshot().Healthy {
 		if !b.Serves(model) {
 			continue
 		}
@@ -133,6 +135,7 @@ const (
 	pdPrefillNoRoute = "prefill_unrouted" // no prefill engine could take it: served whole
 	pdNoDecode       = "no_decode_engine" // not split: nothing to decode it
 	pdDecidedWhole   = "decided_whole"    // not split: the conditional split serves it whole
+	pdUnusable       = "prefill_unusable" // the prefill answer's parameters were refused: served whole
 )
 
 // pdMetrics are the metrics of prefill/decode disaggregation: what became
@@ -151,7 +154,7 @@ func newPDMetrics(reg prometheus.Registerer) pdMetrics {
 	m := pdMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_pd_requests_total",
-			Help: "Requests to a fleet with prefill engines for their model, by model and outcome: split (both legs ran), prefill_failed and prefill_unrouted (served whole by the decode engine after the prefill leg failed on every attempt, or found no prefill engine), no_decode_engine (served whole: no engine to decode the model).",
+			Help: "Requests to a fleet with prefill engines for their model, by model and outcome: split (both legs ran), prefill_failed and prefill_unrouted (served whole by the decode engine after the prefill leg failed on every attempt, or found no prefill engine), prefill_unusable (served whole by the decode engine: the prefill answer's transfer parameters were refused), no_decode_engine (served whole: no engine to decode the model).",
 		}, []string{"model", "outcome"}),
 		prefill: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvroute_pd_prefill_seconds",
@@ -193,6 +196,8 @@ func (m *pdMetrics) observe(r *lifecycle.Request, t lifecycle.LegTimes) {
 		outcome = pdPrefillNoRoute
 	case pre.Skipped():
 		outcome = pdPrefillFailed
+	case dec.Whole != "":
+		outcome = pdUnusable
 	}
 	m.requests.WithLabelValues(r.Model, outcome).Inc()
 	if t.HasPrefill {

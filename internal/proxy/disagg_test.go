@@ -58,7 +58,7 @@ func newPDEngine(t *testing.T, name string) *pdEngine {
 // (the fields of vLLM's NixlConnector request_finished).
 func kvParams(name string) map[string]any {
 	return map[string]any{"do_remote_prefill": true, "do_remote_decode": false, "remote_block_ids": []any{1.0, 2.0, 3.0},
-		"remote_engine_id": "engine-" + name, "remote_host": "10.0.0.1", "remote_port": 5600.0, "tp_size": 1.0}
+		"remote_engine_id": "engine-" + name, "remote_host": "127.0.0.1", "remote_port": 5600.0, "tp_size": 1.0}
 }
 
 func (e *pdEngine) serve(w http.ResponseWriter, r *http.Request) {
@@ -275,30 +275,53 @@ func TestVLLMPrefillFallback(t *testing.T) {
 }
 
 // TestVLLMDecodeRetried: a decode engine that fails before its first byte
-// is replaced by another decode engine with the same kv_transfer_params;
-// the prefill is not run again.
+// is replaced by another decode engine, with the kv_transfer_params of a
+// fresh prefill (the failed engine may have pulled, and so freed, the
+// first one's blocks).
 func TestVLLMDecodeRetried(t *testing.T) {
 	r, pre, dec := pdRig(t, 1, 2, nil)
-	dec[0].fail.Store(2)
-	postUntil(t, r, dec[0], func(res result) {
-		if res.status != 200 || string(res.body) != strings.Join(streamEvents("d1", 3), "") {
-			t.Fatalf("status %d, body %q: want d1's stream", res.status, res.body)
+	// Whichever decode engine the policy picks first closes the
+	// connection before its first byte; the other answers.
+	var decodes atomic.Int32
+	for _, e := range dec {
+		fail := func(req *http.Request) {
+			if req.URL.Path != "/v1/chat/completions" {
+				return // the router's scrapes and checks
+			}
+			if decodes.Add(1) == 1 {
+				e.fail.Store(2)
+			} else {
+				e.fail.Store(0)
+			}
 		}
-	})
-	d1 := dec[1].legs()
-	if len(pre[0].legs()) != len(d1) || !reflect.DeepEqual(d1[len(d1)-1].body, wantDecode(t, "p0")) {
-		t.Errorf("%d prefills for %d answered decodes, last decode body %v", len(pre[0].legs()), len(d1), d1[len(d1)-1].body)
+		e.seen.Store(&fail)
+	}
+	res := r.post("/v1/chat/completions", clientBody)
+	var served *pdEngine
+	for _, e := range dec {
+		if e.name == res.header.Get(headerBackend) {
+			served = e
+		}
+	}
+	if res.status != 200 || served == nil || string(res.body) != strings.Join(streamEvents(served.name, 3), "") {
+		t.Fatalf("status %d from %q, body %q: want the answering decode engine's stream", res.status, res.header.Get(headerBackend), res.body)
+	}
+	d := served.legs()
+	if len(pre[0].legs()) != 2 || len(dec[0].legs())+len(dec[1].legs()) != 2 || !reflect.DeepEqual(d[len(d)-1].body, wantDecode(t, "p0")) {
+		t.Errorf("%d prefills for %d+%d decode attempts, last decode body %v: want a fresh prefill for the retry",
+			len(pre[0].legs()), len(dec[0].legs()), len(dec[1].legs()), d[len(d)-1].body)
 	}
 }
 
 // postUntil posts clientBody, checking each answer, until engine e got a
-// leg (the policy chooses which engine of a role goes first), skipping the
-// test when it gets none in 20 requests.
+// leg (the policy chooses which engine of a role goes first), failing the
+// test when it gets none in 20 requests: a test that skipped would pass
+// having checked nothing.
 func postUntil(t *testing.T, r *rig, e *pdEngine, check func(result)) {
 	t.Helper()
 	for i := 0; len(e.legs()) == 0; i++ {
 		if i == 20 {
-			t.Skipf("%s never chosen in 20 requests", e.name)
+			t.Fatalf("%s never chosen in 20 requests", e.name)
 		}
 		check(r.post("/v1/chat/completions", clientBody))
 	}

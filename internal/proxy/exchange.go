@@ -10,6 +10,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kvroute/kvroute/internal/disagg"
 	"github.com/kvroute/kvroute/internal/lifecycle"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
@@ -106,6 +107,7 @@ func (s *Server) newPlane() *lifecycle.Plane {
 		Attempts:          s.cfg.Retry.Attempts,
 		HeaderTimeout:     s.cfg.Upstream.ResponseHeaderTimeout,
 		FirstTokenTimeout: s.cfg.Upstream.FirstTokenTimeout,
+		StreamIdleTimeout: s.cfg.Upstream.StreamIdleTimeout,
 		Wake:              s.adm.Wake,
 		Routed:            s.metrics.routed,
 		Retried:           s.metrics.retries,
@@ -141,7 +143,9 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 	hints.Salt = ex.tenant.prefixSalt
 	e = s.plane.Read(&ex.Request, kind, body, hints)
 	if ex.View != nil {
-		ex.setView(ex.View, body)
+		// The split protocol's members are the router's to write: a
+		// client's never reach an engine, split or whole.
+		ex.setView(ex.View, disagg.Strip(body))
 	}
 	if e != nil {
 		ex.Reject(e)
@@ -239,6 +243,17 @@ func (ex *exchange) Respond(l *lifecycle.Leg, resp *http.Response, head []byte, 
 	resp.Body = ex.relay
 }
 
+// Hold takes room for n bytes the lifecycle buffers (a prefill answer) in
+// the budget of buffered bodies (lifecycle.Front), given back by Settled
+// with the body's.
+func (ex *exchange) Hold(n int64) bool {
+	if !ex.s.bodies.take(n) {
+		return false
+	}
+	ex.held += n
+	return true
+}
+
 // Ended is how the relayed body ended (lifecycle.Front).
 func (ex *exchange) Ended() lifecycle.BodyEnd {
 	rl := ex.relay
@@ -308,12 +323,17 @@ func (s *Server) reject(w http.ResponseWriter, e *openai.Error) {
 }
 
 // rewrite prepares the outbound request. The target URL is set per attempt
-// by RoundTrip, since a retry goes elsewhere.
+// by RoundTrip, since a retry goes elsewhere. The router's own headers and
+// the engines' routing headers (disagg.Headers: a data-parallel rank the
+// router did not choose) are the router's to send, never a client's.
 func rewrite(pr *httputil.ProxyRequest) {
 	for k := range pr.Out.Header {
 		if strings.HasPrefix(k, headerPrefix) {
 			delete(pr.Out.Header, k)
 		}
+	}
+	for _, k := range disagg.Headers {
+		pr.Out.Header.Del(k)
 	}
 	prior := pr.In.Header.Values("X-Forwarded-For")
 	pr.SetXForwarded()

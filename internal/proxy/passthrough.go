@@ -3,6 +3,7 @@ package proxy
 import (
 	"net/http"
 
+	"github.com/kvroute/kvroute/internal/disagg"
 	"github.com/kvroute/kvroute/internal/lifecycle"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
@@ -40,7 +41,7 @@ func (s *Server) passthrough(w http.ResponseWriter, r *http.Request) {
 	// match, one token of output. With it the exchange logs the decision
 	// and settles the backend's success as for a completion.
 	v := &request.View{Model: model, MaxTokens: 1}
-	ex.setView(v, body)
+	ex.setView(v, disagg.Strip(body))
 	if s.plane.Route(&ex.Request) {
 		ex.forward()
 	}

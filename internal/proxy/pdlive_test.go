@@ -247,9 +247,10 @@ func TestPDTraces(t *testing.T) {
 // the rank, remote_request_id): the decode leg carries those fields
 // verbatim, so that the decode engine pulls from that rank whichever of
 // its own ranks serves it, and the router adds no rank header to either
-// leg.
+// leg. Its side channel is on another interface than its URL's, which
+// disaggregation.transfer_hosts allows.
 func TestVLLMDataParallel(t *testing.T) {
-	r, pre, dec := pdRig(t, 1, 1, nil)
+	r, pre, dec := pdRig(t, 1, 1, func(c *config.Config) { c.Disaggregation.TransferHosts = []string{"10.0.0.9"} })
 	kv := map[string]any{"do_remote_prefill": true, "do_remote_decode": false, "remote_block_ids": []any{7.0, 8.0},
 		"remote_engine_id": "engine-p0_dp3", "remote_request_id": "cmpl-req-dp-0", "remote_host": "10.0.0.9", "remote_port": 5603.0, "tp_size": 2.0}
 	pre[0].kv.Store(&kv)

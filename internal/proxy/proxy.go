@@ -66,6 +66,8 @@ type Server struct {
 	// splitProto is the disaggregation protocol when the fleet may have
 	// prefill engines, "" otherwise (disagg.go).
 	splitProto string
+	// transfer is what a prefill answer's parameters may name.
+	transfer disagg.Transfer
 	// decider is the conditional split (Parts.Decider); nil: always.
 	decider *disagg.Decider
 	// noDecodeWarned is when the last warning of a model served whole for
@@ -184,6 +186,7 @@ func New(p Parts) (*Server, error) {
 	s.passAllow = cfg.Passthrough.Endpoints()
 	if cfg.MaySplit() {
 		s.splitProto = cfg.Disaggregation.Protocol
+		s.transfer = disagg.Transfer{Hosts: cfg.Disaggregation.TransferHosts}
 	}
 	s.limits = newLimitHits(s.metrics.reg, logger)
 	s.metrics.reg.MustRegister(&auditCollector{f: s.fleet, sched: s.sched})

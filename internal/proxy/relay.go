@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/lifecycle"
@@ -43,10 +42,10 @@ type relay struct {
 	cut     []byte
 	cutting bool
 	// idle closes rc when the backend stays silent for idleAfter; nil
-	// without a stream idle timeout. idleFired is set when it did.
-	idle      *time.Timer
+	// without a stream idle timeout. It is stopped after every read, so
+	// that a Stop reporting false is the deadline having passed.
+	idle      lifecycle.Timer
 	idleAfter time.Duration
-	idleFired atomic.Bool
 	// client is the client's response, whose write deadline is pushed
 	// writeAfter ahead of every read; nil without a client write timeout.
 	client     *http.ResponseController
@@ -70,10 +69,7 @@ func newRelay(ex *exchange, l *lifecycle.Leg, resp *http.Response, head []byte, 
 	}
 	if d := ex.s.cfg.Upstream.StreamIdleTimeout; d > 0 {
 		t.idleAfter = d
-		t.idle = time.AfterFunc(d, func() {
-			t.idleFired.Store(true)
-			_ = t.rc.Close()
-		})
+		t.idle = lifecycle.AfterFunc(d, func() { _ = t.rc.Close() })
 		t.idle.Stop()
 	}
 	if d := ex.s.cfg.Limits.ClientWriteTimeout; d > 0 && ex.client != nil {
@@ -168,7 +164,9 @@ func (t *relay) readBackend(p []byte) (int, error) {
 	}
 	t.idle.Reset(t.idleAfter)
 	n, err := t.rc.Read(p)
-	if !t.idle.Stop() && t.idleFired.Load() {
+	if !t.idle.Stop() {
+		// The deadline passed first: rc is (or is about to be) closed,
+		// whatever this read returned.
 		return n, errStreamIdle
 	}
 	return n, err

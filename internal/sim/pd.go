@@ -141,7 +141,7 @@ func (s *sim) bindPD(k int, v *request.View, hashes []uint64) {
 		s.bindOne(k, v, hashes)
 		return
 	}
-	legs := disagg.Legs(v, config.ProtocolVLLM)
+	legs := disagg.Legs(v, config.ProtocolVLLM, disagg.Transfer{})
 	pre, dec := legs[0].View, legs[1].View
 	pa, err := s.route(s.sched, pre, hashes)
 	if err != nil {
