@@ -40,7 +40,7 @@ func sliceEndpoint(pod, addr string, ready, serving, terminating *bool) discover
 
 func endpointSlice(name, service string, typ discoveryv1.AddressType, ports []discoveryv1.EndpointPort, eps ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
 	return &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: service}},
+		ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: service, discoveryv1.LabelManagedBy: ManagedBy}},
 		AddressType: typ, Ports: ports, Endpoints: eps,
 	}
 }
