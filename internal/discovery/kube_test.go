@@ -304,3 +304,66 @@ func FuzzInferencePool(f *testing.F) {
 		}
 	})
 }
+
+// TestKubeEndpointsValidated: the API server's endpoints were taken as
+// they came: 169.254.169.254, 0.0.0.0, "not-an-ip:99/x?y", ports 0, 65536
+// and -1 all became backends, and a slice that named the Service but was
+// not the EndpointSlice controller's was read too. Only IP literals, ports
+// 1-65535 and the controller's slices are; link-local addresses only under
+// allow_link_local.
+func TestKubeEndpointsValidated(t *testing.T) {
+	port := func(n int32) []discoveryv1.EndpointPort { return []discoveryv1.EndpointPort{httpPort("http", n)} }
+	forged := endpointSlice("forged", "vllm", discoveryv1.AddressTypeIPv4, port(8000), sliceEndpoint("", "10.6.6.6", nil, nil, nil))
+	forged.Labels[discoveryv1.LabelManagedBy] = "someone-else"
+	objs := []runtime.Object{
+		endpointSlice("v4", "vllm", discoveryv1.AddressTypeIPv4, port(8000),
+			sliceEndpoint("", "10.0.0.5", nil, nil, nil),
+			sliceEndpoint("", "169.254.169.254", nil, nil, nil),
+			sliceEndpoint("", "0.0.0.0", nil, nil, nil),
+			sliceEndpoint("", "not-an-ip:99/x?y", nil, nil, nil),
+			sliceEndpoint("", "::ffff:0.0.0.0", nil, nil, nil)),
+		endpointSlice("v6", "vllm", discoveryv1.AddressTypeIPv6, port(8000),
+			sliceEndpoint("", "fe80::1", nil, nil, nil),
+			sliceEndpoint("", "fe80::2%eth0", nil, nil, nil),
+			sliceEndpoint("", "::", nil, nil, nil)),
+		endpointSlice("port-0", "vllm", discoveryv1.AddressTypeIPv4, port(0), sliceEndpoint("", "10.0.2.1", nil, nil, nil)),
+		endpointSlice("port-65536", "vllm", discoveryv1.AddressTypeIPv4, port(65536), sliceEndpoint("", "10.0.2.2", nil, nil, nil)),
+		endpointSlice("port-neg", "vllm", discoveryv1.AddressTypeIPv4, port(-1), sliceEndpoint("", "10.0.2.3", nil, nil, nil)),
+		forged,
+	}
+	k := watch(t, KubeSpec{Service: "vllm"}, fake.NewClientset(objs...), nil)
+	await(t, k, "llm/10.0.0.5@10.0.0.5:8000")
+	k = watch(t, KubeSpec{Service: "vllm", AllowLinkLocal: true}, fake.NewClientset(objs...), nil)
+	await(t, k, "llm/10.0.0.5@10.0.0.5:8000", "llm/169.254.169.254@169.254.169.254:8000", "llm/fe80::1@[fe80::1]:8000")
+}
+
+// TestValidAddr: the address and port rules, one case each.
+func TestValidAddr(t *testing.T) {
+	for _, tt := range []struct {
+		addr      string
+		port      int
+		linkLocal bool
+		ok        bool
+	}{
+		{"10.0.0.1", 8000, false, true},
+		{"fd00::1", 1, false, true},
+		{"10.0.0.1", 65535, false, true},
+		{"10.0.0.1", 0, false, false},
+		{"10.0.0.1", 65536, false, false},
+		{"10.0.0.1", -1, false, false},
+		{"vllm.example", 8000, false, false},
+		{"10.0.0.1:80", 8000, false, false},
+		{"", 8000, false, false},
+		{"0.0.0.0", 8000, true, false},
+		{"::", 8000, true, false},
+		{"::ffff:169.254.169.254", 8000, false, false},
+		{"169.254.169.254", 8000, false, false},
+		{"169.254.169.254", 8000, true, true},
+		{"fe80::1", 8000, false, false},
+		{"fe80::1%eth0", 8000, true, false},
+	} {
+		if _, err := ValidAddr(tt.addr, tt.port, tt.linkLocal); (err == nil) != tt.ok {
+			t.Errorf("ValidAddr(%q, %d, %v): %v, want ok %v", tt.addr, tt.port, tt.linkLocal, err, tt.ok)
+		}
+	}
+}
