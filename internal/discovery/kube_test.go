@@ -3,6 +3,7 @@ package discovery
 import (
 	"context"
 	"encoding/json"
+	"net/netip"
 	"net/url"
 	"slices"
 	"testing"
@@ -366,4 +367,28 @@ func TestValidAddr(t *testing.T) {
 			t.Errorf("ValidAddr(%q, %d, %v): %v, want ok %v", tt.addr, tt.port, tt.linkLocal, err, tt.ok)
 		}
 	}
+}
+
+// FuzzValidAddr: whatever address and port the API server holds, ValidAddr
+// does not panic, and an address it accepts makes a URL host that reads
+// back as the same address and port.
+func FuzzValidAddr(f *testing.F) {
+	for _, s := range []string{"10.0.0.1", "fd00::1", "169.254.169.254", "0.0.0.0", "not-an-ip:99/x?y", "fe80::1%eth0", "::ffff:10.0.0.1", ""} {
+		f.Add(s, 8000, false)
+	}
+	f.Fuzz(func(t *testing.T, addr string, port int, linkLocal bool) {
+		a, err := ValidAddr(addr, port, linkLocal)
+		if err != nil {
+			return
+		}
+		host := netip.AddrPortFrom(a, uint16(port)).String()
+		u, perr := url.Parse("http://" + host + "/")
+		if perr != nil || u.Host != host {
+			t.Fatalf("%q -> host %q: %v", addr, host, perr)
+		}
+		back, perr := netip.ParseAddrPort(u.Host)
+		if perr != nil || back.Addr() != a || int(back.Port()) != port {
+			t.Fatalf("%q:%d -> %q reads back as %v (%v)", addr, port, host, back, perr)
+		}
+	})
 }
