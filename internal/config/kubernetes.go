@@ -42,6 +42,11 @@ type Kubernetes struct {
 	// router running outside the cluster. Default "": the in-cluster
 	// config (the pod's service account).
 	Kubeconfig string `yaml:"kubeconfig"`
+	// AllowLinkLocal lets endpoints at link-local addresses
+	// (169.254.0.0/16, fe80::/10) become backends. Default false: they are
+	// refused, as are addresses that are not IP literals, the unspecified
+	// address and ports outside 1-65535, whatever the API server holds.
+	AllowLinkLocal bool `yaml:"allow_link_local"`
 }
 
 // portName is an IANA service name, the form of a Kubernetes port's name.
@@ -111,7 +116,7 @@ func (k *Kubernetes) key() string {
 	for _, key := range slices.Sorted(maps.Keys(k.Selector)) {
 		sel = append(sel, key+"="+k.Selector[key])
 	}
-	return strings.Join([]string{k.Namespace, k.Service, strings.Join(sel, ","), k.InferencePool, k.Port, k.Kubeconfig}, "\x01")
+	return strings.Join([]string{k.Namespace, k.Service, strings.Join(sel, ","), k.InferencePool, k.Port, k.Kubeconfig, strconv.FormatBool(k.AllowLinkLocal)}, "\x01")
 }
 
 // host names the entry in logs and metrics when it has no url: the

@@ -270,7 +270,7 @@ func newEngine(t *testing.T, pod string) *e2eEngine {
 func (e *e2eEngine) slice(ready bool) *discoveryv1.EndpointSlice {
 	term := !ready
 	return &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: "vllm-" + e.pod, Namespace: e2eNS, Labels: map[string]string{discoveryv1.LabelServiceName: "vllm"}},
+		ObjectMeta:  metav1.ObjectMeta{Name: "vllm-" + e.pod, Namespace: e2eNS, Labels: map[string]string{discoveryv1.LabelServiceName: "vllm", discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: new("http"), Port: new(e.port), Protocol: new(corev1.ProtocolTCP)}},
 		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"127.0.0.1"},

@@ -3,7 +3,7 @@ package discovery
 import (
 	"context"
 	"fmt"
-	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"slices"
@@ -56,7 +56,17 @@ type KubeSpec struct {
 	Port string
 	// Base gives every endpoint's URL its scheme and path.
 	Base *url.URL
+	// AllowLinkLocal lets endpoints at link-local addresses join
+	// (169.254.0.0/16, fe80::/10): refused otherwise (ValidAddr).
+	AllowLinkLocal bool
 }
+
+// ManagedBy is the EndpointSlice controller's value of the
+// endpointslice.kubernetes.io/managed-by label (discoveryv1.LabelManagedBy):
+// only the slices it keeps from the Service's selector are read, not any
+// slice that claims the Service's name (anyone allowed to create
+// EndpointSlices in the namespace could point the router anywhere).
+const ManagedBy = "endpointslice-controller.k8s.io"
 
 // Endpoint is one backend a Kubernetes source found ready for new
 // requests.
@@ -118,7 +128,7 @@ func NewKube(spec KubeSpec, cs kubernetes.Interface, dyn dynamic.Interface) *Kub
 	}
 	if spec.Service != "" {
 		f := typed(func(o *metav1.ListOptions) {
-			o.LabelSelector = labels.Set{discoveryv1.LabelServiceName: spec.Service}.String()
+			o.LabelSelector = labels.Set{discoveryv1.LabelServiceName: spec.Service, discoveryv1.LabelManagedBy: ManagedBy}.String()
 		})
 		k.slices = add(f.Discovery().V1().EndpointSlices().Informer())
 	}
@@ -200,7 +210,8 @@ func (k *Kube) sliceEndpoints() []Endpoint {
 	ss := make([]*discoveryv1.EndpointSlice, 0, len(all))
 	for _, o := range all {
 		s, ok := o.(*discoveryv1.EndpointSlice)
-		if ok && s.Labels[discoveryv1.LabelServiceName] == k.spec.Service && s.AddressType != discoveryv1.AddressTypeFQDN {
+		if ok && s.Labels[discoveryv1.LabelServiceName] == k.spec.Service && s.Labels[discoveryv1.LabelManagedBy] == ManagedBy &&
+			s.AddressType != discoveryv1.AddressTypeFQDN {
 			ss = append(ss, s)
 		}
 	}
@@ -231,7 +242,9 @@ func (k *Kube) sliceEndpoints() []Endpoint {
 				continue
 			}
 			seen[name] = true
-			out = append(out, k.endpoint(name, ep.Addresses[0], port, pod))
+			if e, ok := k.endpoint(name, ep.Addresses[0], port, pod); ok {
+				out = append(out, e)
+			}
 		}
 	}
 	return out
@@ -292,7 +305,9 @@ func (k *Kube) podEndpoints() []Endpoint {
 			if len(ports) > 1 {
 				name += ":" + strconv.Itoa(port)
 			}
-			out = append(out, k.endpoint(name, pod.Status.PodIP, port, pod))
+			if e, ok := k.endpoint(name, pod.Status.PodIP, port, pod); ok {
+				out = append(out, e)
+			}
 		}
 	}
 	return out
@@ -360,14 +375,47 @@ func podPort(p *corev1.Pod, want string) (int, bool) {
 	return 0, false
 }
 
-func (k *Kube) endpoint(name, addr string, port int, pod *corev1.Pod) Endpoint {
+// endpoint is the backend at addr:port; false, with a warning, when the
+// address or port is not one a backend may have (ValidAddr).
+func (k *Kube) endpoint(name, addr string, port int, pod *corev1.Pod) (Endpoint, bool) {
+	a, err := ValidAddr(addr, port, k.spec.AllowLinkLocal)
+	if err != nil {
+		k.warn("kubernetes discovery: endpoint %s refused: %v", name, err)
+		return Endpoint{}, false
+	}
 	u := *k.spec.Base
-	u.Host = net.JoinHostPort(addr, strconv.Itoa(port))
+	u.Host = netip.AddrPortFrom(a, uint16(port)).String()
 	e := Endpoint{Name: name, URL: &u}
 	if pod != nil {
 		e.Role, e.Engine = pod.Labels[RoleLabel], pod.Labels[EngineLabel]
 	}
-	return e
+	return e, true
+}
+
+// ValidAddr checks an endpoint's address and port as the API server gave
+// them: an IP literal without a zone (no host name, nothing that would
+// change the URL's meaning), a port in 1-65535, and neither the
+// unspecified address (0.0.0.0, ::: the router's own host) nor, unless
+// allowLinkLocal, a link-local one (169.254.169.254 is the cloud's
+// metadata service). An IPv4-mapped IPv6 address is read as IPv4.
+func ValidAddr(addr string, port int, allowLinkLocal bool) (netip.Addr, error) {
+	a, err := netip.ParseAddr(addr)
+	switch {
+	case err != nil:
+		return netip.Addr{}, fmt.Errorf("address %q is not an IP literal", addr)
+	case a.Zone() != "":
+		return netip.Addr{}, fmt.Errorf("address %q has a zone", addr)
+	case port < 1 || port > 65535:
+		return netip.Addr{}, fmt.Errorf("port %d is not in 1-65535", port)
+	}
+	a = a.Unmap()
+	switch {
+	case a.IsUnspecified():
+		return netip.Addr{}, fmt.Errorf("address %s is unspecified", a)
+	case !allowLinkLocal && (a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast()):
+		return netip.Addr{}, fmt.Errorf("address %s is link-local (kubernetes.allow_link_local)", a)
+	}
+	return a, nil
 }
 
 // KubeClients returns the API clients of a Kubernetes source: from the

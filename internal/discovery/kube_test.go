@@ -3,6 +3,7 @@ package discovery
 import (
 	"context"
 	"encoding/json"
+	"net/netip"
 	"net/url"
 	"slices"
 	"testing"
@@ -40,7 +41,7 @@ func sliceEndpoint(pod, addr string, ready, serving, terminating *bool) discover
 
 func endpointSlice(name, service string, typ discoveryv1.AddressType, ports []discoveryv1.EndpointPort, eps ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
 	return &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: service}},
+		ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: service, discoveryv1.LabelManagedBy: ManagedBy}},
 		AddressType: typ, Ports: ports, Endpoints: eps,
 	}
 }
@@ -301,6 +302,93 @@ func FuzzInferencePool(f *testing.F) {
 			if e.Name == ns+"/none" {
 				t.Fatalf("a pod without labels was selected by %s", doc)
 			}
+		}
+	})
+}
+
+// TestKubeEndpointsValidated: the API server's endpoints were taken as
+// they came: 169.254.169.254, 0.0.0.0, "not-an-ip:99/x?y", ports 0, 65536
+// and -1 all became backends, and a slice that named the Service but was
+// not the EndpointSlice controller's was read too. Only IP literals, ports
+// 1-65535 and the controller's slices are; link-local addresses only under
+// allow_link_local.
+func TestKubeEndpointsValidated(t *testing.T) {
+	port := func(n int32) []discoveryv1.EndpointPort { return []discoveryv1.EndpointPort{httpPort("http", n)} }
+	forged := endpointSlice("forged", "vllm", discoveryv1.AddressTypeIPv4, port(8000), sliceEndpoint("", "10.6.6.6", nil, nil, nil))
+	forged.Labels[discoveryv1.LabelManagedBy] = "someone-else"
+	objs := []runtime.Object{
+		endpointSlice("v4", "vllm", discoveryv1.AddressTypeIPv4, port(8000),
+			sliceEndpoint("", "10.0.0.5", nil, nil, nil),
+			sliceEndpoint("", "169.254.169.254", nil, nil, nil),
+			sliceEndpoint("", "0.0.0.0", nil, nil, nil),
+			sliceEndpoint("", "not-an-ip:99/x?y", nil, nil, nil),
+			sliceEndpoint("", "::ffff:0.0.0.0", nil, nil, nil)),
+		endpointSlice("v6", "vllm", discoveryv1.AddressTypeIPv6, port(8000),
+			sliceEndpoint("", "fe80::1", nil, nil, nil),
+			sliceEndpoint("", "fe80::2%eth0", nil, nil, nil),
+			sliceEndpoint("", "::", nil, nil, nil)),
+		endpointSlice("port-0", "vllm", discoveryv1.AddressTypeIPv4, port(0), sliceEndpoint("", "10.0.2.1", nil, nil, nil)),
+		endpointSlice("port-65536", "vllm", discoveryv1.AddressTypeIPv4, port(65536), sliceEndpoint("", "10.0.2.2", nil, nil, nil)),
+		endpointSlice("port-neg", "vllm", discoveryv1.AddressTypeIPv4, port(-1), sliceEndpoint("", "10.0.2.3", nil, nil, nil)),
+		forged,
+	}
+	k := watch(t, KubeSpec{Service: "vllm"}, fake.NewClientset(objs...), nil)
+	await(t, k, "llm/10.0.0.5@10.0.0.5:8000")
+	k = watch(t, KubeSpec{Service: "vllm", AllowLinkLocal: true}, fake.NewClientset(objs...), nil)
+	await(t, k, "llm/10.0.0.5@10.0.0.5:8000", "llm/169.254.169.254@169.254.169.254:8000", "llm/fe80::1@[fe80::1]:8000")
+}
+
+// TestValidAddr: the address and port rules, one case each.
+func TestValidAddr(t *testing.T) {
+	for _, tt := range []struct {
+		addr      string
+		port      int
+		linkLocal bool
+		ok        bool
+	}{
+		{"10.0.0.1", 8000, false, true},
+		{"fd00::1", 1, false, true},
+		{"10.0.0.1", 65535, false, true},
+		{"10.0.0.1", 0, false, false},
+		{"10.0.0.1", 65536, false, false},
+		{"10.0.0.1", -1, false, false},
+		{"vllm.example", 8000, false, false},
+		{"10.0.0.1:80", 8000, false, false},
+		{"", 8000, false, false},
+		{"0.0.0.0", 8000, true, false},
+		{"::", 8000, true, false},
+		{"::ffff:169.254.169.254", 8000, false, false},
+		{"169.254.169.254", 8000, false, false},
+		{"169.254.169.254", 8000, true, true},
+		{"fe80::1", 8000, false, false},
+		{"fe80::1%eth0", 8000, true, false},
+	} {
+		if _, err := ValidAddr(tt.addr, tt.port, tt.linkLocal); (err == nil) != tt.ok {
+			t.Errorf("ValidAddr(%q, %d, %v): %v, want ok %v", tt.addr, tt.port, tt.linkLocal, err, tt.ok)
+		}
+	}
+}
+
+// FuzzValidAddr: whatever address and port the API server holds, ValidAddr
+// does not panic, and an address it accepts makes a URL host that reads
+// back as the same address and port.
+func FuzzValidAddr(f *testing.F) {
+	for _, s := range []string{"10.0.0.1", "fd00::1", "169.254.169.254", "0.0.0.0", "not-an-ip:99/x?y", "fe80::1%eth0", "::ffff:10.0.0.1", ""} {
+		f.Add(s, 8000, false)
+	}
+	f.Fuzz(func(t *testing.T, addr string, port int, linkLocal bool) {
+		a, err := ValidAddr(addr, port, linkLocal)
+		if err != nil {
+			return
+		}
+		host := netip.AddrPortFrom(a, uint16(port)).String()
+		u, perr := url.Parse("http://" + host + "/")
+		if perr != nil || u.Host != host {
+			t.Fatalf("%q -> host %q: %v", addr, host, perr)
+		}
+		back, perr := netip.ParseAddrPort(u.Host)
+		if perr != nil || back.Addr() != a || int(back.Port()) != port {
+			t.Fatalf("%q:%d -> %q reads back as %v (%v)", addr, port, host, back, perr)
 		}
 	})
 }

@@ -123,3 +123,34 @@ func (f *Fleet) retire(b *Backend) {
 	b.retired.Store(true)
 	f.publish()
 }
+
+// Named returns bs with one backend per name, in bs's order: of two that
+// share a name (a backend drains while its copy under the same name, at
+// another address, takes its place), the one not draining. A metric
+// labelled by backend name then has one series per name.
+func Named(bs []*Backend) []*Backend {
+	at := make(map[string]int, len(bs))
+	for _, b := range bs {
+		if _, dup := at[b.Name]; dup {
+			return named(bs)
+		}
+		at[b.Name] = 0
+	}
+	return bs
+}
+
+func named(bs []*Backend) []*Backend {
+	at := make(map[string]int, len(bs))
+	out := make([]*Backend, 0, len(bs))
+	for _, b := range bs {
+		if j, dup := at[b.Name]; dup {
+			if out[j].Draining() && !b.Draining() {
+				out[j] = b
+			}
+			continue
+		}
+		at[b.Name] = len(out)
+		out = append(out, b)
+	}
+	return out
+}

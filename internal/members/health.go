@@ -136,7 +136,7 @@ func (s *Set) startCheck(m *Member) {
 	s.checks.Go(func() {
 		t := time.NewTicker(s.c.Health.Interval)
 		defer t.Stop()
-		for !m.B.Retired() {
+		for !m.B.Retired() && s.Of(m.B) == m {
 			if err := s.check(ctx, m); err != nil {
 				if ctx.Err() != nil {
 					return

@@ -41,7 +41,7 @@ func (s *Set) runKube(p *pool, warm bool) {
 		return
 	}
 	w := discovery.NewKube(discovery.KubeSpec{Namespace: ns, Service: k.Service, Selector: k.Selector,
-		InferencePool: k.InferencePool, Port: k.Port, Base: p.entry.Base}, cs, dyn)
+		InferencePool: k.InferencePool, Port: k.Port, Base: p.entry.Base, AllowLinkLocal: k.AllowLinkLocal}, cs, dyn)
 	w.Warn = func(msg string) { s.c.Log.Warn(msg, "backend", p.entry.Name) }
 	s.checks.Go(func() { w.Run(ctx) })
 	first, cancel := context.WithTimeout(ctx, s.c.Health.Timeout)

@@ -76,7 +76,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 func TestKubePool(t *testing.T) {
 	ctx := context.Background()
 	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: "vllm-x", Namespace: "llm", Labels: map[string]string{discoveryv1.LabelServiceName: "vllm"}},
+		ObjectMeta:  metav1.ObjectMeta{Name: "vllm-x", Namespace: "llm", Labels: map[string]string{discoveryv1.LabelServiceName: "vllm", discoveryv1.LabelManagedBy: discovery.ManagedBy}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Port: new(int32(8000))}},
 		Endpoints:   []discoveryv1.Endpoint{kubeEndpoint("vllm-0", "10.0.0.1", true)},
@@ -174,7 +174,7 @@ func TestKubePool(t *testing.T) {
 func TestKubeConfigReload(t *testing.T) {
 	mk := func(name, svc, addr string) *discoveryv1.EndpointSlice {
 		return &discoveryv1.EndpointSlice{
-			ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: "llm", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+			ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: "llm", Labels: map[string]string{discoveryv1.LabelServiceName: svc, discoveryv1.LabelManagedBy: discovery.ManagedBy}},
 			AddressType: discoveryv1.AddressTypeIPv4,
 			Ports:       []discoveryv1.EndpointPort{{Port: new(int32(8000))}},
 			Endpoints:   []discoveryv1.Endpoint{kubeEndpoint(svc+"-0", addr, true)},

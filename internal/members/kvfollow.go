@@ -215,7 +215,7 @@ func (c *preciseCollector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
-	for _, b := range c.f.Snapshot().All {
+	for _, b := range fleet.Named(c.f.Snapshot().All) {
 		st := c.ix.Stats(b.ID, now)
 		trusted := 0.0
 		if st.Trusted {

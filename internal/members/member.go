@@ -31,7 +31,10 @@ type Member struct {
 	// serving (llama.cpp's /slots n_ctx), 0 if none.
 	configured atomic.Int64
 	discovered map[string]int
-	reported   atomic.Int64
+	// adapters are the LoRA adapters its /v1/models listed, with their
+	// base models; nil for none. Set under the Set's mu.
+	adapters map[string]string
+	reported atomic.Int64
 
 	// The circuit breaker (see breaker): quiet is set while it is closed
 	// with no failure counted, and notClosed while it is not closed, so
@@ -57,27 +60,38 @@ func newMember(b *fleet.Backend, e config.Entry, pool string, found *ModelList, 
 	m := &Member{B: b, Entry: e, Pool: pool, requestsVec: se.Requests}
 	m.configured.Store(int64(e.MaxModelLen))
 	if found != nil {
-		m.discovered = found.Lens
+		m.discovered, m.adapters = found.Lens, found.Parents
 	}
 	m.setLimits(e)
 	m.quiet.Store(true)
 	if se.TTFT != nil {
 		m.ttft, m.e2e, m.itl, m.tokensIn, m.tokensOut = se.TTFT, se.E2E, se.ITL, se.InputTokens, se.OutputTokens
-		// The backend's models are in its families from its start, at
-		// zero.
-		for _, model := range b.Models {
-			m.ttft.WithLabelValues(b.Name, model)
-			m.e2e.WithLabelValues(b.Name, model)
-			if m.itl != nil {
-				m.itl.WithLabelValues(b.Name, model)
-				m.tokensIn.WithLabelValues(b.Name, model)
-				m.tokensOut.WithLabelValues(b.Name, model)
-			}
-		}
 		m.ejections = se.Ejections.WithLabelValues(b.Name)
 		m.upstreamErrors = se.UpstreamErrors.WithLabelValues(b.Name)
 	}
 	return m
+}
+
+// initSeries puts the backend's base models in its families from its
+// start, at zero, under their labels (labels.go); refresh calls it for
+// every record.
+func (m *Member) initSeries(label func(string) string) {
+	if m.ttft == nil {
+		return
+	}
+	for _, model := range m.baseModels() {
+		l := label(model)
+		if l == Other {
+			continue
+		}
+		m.ttft.WithLabelValues(m.B.Name, l)
+		m.e2e.WithLabelValues(m.B.Name, l)
+		if m.itl != nil {
+			m.itl.WithLabelValues(m.B.Name, l)
+			m.tokensIn.WithLabelValues(m.B.Name, l)
+			m.tokensOut.WithLabelValues(m.B.Name, l)
+		}
+	}
 }
 
 // ContextOf returns the backend's context length for model, 0 when

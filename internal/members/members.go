@@ -87,8 +87,10 @@ type Config struct {
 	// and is released after its rejoin grace); nil: time.Now. Tests churn
 	// the fleet in virtual time with it.
 	Now func() time.Time
-	// Adapters, when set, learns the LoRA adapters a backend's /v1/models
-	// listed, each with its base model (scheduler.LearnAdapters).
+	// Adapters, when set, is given the LoRA adapters the backends'
+	// /v1/models list, each with its base model, whenever they change
+	// (scheduler.SetAdapters): the fleet's, bounded (labels.go). The map
+	// is not modified afterwards.
 	Adapters func(parents map[string]string)
 }
 
@@ -112,6 +114,10 @@ type Set struct {
 	warmup, dnsInterval time.Duration
 	// checks counts the goroutines Start and later additions run.
 	checks sync.WaitGroup
+	// labels are the model labels (labels.go), rebuilt by refresh; batch
+	// and stale defer the rebuild to the end of a pool's update.
+	labels       atomic.Pointer[modelLabels]
+	batch, stale bool
 }
 
 // New builds the set from the config's entries: static backends join the
@@ -282,9 +288,6 @@ func (s *Set) add(e config.Entry, name string, base *url.URL, pool string, found
 	if len(models) == 0 && found != nil {
 		models = found.IDs
 	}
-	if found != nil && len(found.Parents) > 0 && s.c.Adapters != nil {
-		s.c.Adapters(found.Parents)
-	}
 	now := s.c.Now()
 	s.release(now)
 	b := s.c.Fleet.AddWarm(name, base, models, now, w)
@@ -292,10 +295,17 @@ func (s *Set) add(e config.Entry, name string, base *url.URL, pool string, found
 	for len(t) <= b.ID {
 		t = append(t, nil) // IDs taken by an Add outside this set
 	}
-	if old := t[b.ID]; old != nil && old.B == b {
-		// Back before its last request ended: the same backend, record
-		// and health check; only its stream had stopped.
+	if old := t[b.ID]; old != nil && old.B == b && old.Entry.Key() == e.Key() && old.Entry.EngineKind == e.EngineKind {
+		// Back before its last request ended, under the same settings:
+		// the same backend, record and health check; only its stream had
+		// stopped. Under other settings (a role, kind, kv_events or tls
+		// changed) it gets a record of its new entry below, and the old
+		// record's check ends (startCheck).
 		old.setLimits(e)
+		if found != nil {
+			old.adapters = found.Parents
+		}
+		s.refresh()
 		if s.ctx != nil {
 			s.startStream(old)
 		}
@@ -311,6 +321,7 @@ func (s *Set) add(e config.Entry, name string, base *url.URL, pool string, found
 	m := newMember(b, e, pool, found, s.c.Series)
 	t[b.ID] = m
 	s.table.Store(&t)
+	s.refresh()
 	if s.ctx != nil {
 		s.startCheck(m)
 		s.startStream(m)

@@ -98,6 +98,13 @@ func (s *Set) resolvePool(p *pool, warm bool) {
 // warm), backends not in ts are drained and retire once their last
 // request ends; the caller holds mu.
 func (s *Set) applyPool(p *pool, ts []target, warm bool, why string) {
+	s.batch = true
+	defer func() {
+		s.batch = false
+		if s.stale {
+			s.refresh()
+		}
+	}()
 	seen := map[string]bool{}
 	for _, t := range ts {
 		k := t.key()

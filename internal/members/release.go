@@ -33,6 +33,7 @@ func (s *Set) release(now time.Time) {
 		next = next[:len(next)-1]
 	}
 	s.table.Store(&next)
+	s.refresh()
 	for _, b := range gone {
 		if s.c.Forget != nil {
 			s.c.Forget(b.ID)

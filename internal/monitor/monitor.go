@@ -558,7 +558,12 @@ func (m *Monitor) Describe(ch chan<- *prometheus.Desc) {
 func (m *Monitor) Collect(ch chan<- prometheus.Metric) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for b, w := range m.watchers {
+	bs := make([]*fleet.Backend, 0, len(m.watchers))
+	for b := range m.watchers {
+		bs = append(bs, b)
+	}
+	for _, b := range fleet.Named(bs) {
+		w := m.watchers[b]
 		ch <- prometheus.MustNewConstMetric(descErrors, prometheus.CounterValue, float64(w.errors.Load()), b.Name)
 		ch <- prometheus.MustNewConstMetric(descLate, prometheus.CounterValue, float64(w.late.Load()), b.Name)
 		e := b.Engine()

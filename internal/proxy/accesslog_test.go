@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -161,7 +162,13 @@ func TestAccessLogOff(t *testing.T) {
 	if res := r.post("/v1/chat/completions", chat("shared", false, "x"), "X-Request-Id", "quiet"); res.status != 200 {
 		t.Fatalf("status %d", res.status)
 	}
-	time.Sleep(50 * time.Millisecond) // the line would follow the response
+	// The line would follow the response, from the handler: once the
+	// server has shut down, every handler has returned.
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := r.srv.Server.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
 	if l := accessLines(t, logs); len(l) != 0 {
 		t.Errorf("access lines with log.access off: %v", l)
 	}

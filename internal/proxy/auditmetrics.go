@@ -55,7 +55,7 @@ func (c *auditCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
 	}
 	audit, current := c.sched.Audit(), c.sched.Policy().Name()
-	for _, b := range c.f.Snapshot().All {
+	for _, b := range fleet.Named(c.f.Snapshot().All) {
 		a := audit.Backend(b.ID)
 		if _, ok := a.Totals[current]; !ok {
 			a.Totals[current] = prefix.Totals{}

@@ -139,6 +139,16 @@ func (k *apiKeys) valid(r *http.Request) bool {
 	return match == 1
 }
 
+// adminHeaderOK reports whether r's X-Kvroute-Admin-Token, if it carries
+// one, is the admin token. A wrong one is a failed token check like a
+// wrong token on the admin API: it takes from the same bucket
+// (authFailures), so the header is no cheaper an oracle than the API. The
+// request is still served, without the decision headers (tenantOf).
+func (s *Server) adminHeaderOK(r *http.Request) bool {
+	tok := r.Header.Get(headerAdminToken)
+	return tok == "" || (s.adminAPI != nil && s.adminAPI.Authorized(tok))
+}
+
 // bearer extracts the token of an "Authorization: Bearer <token>" header.
 func bearer(h string) (string, bool) {
 	scheme, tok, ok := strings.Cut(h, " ")
@@ -165,6 +175,9 @@ func (s *Server) requireKey(next http.Handler) http.Handler {
 			return
 		}
 		if k.valid(r) {
+			if !s.adminHeaderOK(r) {
+				s.failures.failed(r)
+			}
 			next.ServeHTTP(w, r)
 			return
 		}

@@ -40,19 +40,25 @@ func TestAdminListen(t *testing.T) {
 	}
 }
 
+// limitedRig is a router with one API key, an admin token and
+// limits.auth_failures_per_minute at perMinute.
+func limitedRig(t *testing.T, key, token string, perMinute int) *rig {
+	t.Setenv("KVROUTE_TEST_API_KEYS", key)
+	t.Setenv(config.AdminTokenEnv, "")
+	return newRig(t, "round-robin", 1, func(c *config.Config) {
+		c.Auth.APIKeysEnv = "KVROUTE_TEST_API_KEYS"
+		c.Admin.Token = token
+		c.Limits.AuthFailuresPerMinute = perMinute
+	})
+}
+
 // TestAuthFailuresLimited: a client address that fails the API key or
 // admin token check limits.auth_failures_per_minute times gets 429 with
 // Retry-After for every further attempt, a right key included, while the
 // others go on; the failures of both checks share one bucket.
 func TestAuthFailuresLimited(t *testing.T) {
 	const key, token, perMinute = "the-right-api-key", "the-right-admin-token", 3
-	t.Setenv("KVROUTE_TEST_API_KEYS", key)
-	t.Setenv(config.AdminTokenEnv, "")
-	r := newRig(t, "round-robin", 1, func(c *config.Config) {
-		c.Auth.APIKeysEnv = "KVROUTE_TEST_API_KEYS"
-		c.Admin.Token = token
-		c.Limits.AuthFailuresPerMinute = perMinute
-	})
+	r := limitedRig(t, key, token, perMinute)
 	completion := func(k string) result {
 		return r.post("/v1/chat/completions", chat("shared", false, "hi"), "Authorization", "Bearer "+k)
 	}
@@ -97,6 +103,41 @@ func TestAuthFailuresLimited(t *testing.T) {
 	// Probes need no key and are not limited.
 	if res := r.get("/healthz"); res.status != http.StatusOK {
 		t.Errorf("/healthz from a blocked address: %d", res.status)
+	}
+}
+
+// TestAdminHeaderLimited: the probe guessed the admin token through
+// X-Kvroute-Admin-Token on client requests, 60 guesses and 60 answers.
+// A wrong token in the header is a failed check of the same bucket as
+// the admin API's: after limits.auth_failures_per_minute of them the
+// address gets 429, the right token included.
+func TestAdminHeaderLimited(t *testing.T) {
+	const key, token, perMinute = "the-right-api-key", "the-right-admin-token", 3
+	r := limitedRig(t, key, token, perMinute)
+	guess := func(tok string) result {
+		return r.post("/v1/chat/completions", chat("shared", false, "hi"), "Authorization", "Bearer "+key, headerAdminToken, tok)
+	}
+	if res := guess(token); res.status != http.StatusOK || res.header.Get(headerBackend) == "" {
+		t.Fatalf("right admin token: %d, %s %q", res.status, headerBackend, res.header.Get(headerBackend))
+	}
+	for i := range perMinute {
+		res := guess("guess-" + strconv.Itoa(i))
+		if res.status != http.StatusOK || res.header.Get(headerBackend) != "" {
+			t.Errorf("wrong guess %d: %d, %s %q; want 200 without the decision headers", i, res.status, headerBackend, res.header.Get(headerBackend))
+		}
+	}
+	for _, tok := range []string{"guess-again", token} {
+		res := guess(tok)
+		if res.status != http.StatusTooManyRequests {
+			t.Errorf("admin token %q after %d wrong guesses: %d, want 429", tok, perMinute, res.status)
+			continue
+		}
+		if ra, err := strconv.Atoi(res.header.Get("Retry-After")); err != nil || ra < 1 {
+			t.Errorf("Retry-After %q", res.header.Get("Retry-After"))
+		}
+	}
+	if status, _ := r.adminCall(http.MethodGet, "/admin/backends", token); status != http.StatusTooManyRequests {
+		t.Errorf("the admin API after the header's failures: %d, want 429 (one bucket)", status)
 	}
 }
 

@@ -159,7 +159,7 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 
 // setView makes v the request's routing view and body its body.
 func (ex *exchange) setView(v *request.View, body []byte) {
-	ex.View, ex.Body, ex.Model = v, body, modelLabel(ex.s.fleet, v.Model)
+	ex.View, ex.Body, ex.Model = v, body, ex.s.set.ModelLabel(v.Model)
 	ex.viewSpan()
 }
 

@@ -149,28 +149,61 @@ func TestReloadFromFile(t *testing.T) {
 	write("backends: [{url: " + r.backends[0].srv.URL + ", name: b0}]\n")
 	ctx, cancel := context.WithCancel(context.Background())
 	watched := make(chan struct{})
+	// Each reload's outcome, so that the test waits for the watcher to
+	// have read a change instead of sleeping and hoping it did.
+	reloads := make(chan error, 64)
 	go func() {
 		defer close(watched)
-		config.Watch(ctx, path, 10*time.Millisecond, func() { _ = r.srv.ReloadWith(load) })
+		config.Watch(ctx, path, 10*time.Millisecond, func() { reloads <- r.srv.ReloadWith(load) })
 	}()
 	defer func() { cancel(); <-watched }()
+	// until waits for a reload whose outcome is want (ok: nil error).
+	until := func(what string, ok bool) {
+		t.Helper()
+		deadline := time.After(patience)
+		for {
+			select {
+			case err := <-reloads:
+				if (err == nil) == ok {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("no reload %s within %v", what, patience)
+			}
+		}
+	}
+	// The watcher reads the file's first state when it starts: rewrite a
+	// comment until it has seen a change, so that it is known to run.
+	for i := 0; ; i++ {
+		write("backends: [{url: " + r.backends[0].srv.URL + ", name: b0}]\n# " + strconv.Itoa(i) + "\n")
+		select {
+		case err := <-reloads:
+			if err != nil {
+				t.Fatalf("a valid file: %v", err)
+			}
+		case <-time.After(100 * time.Millisecond):
+			if i*100 > int(patience/time.Millisecond) {
+				t.Fatal("the watcher never saw a change")
+			}
+			continue
+		}
+		break
+	}
 	stop := make(chan struct{})
 	sent, bad, wait := r.load(3, 100, stop)
-	time.Sleep(50 * time.Millisecond)
+	waitFor(t, "the first request", func() bool { return sent.Load() > 0 })
 	write("backends: [{url: " + r.backends[0].srv.URL + ", name: b0}, {url: http://, name: b1}]\n") // invalid
-	time.Sleep(100 * time.Millisecond)
+	until("refusing the invalid file", false)
 	if n := len(r.srv.Fleet().Snapshot().All); n != 1 {
 		t.Fatalf("invalid config applied: %d backends", n)
 	}
 	write("fleet: {warmup: 0s}\nbackends: [{url: " + b1.srv.URL + ", name: b1}]\n")
-	deadline := time.Now().Add(3 * time.Second)
-	for b1.hits.Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	until("applying the new file", true)
+	waitFor(t, "b1's first request", func() bool { return b1.hits.Load() > 0 })
 	close(stop)
 	wait()
-	if b1.hits.Load() == 0 || bad.Load() != 0 {
-		t.Fatalf("after the file change: b1 hits %d, %d of %d requests failed", b1.hits.Load(), bad.Load(), sent.Load())
+	if bad.Load() != 0 {
+		t.Fatalf("after the file change: %d of %d requests failed", bad.Load(), sent.Load())
 	}
 }
 

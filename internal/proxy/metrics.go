@@ -2,11 +2,14 @@ package proxy
 
 import (
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/members"
@@ -129,24 +132,36 @@ func (m *Metrics) routed(v *request.View, a *scheduler.Assignment) {
 	}
 }
 
-// modelLabel bounds a request's model for a metric label: the name when
-// a backend of the fleet lists it among its models, "other" for any
-// other name (a backend that serves any model vouches for none), "" for
-// a request that named none. Clients cannot mint series.
-func modelLabel(f *fleet.Fleet, model string) string {
-	if model == "" {
-		return ""
-	}
-	for _, b := range f.Snapshot().All {
-		if len(b.Models) > 0 && b.Serves(model) {
-			return model
-		}
-	}
-	return "other"
-}
-
 func (m *Metrics) handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// cacheFamilies are the name prefixes of the families that move by the
+// prompt tokens a backend's cache held for a request: the router's
+// predicted hits, the audit's, the precise index's blocks and events. On a
+// page every tenant may read they answer a prefix guess (a right guess of
+// another tenant's prompt moves them further than a wrong one), so the
+// client listener shows them only to a scrape that may see the decision
+// headers (Server.metricsPage).
+var cacheFamilies = []string{"kvroute_prefix_", "kvroute_cache_", "kvroute_kv_blocks", "kvroute_kv_events_"}
+
+// cacheFamily reports whether the family named name is one of cacheFamilies.
+func cacheFamily(name string) bool {
+	for _, p := range cacheFamilies {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// openHandler is the page without cacheFamilies.
+func (m *Metrics) openHandler() http.Handler {
+	g := prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		fams, err := m.reg.Gather()
+		return slices.DeleteFunc(fams, func(f *dto.MetricFamily) bool { return cacheFamily(f.GetName()) }), err
+	})
+	return promhttp.HandlerFor(g, promhttp.HandlerOpts{Registry: m.reg})
 }
 
 // fleetCollector reads the fleet's load accounting at scrape time, so the
@@ -177,7 +192,7 @@ func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, b := range c.f.Snapshot().All {
+	for _, b := range fleet.Named(c.f.Snapshot().All) {
 		l := b.OwnLoad()
 		healthy := 0.0
 		if b.Healthy() {

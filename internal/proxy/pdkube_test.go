@@ -33,7 +33,7 @@ func kubeFleet(t *testing.T, engines map[string]*pdEngine, roles map[string]stri
 		objs = append(objs,
 			&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: "llm", Labels: map[string]string{discovery.RoleLabel: roles[pod]}}},
 			&discoveryv1.EndpointSlice{
-				ObjectMeta:  metav1.ObjectMeta{Name: "vllm-" + pod, Namespace: "llm", Labels: map[string]string{discoveryv1.LabelServiceName: "vllm"}},
+				ObjectMeta:  metav1.ObjectMeta{Name: "vllm-" + pod, Namespace: "llm", Labels: map[string]string{discoveryv1.LabelServiceName: "vllm", discoveryv1.LabelManagedBy: discovery.ManagedBy}},
 				AddressType: discoveryv1.AddressTypeIPv4,
 				Ports:       []discoveryv1.EndpointPort{{Port: new(hostPort(t, e.srv.URL))}},
 				Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"127.0.0.1"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready},

@@ -353,7 +353,7 @@ func (s *Server) routes() http.Handler {
 	if s.cfg.Admin.Listen == "" {
 		mux.Handle(admin.Prefix, s.failures.guardAdmin(s.adminAPI))
 	}
-	mux.Handle("/metrics", s.metrics.handler())
+	mux.Handle("/metrics", s.metricsPage())
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, http.StatusNotFound, openai.TypeNotFound, "not_found", "no route for "+r.Method+" "+r.URL.Path, 0)
 	})

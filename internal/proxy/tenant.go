@@ -54,3 +54,43 @@ func (t tenant) prefixSalt(cacheSalt string) string {
 	}
 	return t.salt + cacheSalt
 }
+
+// metricsPage is /metrics on the client listener. A tenant that may not
+// see the decision headers does not see the families that would tell it
+// the same (cacheFamilies): the rest of the page is open as before. The
+// whole page goes to the scrapes that may see them: with no API key
+// configured, a key of auth.decision_header_keys, or the admin token, as
+// "Authorization: Bearer" (as Prometheus's scrape authorization sends it)
+// or in X-Kvroute-Admin-Token. A wrong admin token in the header is a
+// failed check (adminHeaderOK), and a client out of failures gets 429.
+// A wrong bearer token is not: on an open page it may be any API key.
+// admin.listen's copy of /metrics, off the clients' network, is whole.
+func (s *Server) metricsPage() http.Handler {
+	full, open := s.metrics.handler(), s.metrics.openHandler()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		k := s.creds.Load().keys
+		if k == nil {
+			full.ServeHTTP(w, r)
+			return
+		}
+		// Off the exempt paths requireKey has counted the header.
+		if k.isExempt(r.URL.Path) && r.Header.Get(headerAdminToken) != "" {
+			if e := s.failures.blocked(r); e != nil {
+				s.reject(w, e)
+				return
+			}
+			if !s.adminHeaderOK(r) {
+				s.failures.failed(r)
+			}
+		}
+		reveal := s.tenantOf(r).reveal
+		if tok, ok := bearer(r.Header.Get("Authorization")); ok && !reveal && s.adminAPI != nil {
+			reveal = s.adminAPI.Authorized(tok)
+		}
+		if reveal {
+			full.ServeHTTP(w, r)
+			return
+		}
+		open.ServeHTTP(w, r)
+	})
+}

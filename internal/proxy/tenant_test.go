@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
@@ -122,5 +124,92 @@ func TestIsolatePrefix(t *testing.T) {
 	}
 	if got := matched(r.post("/v1/completions", completion(prompt, ""), ops...).header.Get(headerReason)); got != 12 {
 		t.Errorf("a key's own repeat matched %d blocks, want 12", got)
+	}
+}
+
+// page reads a /metrics page into its kvroute_ series (name and labels)
+// and their values, leaving out the families that move with time rather
+// than with a request's content (durations, rates).
+func page(body []byte) map[string]float64 {
+	out := map[string]float64{}
+	for line := range strings.SplitSeq(string(body), "\n") {
+		i := strings.LastIndexByte(line, ' ')
+		if !strings.HasPrefix(line, "kvroute_") || i < 0 || strings.Contains(line, "_seconds") {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out
+}
+
+// delta is what moved from before to after.
+func delta(before, after map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range after {
+		if d := v - before[k]; d != 0 {
+			out[k] = d
+		}
+	}
+	return out
+}
+
+// The guess probe on /metrics: with tenant A's prompt in the index,
+// tenant B sent a wrong and a right guess of its last block and read the
+// open page after each: kvroute_prefix_hit_tokens_total moved +176 for the
+// wrong guess and +192 for the right one. The open page now moves alike
+// for both; the whole page, cache families included, is the admin
+// token's.
+func TestMetricsGuessProbe(t *testing.T) {
+	r := tenantRig(t, false)
+	const blockChars = 64
+	secret := words("salary-of-alice", 11*blockChars) + strings.Repeat("7", blockChars)
+	for range 2 {
+		if res := r.post("/v1/completions", completion(secret, ""), "Authorization", "Bearer key-a"); res.status != 200 {
+			t.Fatalf("tenant A: status %d: %s", res.status, res.body)
+		}
+	}
+	scrape := func() map[string]float64 {
+		res := r.get("/metrics")
+		if res.status != 200 {
+			t.Fatalf("/metrics: %d", res.status)
+		}
+		return page(res.body)
+	}
+	guesses := []string{secret[:11*blockChars] + strings.Repeat("6", blockChars), secret}
+	var moved [2]map[string]float64
+	for i, g := range guesses {
+		before := scrape()
+		if res := r.post("/v1/completions", completion(g, ""), "Authorization", "Bearer key-b"); res.status != 200 {
+			t.Fatalf("guess %d: status %d", i, res.status)
+		}
+		moved[i] = delta(before, scrape())
+	}
+	if len(moved[0]) == 0 {
+		t.Fatal("the page did not move at all for a request")
+	}
+	for k, v := range moved[0] {
+		if moved[1][k] != v {
+			t.Errorf("%s moved %v for the wrong guess, %v for the right one", k, v, moved[1][k])
+		}
+	}
+	for k, v := range moved[1] {
+		if _, ok := moved[0][k]; !ok {
+			t.Errorf("%s moved %v for the right guess only", k, v)
+		}
+	}
+	// The operators' scrape, with the admin token, has the whole page.
+	req, _ := http.NewRequest(http.MethodGet, r.base+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer tenant-admin-token-0123456789")
+	resp, err := r.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "\nkvroute_prefix_hit_tokens_total ") {
+		t.Error("the admin token's scrape has no kvroute_prefix_hit_tokens_total")
 	}
 }

@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -36,19 +35,6 @@ func (s *Scheduler) SetAdapters(parents map[string]string) {
 	s.adaptersMu.Lock()
 	defer s.adaptersMu.Unlock()
 	s.adapters.Store(&parents)
-}
-
-// LearnAdapters adds adapters (name -> base model) to the known ones, as
-// a backend's /v1/models lists them; parents is not kept.
-func (s *Scheduler) LearnAdapters(parents map[string]string) {
-	s.adaptersMu.Lock()
-	defer s.adaptersMu.Unlock()
-	next := map[string]string{}
-	if m := s.adapters.Load(); m != nil {
-		maps.Copy(next, *m)
-	}
-	maps.Copy(next, parents)
-	s.adapters.Store(&next)
 }
 
 // Parent returns the base model of adapter model, "" when model is not a

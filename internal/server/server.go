@@ -143,7 +143,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		DiscoverModels: cfg.Upstream.DiscoverModels,
 		FleetSection:   cfg.Fleet,
 		KVStream:       stream,
-		Adapters:       s.sched.LearnAdapters,
+		Adapters:       s.sched.SetAdapters,
 	}, entries)
 	adm, err := newAdmission(cfg, s.fleet, reg)
 	if err != nil {
