@@ -164,6 +164,7 @@ func TestSyncSessionFreshTurnsOutage(t *testing.T) {
 		return m
 	}
 	before := own() // replica 1's decoding stream is among them
+	rs.held++ // settle waits for every request but this one
 	hctx, hcancel := context.WithCancel(ctx)
 	held := make(chan struct{})
 	go func() {
@@ -183,6 +184,7 @@ func TestSyncSessionFreshTurnsOutage(t *testing.T) {
 	hcancel()
 	<-held
 	rs.waitFor("replica 1's long prompt to end", func() bool { return own()[home] == before[home] })
+	rs.held--
 	if to == home {
 		t.Fatalf("replica 1 kept the moved conversation on %s behind a long prompt: the test did not move it", home)
 	}
