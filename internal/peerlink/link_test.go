@@ -155,7 +155,7 @@ func TestEventsBatched(t *testing.T) {
 	// flush interval.
 	const blocks = 20_000
 	for i := range 3 {
-		r1.outbox.Routed(uint64(i+1), r1.b, hashes(uint64(i)*blocks, blocks), 0, fleet.Load{InFlight: 1})
+		r1.outbox.Routed(uint64(i+1), r1.b, hashes(uint64(i)*blocks, blocks), policy.Claim{}, fleet.Load{InFlight: 1})
 	}
 	waitUntil(t, "the three decisions", func() bool {
 		n := 0
@@ -246,7 +246,7 @@ func TestSnapshotToLatePeer(t *testing.T) {
 	r1 := startLink(t, ns.ClientURL(), "r1", nil)
 	inbox := listen(t, ns.ClientURL(), "kvroute.inbox.r2")
 	const blocks = 40
-	r1.outbox.Routed(1, r1.b, hashes(1000, blocks), 0, fleet.Load{})
+	r1.outbox.Routed(1, r1.b, hashes(1000, blocks), policy.Claim{}, fleet.Load{})
 	waitUntil(t, "r1 to send its decision", func() bool { return r1.Counts().Taken == 1 })
 
 	r2 := startLink(t, ns.ClientURL(), "r2", nil)
@@ -289,7 +289,7 @@ func TestSnapshotRequestAnswered(t *testing.T) {
 		t.Errorf("snapshot from %s of %d events, want r1's, empty", b.Replica, len(b.Events))
 	}
 
-	r1.outbox.Routed(1, r1.b, hashes(1, 4), 0, fleet.Load{InFlight: 1})
+	r1.outbox.Routed(1, r1.b, hashes(1, 4), policy.Claim{}, fleet.Load{InFlight: 1})
 	waitUntil(t, "r1 to send its decision", func() bool { return r1.Counts().Taken == 1 })
 	if err := nc.PublishRequest("kvroute.snapshot", "kvroute.inbox.p", nil); err != nil {
 		t.Fatal(err)

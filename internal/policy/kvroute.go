@@ -3,7 +3,6 @@ package policy
 import (
 	"math"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/costmodel"
@@ -173,9 +172,8 @@ const (
 type KVRoute struct {
 	loadFactor float64
 	rot        tieRotor
-	// last maps a session key's hash to the ID of the backend its
-	// conversation last went to; see sessionSlotsLog2 and packSession.
-	last [1 << sessionSlotsLog2]atomic.Uint64
+	// sessions is the backend each conversation lives on (sessions.go).
+	sessions Sessions
 	// pool holds the candidates' estimates of a pick (*[]candidate).
 	pool sync.Pool
 	// transfer is Options.TransferPerToken (pd_kvroute.go).
@@ -276,8 +274,17 @@ func emptier(inFlight, w, bestLoad, bestWritten int64) bool {
 // computed) after cached ones, and of an output budget of budget tokens
 // (0 unknown), given the router's load l on backend b, the engine's
 // fresh report e (nil if none; see freshEngine), b's coefficients co and
-// its token budget per step chunk.
+// its token budget per step chunk. The engine's running-sequence cap is
+// its plausible one (fleet.Limits.PlausibleSeqs).
 func (p *KVRoute) estimate(b *fleet.Backend, e *fleet.EngineState, l *fleet.Load, prompt, uncached, cached, budget int64, co costmodel.Coeffs, chunk int64) float64 {
+	return p.estimateSeqs(b, e, l, prompt, uncached, cached, budget, co, chunk, b.Limits().PlausibleSeqs)
+}
+
+// estimateSeqs is estimate with the engine's running-sequence cap given
+// (seqs, 0 for none): the view every replica shares knows only the cap an
+// engine reports or is configured with, not the one each replica learns
+// from its own readings and first bytes (see pickShared).
+func (p *KVRoute) estimateSeqs(b *fleet.Backend, e *fleet.EngineState, l *fleet.Load, prompt, uncached, cached, budget int64, co costmodel.Coeffs, chunk int64, seqs int) float64 {
 	work := l.PendingPrefill + uncached
 	decoding, context := l.Decoding, l.DecodeTokens
 	// queued is every request at the engine, running or waiting: the
@@ -314,8 +321,7 @@ func (p *KVRoute) estimate(b *fleet.Backend, e *fleet.EngineState, l *fleet.Load
 	step := co.DecodeStep(float64(decoding), float64(context))
 	own := co.Token*float64(uncached) + co.Attn*costmodel.AttnPairs(uncached, cached)
 	est := float64(costmodel.Steps(work, chunk))*step + co.Token*float64(work-uncached) + own
-	lim := b.Limits()
-	if lim.PlausibleSeqs <= 0 {
+	if seqs <= 0 {
 		return est
 	}
 	// Waiting for a slot: the request starts its prefill once enough
@@ -331,7 +337,7 @@ func (p *KVRoute) estimate(b *fleet.Backend, e *fleet.EngineState, l *fleet.Load
 		// no max_tokens: the one default the scheduler accounts too.
 		mean = request.DefaultOutputBudget
 	}
-	wait := slotWait(queued, int64(lim.PlausibleSeqs), decoding, mean, decodeTime(b, step))
+	wait := slotWait(queued, int64(seqs), decoding, mean, decodeTime(b, step))
 	if wait <= 0 {
 		return est
 	}
@@ -410,45 +416,22 @@ func fitsKV(e *fleet.EngineState, l *fleet.Load, uncached int64) bool {
 	return free-float64(l.PendingPrefill) >= float64(uncached)
 }
 
-// Routed implements Observer: it remembers where a session's request went,
+// Routed implements Observer: it remembers where a session's request went
+// (Sessions.Routed: a claim when that places or moves the conversation),
 // so that its next turn finds the conversation even if the prefix index
-// has lost it.
+// has lost it, or its text shares nothing with the last turn's.
 func (p *KVRoute) Routed(in *Input, d Decision) {
 	if in.View == nil || in.View.SessionKey == "" {
 		return
 	}
-	p.LearnSession(in.SessionHash, in.Candidates[d.Index].ID)
+	p.sessions.Routed(in.SessionHash, in.Candidates[d.Index].ID, in.Now.UnixNano(), in.Replica)
 }
 
-// LearnSession implements SessionLearner: the session with key hash h
-// (not 0) last went to backend id.
-func (p *KVRoute) LearnSession(h uint64, id int) {
-	if h == 0 {
-		return
-	}
-	p.last[h&(1<<sessionSlotsLog2-1)].Store(packSession(h, id))
-}
+// LearnSession implements SessionLearner.
+func (p *KVRoute) LearnSession(c Claim, id int) { p.sessions.Learn(c, id) }
 
-// A session slot packs the key hash's top 44 bits as a tag (the low bits
-// chose the slot) with the backend ID + 1 in the low 20 bits; 0 is empty.
-const sessionIDBits = 20
-
-func packSession(h uint64, id int) uint64 {
-	if id+1 >= 1<<sessionIDBits {
-		return 0 // not representable; the conversation relies on its prefix
-	}
-	return h&^(1<<sessionIDBits-1) | uint64(id+1)
-}
-
-// lookupSession returns the backend ID the session with key hash h last
-// went to, or -1.
-func (p *KVRoute) lookupSession(h uint64) int {
-	e := p.last[h&(1<<sessionSlotsLog2-1)].Load()
-	if e == 0 || e&^(1<<sessionIDBits-1) != h&^(1<<sessionIDBits-1) {
-		return -1
-	}
-	return int(e&(1<<sessionIDBits-1)) - 1
-}
+// SessionOf implements SessionLearner.
+func (p *KVRoute) SessionOf(h uint64) (int, Claim) { return p.sessions.Lookup(h) }
 
 var (
 	_ Policy         = (*KVRoute)(nil)

@@ -115,7 +115,7 @@ func TestKVRouteSlotWaitMovesConversation(t *testing.T) {
 			}
 			p := fxNew(t, "kvroute", Options{})
 			in := fxInput(cands, loads, prompt, "conv-1")
-			p.(*KVRoute).LearnSession(in.SessionHash, cands[0].ID)
+			p.(*KVRoute).LearnSession(Claim{Session: in.SessionHash}, cands[0].ID)
 			if d := p.Pick(in); d.Index != tt.want || d.Note != tt.note {
 				t.Fatalf("picked %d (%q, est %.4fs), want %d (%q)", d.Index, d.Note, d.EstTTFT, tt.want, tt.note)
 			}

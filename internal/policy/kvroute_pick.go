@@ -20,8 +20,10 @@ import (
 //	room    best becomes fit when that costs at most FitRatio (room)
 //	session a conversation stays on its holder unless that costs more
 //	        than AffinityRatio or the in-flight bound allows (sticks);
-//	        with several replicas, weighed on the view they share
-//	        (leaveShared, staysShared, leastShared)
+//	        with several replicas, the holder is the session table's
+//	        backend and the bound is weighed on the view they share; a
+//	        conversation placed or moved goes to the first backend of
+//	        its rendezvous order the bound keeps it on (pickShared)
 //	cache   a prompt without a session key stays with a holder a prefill
 //	        chunk ahead of best (keepsCache)
 //	note    "cache" when best holds the longest prefix, else "load" (note)
@@ -89,29 +91,19 @@ func (p *KVRoute) Pick(in *Input) Decision {
 	if fit := lowest(c, true); fit >= 0 && room(&c[fit], best) {
 		best = &c[fit]
 	}
+	if r.keyed && (in.Replicas > 1 || in.Replica != 0) {
+		// Several replicas take a conversation's turns in turn: where
+		// it lives, whether it leaves, and for which backend, are
+		// decided on what they all see alike (see pickShared), also
+		// while this one hears none of them (NATS down): its peers
+		// route on meanwhile, and must land where it does.
+		return p.pickShared(in, &r, c)
+	}
 	if r.keyed && (holder.cached > 0 || holder.id == r.lastID) {
-		if in.Replicas > 1 {
-			// Several replicas take a conversation's turns in turn:
-			// whether it leaves its holder, and for which backend, is
-			// decided on what they all see alike (see leaveShared).
-			if leave, to, toEst := p.leaveShared(in, &r, holder.i); leave {
-				return Decision{Index: to, EstTTFT: toEst, Note: "spill"}
-			}
-			return Decision{Index: holder.i, EstTTFT: holder.est, Note: "sticky"}
-		}
 		if holder == best || sticks(holder, best, f.bound) {
 			return Decision{Index: holder.i, EstTTFT: holder.est, Note: "sticky"}
 		}
 		return Decision{Index: best.i, EstTTFT: best.est, Note: "spill"}
-	}
-	if r.keyed && in.Replicas > 1 {
-		// A conversation's first turn is placed on the same shared view
-		// its later turns are weighed on: placed on this replica's own
-		// view (learned rates, engine reports), it could land where the
-		// next replica's shared view sees a holder to leave at once.
-		if _, to, toEst := p.leaveShared(in, &r, -1); to >= 0 {
-			return Decision{Index: to, EstTTFT: toEst, Note: "shared"}
-		}
 	}
 	if holder != best && keepsCache(holder, best, stickyTokens(in.Candidates[holder.i], in.Candidates[best.i]), f.bound) {
 		return Decision{Index: holder.i, EstTTFT: holder.est, Note: "cache"}
@@ -125,7 +117,7 @@ func (p *KVRoute) request(in *Input) pickRequest {
 	if in.View != nil {
 		r.prompt, r.budget = int64(in.View.PromptTokens), int64(in.View.MaxTokens)
 		if r.keyed = in.View.SessionKey != ""; r.keyed {
-			r.lastID = p.lookupSession(in.SessionHash)
+			r.lastID, _ = p.sessions.Lookup(in.SessionHash)
 		}
 	}
 	return r
@@ -197,7 +189,13 @@ func (p *KVRoute) estimateAll(in *Input, r *pickRequest, shared bool, start int,
 		co := costedAt(x.co, x.rate, f.co, f.rate)
 		x.step = co.Step
 		work := computed(in.Uncached[x.i])
-		x.est = p.estimate(b, e, &x.load, r.prompt, work, in.Cached[x.i], r.budget, co, x.chunk)
+		seqs := b.Limits()
+		if shared {
+			// Only the cap the engine reports or is configured with:
+			// the cold-start and learned caps are this replica's.
+			seqs.PlausibleSeqs = seqs.MaxNumSeqs
+		}
+		x.est = p.estimateSeqs(b, e, &x.load, r.prompt, work, in.Cached[x.i], r.budget, co, x.chunk, seqs.PlausibleSeqs)
 		if in.Extra != nil {
 			x.est += in.Extra[x.i]
 		}
@@ -289,14 +287,6 @@ func sticks(h, b *candidate, bound int64) bool {
 	return h.score-h.step <= AffinityRatio*(b.score-b.step)+AffinitySlack && h.load.InFlight+1 <= bound
 }
 
-// staysShared is sticks on the view several replicas share, where to is
-// the best candidate other than h: a holder that costs no more than to
-// keeps the turn whatever the in-flight bound (the bound limits the
-// premium of staying, and there is none).
-func staysShared(h, to *candidate, bound int64) bool {
-	return h.score <= to.score || sticks(h, to, bound)
-}
-
 // keepsCache reports whether a request without a session key stays with
 // the holder h of its longest cached prefix rather than going to the best
 // candidate b: h is another backend with at least lead more tokens of it
@@ -317,55 +307,134 @@ func note(best, h *candidate) string {
 	return "load"
 }
 
-// leaveShared decides, with several replicas, whether a conversation
-// leaves its holder (candidate holder of in; -1 for a first turn): the
-// session bound (sticks) weighed on what every replica sees alike rather
-// than on this replica's own view. That is the load every replica
-// accounts (fleet.Backend.KnownLoad: its own and its peers' requests,
-// without the load it presumes of its peers within a burst), the prefix
-// index's matches, and one rate for every backend
-// (fleet.DefaultPrefillRate), without the learned rates and engine
-// reports, which each replica learns and scrapes on its own. Replicas that
-// take a conversation's turns in turn then keep it on one backend, or move
-// it together: a conversation decided on private views went back and
-// forth between two backends whenever the replicas' views straddled the
-// bound, and a turn that left went wherever each replica's own view
-// ranked best. to is where it goes if it leaves: the lowest shared score
-// (see leastShared), with its estimate; -1 with one candidate.
-func (p *KVRoute) leaveShared(in *Input, r *pickRequest, holder int) (leave bool, to int, toEst float64) {
+// pickShared places or keeps a conversation with several replicas: its
+// home, whether it leaves it, and where to, decided on what every replica
+// sees alike rather than on this replica's own view (c, whose estimates
+// it reports). That is the load every replica accounts
+// (fleet.Backend.KnownLoad: its own and its peers' requests, without the
+// load it presumes of its peers within a burst), the prefix index's
+// matches, and each backend's cost model's prior (the same at every
+// replica), without the learned rates and engine reports, which each
+// replica learns and scrapes on its own; and, where those do not decide,
+// a rank of the conversation and the backend that every replica computes
+// alike (rendezvous hashing, sessionRank) instead of the order of a scan.
+//
+// The conversation's holder is the backend its session table names (the
+// winning claim, the same at every replica once they have heard it),
+// else the one with the longest cached prefix of the prompt (ties by
+// rank). It stays there unless the session bound says leave (stays). A
+// conversation that leaves, or that has no holder (a first turn, a turn
+// whose text shares nothing with the last, routed before the claim
+// reached this replica), goes to the backend of the lowest rank among
+// those the bound would keep it on (placeShared): where no load tells the
+// backends apart that is the conversation's rendezvous backend, which
+// every replica computes without hearing from the others, so that a turn
+// that outruns its claim still lands where the claim says.
+func (p *KVRoute) pickShared(in *Input, r *pickRequest, own []candidate) Decision {
 	cs := p.getScratch(len(in.Candidates))
 	defer p.pool.Put(cs)
 	c := *cs
-	f := p.estimateAll(in, r, true, 0, c)
-	t := leastShared(c, holder, in.SessionHash, in.Candidates)
-	if t < 0 {
-		return false, holder, 0
+	f := p.estimateAll(in, r, true, 0, c) // c[k].i == k
+	h, note := -1, "shared"
+	for k := range c {
+		if c[k].id == r.lastID {
+			h = k
+		}
 	}
-	leave = holder >= 0 && !staysShared(&c[holder], &c[t], f.bound)
-	return leave, c[t].i, c[t].est
+	if h < 0 {
+		if k := longestCached(c, in.SessionHash, in.Candidates); c[k].cached > 0 {
+			h = k
+		}
+	}
+	first, second := lowestTwo(c)
+	if h >= 0 {
+		if stays(c, h, first, second, f.bound) {
+			return decideAt(own, h, "sticky")
+		}
+		note = "spill"
+	}
+	return decideAt(own, placeShared(c, h, first, second, in.SessionHash, in.Candidates, f.bound), note)
 }
 
-// leastShared returns the index in c (estimated from start 0) of the
-// candidate other than skip with the lowest score. Exact ties (idle
-// backends that hold nothing of it) go by fewer in flight, then by a rank
-// of the session (key hash session) and the backend that every replica
-// computes alike and that differs from one conversation to the next
-// (rendezvous hashing, sessionRank), so that the conversations that leave
-// spread instead of all taking one. -1 when c holds skip alone.
-func leastShared(c []candidate, skip int, session uint64, cands []*fleet.Backend) int {
+// decideAt is the Decision for candidate i of Input.Candidates with its
+// estimate in own (this replica's view).
+func decideAt(own []candidate, i int, note string) Decision {
+	for k := range own {
+		if own[k].i == i {
+			return Decision{Index: i, EstTTFT: own[k].est, Note: note}
+		}
+	}
+	return Decision{Index: i, Note: note}
+}
+
+// longestCached returns the index in c of the candidate with the longest
+// cached prefix, ties to the lowest sessionRank. c must not be empty.
+func longestCached(c []candidate, session uint64, cands []*fleet.Backend) int {
+	h, hRank := 0, sessionRank(session, cands[c[0].i])
+	for k := 1; k < len(c); k++ {
+		rank := sessionRank(session, cands[c[k].i])
+		if c[k].cached > c[h].cached || (c[k].cached == c[h].cached && rank < hRank) {
+			h, hRank = k, rank
+		}
+	}
+	return h
+}
+
+// lowestTwo returns the indices in c of the lowest and the second lowest
+// score (-1 for none), so that each candidate's best other is one
+// comparison away.
+func lowestTwo(c []candidate) (first, second int) {
+	first, second = -1, -1
+	for k := range c {
+		switch {
+		case first < 0 || c[k].score < c[first].score:
+			first, second = k, first
+		case second < 0 || c[k].score < c[second].score:
+			second = k
+		}
+	}
+	return first, second
+}
+
+// stays reports whether a conversation stays on candidate k of c (whose
+// lowest scores are first and second, see lowestTwo): the session bound
+// against the best other candidate (staysShared). The one candidate
+// stays.
+func stays(c []candidate, k, first, second int, bound int64) bool {
+	other := first
+	if k == first {
+		other = second
+	}
+	return other < 0 || staysShared(&c[k], &c[other], bound)
+}
+
+// staysShared is sticks on the view several replicas share, where to is
+// the best candidate other than h: a holder that costs no more than to
+// keeps the turn whatever the in-flight bound (the bound limits the
+// premium of staying, and there is none).
+func staysShared(h, to *candidate, bound int64) bool {
+	return h.score <= to.score || sticks(h, to, bound)
+}
+
+// placeShared returns the index in c of the candidate other than skip (-1
+// for none) with the lowest sessionRank among those the conversation
+// would stay on (stays): the first of the conversation's rendezvous order
+// that the bound lets it live on. The candidate of the lowest score
+// always stays, so one is found unless c holds skip alone (then skip).
+// first and second are c's lowest scores (lowestTwo).
+func placeShared(c []candidate, skip, first, second int, session uint64, cands []*fleet.Backend, bound int64) int {
 	to := -1
 	var toRank uint64
 	for k := range c {
-		x := &c[k]
-		if x.i == skip {
+		if k == skip || !stays(c, k, first, second, bound) {
 			continue
 		}
-		rank := sessionRank(session, cands[x.i])
-		if to < 0 || x.score < c[to].score ||
-			(x.score == c[to].score && (x.load.InFlight < c[to].load.InFlight ||
-				(x.load.InFlight == c[to].load.InFlight && rank < toRank))) {
+		if rank := sessionRank(session, cands[c[k].i]); to < 0 || rank < toRank {
 			to, toRank = k, rank
 		}
+	}
+	if to < 0 {
+		return max(skip, 0)
 	}
 	return to
 }

@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"cmp"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -152,34 +154,42 @@ func TestNote(t *testing.T) {
 	}
 }
 
-func TestLeastShared(t *testing.T) {
+func TestPlaceShared(t *testing.T) {
 	cands := fxBackends(t, make([]fxLoad, 3)...)
 	const session = 42
 	at := func(c candidate, i int) candidate { c.i = i; return c }
-	// rankOrder is the candidates by sessionRank, lowest first.
-	var first, second int
-	for i := range cands {
-		if sessionRank(session, cands[i]) < sessionRank(session, cands[first]) {
-			first = i
+	// r[0], r[1], r[2]: the candidates in the session's rendezvous order.
+	r := []int{0, 1, 2}
+	slices.SortFunc(r, func(a, b int) int { return cmp.Compare(sessionRank(session, cands[a]), sessionRank(session, cands[b])) })
+	// scores gives candidate r[k] score s[k] and inFlight f[k].
+	scores := func(s [3]float64, f [3]int64) []candidate {
+		c := make([]candidate, 3)
+		for k := range 3 {
+			c[r[k]] = at(cand(s[k], f[k], 0), r[k])
 		}
+		return c
 	}
-	second = (first + 1) % 3
-	for i := range cands {
-		if i != first && sessionRank(session, cands[i]) < sessionRank(session, cands[second]) {
-			second = i
-		}
-	}
-	tests := []choiceCase{ // arg: the holder, skipped
-		{"the lowest score", []candidate{at(cand(3, 0, 0), 0), at(cand(1, 5, 0), 1), at(cand(2, 0, 0), 2)}, -1, 1},
-		{"never the holder", []candidate{at(cand(3, 0, 0), 0), at(cand(1, 0, 0), 1), at(cand(2, 0, 0), 2)}, 1, 2},
-		{"a tie to fewer in flight", []candidate{at(cand(1, 2, 0), 0), at(cand(1, 1, 0), 1), at(cand(1, 3, 0), 2)}, -1, 1},
-		{"then the session's rank", []candidate{at(cand(1, 0, 0), 0), at(cand(1, 0, 0), 1), at(cand(1, 0, 0), 2)}, -1, first},
-		{"then the next rank past the holder", []candidate{at(cand(1, 0, 0), 0), at(cand(1, 0, 0), 1), at(cand(1, 0, 0), 2)}, first, second},
-		{"the holder alone", []candidate{at(cand(1, 0, 0), 0)}, 0, -1},
+	tests := []struct {
+		name  string
+		c     []candidate
+		skip  int
+		bound int64
+		want  int
+	}{
+		{"idle: the first of the rendezvous order", scores([3]float64{1, 1, 1}, [3]int64{}), -1, 10, r[0]},
+		{"never the holder", scores([3]float64{1, 1, 1}, [3]int64{}), r[0], 10, r[1]},
+		{"within the bound: the first all the same", scores([3]float64{1.1, 1, 1}, [3]int64{}), -1, 10, r[0]},
+		{"past the ratio: the next", scores([3]float64{3, 1, 1}, [3]int64{}), -1, 10, r[1]},
+		{"past the ratio, the next too: the lowest score", scores([3]float64{3, 3, 1}, [3]int64{}), -1, 10, r[2]},
+		{"past the in-flight bound: the next", scores([3]float64{1.1, 1, 1}, [3]int64{5, 0, 0}), -1, 3, r[1]},
+		{"the lowest score stays whatever its in flight", scores([3]float64{3, 1, 3}, [3]int64{0, 9, 0}), -1, 3, r[1]},
+		{"the holder alone", []candidate{at(cand(1, 0, 0), 0)}, 0, 10, 0},
 	}
 	for _, tc := range tests {
-		if got := leastShared(tc.c, tc.arg, session, cands); got != tc.want {
-			t.Errorf("%s: leastShared = %d, want %d", tc.name, got, tc.want)
+		c := tc.c
+		first, second := lowestTwo(c)
+		if got := placeShared(c, tc.skip, first, second, session, cands, tc.bound); got != tc.want {
+			t.Errorf("%s: placeShared = %d, want %d (rendezvous order %v)", tc.name, got, tc.want, r)
 		}
 	}
 }

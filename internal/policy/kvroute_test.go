@@ -446,20 +446,94 @@ func TestKVRouteSession(t *testing.T) {
 }
 
 func TestKVRouteSessionTable(t *testing.T) {
-	p := NewKVRoute(Options{})
-	for _, id := range []int{0, 1, 7, 1<<sessionIDBits - 2} {
+	var tab Sessions
+	for _, id := range []int{0, 1, 7, 1 << 24} {
 		h := uint64(0xdeadbeefcafe1234) + uint64(id)
-		p.last[h&(1<<sessionSlotsLog2-1)].Store(packSession(h, id))
-		if got := p.lookupSession(h); got != id {
-			t.Errorf("id %d: lookup = %d", id, got)
+		tab.Routed(h, id, 1, 0)
+		if got, c := tab.Lookup(h); got != id || c != (Claim{Session: h, At: 1}) {
+			t.Errorf("id %d: lookup = %d, %+v", id, got, c)
 		}
-		// Same slot, different tag: a collision, not a hit.
-		if got := p.lookupSession(h ^ 1<<40); got != -1 {
+		// Same slot, different key: a collision, not a hit.
+		if got, _ := tab.Lookup(h ^ 1<<40); got != -1 {
 			t.Errorf("id %d: colliding key found %d", id, got)
 		}
 	}
-	if got := p.lookupSession(42); got != -1 {
+	if got, _ := tab.Lookup(42); got != -1 {
 		t.Errorf("empty slot: lookup = %d", got)
+	}
+	if got, _ := tab.Lookup(0); got != -1 {
+		t.Errorf("no key: lookup = %d", got)
+	}
+}
+
+// TestSessionClaims: a routing that follows a conversation's home makes
+// no claim, one that takes it elsewhere makes a move (one epoch more); a
+// peer's claim replaces the table's only if it wins.
+func TestSessionClaims(t *testing.T) {
+	const h = 0xabcdef
+	var tab Sessions
+	tab.Routed(h, 3, 100, 7)
+	tab.Routed(h, 3, 200, 8) // follows: nothing changes
+	if id, c := tab.Lookup(h); id != 3 || c != (Claim{Session: h, Epoch: 0, At: 100, By: 7}) {
+		t.Fatalf("after following: %d %+v", id, c)
+	}
+	tab.Routed(h, 5, 300, 7)
+	if id, c := tab.Lookup(h); id != 5 || c != (Claim{Session: h, Epoch: 1, At: 300, By: 7}) {
+		t.Fatalf("after a move: %d %+v", id, c)
+	}
+	for _, tc := range []struct {
+		name string
+		c    Claim
+		id   int
+		want int
+	}{
+		{"an older epoch loses", Claim{Session: h, Epoch: 0, At: 1, By: 1}, 9, 5},
+		{"the same epoch, later, loses", Claim{Session: h, Epoch: 1, At: 301, By: 1}, 9, 5},
+		{"the same epoch, same time, higher replica, loses", Claim{Session: h, Epoch: 1, At: 300, By: 8}, 9, 5},
+		{"the same epoch, earlier, wins", Claim{Session: h, Epoch: 1, At: 299, By: 9}, 2, 2},
+		{"a later move wins", Claim{Session: h, Epoch: 2, At: 1000, By: 1}, 4, 4},
+		{"no session: ignored", Claim{Epoch: 9}, 6, 4},
+	} {
+		tab.Learn(tc.c, tc.id)
+		if id, _ := tab.Lookup(h); id != tc.want {
+			t.Errorf("%s: home %d, want %d", tc.name, id, tc.want)
+		}
+	}
+}
+
+// TestSessionClaimsMergeInAnyOrder: replicas that hear the same claims in
+// different orders hold the same home for the conversation.
+func TestSessionClaimsMergeInAnyOrder(t *testing.T) {
+	const h = 0x5e55
+	claims := []struct {
+		c  Claim
+		id int
+	}{
+		{Claim{Session: h, Epoch: 0, At: 10, By: 2}, 0},
+		{Claim{Session: h, Epoch: 0, At: 10, By: 1}, 1},
+		{Claim{Session: h, Epoch: 1, At: 50, By: 3}, 2},
+		{Claim{Session: h, Epoch: 1, At: 40, By: 2}, 3},
+		{Claim{Session: h, Epoch: 0, At: 5, By: 3}, 4},
+	}
+	want := -1
+	for perm := range 120 { // every order of the five
+		order := []int{0, 1, 2, 3, 4}
+		for k, p := 0, perm; k < len(order); k++ {
+			j := k + p%(len(order)-k)
+			p /= len(order) - k
+			order[k], order[j] = order[j], order[k]
+		}
+		var tab Sessions
+		for _, k := range order {
+			tab.Learn(claims[k].c, claims[k].id)
+		}
+		got, _ := tab.Lookup(h)
+		if want < 0 {
+			want = got
+		}
+		if got != want || got != 3 {
+			t.Fatalf("order %v: home %d, want 3 (epoch 1, the earlier claim) in every order", order, got)
+		}
 	}
 }
 
@@ -765,7 +839,7 @@ func TestKVRouteReplicasAgreeOnHolder(t *testing.T) {
 				cands := replicaView(r, tc.pending[:], turn)
 				p := fxNew(t, "kvroute", Options{}).(*KVRoute)
 				in := fxInput(cands, make([]fxLoad, 3), turn, "conv")
-				p.LearnSession(in.SessionHash, cands[0].ID)
+				p.LearnSession(Claim{Session: in.SessionHash}, cands[0].ID)
 				in.Replicas, in.ReplicaArc = 3, float64(r)/3
 				d := p.Pick(in)
 				t.Logf("replica %d: %s (%s, est %.4f s)", r, cands[d.Index].Name, d.Note, d.EstTTFT)
@@ -857,7 +931,7 @@ func TestKVRouteReplicasKeepBestHolder(t *testing.T) {
 			cands := fxBackends(t, loads...)
 			p := fxNew(t, "kvroute", Options{}).(*KVRoute)
 			in := fxInput(cands, loads, prompt, "conv")
-			p.LearnSession(in.SessionHash, cands[0].ID)
+			p.LearnSession(Claim{Session: in.SessionHash}, cands[0].ID)
 			in.Replicas = 3
 			if d := p.Pick(in); d.Note != tc.want || (d.Index == 0) != (tc.want == "sticky") {
 				t.Errorf("picked %d (%q), want %q", d.Index, d.Note, tc.want)

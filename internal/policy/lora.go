@@ -199,7 +199,10 @@ func (p *LoRABlind) Pick(in *Input) Decision { return p.k.Pick(in) }
 func (p *LoRABlind) Routed(in *Input, d Decision) { p.k.Routed(in, d) }
 
 // LearnSession implements SessionLearner.
-func (p *LoRABlind) LearnSession(session uint64, id int) { p.k.LearnSession(session, id) }
+func (p *LoRABlind) LearnSession(c Claim, id int) { p.k.LearnSession(c, id) }
+
+// SessionOf implements SessionLearner.
+func (p *LoRABlind) SessionOf(h uint64) (int, Claim) { return p.k.SessionOf(h) }
 
 var (
 	_ AdapterAffinity = (*KVRoute)(nil)

@@ -58,6 +58,10 @@ type Input struct {
 	Replicas   int
 	ReplicaArc float64
 	Burst      bool
+	// Replica is this replica's ID hashed (HashReplica), which the claims
+	// of its session table carry; 0 for one router. It is set whenever
+	// the router shares state with replicas (sync), live or not.
+	Replica uint64
 }
 
 // HashSession is the one hash of a session key that the scheduler and the
@@ -94,12 +98,16 @@ type Observer interface {
 }
 
 // SessionLearner is implemented by policies that keep a session table
-// (conversation -> backend). LearnSession records that the conversation
-// whose key hashes to session went to the backend with ID id, as Routed
-// does for a request routed here: the scheduler calls it for requests
-// another router replica routed (package replica).
+// (conversation -> backend, with the Claim that made it its home).
+// SessionOf returns the backend ID a conversation lives on and its claim
+// (-1 if the table does not know it), which the scheduler tells the
+// peers with every routing that follows it; LearnSession merges a claim
+// another router replica made on backend id (package replica): the table
+// keeps the claim that Wins, so replicas that heard the same claims hold
+// the same backend, whatever order they heard them in.
 type SessionLearner interface {
-	LearnSession(session uint64, id int)
+	SessionOf(session uint64) (id int, c Claim)
+	LearnSession(c Claim, id int)
 }
 
 // Options tune the policies; zero values mean the documented defaults.

@@ -46,6 +46,10 @@ const (
 // (no first byte) until the client leaves, whatever its mode.
 const holdPrefill = "HOLD-PREFILL"
 
+// holdDecode in a streamed prompt makes a fake send its first token and
+// then hold the stream open (decoding) until the client leaves.
+const holdDecode = "HOLD-DECODE"
+
 // fake is an in-process OpenAI-compatible backend. Its answers are a pure
 // function of its name, so tests can compute the exact expected bytes.
 type fake struct {
@@ -215,6 +219,10 @@ func (f *fake) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		_, _ = io.WriteString(w, ev)
 		flusher.Flush()
+		if i == 1 && bytes.Contains(body, []byte(holdDecode)) {
+			<-ctx.Done()
+			return
+		}
 	}
 	if mode(f.mode.Load()) == modeBreakAfterDone {
 		panic(http.ErrAbortHandler)

@@ -52,7 +52,7 @@ func peerBatches(names []string, n int) []Batch {
 			be := names[int(req)%len(names)]
 			hashes := prefix.Hash(nil, benchPrompt(int(req), 8000), prefix.DefaultBlockChars)
 			bt.Events = append(bt.Events,
-				Event{Kind: Routed, Request: req, Backend: be, Load: fleet.Load{InFlight: 1, PendingPrefill: 2000}, Session: uint64(j + 1), Hashes: hashes})
+				Event{Kind: Routed, Request: req, Backend: be, Load: fleet.Load{InFlight: 1, PendingPrefill: 2000}, Claim: policy.Claim{Session: uint64(j + 1), Epoch: 1, At: int64(j), By: 3}, Hashes: hashes})
 			if req > 25 {
 				// End the request routed 25 before, so that about 25 are in flight.
 				bt.Events = append(bt.Events, Event{Kind: Changed, Request: req - 25, Backend: names[int(req-25)%len(names)], Load: fleet.Load{InFlight: -1, PendingPrefill: -2000}})

@@ -4,8 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/policy"
 )
 
 // The wire format of a Batch. It is binary because most of a message is
@@ -20,15 +22,20 @@ import (
 //	replica(str) incarnation(uv) seq(uv) sent_at(v) block_chars(uv)
 //	names: n(uv) str...
 //	events: n(uv), each: kind(1) name_index(uv) then
-//	  Routed:  request(uv) load(5 v) session(8) hashes
+//	  Routed:  request(uv) load(5 v) claim hashes
 //	  Changed: request(uv) load(5 v)
 //	  Report:  load(5 v)
-//	  Learned: session(8) hashes
+//	  Learned: claim hashes
 //	str = len(uv) bytes; hashes = n(uv) n*8 bytes
+//	claim = session(8), and unless it is 0: epoch(uv) at(v) by(8)
+//
+// Version 2 added the claim's epoch, time and replica (version 1 carried
+// the session hash alone): replicas of the two versions refuse each
+// other's messages (counted malformed) and route on their own state.
 //
 // Decode never trusts a length it has not checked against the bytes left.
 const (
-	wireVersion = 1
+	wireVersion = 2
 	// MaxNameLen bounds a backend name or replica ID on the wire.
 	MaxNameLen = 1024
 	// maxNames bounds a batch's name table.
@@ -74,7 +81,7 @@ func Append(dst []byte, b *Batch) []byte {
 			dst = appendLoad(dst, e.Load)
 		}
 		if e.Kind == Routed || e.Kind == Learned {
-			dst = binary.LittleEndian.AppendUint64(dst, e.Session)
+			dst = appendClaim(dst, e.Claim)
 			dst = binary.AppendUvarint(dst, uint64(len(e.Hashes)))
 			for _, h := range e.Hashes {
 				dst = binary.LittleEndian.AppendUint64(dst, h)
@@ -86,7 +93,19 @@ func Append(dst []byte, b *Batch) []byte {
 
 // Size is an upper bound of the bytes Append adds for e beyond the batch
 // header, for cutting batches under a message size limit.
-func Size(e *Event) int { return 1 + 10 + 5*10 + 8 + 10 + 8*len(e.Hashes) + len(e.Backend) + 10 }
+func Size(e *Event) int {
+	return 1 + 10 + 5*10 + 8 + 10 + 10 + 8 + 10 + 8*len(e.Hashes) + len(e.Backend) + 10
+}
+
+func appendClaim(dst []byte, c policy.Claim) []byte {
+	dst = binary.LittleEndian.AppendUint64(dst, c.Session)
+	if c.Session == 0 {
+		return dst
+	}
+	dst = binary.AppendUvarint(dst, uint64(c.Epoch))
+	dst = binary.AppendVarint(dst, c.At)
+	return binary.LittleEndian.AppendUint64(dst, c.By)
+}
 
 func appendString(dst []byte, s string) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(s)))
@@ -162,7 +181,7 @@ func Decode(p []byte, b *Batch) error {
 			e.Load = fleet.Load{InFlight: d.varint(), PendingPrefill: d.varint(), Decoding: d.varint(), DecodeBudget: d.varint(), DecodeTokens: d.varint()}
 		}
 		if e.Kind == Routed || e.Kind == Learned {
-			e.Session = d.fixed64()
+			e.Claim = d.claim()
 			n := d.count(8, len(p))
 			if hashes == nil && n > 0 {
 				// One backing array for the whole batch: at most what the
@@ -181,6 +200,20 @@ func Decode(p []byte, b *Batch) error {
 		d.fail("trailing bytes")
 	}
 	return d.err
+}
+
+// claim reads a claim (see Append).
+func (d *decoder) claim() policy.Claim {
+	c := policy.Claim{Session: d.fixed64()}
+	if c.Session == 0 {
+		return c
+	}
+	epoch := d.uvarint()
+	if epoch > math.MaxUint32 {
+		d.fail("claim epoch")
+	}
+	c.Epoch, c.At, c.By = uint32(epoch), d.varint(), d.fixed64()
+	return c
 }
 
 // decoder reads p from pos; the first failure sticks and every later read

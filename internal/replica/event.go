@@ -11,14 +11,17 @@
 // A peer's events are applied to the local state through the owners that
 // local routing uses: its load to fleet.Backend.AddPeerLoad, its blocks and
 // conversations to scheduler.Learn (the prefix index and the policy's
-// session table). Backends are named by fleet.Backend.Name, the configured
+// session table, whose claims merge alike at every replica). Backends are named by fleet.Backend.Name, the configured
 // name (host:port by default), never by the local fleet ID.
 //
 // The package does no I/O and reads no clock: the transport (package
 // peerlink, over NATS) and the simulator both feed it, with time passed in.
 package replica
 
-import "github.com/kvroute/kvroute/internal/fleet"
+import (
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/policy"
+)
 
 // Kind is what an Event says.
 type Kind uint8
@@ -28,8 +31,8 @@ const (
 	// Routed: the sender routed request Request (its number for it) to
 	// Backend: Load is the change
 	// in its load (one more in flight, its uncached prompt tokens
-	// pending), Hashes the prompt's block hashes, Session its conversation
-	// key hash (0 for none).
+	// pending), Hashes the prompt's block hashes, Claim the claim by
+	// which its conversation lives on Backend (Claim.Session 0 for none).
 	Routed Kind = iota + 1
 	// Changed: the sender's request Request on Backend had its first byte
 	// or ended (Load.InFlight is then -1), changing its load by Load.
@@ -38,7 +41,7 @@ const (
 	// A heartbeat's reports are the whole of it: a backend it leaves out
 	// holds none of the sender's requests.
 	Report
-	// Learned: a past decision (Hashes, Session) on Backend, in a snapshot;
+	// Learned: a past decision (Hashes, Claim) on Backend, in a snapshot;
 	// it carries no load.
 	Learned
 	maxKind = Learned
@@ -50,7 +53,7 @@ type Event struct {
 	Request uint64
 	Backend string
 	Load    fleet.Load
-	Session uint64
+	Claim   policy.Claim
 	Hashes  []uint64
 }
 

@@ -39,7 +39,7 @@ func (h *History) Add(e Event) {
 	for h.n > 0 && (h.n == len(h.ring) || h.hashes+len(e.Hashes) > h.maxH) {
 		h.dropOldest()
 	}
-	h.ring[h.next] = Event{Kind: Learned, Backend: e.Backend, Session: e.Session, Hashes: e.Hashes}
+	h.ring[h.next] = Event{Kind: Learned, Backend: e.Backend, Claim: e.Claim, Hashes: e.Hashes}
 	h.next = (h.next + 1) % len(h.ring)
 	h.n++
 	h.hashes += len(e.Hashes)

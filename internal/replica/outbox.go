@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/scheduler"
 )
 
@@ -31,8 +32,8 @@ func NewOutbox(size int) *Outbox {
 }
 
 // Routed implements scheduler.Events.
-func (o *Outbox) Routed(id uint64, b *fleet.Backend, hashes []uint64, session uint64, d fleet.Load) {
-	o.put(Event{Kind: Routed, Request: id, Backend: b.Name, Load: d, Session: session, Hashes: hashes})
+func (o *Outbox) Routed(id uint64, b *fleet.Backend, hashes []uint64, c policy.Claim, d fleet.Load) {
+	o.put(Event{Kind: Routed, Request: id, Backend: b.Name, Load: d, Claim: c, Hashes: hashes})
 }
 
 // Changed implements scheduler.Events.

@@ -137,10 +137,12 @@ type Stats struct {
 
 // NewPeers returns the peer state of replica self, applying to f and s;
 // peers are forgotten after timeout of silence (DefaultPeerTimeout if <= 0).
+// It tells s the replica's ID, which its session claims carry.
 func NewPeers(self string, f *fleet.Fleet, s *scheduler.Scheduler, timeout time.Duration) *Peers {
 	if timeout <= 0 {
 		timeout = DefaultPeerTimeout
 	}
+	s.SetReplicaID(self)
 	done := make(chan struct{})
 	close(done)
 	p := &Peers{self: self, blockChars: s.BlockChars(), timeout: timeout, fleet: f, sched: s, peers: map[string]*peer{},
@@ -368,18 +370,18 @@ func (p *Peers) Apply(b *Batch, now time.Time) Applied {
 			// Its own copy: the batch's hashes share one array, which a
 			// pin must not keep alive.
 			hashes = slices.Clone(hashes)
-			nodes := p.sched.Pin(be, hashes, e.Session)
+			nodes := p.sched.Pin(be, hashes, e.Claim)
 			if len(hashes) > 0 {
 				p.hold(pr, e.Request, pin{b: be, hashes: hashes, nodes: nodes, at: now})
 			}
 		case e.Kind == Changed && e.Load.InFlight < 0:
 			p.release(pr, e.Request)
-		case e.Kind == Learned && (hashesOK || e.Session != 0):
+		case e.Kind == Learned && (hashesOK || e.Claim.Session != 0):
 			hashes := e.Hashes
 			if !hashesOK {
 				hashes = nil
 			}
-			p.sched.Learn(be, hashes, e.Session)
+			p.sched.Learn(be, hashes, e.Claim)
 		}
 	}
 	return a

@@ -19,10 +19,10 @@ func sampleBatch() *Batch {
 	return &Batch{
 		Kind: Events, Replica: "r1", Incarnation: 42, Seq: 7, SentAt: t0.UnixNano(), BlockChars: 64,
 		Events: []Event{
-			{Kind: Routed, Request: 300, Backend: "a:1", Load: fleet.Load{InFlight: 1, PendingPrefill: 900}, Session: 1<<63 | 5, Hashes: []uint64{1, 2, 1 << 60}},
+			{Kind: Routed, Request: 300, Backend: "a:1", Load: fleet.Load{InFlight: 1, PendingPrefill: 900}, Claim: policy.Claim{Session: 1<<63 | 5, Epoch: 3, At: -7, By: 1 << 62}, Hashes: []uint64{1, 2, 1 << 60}},
 			{Kind: Changed, Request: 300, Backend: "b:2", Load: fleet.Load{PendingPrefill: -900, Decoding: 1, DecodeBudget: 256, DecodeTokens: 1000}},
 			{Kind: Changed, Backend: "a:1", Load: fleet.Load{InFlight: -1, Decoding: -1, DecodeBudget: -256, DecodeTokens: -1000}},
-			{Kind: Learned, Backend: "b:2", Session: 9, Hashes: []uint64{3}},
+			{Kind: Learned, Backend: "b:2", Claim: policy.Claim{Session: 9, At: 1e18}, Hashes: []uint64{3}},
 			{Kind: Report, Backend: "a:1", Load: fleet.Load{InFlight: 3}},
 		},
 	}
@@ -177,7 +177,7 @@ func TestPeersLearn(t *testing.T) {
 	v := &request.View{Prompt: prompt, PromptTokens: 64, SessionKey: "conv-1"}
 	hashes := prefix.Hash(nil, prompt, s.BlockChars())
 	p.Apply(&Batch{Kind: Events, Replica: "p", Incarnation: 1, Seq: 1, BlockChars: s.BlockChars(), Events: []Event{
-		{Kind: Routed, Backend: "b:2", Load: fleet.Load{InFlight: 1}, Session: policy.HashSession("conv-1"), Hashes: hashes},
+		{Kind: Routed, Backend: "b:2", Load: fleet.Load{InFlight: 1}, Claim: policy.Claim{Session: policy.HashSession("conv-1")}, Hashes: hashes},
 	}}, t0)
 	out := make([]int32, 2)
 	s.Index().Match(hashes, out)
@@ -223,11 +223,11 @@ func TestOutboxDrops(t *testing.T) {
 func TestHistoryBounds(t *testing.T) {
 	h := NewHistory(3, 5)
 	for i := range 5 {
-		h.Add(Event{Kind: Routed, Backend: "a", Session: uint64(i), Hashes: make([]uint64, 2)})
+		h.Add(Event{Kind: Routed, Backend: "a", Claim: policy.Claim{Session: uint64(i)}, Hashes: make([]uint64, 2)})
 	}
 	got := h.Events(nil)
 	// 5 hashes allow two events of 2.
-	if len(got) != 2 || got[0].Session != 3 || got[1].Session != 4 || got[0].Kind != Learned {
+	if len(got) != 2 || got[0].Claim.Session != 3 || got[1].Claim.Session != 4 || got[0].Kind != Learned {
 		t.Fatalf("history %+v", got)
 	}
 	h.Add(Event{Kind: Changed, Backend: "a"})

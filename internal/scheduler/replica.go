@@ -20,9 +20,11 @@ import (
 type Events interface {
 	// Routed: request id (numbered 1, 2, 3... by this scheduler) with the
 	// prompt's block hashes (kept unchanged until the request is done; the
-	// receiver must not modify them) and session key hash (0 for none)
-	// went to b, changing its load by d.
-	Routed(id uint64, b *fleet.Backend, hashes []uint64, session uint64, d fleet.Load)
+	// receiver must not modify them) went to b, changing its load by d;
+	// its conversation lives on b by claim c (c.Session is 0 for a request
+	// without a session key, or one that did not go to its conversation's
+	// home).
+	Routed(id uint64, b *fleet.Backend, hashes []uint64, c policy.Claim, d fleet.Load)
 	// Changed: request id's first byte or end changed b's load by d (its
 	// end: d.InFlight is -1).
 	Changed(id uint64, b *fleet.Backend, d fleet.Load)
@@ -101,6 +103,12 @@ func (s *Scheduler) forgetPresumed(now time.Time) {
 	}
 }
 
+// SetReplicaID tells the scheduler this replica's ID (sync.replica_id),
+// which the claims of its policy's session table carry: among claims made
+// at the same instant, the lower ID's hash wins at every replica
+// (policy.Claim.Wins). The owner of the peers (replica.Peers) sets it.
+func (s *Scheduler) SetReplicaID(id string) { s.replicaID.Store(policy.HashReplica(id)) }
+
 // Replicas returns what SetReplicas last set: the live replicas (1 for
 // one router) and this one's place among them in [0, 1).
 func (s *Scheduler) Replicas() (n int, arc float64) {
@@ -111,27 +119,27 @@ func (s *Scheduler) Replicas() (n int, arc float64) {
 }
 
 // Learn applies a past decision another replica made: b now holds
-// hashes, most recent first (evictable), and the conversation with key
-// hash session (0 for none) went to b, in the session table of a policy
-// that keeps one.
-func (s *Scheduler) Learn(b *fleet.Backend, hashes []uint64, session uint64) {
+// hashes, most recent first (evictable), and the conversation of claim c
+// (c.Session 0 for none) lives on b if c wins in the session table of a
+// policy that keeps one.
+func (s *Scheduler) Learn(b *fleet.Backend, hashes []uint64, c policy.Claim) {
 	if len(hashes) > 0 {
 		s.index.Insert(b.ID, hashes)
 	}
-	s.learnSession(b, session)
+	s.learnSession(b, c)
 }
 
 // Pin applies a request another replica routed and that is in flight: as
 // for a request routed here, its blocks are pinned on b until Unpin (the
 // engine cannot evict them while it runs, and they become the most recent
-// when it ends, which is when the engine frees them), and its session
-// learnt. It returns the index's handles for Unpin.
-func (s *Scheduler) Pin(b *fleet.Backend, hashes []uint64, session uint64) []int32 {
+// when it ends, which is when the engine frees them), and its session's
+// claim learnt. It returns the index's handles for Unpin.
+func (s *Scheduler) Pin(b *fleet.Backend, hashes []uint64, c policy.Claim) []int32 {
 	var nodes []int32
 	if len(hashes) > 0 {
 		nodes = s.index.AcquireNodes(b.ID, hashes, nil)
 	}
-	s.learnSession(b, session)
+	s.learnSession(b, c)
 	return nodes
 }
 
@@ -147,10 +155,21 @@ func (s *Scheduler) Unpin(b *fleet.Backend, hashes []uint64, nodes []int32) {
 	}
 }
 
-func (s *Scheduler) learnSession(b *fleet.Backend, session uint64) {
-	if session != 0 {
-		if l, ok := s.Policy().(policy.SessionLearner); ok {
-			l.LearnSession(session, b.ID)
+func (s *Scheduler) learnSession(b *fleet.Backend, c policy.Claim) {
+	if l := s.pol.Load().sessions; c.Session != 0 && l != nil {
+		l.LearnSession(c, b.ID)
+	}
+}
+
+// claimOf is the claim by which the conversation with key hash session
+// lives on backend id, for the peers; the zero Claim when the policy
+// keeps no session table (l nil) or the conversation lives elsewhere (the
+// request did not go to its home).
+func claimOf(l policy.SessionLearner, session uint64, id int) policy.Claim {
+	if session != 0 && l != nil {
+		if home, c := l.SessionOf(session); home == id {
+			return c
 		}
 	}
+	return policy.Claim{}
 }

@@ -81,8 +81,11 @@ type Scheduler struct {
 	// blind window, whose like each peer is presumed to be making
 	// (replica.go), guarded by decide.
 	replicas atomic.Pointer[replicaPlace]
-	blind    atomic.Int64
-	presumed []presumption
+	// replicaID is this replica's ID hashed (SetReplicaID), 0 for one
+	// router: what its policy's session claims carry.
+	replicaID atomic.Uint64
+	blind     atomic.Int64
+	presumed  []presumption
 	// adapters maps each known LoRA adapter to its base model (lora.go).
 	adapters   atomic.Pointer[map[string]string]
 	adaptersMu sync.Mutex // serialises writers of adapters
@@ -167,8 +170,9 @@ func (s *Scheduler) Policy() policy.Policy { return s.pol.Load().policy }
 // active is one policy with what Route derives from it.
 type active struct {
 	policy   policy.Policy
-	observer policy.Observer // policy as an Observer, or nil
-	prefix   string          // "policy=<name> ", the constant head of every Reason
+	observer policy.Observer       // policy as an Observer, or nil
+	sessions policy.SessionLearner // policy as a SessionLearner, or nil
+	prefix   string                // "policy=<name> ", the constant head of every Reason
 }
 
 // SetPolicy makes p the policy of every Route that starts after it returns
@@ -177,6 +181,7 @@ type active struct {
 func (s *Scheduler) SetPolicy(p policy.Policy) {
 	a := &active{policy: p, prefix: "policy=" + p.Name() + " "}
 	a.observer, _ = p.(policy.Observer)
+	a.sessions, _ = p.(policy.SessionLearner)
 	s.pol.Store(a)
 }
 
@@ -288,6 +293,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 	if rp := s.replicas.Load(); rp != nil {
 		sc.in.Replicas, sc.in.ReplicaArc = rp.n, rp.arc
 	}
+	sc.in.Replica = s.replicaID.Load()
 	budget := v.MaxTokens
 	if budget <= 0 {
 		budget = request.DefaultOutputBudget
@@ -332,7 +338,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 	s.speculate(b.ID, keys, now)
 	if s.events != nil {
 		a.events, a.id = s.events, s.requests.Add(1)
-		s.events.Routed(a.id, b, hashes, session, a.ticket.Started())
+		s.events.Routed(a.id, b, hashes, claimOf(act.sessions, session, b.ID), a.ticket.Started())
 	}
 
 	if !v.Stream {
