@@ -254,6 +254,12 @@ func TestSplitVisible(t *testing.T) {
 			t.Fatalf("status %d, %s %q, %s %q: want d0 answering after p0's prefill", res.status,
 				headerBackend, res.header.Get(headerBackend), headerPrefill, res.header.Get(headerPrefill))
 		}
+		status, body := r.adminCall(http.MethodGet, "/admin/backends", "pd-admin-token-for-tests")
+		var list struct{ Backends []struct{ Name, Role string } }
+		if status != http.StatusOK || json.Unmarshal(body, &list) != nil || len(list.Backends) != 2 ||
+			list.Backends[0].Role != config.RolePrefill || list.Backends[1].Role != config.RoleDecode {
+			t.Errorf("GET /admin/backends: %d %s: want p0 prefill, d0 decode", status, body)
+		}
 		m := accessLine(t, logs, "vis-split")
 		checkFields(t, "split", m, map[string]any{"backend": "d0", "prefill_backend": "p0", "reason": res.header.Get(headerReason)})
 		if reason, _ := m["reason"].(string); !strings.HasPrefix(reason, "prefill p0: ") || !strings.Contains(reason, "; decode d0: ") {
