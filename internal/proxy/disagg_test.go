@@ -260,6 +260,9 @@ func TestSplitVisible(t *testing.T) {
 			list.Backends[0].Role != config.RolePrefill || list.Backends[1].Role != config.RoleDecode {
 			t.Errorf("GET /admin/backends: %d %s: want p0 prefill, d0 decode", status, body)
 		}
+		if l := logs.String(); !strings.Contains(l, `"msg":"disaggregation on: requests may be split over a prefill and a decode engine","protocol":"vllm","split":"always","prefill":1,"decode":1,"both":0`) {
+			t.Errorf("no startup line on the fleet's roles in:\n%s", l)
+		}
 		m := accessLine(t, logs, "vis-split")
 		checkFields(t, "split", m, map[string]any{"backend": "d0", "prefill_backend": "p0", "reason": res.header.Get(headerReason)})
 		if reason, _ := m["reason"].(string); !strings.HasPrefix(reason, "prefill p0: ") || !strings.Contains(reason, "; decode d0: ") {
