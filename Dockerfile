@@ -22,13 +22,14 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
-# Static (no C library in the image), no build paths in the binary, and
-# the version set at link time as internal/version reads it. The build
-# context has no .git (.dockerignore): the revision is a label instead.
+# Static (no C library in the image), no build paths in the binary, no
+# symbol table or debug information (-s -w), and the version set at link
+# time as internal/version reads it. The build context has no .git
+# (.dockerignore): the revision is a label instead.
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
     go build -trimpath -buildvcs=false \
-      -ldflags "-X github.com/kvroute/kvroute/internal/version.Version=${VERSION}" \
+      -ldflags "-s -w -X github.com/kvroute/kvroute/internal/version.Version=${VERSION}" \
       -o /out/kvroute ./cmd/kvroute
 
 FROM gcr.io/distroless/static-debian13:nonroot

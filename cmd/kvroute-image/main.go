@@ -5,8 +5,9 @@
 // and writes an OCI image layout, a tarball that docker load and kind load
 // take, or pushes to a registry:
 //
-//	go run ./cmd/kvroute-image                               # ./kvroute-oci, linux/amd64 and linux/arm64
-//	go run ./cmd/kvroute-image -tar kvroute.tar -platform linux/amd64
+//	go run ./cmd/kvroute-image                               # ./kvroute-oci, linux/amd64
+//	go run ./cmd/kvroute-image -platform linux/amd64,linux/arm64
+//	go run ./cmd/kvroute-image -tar kvroute.tar
 //	go run ./cmd/kvroute-image -push registry.example.com/kvroute:0.1.0
 //
 // Run it from the repository's root (docs/deploy.md, "An image").
@@ -21,6 +22,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -54,7 +56,7 @@ func main() {
 func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("kvroute-image", flag.ContinueOnError)
 	version := fs.String("version", "", "the version stamped in the binary (kvroute version) and the image's tag and label; default: "+chartFile+"'s appVersion")
-	platforms := fs.String("platform", "linux/amd64,linux/arm64", "comma-separated os/arch[/variant] to build for")
+	platforms := fs.String("platform", "linux/amd64", "comma-separated os/arch[/variant] to build for, e.g. linux/amd64,linux/arm64 (each platform is one go build, minutes the first time)")
 	ociDir := fs.String("oci", "kvroute-oci", "write an OCI image layout to this directory (crane push DIR REF, skopeo copy oci:DIR docker://REF); must not exist; \"\" for none")
 	tarFile := fs.String("tar", "", "also write a docker-style tarball of the first platform's image, tagged -tag (docker load -i, kind load image-archive)")
 	push := fs.String("push", "", "also push the image (an index of every platform) to this reference, with the credentials of docker login or crane auth login")
@@ -95,6 +97,17 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if opts.Created, err = image.SourceDateEpoch(); err != nil {
 		return err
 	}
+	// The commit's revision and time, for a binary Go does not stamp
+	// (-buildvcs=false, a git worktree): the image's labels still say
+	// where it came from, and when, rather than 1970.
+	if rev, at, err := image.Commit(ctx, "."); err != nil {
+		fmt.Fprintf(stdout, "no git checkout here (%v): the image's revision and created time come from the binary's VCS stamp, if any\n", err)
+	} else {
+		opts.Revision = rev
+		if opts.Created.IsZero() {
+			opts.Created = at
+		}
+	}
 	if *caCerts != "" {
 		if opts.CACerts, err = os.ReadFile(*caCerts); err != nil {
 			return fmt.Errorf("-ca-certs: %w (name this system's PEM bundle, or -ca-certs \"\" for an image without one)", err)
@@ -108,10 +121,13 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("-platform: %w", err)
 		}
+		fmt.Fprintf(stdout, "%s: go build %s (a first build compiles every dependency: minutes)\n", p, *pkg)
+		start := time.Now()
 		bin, err := image.Binary(ctx, ".", *pkg, *p, *version)
 		if err != nil {
 			return err
 		}
+		fmt.Fprintf(stdout, "%s: binary %.1f MB (stripped) in %v; compressing the layer\n", p, float64(len(bin))/1e6, time.Since(start).Round(time.Second))
 		img, err := image.Build(bin, *p, opts)
 		if err != nil {
 			return err
@@ -120,7 +136,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "%s\t%s\n", p, d)
+		size, err := layerSize(img)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s\t%s\t(layer %.1f MB compressed)\n", p, d, float64(size)/1e6)
 		if imgs = append(imgs, img); first == "" {
 			first = p.String()
 		}
@@ -178,6 +198,23 @@ func writeLayout(dir string, idx v1.ImageIndex, ref name.Tag) error {
 		"org.opencontainers.image.ref.name": ref.TagStr(),
 		"io.containerd.image.name":          reg + "/" + ref.RepositoryStr() + ":" + ref.TagStr(),
 	}))
+}
+
+// layerSize is the compressed size of img's layers.
+func layerSize(img v1.Image) (int64, error) {
+	layers, err := img.Layers()
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, l := range layers {
+		s, err := l.Size()
+		if err != nil {
+			return 0, err
+		}
+		n += s
+	}
+	return n, nil
 }
 
 // chartAppVersion reads the chart's appVersion.

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
@@ -86,8 +87,78 @@ func TestDefaultsRunInTheChart(t *testing.T) {
 		t.Errorf("layout index %+v; want one index, tagged %s, that the output names:\n%s", im.Manifests, chart.AppVersion, out.String())
 	}
 
+	// It says what it does while it does it, and the image says which
+	// commit it was built from, and when (the commit's time, not 1970),
+	// whether or not Go stamped the binary.
+	for _, line := range []string{"linux/amd64: go build ./internal/image/testdata/hello", "linux/amd64: binary ", "layer "} {
+		if !strings.Contains(out.String(), line) {
+			t.Errorf("output lacks %q:\n%s", line, out.String())
+		}
+	}
+	if head, err := exec.Command("git", "log", "-1", "--format=%H %cI").Output(); err == nil {
+		rev, at, _ := strings.Cut(strings.TrimSpace(string(head)), " ")
+		labels := cf.Config.Labels
+		if !strings.HasPrefix(labels["org.opencontainers.image.revision"], rev) {
+			t.Errorf("revision label %q, want the commit %s", labels["org.opencontainers.image.revision"], rev)
+		}
+		want, _ := time.Parse(time.RFC3339, at)
+		if os.Getenv("SOURCE_DATE_EPOCH") == "" && !cf.Created.Time.Equal(want) {
+			t.Errorf("created %v, want the commit's time %v", cf.Created.Time, want)
+		}
+	}
+
 	// A second run does not add to (or overwrite) the layout.
 	if err := run(context.Background(), args, &out); err == nil || !strings.Contains(err.Error(), "exists") {
 		t.Errorf("a second run into %s: %v, want a refusal", oci, err)
+	}
+}
+
+// maxLayerBytes bounds kvroute's amd64 image layer, compressed: the
+// stripped binary and the CA bundle (about 20 MB in December 2026). A
+// binary that grows past it should be a decision, not an accident.
+const maxLayerBytes = 25_000_000
+
+// TestKvrouteImageSize builds kvroute's own linux/amd64 image, as the
+// command's defaults do, and holds its layer to maxLayerBytes.
+func TestKvrouteImageSize(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds kvroute for linux/amd64")
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go command on PATH")
+	}
+	t.Chdir("../..")
+	oci := filepath.Join(t.TempDir(), "oci")
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-platform", "linux/amd64", "-oci", oci}, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	lp, err := layout.ImageIndexFromPath(oci)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, err := lp.IndexManifest()
+	if err != nil || len(idx.Manifests) != 1 {
+		t.Fatalf("layout index %+v: %v", idx, err)
+	}
+	inner, err := lp.ImageIndex(idx.Manifests[0].Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := inner.IndexManifest()
+	if err != nil || len(im.Manifests) != 1 {
+		t.Fatalf("image index %+v: %v", im, err)
+	}
+	img, err := inner.Image(im.Manifests[0].Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	size, err := layerSize(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("linux/amd64 layer: %.1f MB compressed", float64(size)/1e6)
+	if size > maxLayerBytes {
+		t.Errorf("the linux/amd64 layer is %d bytes compressed, more than %d:\n%s", size, maxLayerBytes, out.String())
 	}
 }

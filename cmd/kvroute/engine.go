@@ -155,7 +155,8 @@ flags:
 	log.Info("engine listening", "addr", "http://"+ln.Addr().String(), "preset", eff.Name,
 		"model", srv.Model(), "kv_blocks", eff.KVBlocks, "max_num_seqs", eff.MaxNumSeqs,
 		"max_num_batched_tokens", eff.MaxBatchedTokens, "time_scale", *timeScale, "role", *role,
-		"kv_transfer_latency", eff.KVTransferLatency, "kv_transfer_time_per_token", eff.KVTransferPerToken)
+		"kv_transfer_latency", eff.KVTransferLatency, "kv_transfer_time_per_token", eff.KVTransferPerToken,
+		"max_loras", limits.maxLoras, "lora_modules", loraNames(loras))
 	if cfg.KVEvents != nil {
 		log.Info("publishing kv events", "endpoint", cfg.KVEvents.Endpoint, "replay_endpoint", cfg.KVEvents.ReplayEndpoint,
 			"topic", cfg.KVEvents.Topic, "encoding", enc)
@@ -176,4 +177,17 @@ flags:
 		hs.Close()
 	}
 	return 0
+}
+
+// loraNames lists the adapters' names for the startup line, each with its
+// base model when it names one: "sql, chat (base llama)".
+func loraNames(mods emulator.LoRAModules) string {
+	names := make([]string, len(mods))
+	for i, m := range mods {
+		names[i] = m.Name
+		if m.Base != "" {
+			names[i] += " (base " + m.Base + ")"
+		}
+	}
+	return strings.Join(names, ", ")
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"testing"
+
+	"github.com/kvroute/kvroute/internal/emulator"
 )
 
 func TestEnginePresetFlags(t *testing.T) {
@@ -22,6 +24,22 @@ func TestEnginePresetFlags(t *testing.T) {
 	} {
 		if code := runEngine(args); code != 2 {
 			t.Errorf("kvroute engine %v exited %d, want 2", args, code)
+		}
+	}
+}
+
+// The startup line names the adapters an engine serves.
+func TestLoRANames(t *testing.T) {
+	for _, tc := range []struct {
+		mods emulator.LoRAModules
+		want string
+	}{
+		{nil, ""},
+		{emulator.LoRAModules{{Name: "sql", Path: "/a"}}, "sql"},
+		{emulator.LoRAModules{{Name: "sql", Path: "/a"}, {Name: "chat", Path: "/b", Base: "llama"}}, "sql, chat (base llama)"},
+	} {
+		if got := loraNames(tc.mods); got != tc.want {
+			t.Errorf("loraNames(%v) = %q, want %q", tc.mods, got, tc.want)
 		}
 	}
 }

@@ -52,6 +52,10 @@ type Backend struct {
 	Name   string   `json:"name"`
 	URL    string   `json:"url"`
 	Models []string `json:"models"`
+	// Role is the backend's part in disaggregated serving: prefill,
+	// decode or both (its entry's backends[].role, or its pod's
+	// kvroute.io/role label).
+	Role string `json:"role"`
 	// Healthy is false while the breaker is open.
 	Healthy bool `json:"healthy"`
 	// Draining backends get no new requests.
@@ -65,8 +69,14 @@ type Backend struct {
 	// EnginePrefillRate is the prefill rate the engine's own counters
 	// show, absent when it reports none.
 	EnginePrefillRate float64 `json:"engine_prefill_rate_tokens_per_second,omitempty"`
+	// What else the router learns about the engine from its traffic and
+	// reports belongs beside the rates above (a learned running-sequence
+	// cap, with what it was learned from).
 	// Engine is what the engine itself last reported, nil if nothing.
 	Engine *Engine `json:"engine"`
+	// Adapters are the LoRA adapters the engine last reported, nil when it
+	// reports none.
+	Adapters *Adapters `json:"adapters,omitempty"`
 	// PrefixBlocks is how many prefix blocks the router's index believes
 	// the backend holds.
 	PrefixBlocks int `json:"prefix_blocks"`
@@ -87,6 +97,19 @@ type Backend struct {
 	// Cache is the audit of the router's cache picture of the backend
 	// against the cached tokens its engine reported.
 	Cache CacheAudit `json:"cache_audit"`
+}
+
+// Adapters are an engine's LoRA adapters, as its metrics report them
+// (vllm:lora_requests_info, SGLang's LoRA pool).
+type Adapters struct {
+	// Running and Waiting name the adapters of the running and the
+	// waiting requests; empty when the engine reports no names.
+	Running []string `json:"running"`
+	Waiting []string `json:"waiting"`
+	// Max is the engine's cap on adapters (vLLM's --max-loras), Used how
+	// many it holds.
+	Max  int `json:"max"`
+	Used int `json:"used"`
 }
 
 // CacheAudit is a backend's cache picture checked against its engine's

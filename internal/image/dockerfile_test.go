@@ -39,7 +39,7 @@ func parseDockerfile(t *testing.T, path string) []instruction {
 // TestDockerfile holds the repository's Dockerfile to the image Build
 // makes: the final stage runs the static binary at Entrypoint as User,
 // exposes Port and carries Labels, and the build stage builds it as Binary
-// does (cgo off, -trimpath, the version at VersionVar).
+// does (cgo off, -trimpath, stripped, the version at VersionVar).
 func TestDockerfile(t *testing.T) {
 	ins := parseDockerfile(t, "../../Dockerfile")
 	last := 0
@@ -86,7 +86,7 @@ func TestDockerfile(t *testing.T) {
 			build = in.args
 		}
 	}
-	for _, s := range []string{"CGO_ENABLED=0", "-trimpath", `-X ` + VersionVar + `=${VERSION}`, "-o /out/kvroute ./cmd/kvroute"} {
+	for _, s := range []string{"CGO_ENABLED=0", "-trimpath", `-ldflags "` + StripFlags + ` -X ` + VersionVar + `=${VERSION}"`, "-o /out/kvroute ./cmd/kvroute"} {
 		if !strings.Contains(build, s) {
 			t.Errorf("the build stage's go build %q lacks %q", build, s)
 		}

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -63,6 +64,11 @@ type Options struct {
 	// CACerts is a PEM bundle put at CACertsPath; nil: none (kvroute then
 	// reaches https engines, NATS and OTLP only with a CA file of its own).
 	CACerts []byte
+	// Revision is the org.opencontainers.image.revision label for a binary
+	// without VCS stamping (built with -buildvcs=false, or in a checkout
+	// Go does not stamp, such as a git worktree): Commit's. The binary's
+	// own vcs.revision wins.
+	Revision string
 }
 
 // Build returns the image of one platform around a static kvroute binary.
@@ -97,6 +103,9 @@ func Build(binary []byte, p v1.Platform, o Options) (v1.Image, error) {
 	if revision != "" && settings["vcs.modified"] == "true" {
 		revision += "-dirty"
 	}
+	if revision == "" {
+		revision = o.Revision
+	}
 
 	layerTar, err := files(binary, o.CACerts, created)
 	if err != nil {
@@ -128,7 +137,7 @@ func Build(binary []byte, p v1.Platform, o Options) (v1.Image, error) {
 		MediaType: types.OCILayer,
 		History: v1.History{
 			Created:   v1.Time{Time: created},
-			CreatedBy: "kvroute-image: CGO_ENABLED=0 go build -trimpath " + settings["-ldflags"],
+			CreatedBy: "kvroute-image: CGO_ENABLED=0 go build -trimpath -ldflags " + strconv.Quote(settings["-ldflags"]),
 			Comment:   "the static kvroute binary, /etc/passwd and /etc/group with nonroot (65532), CA certificates",
 		},
 	})
@@ -231,7 +240,9 @@ func Index(imgs ...v1.Image) (v1.ImageIndex, error) {
 // Binary builds the main package pkg (./cmd/kvroute) of the module in dir
 // for the platform, as the Dockerfile does: cgo off (a static binary),
 // -trimpath (no build paths in it, so that two checkouts build the same
-// bytes), and version, when not empty, set at link time as VersionVar.
+// bytes), stripped of its symbol table and DWARF debug information
+// (-ldflags "-s -w": a third of its size, which panics' stack traces do not
+// need), and version, when not empty, set at link time as VersionVar.
 func Binary(ctx context.Context, dir, pkg string, p v1.Platform, version string) ([]byte, error) {
 	tmp, err := os.MkdirTemp("", "kvroute-image-")
 	if err != nil {
@@ -239,10 +250,11 @@ func Binary(ctx context.Context, dir, pkg string, p v1.Platform, version string)
 	}
 	defer os.RemoveAll(tmp)
 	out := filepath.Join(tmp, "kvroute")
-	args := []string{"build", "-trimpath", "-o", out}
+	ldflags := StripFlags
 	if version != "" {
-		args = append(args, "-ldflags", "-X "+VersionVar+"="+version)
+		ldflags += " -X " + VersionVar + "=" + version
 	}
+	args := []string{"build", "-trimpath", "-ldflags", ldflags, "-o", out}
 	cmd := exec.CommandContext(ctx, "go", append(args, pkg)...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+p.OS, "GOARCH="+p.Architecture)
@@ -253,6 +265,37 @@ func Binary(ctx context.Context, dir, pkg string, p v1.Platform, version string)
 		return nil, fmt.Errorf("go %v: %w\n%s", append(args, pkg), err, b)
 	}
 	return os.ReadFile(out)
+}
+
+// StripFlags are the linker flags that leave the symbol table (-s) and the
+// DWARF debug information (-w) out of the image's binary; the Dockerfile
+// passes the same.
+const StripFlags = "-s -w"
+
+// Commit is the revision and commit time of the git checkout in dir, with
+// "-dirty" when its tracked files have changes (as Go's VCS stamping
+// says): the image's revision label and creation time when the binary has
+// no VCS stamp. An error when dir is no git checkout or git is missing.
+func Commit(ctx context.Context, dir string) (revision string, at time.Time, err error) {
+	out, err := exec.CommandContext(ctx, "git", "-C", dir, "log", "-1", "--format=%H %cI").Output()
+	if err != nil {
+		return "", time.Time{}, fmt.Errorf("git log: %w", err)
+	}
+	rev, ts, ok := strings.Cut(strings.TrimSpace(string(out)), " ")
+	if !ok {
+		return "", time.Time{}, fmt.Errorf("git log: unexpected output %q", out)
+	}
+	if at, err = time.Parse(time.RFC3339, ts); err != nil {
+		return "", time.Time{}, fmt.Errorf("git log: %w", err)
+	}
+	status, err := exec.CommandContext(ctx, "git", "-C", dir, "status", "--porcelain", "--untracked-files=no").Output()
+	if err != nil {
+		return "", time.Time{}, fmt.Errorf("git status: %w", err)
+	}
+	if len(bytes.TrimSpace(status)) > 0 {
+		rev += "-dirty"
+	}
+	return rev, at.UTC(), nil
 }
 
 // SourceDateEpoch is the time the SOURCE_DATE_EPOCH environment variable

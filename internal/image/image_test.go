@@ -68,6 +68,12 @@ func TestBuild(t *testing.T) {
 				t.Errorf("%s: the binary is dynamically linked (%v); it must run on an image without a C library", p, prog.Type)
 			}
 		}
+		// Stripped (-s -w): no symbol table, no DWARF.
+		for _, sec := range f.Sections {
+			if sec.Name == ".symtab" || strings.HasPrefix(sec.Name, ".debug_") || strings.HasPrefix(sec.Name, ".zdebug_") {
+				t.Errorf("%s: the binary has a %s section; Binary must strip it (%s)", p, sec.Name, StripFlags)
+			}
+		}
 		img, err := Build(bin, p, Options{Version: version, Created: created, CACerts: ca})
 		if err != nil {
 			t.Fatal(err)

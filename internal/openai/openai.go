@@ -67,15 +67,27 @@ func WriteError(w http.ResponseWriter, status int, typ, code, msg string, retryA
 	if code != "" {
 		c = code
 	}
-	b, _ := json.Marshal(ErrorBody{Error: ErrorDetail{Message: msg, Type: typ, Code: c}})
+	b := errorJSON(ErrorBody{Error: ErrorDetail{Message: msg, Type: typ, Code: c}})
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(b)+1))
+	h.Set("Content-Length", strconv.Itoa(len(b)))
 	if retryAfter > 0 {
 		h.Set("Retry-After", strconv.Itoa(retryAfter))
 	}
 	w.WriteHeader(status)
-	_, _ = w.Write(append(b, '\n'))
+	_, _ = w.Write(b)
+}
+
+// errorJSON is body's JSON and a newline, with <, > and & as they are: the
+// body is application/json, never HTML, and a message quoting a client's
+// "<model>" reads as it was written (encoding/json's default escapes them
+// as \u003c, which is valid but unreadable in a terminal).
+func errorJSON(body ErrorBody) []byte {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(body) // the fields are strings and nil: it cannot fail
+	return buf.Bytes()
 }
 
 // Usage is the token accounting of a response. vLLM fills

@@ -41,10 +41,12 @@ type accessEntry struct {
 	// response writer saw.
 	status                       int
 	model, backend, reason, code string
-	attempts                     int
-	ttft                         time.Duration
-	tokensIn, tokensOut          int
-	traceID                      trace.TraceID
+	// prefill is the engine of a split request's prefill leg.
+	prefill             string
+	attempts            int
+	ttft                time.Duration
+	tokensIn, tokensOut int
+	traceID             trace.TraceID
 }
 
 type accessKey struct{}
@@ -131,7 +133,7 @@ func (s *Server) writeAccess(r *http.Request, e *accessEntry, written int, start
 	if status == 0 {
 		status = http.StatusOK // the handler wrote nothing: net/http sends 200
 	}
-	attrs := make([]slog.Attr, 0, 17)
+	attrs := make([]slog.Attr, 0, 18)
 	attrs = append(attrs,
 		slog.String("request_id", e.id),
 		slog.String("client", r.RemoteAddr),
@@ -140,6 +142,7 @@ func (s *Server) writeAccess(r *http.Request, e *accessEntry, written int, start
 		slog.String("model", e.model),
 		slog.Int("status", status),
 		slog.String("backend", e.backend),
+		slog.String("prefill_backend", e.prefill),
 		slog.Int("attempts", e.attempts),
 		slog.Float64("ttft_ms", millis(e.ttft)),
 		slog.Float64("duration_ms", millis(time.Since(start))),
@@ -182,8 +185,11 @@ func (ex *exchange) settleAccess() {
 	e.tokensIn, e.tokensOut = ex.tokens()
 	if l := ex.Leg(); l.Target != nil {
 		e.backend, e.attempts = l.Target.B.Name, ex.Retries()+1
-		e.reason = l.A.Reason
+		// The request's reason names every leg and why a request that
+		// could be split was served whole, as X-Kvroute-Reason does.
+		e.reason = ex.Reason()
 	}
+	e.prefill = ex.prefillBackend()
 	if ex.span != nil {
 		e.traceID = ex.span.SpanContext().TraceID()
 	}

@@ -154,7 +154,7 @@ func newPDMetrics(reg prometheus.Registerer) pdMetrics {
 	m := pdMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_pd_requests_total",
-			Help: "Requests to a fleet with prefill engines for their model, by model and outcome: split (both legs ran), prefill_failed and prefill_unrouted (served whole by the decode engine after the prefill leg failed on every attempt, or found no prefill engine), prefill_unusable (served whole by the decode engine: the prefill answer's transfer parameters were refused), no_decode_engine (served whole: no engine to decode the model).",
+			Help: "Requests to a fleet with prefill engines for their model, by model and outcome: split (both legs ran), prefill_failed and prefill_unrouted (served whole by the decode engine after the prefill leg failed on every attempt, or found no prefill engine), prefill_unusable (served whole by the decode engine: the prefill answer's transfer parameters were refused), no_decode_engine (served whole: no engine to decode the model), decided_whole (served whole: the conditional split found the whole request cheaper, the most common outcome under split: conditional).",
 		}, []string{"model", "outcome"}),
 		prefill: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvroute_pd_prefill_seconds",

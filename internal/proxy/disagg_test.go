@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -124,9 +125,18 @@ func (e *pdEngine) legs() []pdLeg {
 // speaking protocol vllm.
 func pdRig(t *testing.T, prefill, decode int, mod func(*config.Config)) (*rig, []*pdEngine, []*pdEngine) {
 	t.Helper()
+	r, pre, dec, _ := pdRigLogged(t, prefill, decode, mod)
+	return r, pre, dec
+}
+
+// pdRigLogged is pdRig with the router's debug log captured.
+func pdRigLogged(t *testing.T, prefill, decode int, mod func(*config.Config)) (*rig, []*pdEngine, []*pdEngine, *lockedBuffer) {
+	t.Helper()
 	var pre, dec []*pdEngine
 	t.Setenv(config.AdminTokenEnv, "")
-	r := newRig(t, "kvroute", 0, func(c *config.Config) {
+	logs := &lockedBuffer{}
+	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	r := newRigLog(t, "kvroute", 0, func(c *config.Config) {
 		c.Admin.Token, c.Admin.Decisions = "pd-admin-token-for-tests", 16
 		add := func(role string, n int) (out []*pdEngine) {
 			for i := range n {
@@ -143,9 +153,9 @@ func pdRig(t *testing.T, prefill, decode int, mod func(*config.Config)) (*rig, [
 		if mod != nil {
 			mod(c)
 		}
-	})
+	}, logger)
 	r.waitReady(http.StatusOK)
-	return r, pre, dec
+	return r, pre, dec, logs
 }
 
 // clientBody is a streaming chat request with the fields the prefill leg
@@ -230,6 +240,60 @@ func TestVLLMSplit(t *testing.T) {
 	if dd := log.Decisions[0]; dd.Backend != "d0" || !strings.HasPrefix(dd.Reason, "prefill p0: ") || !strings.Contains(dd.Reason, "; decode d0: ") {
 		t.Errorf("decision %+v: want both legs", dd)
 	}
+}
+
+// TestSplitVisible: where an operator looks (the response's headers, the
+// access log), a split request names both legs' engines, a request whose
+// prefill leg was skipped names no prefill engine and says why, and a
+// request the conditional split keeps whole says so with its estimates.
+func TestSplitVisible(t *testing.T) {
+	t.Run("split", func(t *testing.T) {
+		r, _, _, logs := pdRigLogged(t, 1, 1, nil)
+		res := r.post("/v1/chat/completions", clientBody, "X-Request-Id", "vis-split")
+		if res.status != 200 || res.header.Get(headerBackend) != "d0" || res.header.Get(headerPrefill) != "p0" {
+			t.Fatalf("status %d, %s %q, %s %q: want d0 answering after p0's prefill", res.status,
+				headerBackend, res.header.Get(headerBackend), headerPrefill, res.header.Get(headerPrefill))
+		}
+		status, body := r.adminCall(http.MethodGet, "/admin/backends", "pd-admin-token-for-tests")
+		var list struct{ Backends []struct{ Name, Role string } }
+		if status != http.StatusOK || json.Unmarshal(body, &list) != nil || len(list.Backends) != 2 ||
+			list.Backends[0].Role != config.RolePrefill || list.Backends[1].Role != config.RoleDecode {
+			t.Errorf("GET /admin/backends: %d %s: want p0 prefill, d0 decode", status, body)
+		}
+		if l := logs.String(); !strings.Contains(l, `"msg":"disaggregation on: requests may be split over a prefill and a decode engine","protocol":"vllm","split":"always","prefill":1,"decode":1,"both":0`) {
+			t.Errorf("no startup line on the fleet's roles in:\n%s", l)
+		}
+		m := accessLine(t, logs, "vis-split")
+		checkFields(t, "split", m, map[string]any{"backend": "d0", "prefill_backend": "p0", "reason": res.header.Get(headerReason)})
+		if reason, _ := m["reason"].(string); !strings.HasPrefix(reason, "prefill p0: ") || !strings.Contains(reason, "; decode d0: ") {
+			t.Errorf("access log reason %q: want both legs", reason)
+		}
+	})
+	t.Run("prefill skipped", func(t *testing.T) {
+		r, pre, _, logs := pdRigLogged(t, 1, 1, func(c *config.Config) { c.Retry.Attempts = 1 })
+		pre[0].fail.Store(2)
+		res := r.post("/v1/chat/completions", clientBody, "X-Request-Id", "vis-skipped")
+		if res.status != 200 || res.header.Get(headerPrefill) != "" {
+			t.Fatalf("status %d, %s %q: want none, the prefill leg was skipped", res.status, headerPrefill, res.header.Get(headerPrefill))
+		}
+		m := accessLine(t, logs, "vis-skipped")
+		checkFields(t, "skipped", m, map[string]any{"backend": "d0", "prefill_backend": ""})
+		if reason, _ := m["reason"].(string); !strings.HasPrefix(reason, "prefill skipped after failing on p0; decode d0 (whole): ") {
+			t.Errorf("access log reason %q: want the prefill skipped", reason)
+		}
+	})
+	t.Run("decided whole", func(t *testing.T) {
+		r, pre, _, logs := pdRigLogged(t, 1, 1, func(c *config.Config) { c.Disaggregation.Split = config.SplitConditional })
+		res := r.post("/v1/chat/completions", clientBody, "X-Request-Id", "vis-whole")
+		if res.status != 200 || res.header.Get(headerPrefill) != "" || len(pre[0].legs()) != 0 {
+			t.Fatalf("status %d, %s %q, %d prefill legs: want a short prompt served whole",
+				res.status, headerPrefill, res.header.Get(headerPrefill), len(pre[0].legs()))
+		}
+		m := accessLine(t, logs, "vis-whole")
+		if reason, _ := m["reason"].(string); !strings.HasPrefix(reason, "whole (") || !strings.Contains(reason, " <= split ") {
+			t.Errorf("access log reason %q: want why it was kept whole, with both estimates", reason)
+		}
+	})
 }
 
 // TestVLLMPrefillRetried: a prefill engine that fails its leg is replaced

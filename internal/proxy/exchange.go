@@ -23,6 +23,10 @@ const (
 	headerPrefix  = "X-Kvroute-"
 	headerBackend = "X-Kvroute-Backend"
 	headerReason  = "X-Kvroute-Reason"
+	// headerPrefill names the engine that ran a split request's prefill
+	// leg (X-Kvroute-Backend names the one that answered: the decode
+	// engine); absent for a request served whole.
+	headerPrefill = "X-Kvroute-Prefill-Backend"
 )
 
 // statusClientGone labels requests whose client went away before the
@@ -230,6 +234,9 @@ func (ex *exchange) WriteError(e *openai.Error) { e.Write(ex.w) }
 func (ex *exchange) Respond(l *lifecycle.Leg, resp *http.Response, head []byte, headErr error) {
 	if ex.tenant.reveal {
 		resp.Header.Set(headerBackend, l.Target.B.Name)
+		if p := ex.prefillBackend(); p != "" {
+			resp.Header.Set(headerPrefill, p)
+		}
 		if reason := ex.Reason(); reason != "" {
 			resp.Header.Set(headerReason, reason)
 		}
@@ -252,6 +259,18 @@ func (ex *exchange) Hold(n int64) bool {
 	}
 	ex.held += n
 	return true
+}
+
+// prefillBackend is the engine that ran the request's prefill leg, ""
+// when it has none or the leg was skipped (the request was served whole).
+func (ex *exchange) prefillBackend() string {
+	for i := range ex.Legs {
+		l := &ex.Legs[i]
+		if l.Role == disagg.RolePrefill && l.Target != nil && !l.Skipped() {
+			return l.Target.B.Name
+		}
+	}
+	return ""
 }
 
 // Ended is how the relayed body ended (lifecycle.Front).

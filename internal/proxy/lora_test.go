@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/emulator"
@@ -34,7 +35,11 @@ func TestLoRAThroughRouter(t *testing.T) {
 		t.Cleanup(func() { srv.Close(); _ = em.Close() })
 		backends = append(backends, config.Backend{URL: srv.URL, Name: []string{"e0", "e1"}[i]})
 	}
-	r := newRig(t, "round-robin", 0, func(c *config.Config) { c.Backends = backends })
+	t.Setenv(config.AdminTokenEnv, "")
+	r := newRig(t, "round-robin", 0, func(c *config.Config) {
+		c.Backends = backends
+		c.Admin.Token = "lora-admin-token-for-tests"
+	})
 
 	res := r.get("/v1/models")
 	var list struct {
@@ -65,5 +70,33 @@ func TestLoRAThroughRouter(t *testing.T) {
 		if res.status != http.StatusOK || res.header.Get(headerBackend) != "e0" || !strings.Contains(string(res.body), `"model":"chat"`) {
 			t.Fatalf("chat: status %d from %q: %s", res.status, res.header.Get(headerBackend), res.body)
 		}
+	}
+
+	// /admin/backends says which adapters each engine holds, from its
+	// metrics (vllm:lora_requests_info's max_lora), once the monitor has
+	// read them.
+	for deadline := time.Now().Add(time.Minute); ; {
+		status, body := r.adminCall(http.MethodGet, "/admin/backends", "lora-admin-token-for-tests")
+		var got struct {
+			Backends []struct {
+				Name     string
+				Role     string
+				Adapters *struct{ Max int }
+			}
+		}
+		if status != http.StatusOK || json.Unmarshal(body, &got) != nil {
+			t.Fatalf("GET /admin/backends: %d %s", status, body)
+		}
+		ok := len(got.Backends) == 2
+		for _, b := range got.Backends {
+			ok = ok && b.Role == config.RoleBoth && b.Adapters != nil && b.Adapters.Max == 2
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/admin/backends never showed both engines' adapters (max 2), role both: %s", body)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

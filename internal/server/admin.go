@@ -26,6 +26,7 @@ func (a adminSource) Backends() []admin.Backend {
 		ab := admin.Backend{
 			Name:     b.Name,
 			Models:   b.Models,
+			Role:     s.set.RoleOf(b),
 			Healthy:  b.Healthy(),
 			Draining: b.Draining(),
 			Breaker:  admin.Breaker{State: st.State, ConsecutiveFailures: st.Fails},
@@ -55,6 +56,9 @@ func (a adminSource) Backends() []admin.Backend {
 			}
 			if e.Has(fleet.EngineKVUsage) {
 				ab.Engine.KVUsage = &e.KVUsage
+			}
+			if l := e.LoRA; l != nil {
+				ab.Adapters = &admin.Adapters{Running: nonNil(l.Running), Waiting: nonNil(l.Waiting), Max: l.Max, Used: l.Used}
 			}
 		}
 		out = append(out, ab)
@@ -102,4 +106,12 @@ func cacheAudit(a prefix.BackendAudit) admin.CacheAudit {
 	}
 	return admin.CacheAudit{AuditedPromptTokens: t.Prompt, PredictedCachedTokens: t.Predicted, ReportedCachedTokens: t.Reported,
 		BestCachedTokens: t.Best, Trusted: !a.Untrusted, CapacityBlocks: a.Capacity, Actions: a.Actions}
+}
+
+// nonNil is names, or an empty list for JSON's [] rather than null.
+func nonNil(names []string) []string {
+	if names == nil {
+		return []string{}
+	}
+	return names
 }

@@ -241,8 +241,32 @@ func (s *Server) Start() error {
 		}
 	}
 	s.proxy.Serve(ln, aln)
-	s.log.Info("listening", "addr", ln.Addr().String(), "tls", s.cert.Load() != nil, "policy", s.sched.Policy().Name(), "backends", len(s.fleet.Snapshot().All))
+	all := s.fleet.Snapshot().All
+	s.log.Info("listening", "addr", ln.Addr().String(), "tls", s.cert.Load() != nil, "policy", s.sched.Policy().Name(), "backends", len(all))
+	s.logRoles(all)
 	return nil
+}
+
+// logRoles says at startup how the fleet's backends divide into roles and
+// whether requests may be split over a prefill and a decode engine, and
+// how (disaggregation.protocol and split), so that a P/D fleet's operator
+// sees at once whether the router took it for one.
+func (s *Server) logRoles(all []*fleet.Backend) {
+	count := map[string]int{}
+	for _, b := range all {
+		count[s.set.RoleOf(b)]++
+	}
+	d := s.cfg.Disaggregation
+	if count[config.RolePrefill] == 0 {
+		if s.cfg.MaySplit() {
+			s.log.Info("disaggregation: no prefill engine yet; requests are served whole until one joins",
+				"protocol", d.Protocol, "split", d.Split, "decode", count[config.RoleDecode], "both", count[config.RoleBoth])
+		}
+		return
+	}
+	s.log.Info("disaggregation on: requests may be split over a prefill and a decode engine",
+		"protocol", d.Protocol, "split", d.Split,
+		"prefill", count[config.RolePrefill], "decode", count[config.RoleDecode], "both", count[config.RoleBoth])
 }
 
 // Addr returns the address Start listens on, or "" before Start.

@@ -20,8 +20,10 @@ var Version string
 
 // Info is the build's identity.
 type Info struct {
-	// Version is Version, else the main module's version ("(devel)" for
-	// a build from a checkout), else "unknown".
+	// Version is Version, else the main module's version (a pseudo-version
+	// stamped from the commit for a build in a git checkout, "(devel)" without
+	// VCS stamping),
+	// else "unknown".
 	Version string
 	// Revision is the VCS revision the binary was built from, with
 	// "-dirty" when the tree had changes; "unknown" without VCS stamping.

@@ -65,7 +65,7 @@
     td.appendChild(bar);
   }
 
-  const COLS = ["backend", "health", "breaker", "in_flight", "pending_prefill", "decoding",
+  const COLS = ["backend", "role", "health", "breaker", "in_flight", "pending_prefill", "decoding",
     "engine_running", "engine_waiting", "kv_usage", "prefill_rate", "hit_rate", "reported"];
   const LABELS = Array.from(document.querySelectorAll("#backends thead th"), (th) => th.textContent);
   const rows = new Map(); // backend name -> tr
@@ -100,33 +100,37 @@
       url.textContent = b.url + (b.models && b.models.length ? " · " + b.models.join(", ") : "");
       nameCell.appendChild(url);
 
+      cell(tr, 1, b.role || "both", b.role && b.role !== "both" ? "role" : "",
+        b.adapters ? "LoRA adapters: " + b.adapters.used + " of " + b.adapters.max +
+          (b.adapters.running.length ? "; running " + b.adapters.running.join(", ") : "") : "");
+
       if (b.healthy) healthy++;
       const health = b.healthy ? (b.draining ? "draining" : "healthy") : "ejected";
-      cell(tr, 1, health, b.healthy ? (b.draining ? "warn" : "ok") : "bad");
+      cell(tr, 2, health, b.healthy ? (b.draining ? "warn" : "ok") : "bad");
       const br = b.breaker || {};
       let brText = br.state || "—";
       if (br.consecutive_failures) brText += " (" + br.consecutive_failures + " fails)";
-      cell(tr, 2, brText, br.state === "closed" ? "" : "bad",
+      cell(tr, 3, brText, br.state === "closed" ? "" : "bad",
         br.open_until ? "open until " + clock(br.open_until) : "");
       const l = b.load || {};
-      cell(tr, 3, num(l.in_flight));
-      cell(tr, 4, num(l.pending_prefill_tokens), "", "estimated uncached prompt tokens before their first byte");
-      cell(tr, 5, num(l.decoding));
+      cell(tr, 4, num(l.in_flight));
+      cell(tr, 5, num(l.pending_prefill_tokens), "", "estimated uncached prompt tokens before their first byte");
+      cell(tr, 6, num(l.decoding));
       const e = b.engine;
       const age = e ? "reported " + e.age_seconds.toFixed(1) + " s ago" : "no engine report";
-      cell(tr, 6, e ? num(e.running) : "—", e ? "" : "none", age);
-      cell(tr, 7, e ? num(e.waiting) : "—", e ? (e.waiting > 0 ? "warn" : "") : "none", age);
-      const kv = cell(tr, 8, e ? pct(e.kv_usage) : "—", e ? "" : "none", age);
+      cell(tr, 7, e ? num(e.running) : "—", e ? "" : "none", age);
+      cell(tr, 8, e ? num(e.waiting) : "—", e ? (e.waiting > 0 ? "warn" : "") : "none", age);
+      const kv = cell(tr, 9, e ? pct(e.kv_usage) : "—", e ? "" : "none", age);
       if (e) meter(kv, e.kv_usage);
-      cell(tr, 9, rate(b.prefill_rate_tokens_per_second || 0), "", "learned from observed TTFTs");
+      cell(tr, 10, rate(b.prefill_rate_tokens_per_second || 0), "", "learned from observed TTFTs");
       const routed = b.routed_prompt_tokens || 0;
-      cell(tr, 10, routed ? pct((b.predicted_cached_tokens || 0) / routed) : "—", routed ? "" : "none",
+      cell(tr, 11, routed ? pct((b.predicted_cached_tokens || 0) / routed) : "—", routed ? "" : "none",
         num(b.predicted_cached_tokens) + " of " + num(routed) + " routed prompt tokens predicted cached");
       const a = b.cache_audit || {};
       const audited = a.audited_prompt_tokens || 0;
       const rep = (a.reported_cached_tokens || 0) / (audited || 1), pred = (a.predicted_cached_tokens || 0) / (audited || 1);
       const acts = Object.entries(a.actions || {}).filter(([, n]) => n > 0).map(([k, n]) => k + " " + n).join(", ");
-      cell(tr, 11, audited ? pct(rep) + " / " + pct(pred) + (a.trusted === false ? " untrusted" : "") : "—",
+      cell(tr, 12, audited ? pct(rep) + " / " + pct(pred) + (a.trusted === false ? " untrusted" : "") : "—",
         !audited ? "none" : (a.trusted === false || Math.abs(rep - pred) > 0.1 ? "warn" : ""),
         "hit rate the engine reported / the router predicted, over " + num(audited) + " prompt tokens of requests whose engine reported its cache hits; " +
         "best any backend held: " + pct((a.best_cached_tokens || 0) / (audited || 1)) + "; index capacity " + num(a.capacity_blocks) + " blocks" +

@@ -197,6 +197,10 @@ the Kubernetes API (the RBAC in rbac.yaml lets the router read them).
 {{- with $e.name }}{{ $_ := set $b "name" . }}{{ end }}
 {{- with $e.models }}{{ $_ := set $b "models" . }}{{ end }}
 {{- with $e.kind }}{{ $_ := set $b "kind" . }}{{ end }}
+{{- with $e.role }}{{ $_ := set $b "role" . }}{{ end }}
+{{- with $e.kvEvents }}{{ $_ := set $b "kv_events" (toString .) }}{{ end }}
+{{- with $e.kvEventsReplay }}{{ $_ := set $b "kv_events_replay" (toString .) }}{{ end }}
+{{- with $e.preset }}{{ $_ := set $b "preset" . }}{{ end }}
 {{- toJson $b }}
 {{- end }}
 

@@ -57,6 +57,7 @@ function expected(b) {
   const routed = b.routed_prompt_tokens;
   return {
     backend: b.name,
+    role: b.role,
     health: b.healthy ? (b.draining ? "draining" : "healthy") : "ejected",
     breaker: b.breaker.state,
     in_flight: String(b.load.in_flight),
