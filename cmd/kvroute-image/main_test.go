@@ -124,6 +124,9 @@ func TestKvrouteImageSize(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds kvroute for linux/amd64")
 	}
+	if raceEnabled {
+		t.Skip("the image's layers are compressed in this test binary, some tenfold slower under the race detector: .ci/run runs it on its own (go test -run TestKvrouteImageSize ./cmd/kvroute-image)")
+	}
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("no go command on PATH")
 	}

@@ -1,6 +1,7 @@
 package disagg
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -147,5 +148,47 @@ func TestGather(t *testing.T) {
 	}
 	if e = Gather(s, r, v, hashes, now); e.Held != 0 {
 		t.Errorf("Held %d after the decode leg: want 0", e.Held)
+	}
+}
+
+// TestGatherPricesByTheCostModel: the split decision prices prefill at
+// the rate the pick prices the same engines by, their cost models'
+// (fleet.Backend.PrefillRate), not a second belief: engines whose
+// readings taught their models a prefill four times slower than the
+// prior are priced at exactly the models' rate (before, the split read
+// the engine-reported rate, else a moving average of TTFTs, beside the
+// model the pick read: here 2,500 tokens/s against the model's 2,489).
+func TestGatherPricesByTheCostModel(t *testing.T) {
+	f := fleet.New()
+	roles := map[string]string{"p0": config.RolePrefill, "d0": config.RoleDecode}
+	byID := map[int]string{}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, n := range []string{"p0", "d0"} {
+		b := f.Add(n, nil, nil)
+		byID[b.ID] = n
+		for i := range 200 {
+			at := now.Add(time.Duration(i-200) * 50 * time.Millisecond)
+			// The engine's own prefill counters: 2,500 tokens a second.
+			b.Learn(fleet.Reading{State: &fleet.EngineState{At: at}, PrefillTokens: 5000, PrefillSeconds: 2, ComputedTokens: -1})
+		}
+	}
+	r := Roles{Of: func(b *fleet.Backend) string { return roles[byID[b.ID]] }}
+	s := scheduler.New(f, policy.NewKVRoute(policy.Options{}), scheduler.Config{Filters: []policy.Filter{r}})
+	prompt := strings.Repeat("0123456789abcdef", 400)
+	v, perr := request.Parse(request.Completion, []byte(`{"model":"m","prompt":"`+prompt+`","max_tokens":8}`), request.Options{})
+	if perr != nil {
+		t.Fatal(perr.Message)
+	}
+	e := Gather(s, r, v, s.Hashes(v), now)
+	var logRate float64
+	for _, b := range f.Snapshot().All {
+		logRate += math.Log(b.PrefillRate(now))
+	}
+	want := 1 / math.Exp(logRate/2)
+	if math.Abs(e.PrefillSeconds/want-1) > 1e-9 {
+		t.Errorf("PrefillSeconds %g, want %g (the cost models' rates)", e.PrefillSeconds, want)
+	}
+	if e.PrefillSeconds < 2/float64(fleet.DefaultPrefillRate) {
+		t.Errorf("PrefillSeconds %g: the engines' slow prefill not priced (the prior's is %g)", e.PrefillSeconds, 1/float64(fleet.DefaultPrefillRate))
 	}
 }
