@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -104,8 +105,11 @@ func TestCrashMovesOnlyDeadSessions(t *testing.T) {
 				}
 			}
 			for _, b := range r.srv.Fleet().Snapshot().All {
-				if m := b.Cost(); m.Coeffs(time.Now()).Token != m.Prior().Token {
-					t.Errorf("%s learned a prefill cost (%v tokens/s): the prompts are too long for this test", b.Name, b.PrefillRate(time.Now()))
+				// A TTFT would teach these fakes, which answer at once, a
+				// prefill many times the prior's; the decode and engine
+				// samples and the fleet's anchor move it by a few percent.
+				if r := b.PrefillRate(time.Now()); math.Abs(r/fleet.DefaultPrefillRate-1) > 0.1 {
+					t.Errorf("%s learned a prefill rate (%v tokens/s): the prompts are too long for this test", b.Name, r)
 				}
 			}
 			if moved != per[dead] {
