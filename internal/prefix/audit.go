@@ -165,10 +165,10 @@ type auditState struct {
 	n                   int
 	predicted, reported int64
 	prompt              int64
-	// short and excess sum, per request, the predicted tokens the
-	// engine did not report and the reported ones not predicted: a
-	// miss and a hit elsewhere in the window do not cancel out.
-	short, excess int64
+	// excess sums, per request, the reported tokens not predicted (the
+	// basis of a grow): a hit here and a miss elsewhere in the window do
+	// not cancel out.
+	excess int64
 	// bearing is the moving average of the judged windows'
 	// reported-to-predicted ratio (1 until a window is judged): a
 	// backend's record over windows, which one window's verdict reads
@@ -336,7 +336,6 @@ func (a *Audit) Observe(o Observation, now time.Time) Verdict {
 	s.predicted += max(o.Predicted, 0)
 	s.reported += reported
 	s.prompt += max(o.Prompt, 0)
-	s.short += max(o.Predicted-reported, 0)
 	s.excess += max(reported-o.Predicted, 0)
 	if o.Predicted > 0 && o.Fresh {
 		s.fresh++
@@ -348,7 +347,7 @@ func (a *Audit) Observe(o Observation, now time.Time) Verdict {
 		return Keep
 	}
 	v := a.judge(s)
-	s.n, s.predicted, s.reported, s.prompt, s.short, s.excess = 0, 0, 0, 0, 0, 0
+	s.n, s.predicted, s.reported, s.prompt, s.excess = 0, 0, 0, 0, 0
 	s.fresh, s.freshShort = 0, 0
 	s.actions[v]++
 	if v != Keep {
@@ -468,7 +467,7 @@ func (a *Audit) Reset(backend int) {
 	defer a.mu.Unlock()
 	s := a.state(backend)
 	wasUntrusted := s.untrusted
-	s.short, s.excess = 0, 0
+	s.excess = 0
 	s.n, s.predicted, s.reported, s.prompt, s.capacity, s.misses, s.untrusted = 0, 0, 0, 0, 0, 0, false
 	s.fresh, s.freshShort, s.freshAvg, s.suspect = 0, 0, 0, false
 	s.bearing, s.windows, s.seen = 0, 0, false
