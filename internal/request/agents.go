@@ -47,6 +47,8 @@ type agent struct {
 	badItemType      string
 	badMessage       string
 	blocks           []ablock
+	// countOnly is Options.CountOnly.
+	countOnly bool
 }
 
 // ablock is one content block of a Messages message, read before the
@@ -474,7 +476,7 @@ func (d *decoder) agentView(v *View) *openai.Error {
 		if d.nmsg == 0 {
 			return openai.BadRequest("missing_messages", "messages must contain at least one item")
 		}
-		if !d.maxTokens.set {
+		if !d.maxTokens.set && !d.countOnly {
 			return openai.BadRequest("missing_max_tokens", "max_tokens: Field required")
 		}
 	}

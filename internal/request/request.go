@@ -147,8 +147,11 @@ type View struct {
 	Store, Background  bool
 	// HistoryAt is where, in Prompt, the engine puts the conversation
 	// of the previous response (a Responses request): after the tool
-	// definitions and the instructions, before the input.
-	HistoryAt int
+	// definitions and the instructions, before the input. MessagesAt is
+	// where the messages start, after the tool definitions: what the
+	// engine stores of the request (its messages, the instructions'
+	// among them) is Prompt[MessagesAt:].
+	HistoryAt, MessagesAt int
 }
 
 // Options configure Parse.
@@ -172,6 +175,9 @@ type Options struct {
 	MaxToolCalls int
 	// MaxTools bounds the tool definitions; 0 means MaxTools.
 	MaxTools int
+	// CountOnly reads a Messages body sent to count its tokens
+	// (/v1/messages/count_tokens), which needs no max_tokens.
+	CountOnly bool
 }
 
 // Limits that keep a hostile body from costing more than its size. Parse's
@@ -295,6 +301,7 @@ func (d *decoder) reset(k Kind, body []byte, opt Options) {
 		kind:        k,
 		lim:         opt.limits(),
 		sessionName: opt.SessionField,
+		agent:       agent{countOnly: opt.CountOnly},
 		msgs:        d.msgs.reuse(),
 		calls:       d.calls.reuse(),
 		segs:        d.segs.reuse(),
@@ -496,6 +503,9 @@ func (d *decoder) renderChat(v *View) *openai.Error {
 	if d.tools.n > 0 {
 		sb.WriteString(toolsHeader)
 		d.writeSegs(&sb, d.tools.lo, d.tools.hi)
+	}
+	if d.kind == Responses {
+		v.MessagesAt = sb.Len()
 	}
 	if d.lead.set {
 		// The instructions (Responses) or the system prompt (Messages),
