@@ -70,9 +70,7 @@ func (st *responseStore) remove(id string) bool {
 }
 
 // writeNotFound is vLLM's answer for a response id it does not hold.
-func writeNotFound(w http.ResponseWriter, id string) {
-	writeVLLMError(w, http.StatusNotFound, openai.TypeInvalidRequest, fmt.Sprintf("Response with id '%s' not found.", id))
-}
+func writeNotFound(w http.ResponseWriter, id string) { openai.ResponseNotFound(id).Write(w) }
 
 // storedRoutes serves the stored responses: GET, DELETE, cancel and
 // input_items.

@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -142,6 +143,13 @@ type AnthropicErrorDetail struct {
 	Message string `json:"message"`
 }
 
+// ResponseNotFound is vLLM's answer to a request naming a stored response
+// it does not hold.
+func ResponseNotFound(id string) *Error {
+	return &Error{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "response_not_found",
+		Message: "Response with id '" + id + "' not found.", Numeric: true}
+}
+
 // AnthropicType is Anthropic's error type for an HTTP status.
 func AnthropicType(status int) string {
 	switch status {
@@ -181,4 +189,97 @@ func WriteAnthropicError(w http.ResponseWriter, status int, msg string, retryAft
 	}
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
+}
+
+// AgentUsage reads the usage object of either API: the Responses API's
+// (input_tokens_details.cached_tokens) or Anthropic's
+// (cache_read_input_tokens).
+type AgentUsage struct {
+	InputTokens        int `json:"input_tokens"`
+	OutputTokens       int `json:"output_tokens"`
+	InputTokensDetails *struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
+	CacheReadInputTokens *int `json:"cache_read_input_tokens"`
+}
+
+// Usage is u as a chat usage; cached tokens are reported when u has them.
+func (u *AgentUsage) Usage() *Usage {
+	out := &Usage{PromptTokens: u.InputTokens, CompletionTokens: u.OutputTokens, TotalTokens: u.InputTokens + u.OutputTokens}
+	switch {
+	case u.InputTokensDetails != nil:
+		out.PromptTokensDetails = &PromptTokensDetails{CachedTokens: u.InputTokensDetails.CachedTokens}
+	case u.CacheReadInputTokens != nil:
+		out.PromptTokensDetails = &PromptTokensDetails{CachedTokens: *u.CacheReadInputTokens}
+	}
+	return out
+}
+
+// AgentChunk is what one data event of a Responses or Messages stream
+// says: whether it carries output text, its usage, and the response's id
+// (response.created).
+type AgentChunk struct {
+	Content    bool
+	Usage      *AgentUsage
+	ResponseID string
+}
+
+var (
+	textDeltaKeys = [][]byte{[]byte(`"type":"response.output_text.delta"`), []byte(`"type":"content_block_delta"`)}
+	agentUsageKey = []byte(`"usage":{`)
+	createdKey    = []byte(`"type":"response.created"`)
+)
+
+// ReadAgentEvent reads one data event of a Responses or Messages stream.
+// Text deltas, the stream's bulk, are recognised without a decode.
+func ReadAgentEvent(data []byte) (AgentChunk, error) {
+	var c AgentChunk
+	for _, k := range textDeltaKeys {
+		if bytes.Contains(data, k) {
+			c.Content = true
+			return c, nil
+		}
+	}
+	created := bytes.Contains(data, createdKey)
+	if !created && !bytes.Contains(data, agentUsageKey) {
+		return c, nil
+	}
+	var ev struct {
+		Type     string `json:"type"`
+		Response *struct {
+			ID    string      `json:"id"`
+			Usage *AgentUsage `json:"usage"`
+		} `json:"response"`
+		Message *struct {
+			Usage *AgentUsage `json:"usage"`
+		} `json:"message"`
+		Usage *AgentUsage `json:"usage"`
+	}
+	if err := json.Unmarshal(data, &ev); err != nil {
+		return c, err
+	}
+	c.Usage = ev.Usage
+	switch {
+	case ev.Response != nil:
+		if ev.Type == "response.created" {
+			c.ResponseID = ev.Response.ID
+		}
+		c.Usage = ev.Response.Usage
+	case ev.Message != nil:
+		c.Usage = ev.Message.Usage
+	}
+	return c, nil
+}
+
+// Merge adds what u reports to what t holds of one stream: Anthropic's
+// message_start reports the input, its message_delta the output.
+func (u *AgentUsage) Merge(t *AgentUsage) {
+	u.InputTokens = max(u.InputTokens, t.InputTokens)
+	u.OutputTokens = max(u.OutputTokens, t.OutputTokens)
+	if t.InputTokensDetails != nil {
+		u.InputTokensDetails = t.InputTokensDetails
+	}
+	if t.CacheReadInputTokens != nil {
+		u.CacheReadInputTokens = t.CacheReadInputTokens
+	}
 }

@@ -137,7 +137,7 @@ func (f *fake) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Fake", f.name)
 		_, _ = io.Copy(w, r.Body)
 		return
-	case "/v1/chat/completions", "/v1/completions":
+	case "/v1/chat/completions", "/v1/completions", "/v1/responses":
 	default:
 		http.NotFound(w, r)
 		return
@@ -262,6 +262,9 @@ func (f *fake) prefill(ctx context.Context, body []byte, k request.Kind) bool {
 func kindOf(path string) request.Kind {
 	if strings.HasSuffix(path, "/chat/completions") {
 		return request.Chat
+	}
+	if strings.HasSuffix(path, "/responses") {
+		return request.Responses
 	}
 	return request.Completion
 }

@@ -72,7 +72,9 @@ type Scheduler struct {
 	picks atomic.Uint64
 	// events, when set, hears of every routing and load change for peer
 	// replicas (replica.go); requests numbers the routings it hears of.
-	events   Events
+	events Events
+	// homes are the engines of stored responses (responses.go).
+	homes    homes
 	requests atomic.Uint64
 	// replicas is the live router replicas and this one's place among
 	// them (SetReplicas); nil for one router. blind is how long a peer's

@@ -20,6 +20,9 @@ import (
 // backend, healthy or not, serves the model, ErrNoBackend when none may
 // take it.
 func (s *Scheduler) candidates(sc *scratch, snap *fleet.Snapshot, v *request.View, warm uint64, exclude []int, now time.Time) error {
+	if pinned, err := s.pinResponse(sc, snap, v, exclude, now); pinned {
+		return err
+	}
 	sc.cands = sc.cands[:0]
 	parent := s.Parent(v.Model)
 	held := 0
