@@ -230,9 +230,10 @@ func (p *Plane) probe(r *Request, l *Leg) {
 }
 
 // reroute is the next backend for a leg whose attempt failed, nil when it
-// is out of attempts (a passthrough has none) or of backends.
+// is out of attempts (a passthrough has none unless idempotent) or of
+// backends.
 func (p *Plane) reroute(r *Request, l *Leg) *scheduler.Assignment {
-	if r.Passthrough || l.Retries >= p.Attempts {
+	if r.Passthrough && !r.Idempotent || l.Retries >= p.Attempts {
 		return nil
 	}
 	l.Tried = append(l.Tried, l.Target.B.ID)

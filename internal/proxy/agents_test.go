@@ -240,3 +240,25 @@ func TestAgentSessionHeaders(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadRoutedEndpoints: the engines' other endpoints (embeddings,
+// rerank at /rerank, tokenize at /tokenize, Anthropic's count_tokens) are
+// routed by load among the engines serving the model, counted, and retried
+// on another engine before their first byte, as completions are.
+func TestLoadRoutedEndpoints(t *testing.T) {
+	r := newRig(t, "round-robin", 2, nil)
+	r.waitReady(http.StatusOK)
+	r.backends[0].setMode(modeClose)
+	for _, path := range []string{"/v1/embeddings", "/rerank", "/tokenize", "/v1/messages/count_tokens"} {
+		for i := range 4 {
+			body := fmt.Sprintf(`{"model":"shared","input":"x%d"}`, i)
+			res := r.post(path, body)
+			if res.status != http.StatusOK || string(res.body) != body || res.header.Get(headerBackend) != "b1" {
+				t.Fatalf("%s: %d from %q %s, want the echo from b1 (b0 closes every connection)", path, res.status, res.header.Get(headerBackend), res.body)
+			}
+		}
+	}
+	if got := counterValue(r.srv.metrics.retries); got == 0 {
+		t.Fatalf("retries counted %v", got)
+	}
+}

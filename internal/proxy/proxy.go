@@ -344,6 +344,9 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/v1/responses/", s.serveStored)
 	mux.HandleFunc("/v1/models", s.models)
 	mux.HandleFunc("/v1/", s.passthrough)
+	for _, p := range config.RootEndpoints {
+		mux.HandleFunc(p, s.passthrough)
+	}
 	live := func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))
