@@ -210,7 +210,8 @@ type Session struct {
 	// ResponseTTL and MaxResponses bound the router's table of stored
 	// responses (which engine holds each Responses API response): an
 	// entry is forgotten after ResponseTTL, the oldest first beyond
-	// MaxResponses. Defaults 6h and 131,072. Read at startup.
+	// MaxResponses (-1: none, continuations routed as any request).
+	// Defaults 6h and 131,072. Read at startup.
 	ResponseTTL  time.Duration `yaml:"response_ttl"`
 	MaxResponses int           `yaml:"max_responses"`
 }
@@ -632,8 +633,8 @@ func (c *Config) Validate() error {
 	if c.PolicyOptions.ProbeInterval < 0 {
 		bad("policy_options.probe_interval: %v must not be negative (0 turns probes off)", c.PolicyOptions.ProbeInterval)
 	}
-	if c.Session.ResponseTTL < 0 || c.Session.MaxResponses < 0 {
-		bad("session.response_ttl and session.max_responses must not be negative (0 for the defaults)")
+	if c.Session.ResponseTTL < 0 || c.Session.MaxResponses < -1 {
+		bad("session.response_ttl must not be negative, session.max_responses not below -1 (0 for the defaults)")
 	}
 	for i, h := range c.Session.Headers {
 		if h == "" || strings.ContainsAny(h, " :\t\r\n") {

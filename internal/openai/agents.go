@@ -230,6 +230,25 @@ var (
 	createdKey    = []byte(`"type":"response.created"`)
 )
 
+// agentEndKeys are the events that end a Responses or Messages stream's
+// wait for its first token: the last ones, an error, or the final usage.
+var agentEndKeys = [][]byte{[]byte(`"type":"response.completed"`), []byte(`"type":"response.incomplete"`),
+	[]byte(`"type":"response.failed"`), []byte(`"type":"message_delta"`), []byte(`"type":"message_stop"`), []byte(`"type":"error"`)}
+
+// AgentStarted reports whether the first bytes of a Responses or Messages
+// stream hold its first text delta, or an event that ends the wait for
+// one.
+func AgentStarted(head []byte) bool {
+	for _, keys := range [][][]byte{textDeltaKeys, agentEndKeys} {
+		for _, k := range keys {
+			if bytes.Contains(head, k) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // ReadAgentEvent reads one data event of a Responses or Messages stream.
 // Text deltas, the stream's bulk, are recognised without a decode.
 func ReadAgentEvent(data []byte) (AgentChunk, error) {

@@ -69,6 +69,9 @@ func (t *homes) put(h uint64, name string, at time.Time) {
 		t.ttl, t.max = DefaultResponseTTL, DefaultMaxResponses
 		t.m = make(map[uint64]home)
 	}
+	if t.max < 0 {
+		return
+	}
 	if cur, ok := t.m[h]; ok {
 		if !at.After(cur.at) {
 			return
@@ -98,7 +101,9 @@ func (t *homes) get(h uint64, now time.Time) (string, bool) {
 }
 
 // SetResponseBounds sets how long and how many stored responses the
-// table keeps (<= 0: the defaults). Call it before the first routing.
+// table keeps (0: the defaults; n < 0 keeps none, so that continuations
+// are routed as any request, as by a balancer that does not learn
+// response ids). Call it before the first routing.
 func (s *Scheduler) SetResponseBounds(ttl time.Duration, n int) {
 	s.homes.mu.Lock()
 	defer s.homes.mu.Unlock()
@@ -106,7 +111,7 @@ func (s *Scheduler) SetResponseBounds(ttl time.Duration, n int) {
 	if ttl > 0 {
 		s.homes.ttl = ttl
 	}
-	if n > 0 {
+	if n != 0 {
 		s.homes.max = n
 	}
 	s.homes.m = make(map[uint64]home)
