@@ -294,7 +294,12 @@ func TestBuiltinsBodies(t *testing.T) {
 			if b[1] == "" {
 				t.Error("no description")
 			}
-			reqs, err := Load(b[0], Options{Seed: 1, Rate: 20, Duration: 30 * time.Second})
+			opt := Options{Seed: 1, Rate: 20, Duration: 30 * time.Second}
+			if strings.HasPrefix(b[0], "coding-agent") {
+				// Arrivals are sessions of several long requests each.
+				opt.Duration = 3 * time.Second
+			}
+			reqs, err := Load(b[0], opt)
 			if err != nil {
 				t.Fatal(err)
 			}
