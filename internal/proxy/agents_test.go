@@ -262,3 +262,20 @@ func TestLoadRoutedEndpoints(t *testing.T) {
 		t.Fatalf("retries counted %v", got)
 	}
 }
+
+// TestMessagesAuthErrorShape: the router's own refusals before any
+// exchange (here the API key check) are in Anthropic's shape on the
+// Messages API's paths, in OpenAI's elsewhere.
+func TestMessagesAuthErrorShape(t *testing.T) {
+	r := limitedRig(t, "the-key", "", 1000)
+	for _, path := range []string{"/v1/messages", "/v1/messages/count_tokens", "/v1/chat/completions"} {
+		res := r.post(path, `{"model":"shared","max_tokens":1,"messages":[{"role":"user","content":"x"}]}`)
+		var a openai.AnthropicError
+		var o openai.ErrorBody
+		anthropic := json.Unmarshal(res.body, &a) == nil && a.Type == "error" && a.Error.Type == "authentication_error"
+		oai := json.Unmarshal(res.body, &o) == nil && o.Error.Type == openai.TypeAuthentication
+		if res.status != http.StatusUnauthorized || anthropic != strings.HasPrefix(path, "/v1/messages") || !oai && !anthropic {
+			t.Fatalf("%s: %d %s", path, res.status, res.body)
+		}
+	}
+}

@@ -362,10 +362,15 @@ func errorOf(e *openai.Error) error {
 	return e
 }
 
-// reject writes a router-made error outside any exchange (the API key
-// check, /v1/models) and counts it.
-func (s *Server) reject(w http.ResponseWriter, e *openai.Error) {
+// reject writes a router-made error to r outside any exchange (the API
+// key check, /v1/models) and counts it; in Anthropic's shape on the
+// Messages API's paths.
+func (s *Server) reject(w http.ResponseWriter, r *http.Request, e *openai.Error) {
 	s.metrics.requests.WithLabelValues(noBackend, s.policyName(), "", strconv.Itoa(e.Status)).Inc()
+	if anthropicPath(r.URL.Path) {
+		e.WriteAnthropic(w)
+		return
+	}
 	e.Write(w)
 }
 
