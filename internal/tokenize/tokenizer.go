@@ -40,7 +40,7 @@ const (
 // NewTokenizer builds the router's tokenizer from k, its calls carried by
 // transport, and registers its metrics in reg.
 func NewTokenizer(k config.KVEvents, transport http.RoundTripper, reg prometheus.Registerer) (*Tokenizer, error) {
-	c, err := New(Config{Timeout: k.TokenizeTimeout, CacheEntries: k.TokenizeCache, CacheBytes: k.TokenizeCacheBytes, Transport: transport})
+	c, err := New(Config{Timeout: k.TokenizeTimeout, CacheEntries: k.TokenizeCache, CacheBytes: int64(k.TokenizeCacheBytes), Transport: transport})
 	if err != nil {
 		return nil, err
 	}
