@@ -90,11 +90,26 @@ func TestAdapterStage(t *testing.T) {
 	if a.Backend != b1 {
 		t.Errorf("routed to %s, want b1 where the adapter runs", a.Backend.Name)
 	}
+	// The stage decided: the reason names the adapter and the tier kept.
+	if !strings.Contains(a.Reason, " adapter=a adapter_tier=loaded") {
+		t.Errorf("reason %q does not name the adapter and its tier", a.Reason)
+	}
 	a.Done(t0)
 	s.SetPolicy(p)
 	a, _ = s.Route(&request.View{Model: "a", Prompt: "hello", PromptTokens: 2}, nil, t0)
 	if a.Backend != b0 {
 		t.Errorf("without the stage: routed to %s, want the policy's b0", a.Backend.Name)
+	}
+	if strings.Contains(a.Reason, "adapter") {
+		t.Errorf("without the stage: reason %q names an adapter", a.Reason)
+	}
+	a.Done(t0)
+	// Both engines run it: the stage keeps both and decided nothing.
+	b0.SetEngine(&fleet.EngineState{At: t0, LoRA: &fleet.LoRAState{Running: []string{"a"}, Named: true, Max: 2, Used: 1}})
+	s.SetPolicy(&affine{p})
+	a, _ = s.Route(&request.View{Model: "a", Prompt: "hello", PromptTokens: 2}, nil, t0)
+	if strings.Contains(a.Reason, "adapter") {
+		t.Errorf("the stage kept every engine: reason %q names an adapter", a.Reason)
 	}
 	a.Done(t0)
 }

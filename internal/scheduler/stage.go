@@ -20,7 +20,7 @@ import (
 // backend, healthy or not, serves the model, ErrNoBackend when none may
 // take it.
 func (s *Scheduler) candidates(sc *scratch, snap *fleet.Snapshot, v *request.View, warm uint64, exclude []int, now time.Time) error {
-	sc.cands = sc.cands[:0]
+	sc.cands, sc.adapterTier = sc.cands[:0], ""
 	parent := s.Parent(v.Model)
 	held := 0
 	for _, b := range snap.Healthy {
@@ -57,7 +57,7 @@ func (s *Scheduler) candidates(sc *scratch, snap *fleet.Snapshot, v *request.Vie
 	// the engines the filters left, so that an adapter loaded only where
 	// a leg may not go (a prefill engine, for a decode leg) does not
 	// leave the leg no engine.
-	sc.cands = s.adapterStage(sc.cands, v.Model, parent, now)
+	sc.cands, sc.adapterTier = s.adapterStage(sc.cands, v.Model, parent, now)
 	return nil
 }
 
