@@ -63,6 +63,11 @@ func NewTokenizer(k config.KVEvents, transport http.RoundTripper, reg prometheus
 		}
 	}
 	reg.MustRegister(t.latency, t.failures)
+	// Every reason starts at 0, so that a dashboard's rate over them
+	// reads 0 rather than no data until the first failure.
+	for _, r := range []string{FailTimeout, FailError, FailNoBackend, FailBody} {
+		t.failures.WithLabelValues(r)
+	}
 	return t, nil
 }
 
