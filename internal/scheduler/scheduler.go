@@ -111,6 +111,9 @@ type scratch struct {
 	cached, uncached []int64
 	extra            []float64
 	tiers            []int
+	// adapterTier is the adapter stage's tier when it decided among the
+	// candidates (candidates), for the Reason.
+	adapterTier string
 	// raw is all before untrust zeroed the untrusted backends' matches
 	// (empty when none is); best the largest match of a candidate.
 	raw  []int32
@@ -346,12 +349,14 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		// generation; its delay says nothing of the prefill rate.
 		a.ticket.NoRateSample()
 	}
-	a.Reason = s.reason(sc, act.prefix, blocks, len(hashes), d, s.matchNote(sc, b.ID))
+	a.Reason = s.reason(sc, act.prefix, blocks, len(hashes), d, s.matchNote(sc, b.ID), v.Model)
 	return a, nil
 }
 
-// reason renders "policy=<name> prefix=<matched>/<total>[ est_ttft=<s>s][ match=<precise|approximate>][ <note>]".
-func (s *Scheduler) reason(sc *scratch, head string, matched, total int, d policy.Decision, match string) string {
+// reason renders "policy=<name> prefix=<matched>/<total>[ est_ttft=<s>s][ match=<precise|approximate>][ adapter=<model> adapter_tier=<tier>][ <note>]",
+// the adapter when the adapter stage decided among the candidates
+// (policy.AdapterTiers' tiers: loaded, free-slot, ...).
+func (s *Scheduler) reason(sc *scratch, head string, matched, total int, d policy.Decision, match, model string) string {
 	r := append(sc.reason[:0], head...)
 	r = append(r, "prefix="...)
 	r = strconv.AppendInt(r, int64(matched), 10)
@@ -365,6 +370,12 @@ func (s *Scheduler) reason(sc *scratch, head string, matched, total int, d polic
 	if match != "" {
 		r = append(r, " match="...)
 		r = append(r, match...)
+	}
+	if sc.adapterTier != "" {
+		r = append(r, " adapter="...)
+		r = append(r, model...)
+		r = append(r, " adapter_tier="...)
+		r = append(r, sc.adapterTier...)
 	}
 	if d.Note != "" {
 		r = append(r, ' ')
