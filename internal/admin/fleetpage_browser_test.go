@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/clocktest"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
@@ -156,6 +157,7 @@ func TestFleetPageInBrowser(t *testing.T) {
 	if shots == "" {
 		shots = t.TempDir()
 	}
+	meter := clocktest.Start(t)
 	cmdCtx, stop := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer stop()
 	cmd := exec.CommandContext(cmdCtx, node, "fleet.mjs", "--url", base, "--token", token,
@@ -167,4 +169,16 @@ func TestFleetPageInBrowser(t *testing.T) {
 		t.Fatalf("the fleet page failed in the browser: %v", err)
 	}
 	t.Logf("screenshots in %s", shots)
+	// The page's own work drawing 64 backends (tables, style and layout),
+	// as the script measured it in the browser: 200 ms on a quiet machine,
+	// scaled by how far this process fell behind meanwhile (Chromium shares
+	// the same cores).
+	_, after, ok := strings.Cut(string(out), "render-ms=")
+	ms, err := strconv.ParseFloat(strings.Fields(after + " x")[0], 64)
+	if !ok || err != nil {
+		t.Fatalf("the script printed no render-ms= line")
+	}
+	if took := time.Duration(ms * float64(time.Millisecond)); !meter.Within(t, took, 200*time.Millisecond, "rendering 64 backends") {
+		t.Errorf("rendering 64 backends took %v, over 200 ms scaled to %v (%s)", took, meter.Scale(200*time.Millisecond), meter)
+	}
 }

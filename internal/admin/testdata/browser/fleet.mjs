@@ -18,7 +18,7 @@ const { values: args } = parseArgs({
     reload: { type: "string" },
     shots: { type: "string" },
     chromium: { type: "string", default: process.env.CHROMIUM || "/usr/bin/chromium" },
-    "max-render-ms": { type: "string", default: "200" },
+    "max-render-ms": { type: "string", default: "5000" },
   },
 });
 for (const k of ["url", "token", "reload", "shots"]) {
@@ -221,12 +221,16 @@ try {
   const rows = await big.$$eval("#backends tbody tr", (trs) => trs.length);
   if (rows !== 64) fail(`${rows} rows for 64 backends`);
   // The page's own work (building the tables from the two answers, style
-  // and layout included) must stay under maxRenderMs. The time from
+  // and layout included) must stay under maxRenderMs, which the Go test
+  // holds to 200 ms scaled by how far the machine fell behind (it reads
+  // the "render-ms=" line; the script itself fails only past maxRenderMs,
+  // by default a hang). The time from
   // navigation also holds the router's answers, which the race detector
   // and a loaded machine slow many times (over a second was seen with
   // eight runnable threads per core), so its bound only catches a page
   // that hangs.
   step(`64 backends: table drawn ${stats.firstFullRenderAt.toFixed(0)} ms after navigation start; the render took ${stats.lastRenderMs.toFixed(1)} ms`);
+  console.log(`render-ms=${stats.lastRenderMs.toFixed(1)}`);
   if (stats.lastRenderMs > maxRenderMs) fail(`rendering 64 backends took ${stats.lastRenderMs.toFixed(0)} ms, over ${maxRenderMs} ms`);
   if (stats.firstFullRenderAt > 5000) fail(`64 backends took ${stats.firstFullRenderAt.toFixed(0)} ms to show after navigation, over 5 s`);
   await big.screenshot({ path: path.join(args.shots, "fleet-64.png"), fullPage: false });
