@@ -211,13 +211,17 @@ type Assignment struct {
 	// sched, policy, prompt, routed and age are what Reported needs: the
 	// scheduler, the policy's name, the prompt's estimated tokens, the
 	// routing's time and how fresh the predicted blocks were in the
-	// index; reported is set by its first call.
-	sched    *Scheduler
-	policy   string
-	prompt   int
-	routed   time.Time
-	age      prefix.Age
-	reported atomic.Bool
+	// index; reported is set by its first call. transferred marks a
+	// split request's decode leg, whose prompt arrives from the prefill
+	// engine: what its engine reports as cached is the transfer, not its
+	// cache, and says nothing of the picture.
+	sched       *Scheduler
+	policy      string
+	prompt      int
+	routed      time.Time
+	age         prefix.Age
+	reported    atomic.Bool
+	transferred bool
 
 	ticket *fleet.Ticket
 	events Events
@@ -331,6 +335,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 	best, _ := s.split(v, sc.best)
 	a.Predicted, a.Best = int(predicted), int(best)
 	a.sched, a.policy, a.prompt, a.routed = s, act.policy.Name(), v.PromptTokens, now
+	a.transferred = v.Role == policy.RoleDecodeLeg
 	if act.observer != nil {
 		act.observer.Routed(&sc.in, d)
 	}

@@ -80,6 +80,18 @@ func TestPDAlwaysSplit(t *testing.T) {
 		if pre.PrefillTokensComputed == 0 || pre.Running+pre.Waiting != 0 {
 			t.Errorf("%s: prefill engine computed %d tokens, %d left", pol, pre.PrefillTokensComputed, pre.Running+pre.Waiting)
 		}
+		// The audit hears the prefill engine's cache hits, and nothing
+		// from the decode engines, which count the KV they received as
+		// cached (a picture checked against that grows without bound).
+		audit := s.sched.Audit()
+		if n := audit.Backend(0).Totals[pol].Requests; n == 0 {
+			t.Errorf("%s: the audit heard no report from the prefill engine", pol)
+		}
+		for i := 1; i < 4; i++ {
+			if b := audit.Backend(i); b.Totals[pol].Requests != 0 {
+				t.Errorf("%s: the audit took %d reports of decode engine %d (actions %v): want none", pol, b.Totals[pol].Requests, i, b.Actions)
+			}
+		}
 	}
 }
 
