@@ -514,7 +514,8 @@ func Parse(b []byte) (*Config, error) {
 }
 
 // cleanYAMLError rewrites yaml's "field x not found in type config.Backend"
-// into words a user of the file understands.
+// into words a user of the file understands, with the known key nearest to
+// an unknown one.
 func cleanYAMLError(err error) error {
 	var te *yaml.TypeError
 	if !errors.As(err, &te) {
@@ -523,7 +524,12 @@ func cleanYAMLError(err error) error {
 	msgs := make([]string, len(te.Errors))
 	for i, m := range te.Errors {
 		if j := strings.Index(m, " not found in type "); j >= 0 && strings.Contains(m, "field ") {
+			typ := m[j+len(" not found in type "):]
 			m = strings.Replace(m[:j], "field ", "unknown key ", 1)
+			_, key, _ := strings.Cut(m, "unknown key ")
+			if near := nearestKey(typ, key); near != "" {
+				m += " (did you mean " + near + "?)"
+			}
 		}
 		msgs[i] = humanTypeError(m)
 	}

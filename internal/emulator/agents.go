@@ -3,7 +3,6 @@ package emulator
 import (
 	"bufio"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"sync"
 
@@ -136,9 +135,9 @@ func (s *Server) countTokens(w http.ResponseWriter, hr *http.Request) {
 }
 
 // agent answers a Responses or Messages request, streamed or not.
-func (rs *response) agent(w http.ResponseWriter, hr *http.Request, body []byte) {
+func (rs *response) agent(w http.ResponseWriter, hr *http.Request, body []byte, id string) {
 	if rs.v.Kind == request.Messages {
-		rs.head.ID = fmt.Sprintf("msg_%016x%016x", rs.p.r.ID, rs.seed)
+		rs.head.ID = "msg_" + id
 		if rs.v.Stream {
 			rs.events(w, hr, &messagesStream{rs: rs})
 			return
@@ -148,7 +147,7 @@ func (rs *response) agent(w http.ResponseWriter, hr *http.Request, body []byte) 
 		}
 		return
 	}
-	rs.head.ID = fmt.Sprintf("resp_%016x%016x", rs.p.r.ID, rs.seed)
+	rs.head.ID = "resp_" + id
 	if rs.v.Stream {
 		rs.events(w, hr, &responsesStream{rs: rs, body: body})
 		return

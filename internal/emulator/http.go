@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"time"
@@ -278,15 +279,18 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.
 		s: s, v: v, p: p, seed: seed, finish: finish, prefillLeg: kt.remoteDecode,
 		head: openai.Response{Created: time.Now().Unix(), Model: cmp.Or(adapter, s.model)},
 	}
+	// A random id, as vLLM's (random_uuid().hex): unique across engines
+	// and restarts, which the engine's request counter is not.
+	id := fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())
 	switch kind {
 	case request.Chat:
-		rs.head.ID = fmt.Sprintf("chatcmpl-%016x%016x", p.r.ID, seed)
+		rs.head.ID = "chatcmpl-" + id
 	case request.Completion:
-		rs.head.ID = fmt.Sprintf("cmpl-%016x%016x", p.r.ID, seed)
+		rs.head.ID = "cmpl-" + id
 	default:
 		// The agents' APIs (agents.go).
 		rs.prompt = prompt
-		rs.agent(w, hr, body)
+		rs.agent(w, hr, body, id)
 		return
 	}
 	if v.Stream {

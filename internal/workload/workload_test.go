@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/racetest"
 	"github.com/kvroute/kvroute/internal/request"
 )
 
@@ -489,6 +490,7 @@ func ids(n int) string {
 // call, and the parent goes on with their answers; a few heavy one-off
 // requests without a session.
 func TestAgenticShape(t *testing.T) {
+	racetest.Heavy(t, "renders two minutes of agentic traffic on one goroutine")
 	reqs, err := Load("agentic", Options{Seed: 5, Rate: 40, Duration: 120 * time.Second})
 	if err != nil {
 		t.Fatal(err)
