@@ -366,7 +366,7 @@ func ParsePriority(h http.Header) (int, *openai.Error) {
 }
 
 // Tenant returns the fairness key of a request: the value of header when
-// header is set and present, else the bearer token of Authorization, else
+// header is set and present, else the client's API key (openai.ClientKey), else
 // "" (all anonymous requests share one tenant). The value is hashed, so an
 // API key is never kept in clear.
 func Tenant(h http.Header, header string) string {
@@ -375,10 +375,7 @@ func Tenant(h http.Header, header string) string {
 		v = h.Get(header)
 	}
 	if v == "" {
-		a := h.Get("Authorization")
-		if len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
-			v = strings.TrimSpace(a[7:])
-		}
+		v, _ = openai.ClientKey(h)
 	}
 	if v == "" {
 		return ""

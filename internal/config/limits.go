@@ -132,8 +132,9 @@ var DefaultAuthExempt = []string{"/healthz", "/health", "/readyz", "/metrics", "
 
 // Auth is the router's own API key check. It is off unless api_keys_file
 // or api_keys_env names at least one key; then every request, except to
-// the exempt paths, must carry "Authorization: Bearer <key>" with one of
-// the keys, or gets 401. The header still reaches the backend unchanged.
+// the exempt paths, must carry "Authorization: Bearer <key>" (or, as
+// Anthropic's clients send it, "x-api-key: <key>") with one of the keys,
+// or gets 401. The header still reaches the backend unchanged.
 type Auth struct {
 	// APIKeysFile is a file of keys, one a line; blank lines and lines
 	// starting with # are ignored. A line "sha256:<64 hex digits>" is the

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 )
 
 // The agents' APIs: OpenAI's Responses API (/v1/responses) and Anthropic's
@@ -301,4 +302,18 @@ func (u *AgentUsage) Merge(t *AgentUsage) {
 	if t.CacheReadInputTokens != nil {
 		u.CacheReadInputTokens = t.CacheReadInputTokens
 	}
+}
+
+// ClientKey is the API key a client request carries: "Authorization:
+// Bearer <key>", as OpenAI's clients send it, else "x-api-key: <key>", as
+// Anthropic's send it (the Messages API's SDKs), so that the router's keys,
+// tenants and priorities treat both clients alike.
+func ClientKey(h http.Header) (string, bool) {
+	if scheme, tok, ok := strings.Cut(h.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") {
+		if tok = strings.TrimSpace(tok); tok != "" {
+			return tok, true
+		}
+	}
+	tok := strings.TrimSpace(h.Get("X-Api-Key"))
+	return tok, tok != ""
 }

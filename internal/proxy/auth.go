@@ -65,7 +65,7 @@ func (p *priorities) of(r *http.Request) (int, *openai.Error) {
 		return admission.ParsePriority(r.Header)
 	}
 	if len(p.keys) > 0 {
-		if tok, ok := bearer(r.Header.Get("Authorization")); ok {
+		if tok, ok := openai.ClientKey(r.Header); ok {
 			if prio, ok := p.keys[sha256.Sum256([]byte(tok))]; ok {
 				return prio, nil
 			}
@@ -127,7 +127,7 @@ func (k *apiKeys) isExempt(p string) bool {
 // so that neither the comparison nor the number of keys tried tells a
 // caller how close a guess was.
 func (k *apiKeys) valid(r *http.Request) bool {
-	tok, ok := bearer(r.Header.Get("Authorization"))
+	tok, ok := openai.ClientKey(r.Header)
 	if !ok {
 		return false
 	}
@@ -147,16 +147,6 @@ func (k *apiKeys) valid(r *http.Request) bool {
 func (s *Server) adminHeaderOK(r *http.Request) bool {
 	tok := r.Header.Get(headerAdminToken)
 	return tok == "" || (s.adminAPI != nil && s.adminAPI.Authorized(tok))
-}
-
-// bearer extracts the token of an "Authorization: Bearer <token>" header.
-func bearer(h string) (string, bool) {
-	scheme, tok, ok := strings.Cut(h, " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return "", false
-	}
-	tok = strings.TrimSpace(tok)
-	return tok, tok != ""
 }
 
 // requireKey wraps next with the API key check, which applies while keys
@@ -184,6 +174,6 @@ func (s *Server) requireKey(next http.Handler) http.Handler {
 		s.failures.failed(r)
 		w.Header().Set("WWW-Authenticate", `Bearer realm="kvroute"`)
 		s.reject(w, r, &openai.Error{Status: http.StatusUnauthorized, Type: openai.TypeAuthentication, Code: "invalid_api_key",
-			Message: "a valid API key is required: send it as \"Authorization: Bearer <key>\""})
+			Message: "a valid API key is required: send it as \"Authorization: Bearer <key>\" (or \"x-api-key: <key>\")"})
 	})
 }

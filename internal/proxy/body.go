@@ -98,7 +98,7 @@ func (s *shares) give(client string, n int64) {
 // IPv4 address or IPv6 /64.
 func (s *Server) bodyClient(r *http.Request) string {
 	if k := s.creds.Load().keys; k != nil && k.valid(r) {
-		tok, _ := bearer(r.Header.Get("Authorization"))
+		tok, _ := openai.ClientKey(r.Header)
 		d := sha256.Sum256([]byte(tok))
 		return "key " + string(d[:])
 	}

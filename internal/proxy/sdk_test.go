@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/config"
 )
 
 // TestSDKs runs testdata/sdk/sdk.mjs against a router over emulated
@@ -35,11 +37,13 @@ func TestSDKs(t *testing.T) {
 			t.Skip(msg)
 		}
 	}
-	r := emulatedRig(t, "round-robin", 3, nil)
+	// API keys on: each SDK sends the key its own way.
+	t.Setenv("KVROUTE_TEST_SDK_KEYS", "sdk-key-1")
+	r := emulatedRig(t, "round-robin", 3, func(c *config.Config) { c.Auth.APIKeysEnv = "KVROUTE_TEST_SDK_KEYS" })
 	r.waitReady(http.StatusOK)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "sdk.mjs", "--url", r.base)
+	cmd := exec.CommandContext(ctx, node, "sdk.mjs", "--url", r.base, "--key", "sdk-key-1")
 	cmd.Dir = dir
 	out, err := cmd.CombinedOutput()
 	t.Logf("node sdk.mjs:\n%s", out)

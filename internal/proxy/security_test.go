@@ -194,19 +194,22 @@ func TestAPIKeys(t *testing.T) {
 	body := chat("shared", false, "hi")
 	tests := []struct {
 		name, method, path, auth string
+		apiKey                   string // x-api-key, as Anthropic's clients send the key
 		status                   int
 	}{
-		{"no key", "POST", "/v1/chat/completions", "", 401},
-		{"wrong key", "POST", "/v1/chat/completions", "Bearer key-three", 401},
-		{"prefix of a key", "POST", "/v1/chat/completions", "Bearer key-on", 401},
-		{"not bearer", "POST", "/v1/chat/completions", "Basic key-one", 401},
-		{"first key", "POST", "/v1/chat/completions", "Bearer key-one", 200},
-		{"second key", "POST", "/v1/chat/completions", "bearer key-two", 200},
-		{"models need a key", "GET", "/v1/models", "", 401},
-		{"healthz exempt", "GET", "/healthz", "", 200},
-		{"readyz exempt", "GET", "/readyz", "", 200},
-		{"metrics exempt", "GET", "/metrics", "", 200},
-		{"dot-dot out of an exempt path", "GET", "/healthz/../v1/models", "", 401},
+		{"no key", "POST", "/v1/chat/completions", "", "", 401},
+		{"wrong key", "POST", "/v1/chat/completions", "Bearer key-three", "", 401},
+		{"prefix of a key", "POST", "/v1/chat/completions", "Bearer key-on", "", 401},
+		{"not bearer", "POST", "/v1/chat/completions", "Basic key-one", "", 401},
+		{"first key", "POST", "/v1/chat/completions", "Bearer key-one", "", 200},
+		{"x-api-key", "POST", "/v1/chat/completions", "", "key-one", 200},
+		{"wrong x-api-key", "POST", "/v1/chat/completions", "", "key-three", 401},
+		{"second key", "POST", "/v1/chat/completions", "bearer key-two", "", 200},
+		{"models need a key", "GET", "/v1/models", "", "", 401},
+		{"healthz exempt", "GET", "/healthz", "", "", 200},
+		{"readyz exempt", "GET", "/readyz", "", "", 200},
+		{"metrics exempt", "GET", "/metrics", "", "", 200},
+		{"dot-dot out of an exempt path", "GET", "/healthz/../v1/models", "", "", 401},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -214,6 +217,9 @@ func TestAPIKeys(t *testing.T) {
 			raw := tt.method + " " + tt.path + " HTTP/1.1\r\nHost: x\r\n"
 			if tt.auth != "" {
 				raw += "Authorization: " + tt.auth + "\r\n"
+			}
+			if tt.apiKey != "" {
+				raw += "X-Api-Key: " + tt.apiKey + "\r\n"
 			}
 			if tt.method == "POST" {
 				raw += "Content-Length: " + itoa(len(body)) + "\r\n\r\n" + body

@@ -3,6 +3,8 @@ package proxy
 import (
 	"crypto/sha256"
 	"net/http"
+
+	"github.com/kvroute/kvroute/internal/openai"
 )
 
 // headerAdminToken carries the admin token on a client request that wants
@@ -33,7 +35,7 @@ func (s *Server) tenantOf(r *http.Request) tenant {
 		return tenant{reveal: true}
 	}
 	var t tenant
-	if tok, ok := bearer(r.Header.Get("Authorization")); ok {
+	if tok, ok := openai.ClientKey(r.Header); ok {
 		d := sha256.Sum256([]byte(tok))
 		t.reveal = c.reveal[d]
 		if c.isolate {
@@ -84,7 +86,7 @@ func (s *Server) metricsPage() http.Handler {
 			}
 		}
 		reveal := s.tenantOf(r).reveal
-		if tok, ok := bearer(r.Header.Get("Authorization")); ok && !reveal && s.adminAPI != nil {
+		if tok, ok := openai.ClientKey(r.Header); ok && !reveal && s.adminAPI != nil {
 			reveal = s.adminAPI.Authorized(tok)
 		}
 		if reveal {

@@ -3,17 +3,20 @@
 // previous_response_id, streamed and not) and the Anthropic TypeScript
 // SDK's messages.create and messages.stream. Prints one line per check
 // and exits non-zero on the first failure. Usage: node sdk.mjs --url BASE
+// --key KEY (the router's API key: the OpenAI SDK sends it as
+// "Authorization: Bearer", the Anthropic SDK as "x-api-key").
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
 
 const url = process.argv[process.argv.indexOf("--url") + 1];
+const apiKey = process.argv[process.argv.indexOf("--key") + 1];
 const fail = (msg) => {
   console.error("FAIL " + msg);
   process.exit(1);
 };
 const ok = (msg) => console.log("ok " + msg);
 
-const openai = new OpenAI({ baseURL: url + "/v1", apiKey: "unused", maxRetries: 0 });
+const openai = new OpenAI({ baseURL: url + "/v1", apiKey, maxRetries: 0 });
 const first = await openai.responses.create({ model: "m", instructions: "Be brief.", input: "Say hello.", store: true, max_output_tokens: 8 });
 if (!first.id || typeof first.output_text !== "string" || first.output_text.length === 0) fail("responses.create: " + JSON.stringify(first));
 ok("responses.create " + first.id);
@@ -50,7 +53,7 @@ try {
 }
 ok("unknown previous_response_id: NotFoundError");
 
-const anthropic = new Anthropic({ baseURL: url, apiKey: "unused", maxRetries: 0 });
+const anthropic = new Anthropic({ baseURL: url, apiKey, maxRetries: 0 });
 const msg = await anthropic.messages.create({ model: "m", max_tokens: 8, system: "Be brief.", messages: [{ role: "user", content: "Say hello." }] },
   { headers: { "x-claude-code-session-id": "sdk-session" } });
 if (msg.type !== "message" || msg.content[0].type !== "text" || !msg.content[0].text || !msg.usage.output_tokens) fail("messages.create: " + JSON.stringify(msg));
