@@ -247,16 +247,21 @@ func (s *Set) MaxContext(model string) (int, bool) {
 // waits for them.
 func (s *Set) Start(ctx context.Context) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.ctx = ctx
 	for _, m := range s.All() {
 		s.startCheck(m)
 		s.startStream(m)
 	}
+	pools := make([]*pool, 0, len(s.pools))
 	for _, p := range s.pools {
-		s.startPool(p, false)
+		s.begin(p)
+		pools = append(pools, p)
 	}
 	s.runRelease()
+	s.mu.Unlock()
+	for _, p := range pools {
+		s.startPool(p, false)
+	}
 }
 
 // Wait waits for the goroutines Start began (after their context is done)
@@ -275,16 +280,15 @@ func (s *Set) Wait() {
 // add makes a backend join the fleet (with warm-up when warm) and gives it
 // its record and, once started, its health check; the caller holds mu.
 // name and base are the backend's own (a pool member's are derived from
-// its address); pool names the DNS entry it came from.
+// its address); pool names the DNS entry it came from; found is its
+// /v1/models, asked for by the caller before it took mu (nil: none, or
+// they failed).
 func (s *Set) add(e config.Entry, name string, base *url.URL, pool string, found *ModelList, warm bool) *Member {
 	var w time.Duration
 	if warm {
 		w = s.warmup
 	}
 	models := e.Models
-	if len(models) == 0 && found == nil && s.c.DiscoverModels && s.ctx != nil {
-		found = s.fetchForEntry(s.ctx, base)
-	}
 	if len(models) == 0 && found != nil {
 		models = found.IDs
 	}
@@ -344,14 +348,15 @@ func (s *Set) remove(m *Member, why string) {
 // stopped; unchanged entries keep their backends, state and streams, and
 // take the entry's new context length. fs is the reloaded fleet section.
 func (s *Set) Apply(entries []config.Entry, fs config.Fleet) {
+	found := s.discoverNew(entries)
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.warmup, s.dnsInterval = fs.Warmup, fs.DNSInterval
 	s.c.Fleet.SetGrace(fs.RejoinGrace)
 	want := map[string]*config.Entry{}
 	for i := range entries {
 		want[entries[i].Key()] = &entries[i]
 	}
+	var started []*pool
 	for k, e := range want {
 		if m, ok := s.static[k]; ok {
 			m.setLimits(*e)
@@ -369,14 +374,22 @@ func (s *Set) Apply(entries []config.Entry, fs config.Fleet) {
 			p := &pool{entry: *e, members: map[string]*Member{}}
 			s.pools[k] = p
 			if s.ctx != nil {
-				s.startPool(p, true)
+				s.begin(p)
+				started = append(started, p)
 			}
 			continue
 		}
-		s.static[k] = s.add(*e, e.Name, e.Base, "", nil, true)
+		s.static[k] = s.add(*e, e.Name, e.Base, "", found[k], true)
+	}
+	s.mu.Unlock()
+	// New pools' first lookups, outside mu (startPool).
+	for _, p := range started {
+		s.startPool(p, true)
 	}
 	// Removals come after additions, so that replacing the whole list
 	// never leaves a moment without a backend to route to.
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for k, m := range s.static {
 		if _, ok := want[k]; !ok {
 			s.remove(m, "removed from the config")
@@ -390,6 +403,29 @@ func (s *Set) Apply(entries []config.Entry, fs config.Fleet) {
 		}
 	}
 	s.release(s.c.Now())
+}
+
+// discoverNew asks the static entries of entries that are new to the set
+// (a reload's additions) for their /v1/models, outside mu, once the set
+// runs: their lists by entry key.
+func (s *Set) discoverNew(entries []config.Entry) map[string]*ModelList {
+	s.mu.Lock()
+	ctx := s.ctx
+	var fresh []config.Entry
+	for _, e := range entries {
+		if _, ok := s.static[e.Key()]; !ok && !e.Pooled() {
+			fresh = append(fresh, e)
+		}
+	}
+	s.mu.Unlock()
+	found := map[string]*ModelList{}
+	if ctx == nil {
+		return found
+	}
+	for i, l := range s.discover(ctx, fresh) {
+		found[fresh[i].Key()] = l
+	}
+	return found
 }
 
 // sameHost reports whether a and b name the same host and port.

@@ -32,11 +32,11 @@ func BenchmarkPoolReplace(b *testing.B) {
 	p := &pool{entry: config.Entry{Backend: config.Backend{Name: "llm", Models: []string{"m"}}}, members: map[string]*Member{}}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.applyPool(p, poolTargets(n, 0), false, "bench")
+	s.applyPool(p, poolTargets(n, 0), false, "bench", nil)
 	gen := 0
 	for b.Loop() {
 		gen++
-		s.applyPool(p, poolTargets(n, gen), false, "bench")
+		s.applyPool(p, poolTargets(n, gen), false, "bench", nil)
 		s.release(time.Now().Add(time.Hour)) // the leavers' grace over
 	}
 	if len(p.members) != n {
