@@ -118,6 +118,43 @@ type Set struct {
 	// and stale defer the rebuild to the end of a pool's update.
 	labels       atomic.Pointer[modelLabels]
 	batch, stale bool
+	// next is the table a batch changes, stored at its end (draft,
+	// commit); nil outside a batch or before its first change. starts
+	// are the records whose checks and streams start then.
+	next   *[]*Member
+	starts []*Member
+}
+
+// start starts m's health check and event stream, at once or, inside a
+// batch, once the table has m's record (endBatch): a check that looked
+// its record up before would take itself for a replaced one and end.
+func (s *Set) start(m *Member) {
+	if s.batch {
+		s.starts = append(s.starts, m)
+		return
+	}
+	s.startCheck(m)
+	s.startStream(m)
+}
+
+// draft returns a table to change and commit: a copy of the table, or,
+// inside a batch, the batch's own copy, made once (a copy per backend
+// made a pool of n cost O(n²)).
+func (s *Set) draft() []*Member {
+	if s.batch && s.next != nil {
+		return *s.next
+	}
+	return slices.Clone(*s.table.Load())
+}
+
+// commit makes t the table, at once or, inside a batch, at its end
+// (endBatch). The caller holds mu.
+func (s *Set) commit(t []*Member) {
+	if s.batch {
+		s.next = &t
+		return
+	}
+	s.table.Store(&t)
 }
 
 // New builds the set from the config's entries: static backends join the
@@ -293,9 +330,11 @@ func (s *Set) add(e config.Entry, name string, base *url.URL, pool string, found
 		models = found.IDs
 	}
 	now := s.c.Now()
-	s.release(now)
+	if !s.batch { // a batch released once, at its start (applyPool)
+		s.release(now)
+	}
 	b := s.c.Fleet.AddWarm(name, base, models, now, w)
-	t := slices.Clone(*s.table.Load())
+	t := s.draft()
 	for len(t) <= b.ID {
 		t = append(t, nil) // IDs taken by an Add outside this set
 	}
@@ -324,11 +363,10 @@ func (s *Set) add(e config.Entry, name string, base *url.URL, pool string, found
 	}
 	m := newMember(b, e, pool, found, s.c.Series)
 	t[b.ID] = m
-	s.table.Store(&t)
+	s.commit(t)
 	s.refresh()
 	if s.ctx != nil {
-		s.startCheck(m)
-		s.startStream(m)
+		s.start(m)
 	}
 	s.c.Log.Info("backend added", "backend", name, "url", base.String(), "models", models, "warmup", w)
 	return m

@@ -153,29 +153,47 @@ func (s *Set) fetchAll(ctx context.Context, ts []target) map[string]*ModelList {
 // warm, with the models found lists for them), backends not in ts are
 // drained and retire once their last request ends; the caller holds mu.
 func (s *Set) applyPool(p *pool, ts []target, warm bool, why string, found map[string]*ModelList) {
-	s.batch = true
-	defer func() {
-		s.batch = false
-		if s.stale {
-			s.refresh()
-		}
-	}()
-	seen := map[string]bool{}
-	for _, t := range ts {
-		k := t.key()
-		seen[k] = true
-		if _, ok := p.members[k]; ok {
-			continue
-		}
-		p.members[k] = s.add(s.targetEntry(p, t), t.name, t.url, p.entry.Name, found[k], warm)
-	}
-	for k, m := range p.members {
-		if !seen[k] {
-			s.remove(m, why)
-			delete(p.members, k)
-		}
-	}
+	// One batch: one fleet snapshot, one copy of the table, one rebuild
+	// of the model labels for the whole update, which so costs O(n).
 	s.release(s.c.Now())
+	s.c.Fleet.Batch(func() {
+		s.batch = true
+		defer s.endBatch()
+		seen := make(map[string]bool, len(ts))
+		for _, t := range ts {
+			k := t.key()
+			seen[k] = true
+			if _, ok := p.members[k]; ok {
+				continue
+			}
+			p.members[k] = s.add(s.targetEntry(p, t), t.name, t.url, p.entry.Name, found[k], warm)
+		}
+		for k, m := range p.members {
+			if !seen[k] {
+				s.remove(m, why)
+				delete(p.members, k)
+			}
+		}
+	})
+	s.release(s.c.Now())
+}
+
+// endBatch ends a batch: its table is stored, its newcomers' checks and
+// streams started, and the labels rebuilt when a change asked for it. The
+// caller holds mu.
+func (s *Set) endBatch() {
+	s.batch = false
+	if s.next != nil {
+		s.table.Store(s.next)
+		s.next = nil
+	}
+	for _, m := range s.starts {
+		s.start(m)
+	}
+	s.starts = nil
+	if s.stale {
+		s.refresh()
+	}
 }
 
 // stopPool stops p's loop and removes its backends; the caller holds mu,

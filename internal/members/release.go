@@ -34,11 +34,17 @@ func (s *Set) release(now time.Time) {
 	}
 	s.table.Store(&next)
 	s.refresh()
+	live := make(map[string]bool, len(next)) // ByName's answer for every name at once
+	for _, m := range next {
+		if m != nil && !m.B.Retired() {
+			live[m.B.Name] = true
+		}
+	}
 	for _, b := range gone {
 		if s.c.Forget != nil {
 			s.c.Forget(b.ID)
 		}
-		if s.ByName(b.Name) == nil {
+		if !live[b.Name] {
 			// Not back under another slot meanwhile: its series go.
 			s.c.Series.deleteBackend(b.Name)
 		}
