@@ -104,6 +104,9 @@ type Set struct {
 
 	// mu serialises membership changes (startup, reloads, DNS updates).
 	mu sync.Mutex
+	// applying serialises whole reloads (Apply), which let go of mu while
+	// their new pools' first lookups run.
+	applying sync.Mutex
 	// ctx is the context of health checks and DNS loops; nil before Start.
 	ctx context.Context
 	// static are the records of plain config entries, by entry key.
@@ -385,7 +388,11 @@ func (s *Set) remove(m *Member, why string) {
 // are gone are removed, new ones added with warm-up, DNS pools started and
 // stopped; unchanged entries keep their backends, state and streams, and
 // take the entry's new context length. fs is the reloaded fleet section.
+// One Apply runs at a time; it holds mu only while it changes the set,
+// not while new entries' models and new pools' first lookups are awaited.
 func (s *Set) Apply(entries []config.Entry, fs config.Fleet) {
+	s.applying.Lock()
+	defer s.applying.Unlock()
 	found := s.discoverNew(entries)
 	s.mu.Lock()
 	s.warmup, s.dnsInterval = fs.Warmup, fs.DNSInterval
