@@ -26,6 +26,7 @@ var engineMetrics = map[string]string{
 	"vllm:gpu_cache_usage_perc":       "vllm/v1/metrics/loggers.py: Gauge vllm:gpu_cache_usage_perc (deprecated in 0.9 for kv_cache_usage_perc)",
 	"vllm:prefix_cache_queries_total": "vllm/v1/metrics/loggers.py: Counter vllm:prefix_cache_queries (tokens queried)",
 	"vllm:prefix_cache_hits_total":    "vllm/v1/metrics/loggers.py: Counter vllm:prefix_cache_hits (tokens found cached)",
+	"vllm:lora_requests_info":         "vllm/v1/metrics/loggers.py: Gauge vllm:lora_requests_info (labels max_lora, waiting_lora_adapters, running_lora_adapters; the value the time of the state)",
 	// sgl-project/sglang, python/sglang/srt/metrics/collector.py
 	// (SchedulerMetricsCollector), read at commit
 	// 00ae9c1590d2d0bb6c0bfff39e312c34ae3dd538.

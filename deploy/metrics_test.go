@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,6 +16,10 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/emulator"
+	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/kvevents"
+	"github.com/kvroute/kvroute/internal/peerlink"
 	"github.com/kvroute/kvroute/internal/server"
 )
 
@@ -100,16 +106,18 @@ func testEngine(t *testing.T, fail bool, delay time.Duration) *httptest.Server {
 	return srv
 }
 
-// liveFleet is a router on loopback over two test backends, one failing.
+// liveFleet is a router on loopback over two test backends, one failing,
+// and a second router over a split fleet (pdFleet).
 type liveFleet struct {
 	base      string // the router's URL
 	good, bad *httptest.Server
 	client    *http.Client
+	pd        *pdFleet
 }
 
 // newLiveFleet starts a router over two loopback backends, one failing,
 // with round robin, ejection after one failure and admission at one
-// request in flight per backend.
+// request in flight per backend; and the split fleet's router.
 func newLiveFleet(t *testing.T) *liveFleet {
 	t.Helper()
 	good, bad := testEngine(t, false, 100*time.Millisecond), testEngine(t, true, 0)
@@ -124,25 +132,10 @@ engines: {interval: 50ms}
 admission: {max_inflight_per_backend: 1}
 upstream: {discover_models: false}
 `, good.URL, bad.URL))
-	if err == nil {
-		err = cfg.Validate()
-	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := server.New(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.Shutdown(ctx)
-	})
-	return &liveFleet{base: "http://" + s.Addr(), good: good, bad: bad, client: &http.Client{Timeout: 10 * time.Second}}
+	return &liveFleet{base: startRouter(t, cfg), good: good, bad: bad, client: &http.Client{Timeout: 10 * time.Second}, pd: newPDFleet(t)}
 }
 
 // post sends one chat completion, streamed or not, and reads it whole.
@@ -190,6 +183,7 @@ func (l *liveFleet) drive(t *testing.T) {
 	if err := l.post(true); err != nil {
 		t.Fatalf("streamed completion: %v", err)
 	}
+	l.pd.drive(t)
 }
 
 // kvrouteMetrics runs a live fleet, drives it until every metric it
@@ -207,8 +201,13 @@ func kvrouteMetrics(t *testing.T) map[string]bool {
 		if err != nil {
 			t.Fatal(err)
 		}
+		pd, err := scrape(client, l.pd.base+"/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		maps.Copy(names, pd)
 		if names["kvroute_engine_kv_usage"] && names["kvroute_ejections_total"] && names["kvroute_queue_wait_seconds_count"] &&
-			names["kvroute_engine_prefill_rate_tokens_per_second"] {
+			names["kvroute_engine_prefill_rate_tokens_per_second"] && names["kvroute_kv_hash_parity"] && names["kvroute_kv_events_received_total"] {
 			return names
 		}
 		if time.Now().After(deadline) {
@@ -243,4 +242,95 @@ func scrape(client *http.Client, url string) (map[string]bool, error) {
 		}
 	}
 	return names, sc.Err()
+}
+
+// pdFleet is a second router on loopback, the one whose families the
+// first cannot show: over two emulated vLLM engines (one prefill, one
+// decode), both publishing KV events and serving a LoRA adapter, with
+// every request split and sync on through an in-process NATS server.
+type pdFleet struct {
+	base    string   // the router's URL
+	engines []string // the engines' URLs
+	client  *http.Client
+}
+
+// pdAdapter is the LoRA adapter the engines serve.
+const pdAdapter = "sql-lora"
+
+// newPDFleet starts the engines, NATS and the router.
+func newPDFleet(t *testing.T) *pdFleet {
+	t.Helper()
+	ns, err := peerlink.LoopbackServer(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	p, err := engine.LookupPreset("h100-llama3-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.MaxLoras = 2
+	cfg := config.Default()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Engines.Interval = 50 * time.Millisecond
+	cfg.Disaggregation.Protocol, cfg.Disaggregation.Split = "vllm", "always"
+	cfg.Sync.URL = ns.ClientURL()
+	f := &pdFleet{client: &http.Client{Timeout: 30 * time.Second}}
+	for _, role := range []string{config.RolePrefill, config.RoleDecode} {
+		em, err := emulator.Start(t.Context(), emulator.Config{
+			Preset: p, TimeScale: 20, Role: role, Logger: slog.New(slog.DiscardHandler),
+			LoRAModules: []emulator.LoRAModule{{Name: pdAdapter, Path: "/adapters/" + pdAdapter}},
+			KVEvents:    &kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Bind: true},
+		}, "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = em.Close() })
+		f.engines = append(f.engines, em.URL)
+		cfg.Backends = append(cfg.Backends, config.Backend{Name: role + "-0", URL: em.URL, Kind: "vllm", Role: role,
+			KVEvents: "tcp://" + em.Server.KVEventsAddr().String()})
+	}
+	f.base = startRouter(t, cfg)
+	return f
+}
+
+// drive sends streamed split requests, to the base model and to the
+// adapter, with prompts long enough for the engines to store blocks.
+func (f *pdFleet) drive(t *testing.T) {
+	t.Helper()
+	prompt := strings.Repeat("the router splits this request into a prefill and a decode leg. ", 10)
+	for i, model := range []string{"meta-llama/Llama-3.1-8B-Instruct", pdAdapter, "meta-llama/Llama-3.1-8B-Instruct"} {
+		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"%d %s"}],"max_tokens":4,"stream":true}`, model, i, prompt)
+		resp, err := f.client.Post(f.base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Kvroute-Prefill-Backend") == "" {
+			t.Fatalf("%s: status %d, prefill backend %q (reason %q): want a split request", model, resp.StatusCode, resp.Header.Get("X-Kvroute-Prefill-Backend"), resp.Header.Get("X-Kvroute-Reason"))
+		}
+	}
+}
+
+// startRouter validates cfg and starts a router on it, shut down when the
+// test ends, and returns its URL.
+func startRouter(t *testing.T, cfg *config.Config) string {
+	t.Helper()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := server.New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+	})
+	return "http://" + s.Addr()
 }

@@ -66,6 +66,14 @@ func TestDashboardInPrometheus(t *testing.T) {
 			t.Errorf("panel %q: %s: no data", title, q)
 		}
 	}
+	if t.Failed() {
+		// What a panel without data most often means: a target whose
+		// last scrape failed (its gauges are stale).
+		for _, q := range []string{"up", "scrape_duration_seconds"} {
+			data, err := prom.get("/api/v1/query", url.Values{"query": {q}})
+			t.Logf("%s: %s %v", q, data, err)
+		}
+	}
 	// The query variables list values.
 	for _, v := range queryVariables(t, d) {
 		vals, err := prom.labelValues(v.label, dashboardVars.Replace(v.metric+v.selector))
@@ -81,8 +89,10 @@ type promServer struct {
 	client *http.Client
 }
 
-// startPrometheus runs Prometheus with a config of its own (every 200 ms,
-// the router as job kvroute, the engines as job engines) and a temporary
+// startPrometheus runs Prometheus with a config of its own (every second:
+// a scrape of a router under the race detector on a loaded machine can
+// take more than 200 ms, and a failed scrape leaves its gauges stale;
+// the routers as job kvroute, the engines as job engines) and a temporary
 // data directory, and waits until it is ready. It is killed when the
 // test ends.
 func startPrometheus(t *testing.T, l *liveFleet) *promServer {
@@ -90,14 +100,14 @@ func startPrometheus(t *testing.T, l *liveFleet) *promServer {
 	dir := t.TempDir()
 	host := func(u string) string { return strings.TrimPrefix(u, "http://") }
 	cfg := fmt.Sprintf(`global:
-  scrape_interval: 200ms
-  scrape_timeout: 200ms
+  scrape_interval: 1s
+  scrape_timeout: 1s
 scrape_configs:
   - job_name: kvroute
-    static_configs: [{targets: [%q]}]
-  - job_name: engines
     static_configs: [{targets: [%q, %q]}]
-`, host(l.base), host(l.good.URL), host(l.bad.URL))
+  - job_name: engines
+    static_configs: [{targets: [%q, %q, %q, %q]}]
+`, host(l.base), host(l.pd.base), host(l.good.URL), host(l.bad.URL), host(l.pd.engines[0]), host(l.pd.engines[1]))
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}

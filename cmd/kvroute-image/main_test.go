@@ -14,6 +14,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"sigs.k8s.io/yaml"
+
+	"github.com/kvroute/kvroute/internal/racetest"
 )
 
 // TestDefaultsRunInTheChart builds an image with the command's defaults
@@ -124,9 +126,7 @@ func TestKvrouteImageSize(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds kvroute for linux/amd64")
 	}
-	if raceEnabled {
-		t.Skip("the image's layers are compressed in this test binary, some tenfold slower under the race detector: .ci/run runs it on its own (go test -run TestKvrouteImageSize ./cmd/kvroute-image)")
-	}
+	racetest.Heavy(t, "the image's layers are compressed in this test binary, some tenfold slower under the race detector")
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("no go command on PATH")
 	}

@@ -28,6 +28,7 @@ func compareFlags(fs *flag.FlagSet, w *fleetFlags) *float64 {
 	w.register(fs, "4")
 	timeScale := fs.Float64("time-scale", 1, "emulated seconds per real second (10 replays a 10-minute workload in one minute)")
 	fs.BoolVar(&w.kvEvents, "kv-events", false, "also run each policy with the engines publishing their KV cache events over ZMQ and the router routing on them (named POLICY+precise)")
+	fs.BoolVar(&w.noResponseRouting, "no-response-routing", false, "route requests with previous_response_id as any request, as a balancer that does not learn response ids (the Responses API's baseline)")
 	fs.IntVar(&w.replicas, "replicas", 1, "also run each policy on N router replicas sharing state through an in-process NATS server, each request entering one at random (from --seed)")
 	fs.DurationVar(&w.killReplicaAt, "kill-replica-at", 0, "with --replicas: kill the last replica this long (wall clock) into its run, as a crash would; the client sends the requests it refuses to the next replica")
 	return timeScale
@@ -118,16 +119,17 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	keeping := map[string]*driverSummary{}
 	var kills []string
 	rep, err := compare.Run(ctx, reqs, compare.Config{
-		Engines:         engines,
-		KVBlocks:        w.kvBlocks,
-		ConfigureLimits: w.configureLimits,
-		TimeScale:       timeScale,
-		Policies:        policies,
-		KVEvents:        w.kvEvents,
-		Seed:            w.seed,
-		Replicas:        w.replicas,
-		Roles:           roles,
-		KillReplicaAt:   w.killReplicaAt,
+		Engines:           engines,
+		KVBlocks:          w.kvBlocks,
+		ConfigureLimits:   w.configureLimits,
+		TimeScale:         timeScale,
+		Policies:          policies,
+		KVEvents:          w.kvEvents,
+		NoResponseRouting: w.noResponseRouting,
+		Seed:              w.seed,
+		Replicas:          w.replicas,
+		Roles:             roles,
+		KillReplicaAt:     w.killReplicaAt,
 		Killed: func(run string, k compare.Kill) {
 			kills = append(kills, describeKill(run, k))
 		},

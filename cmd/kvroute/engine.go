@@ -47,8 +47,10 @@ func runEngine(args []string) int {
                       [--role prefill|decode|both] [--kv-transfer-latency D]
                       [--kv-transfer-time-per-token D]
 
-Serves an emulated vLLM engine: POST /v1/chat/completions, POST /v1/completions
-(streaming or not), GET /v1/models, GET /health, GET /metrics in vLLM's
+Serves an emulated vLLM engine: POST /v1/chat/completions, POST /v1/completions,
+POST /v1/responses (with its store: GET, DELETE /v1/responses/{id}, .../cancel,
+.../input_items) and POST /v1/messages (Anthropic's; and .../count_tokens), all
+streaming or not, GET /v1/models, GET /health, GET /metrics in vLLM's
 metric names, POST /tokenize and POST /reset_prefix_cache. Scheduling, prefix
 caching and step timing follow the preset; with --kv-events-config the
 engine publishes its KV cache events on ZMQ as vLLM does. In a

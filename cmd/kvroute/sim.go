@@ -43,6 +43,7 @@ type fleetFlags struct {
 	seed                                int64
 	jitter                              time.Duration // sim only
 	kvEvents                            bool          // compare only (sim has kvFlags)
+	noResponseRouting                   bool          // compare only
 	replicas                            int           // sim and compare
 	killReplicaAt                       time.Duration // compare only
 	// sim only:

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/clocktest"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
@@ -25,7 +26,7 @@ import (
 // TestFleetPageInBrowser serves the fleet page from a live router over
 // emulated engines and has testdata/browser/fleet.mjs drive it in headless
 // Chromium: the login, the tables against /admin/backends and
-// /admin/decisions, a reload that adds a backend, a phone's viewport, and
+// /admin/decisions (a split request's legs and TTFT), a reload that adds a backend, a phone's viewport, and
 // the time to show 64 backends. Screenshots go to $KVROUTE_SCREENSHOTS,
 // else to a temporary directory.
 func TestFleetPageInBrowser(t *testing.T) {
@@ -70,9 +71,15 @@ func TestFleetPageInBrowser(t *testing.T) {
 	t.Setenv("KVROUTE_ADMIN_TOKEN", token)
 	configFor := func(n int) (*config.Config, error) {
 		var b strings.Builder
-		b.WriteString("listen: 127.0.0.1:0\nengines: {interval: 2s}\nfleet: {warmup: 0s}\nbackends:\n")
+		// engine-00 is a prefill engine and every request is split, so
+		// that decisions have legs (the emulated engines take either leg).
+		b.WriteString("listen: 127.0.0.1:0\nengines: {interval: 2s}\nfleet: {warmup: 0s}\ndisaggregation: {split: always}\nbackends:\n")
 		for i := range n {
-			fmt.Fprintf(&b, "  - {name: engine-%02d, url: %s, kind: vllm}\n", i, engines[i])
+			role := "both"
+			if i == 0 {
+				role = "prefill"
+			}
+			fmt.Fprintf(&b, "  - {name: engine-%02d, url: %s, kind: vllm, role: %s}\n", i, engines[i], role)
 		}
 		cfg, err := config.Parse([]byte(b.String()))
 		if err == nil {
@@ -99,15 +106,16 @@ func TestFleetPageInBrowser(t *testing.T) {
 	base := "http://" + srv.Addr()
 
 	// Some traffic, so that decisions and hit rates have something to
-	// show: three conversations of two turns each.
+	// show: three conversations of two turns each, split, the second
+	// turn streamed (a TTFT in its decision).
 	client := &http.Client{Timeout: 30 * time.Second}
 	var wg sync.WaitGroup
 	for c := range 3 {
 		wg.Go(func() {
 			system := strings.Repeat("You answer questions about conversation "+strconv.Itoa(c)+". ", 40)
 			for turn := range 2 {
-				body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}],"max_tokens":8}`,
-					preset.Model, system, turn)
+				body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}],"max_tokens":8,"stream":%t}`,
+					preset.Model, system, turn, turn == 1)
 				req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
 				req.Header.Set("X-Session-ID", fmt.Sprintf("conversation-%d", c))
 				resp, err := client.Do(req)
@@ -149,6 +157,7 @@ func TestFleetPageInBrowser(t *testing.T) {
 	if shots == "" {
 		shots = t.TempDir()
 	}
+	meter := clocktest.Start(t)
 	cmdCtx, stop := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer stop()
 	cmd := exec.CommandContext(cmdCtx, node, "fleet.mjs", "--url", base, "--token", token,
@@ -160,4 +169,16 @@ func TestFleetPageInBrowser(t *testing.T) {
 		t.Fatalf("the fleet page failed in the browser: %v", err)
 	}
 	t.Logf("screenshots in %s", shots)
+	// The page's own work drawing 64 backends (tables, style and layout),
+	// as the script measured it in the browser: 200 ms on a quiet machine,
+	// scaled by how far this process fell behind meanwhile (Chromium shares
+	// the same cores).
+	_, after, ok := strings.Cut(string(out), "render-ms=")
+	ms, err := strconv.ParseFloat(strings.Fields(after + " x")[0], 64)
+	if !ok || err != nil {
+		t.Fatalf("the script printed no render-ms= line")
+	}
+	if took := time.Duration(ms * float64(time.Millisecond)); !meter.Within(t, took, 200*time.Millisecond, "rendering 64 backends") {
+		t.Errorf("rendering 64 backends took %v, over 200 ms scaled to %v (%s)", took, meter.Scale(200*time.Millisecond), meter)
+	}
 }

@@ -30,6 +30,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/report"
+	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -146,7 +147,7 @@ func Drive(ctx context.Context, cfg Config) ([]report.Sample, time.Duration, err
 	}
 	slices.SortStableFunc(reqs, func(a, b *workload.Request) int { return cmp.Compare(a.At, b.At) })
 
-	r := &runner{client: client, base: base, model: model, samples: make([]report.Sample, len(reqs))}
+	r := &runner{client: client, base: base, model: model, samples: make([]report.Sample, len(reqs)), turns: newTurns(reqs)}
 	if err := r.spread(cfg, len(reqs)); err != nil {
 		return nil, 0, err
 	}
@@ -180,12 +181,13 @@ dispatch:
 			s.Err = fmt.Sprintf("not sent: %d requests already in flight (max concurrency)", limit)
 			r.errors.Add(1)
 			r.done.Add(1)
+			r.turns.end(i, "")
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.do(ctx, req, s, r.entry(i))
+			r.doTurn(ctx, req, s, i)
 			r.inflight.Add(-1)
 			if s.Err != "" {
 				r.errors.Add(1)
@@ -317,27 +319,30 @@ type runner struct {
 	samples []report.Sample
 
 	inflight, done, errors atomic.Int64
+	// turns are the agent loops' dependencies (agents.go), nil without.
+	turns *turns
 }
 
-// do sends one request, to bases[entry] or, when that refuses the
+// send sends one request, to bases[entry] or, when that refuses the
 // connection, the next target, and fills s. Latencies count from the
-// request's intended start, so time lost by a late client (or a refused
-// connection) is charged to the request.
-func (r *runner) do(ctx context.Context, wr *workload.Request, s *report.Sample, entry int) {
-	start := r.start.Add(wr.At)
-	body := wr.Body(r.model)
+// request's intended start (start: its arrival, or its previous turn's
+// end), so time lost by a late client (or a refused connection) is
+// charged to the request. prev is the id of the stored response it
+// continues, if any; it returns the answer's Responses API id.
+func (r *runner) send(ctx context.Context, wr *workload.Request, s *report.Sample, entry int, start time.Time, prev string) string {
+	body := wr.BodyFor(r.model, prev)
 	var resp *http.Response
 	for k := range r.bases {
 		s.Entry, s.Refused = (entry+k)%len(r.bases), k
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.bases[s.Entry]+wr.Kind.Path(), bytes.NewReader(body))
 		if err != nil {
 			s.Err = err.Error()
-			return
+			return ""
 		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Accept", "text/event-stream")
 		if wr.Session != "" {
-			req.Header.Set(SessionHeader, wr.Session)
+			req.Header.Set(cmp.Or(wr.SessionHeader, SessionHeader), wr.Session)
 		}
 		resp, err = r.client.Do(req)
 		if err == nil {
@@ -345,7 +350,7 @@ func (r *runner) do(ctx context.Context, wr *workload.Request, s *report.Sample,
 		}
 		if !errors.Is(err, syscall.ECONNREFUSED) || k == len(r.bases)-1 {
 			s.Err = err.Error()
-			return
+			return ""
 		}
 	}
 	defer resp.Body.Close()
@@ -357,15 +362,22 @@ func (r *runner) do(ctx context.Context, wr *workload.Request, s *report.Sample,
 		if !isErrorBody(b) {
 			s.Err = errNotOpenAI + s.Err
 		}
-		return
+		return ""
 	}
-	st, err := readStream(resp.Body, start)
+	var st streamStats
+	var err error
+	if wr.Kind == request.Responses || wr.Kind == request.Messages {
+		st, err = readAgentStream(resp.Body, start)
+	} else {
+		st, err = readStream(resp.Body, start)
+	}
 	s.TTFT, s.E2E, s.ITL = st.ttft, st.e2e, st.itl
 	s.PromptTokens, s.CachedTokens, s.OutputTokens = st.prompt, st.cached, st.output
 	s.MatchedTokens = predicted(resp.Header.Get(ReasonHeader), st.prompt)
 	if err != nil {
 		s.Err = err.Error()
 	}
+	return st.responseID
 }
 
 // progress starts reporting on p: a bar redrawn every 200 ms, or a line

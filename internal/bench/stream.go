@@ -21,6 +21,8 @@ type streamStats struct {
 	itl                    []time.Duration
 	prompt, cached, output int
 	usage                  bool
+	// responseID is a Responses API stream's id (response.created).
+	responseID string
 }
 
 // readStream reads an SSE stream of chat or completion chunks ("data: {...}"
@@ -31,8 +33,7 @@ type streamStats struct {
 func readStream(body io.Reader, start time.Time) (st streamStats, err error) {
 	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 0, 4096), maxEventBytes)
-	var last time.Time
-	chunks := 0
+	var tc tokenClock
 	done := false
 	for sc.Scan() {
 		line := bytes.TrimRight(sc.Bytes(), "\r")
@@ -51,13 +52,7 @@ func readStream(body io.Reader, start time.Time) (st streamStats, err error) {
 			return st, err
 		}
 		if ev.content {
-			if chunks == 0 {
-				st.ttft = now.Sub(start)
-			} else {
-				st.itl = append(st.itl, now.Sub(last))
-			}
-			last = now
-			chunks++
+			tc.tick(&st, start, now)
 		}
 		if ev.usage != nil {
 			st.usage = true
@@ -70,24 +65,49 @@ func readStream(body io.Reader, start time.Time) (st streamStats, err error) {
 			}
 		}
 	}
+	return st, tc.end(&st, sc, start, done)
+}
+
+// tokenClock times a stream's token chunks.
+type tokenClock struct {
+	last   time.Time
+	chunks int
+}
+
+// tick notes a token chunk that arrived at now: the first's TTFT, the
+// later ones' gaps.
+func (c *tokenClock) tick(st *streamStats, start, now time.Time) {
+	if c.chunks == 0 {
+		st.ttft = now.Sub(start)
+	} else {
+		st.itl = append(st.itl, now.Sub(c.last))
+	}
+	c.last = now
+	c.chunks++
+}
+
+// end completes st once the stream's reading stopped, done when its last
+// event was read: its E2E, its output without a usage, and the stream's
+// error.
+func (c *tokenClock) end(st *streamStats, sc *bufio.Scanner, start time.Time, done bool) error {
 	st.e2e = time.Since(start)
 	if !st.usage {
-		st.output = chunks
+		st.output = c.chunks
 	}
 	if err := sc.Err(); err != nil {
-		return st, fmt.Errorf("stream broken after %d chunks: %w", chunks, err)
+		return fmt.Errorf("stream broken after %d chunks: %w", c.chunks, err)
 	}
 	if !done {
-		return st, errNoDone
+		return errNoDone
 	}
-	if chunks == 0 {
+	if c.chunks == 0 {
 		if st.output == 0 {
-			return st, fmt.Errorf("stream carried no tokens")
+			return fmt.Errorf("stream carried no tokens")
 		}
 		// Tokens that decoded to empty text: the first arrived by the end.
 		st.ttft = st.e2e
 	}
-	return st, nil
+	return nil
 }
 
 type chunkEvent struct {

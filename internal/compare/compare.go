@@ -53,6 +53,10 @@ type Config struct {
 	// the engines publishing their KV cache events over ZMQ on loopback
 	// and the router subscribing and tokenizing on their /tokenize.
 	KVEvents bool
+	// NoResponseRouting routes a request with previous_response_id as any
+	// request (session.max_responses -1): what a balancer that does not
+	// learn response ids does, the baseline of the Responses API.
+	NoResponseRouting bool
 	// Seed seeds the policies' random choices (and, with Replicas, which
 	// replica each request enters).
 	Seed int64
@@ -177,6 +181,9 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 	cc.Policy = p
 	cc.PolicyOptions.Seed = cfg.Seed
 	cc.Upstream.DiscoverModels = false
+	if cfg.NoResponseRouting {
+		cc.Session.MaxResponses = -1
+	}
 	// The workload's LoRA adapters, served by every engine that has slots
 	// for them; the router learns them from the engines' /v1/models.
 	loras := loraModules(wall)

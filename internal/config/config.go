@@ -18,6 +18,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -201,7 +202,23 @@ type Session struct {
 	// BodyField is a top-level request body field (e.g. "user") whose value
 	// is the session key when the header is absent. Default "" (off).
 	BodyField string `yaml:"body_field"`
+	// Headers are more request headers carrying the session key, read
+	// in order after Header and before BodyField: the agents' session
+	// headers (Claude Code's, Codex's, OpenCode's) by default
+	// (DefaultSessionHeaders). Empty disables them.
+	Headers []string `yaml:"headers"`
+	// ResponseTTL and MaxResponses bound the router's table of stored
+	// responses (which engine holds each Responses API response): an
+	// entry is forgotten after ResponseTTL, the oldest first beyond
+	// MaxResponses (-1: none, continuations routed as any request).
+	// Defaults 6h and 131,072. Read at startup.
+	ResponseTTL  time.Duration `yaml:"response_ttl"`
+	MaxResponses int           `yaml:"max_responses"`
 }
+
+// DefaultSessionHeaders are the agents' session headers: Claude Code's,
+// Codex's and OpenCode's.
+var DefaultSessionHeaders = []string{"x-claude-code-session-id", "session-id", "x-session-affinity"}
 
 // Limits bound what a client may send.
 type Limits struct {
@@ -441,9 +458,10 @@ func Default() *Config {
 		Listen:        DefaultListen,
 		Policy:        policy.Default,
 		PolicyOptions: PolicyOptions{ProbeInterval: scheduler.DefaultProbeInterval},
-		Session:       Session{Header: DefaultSessionHeader},
-		Limits:        defaultLimits(),
-		Prefix:        Prefix{BlockChars: prefix.DefaultBlockChars, CapacityBlocks: prefix.DefaultCapacity},
+		Session: Session{Header: DefaultSessionHeader, Headers: slices.Clone(DefaultSessionHeaders),
+			ResponseTTL: scheduler.DefaultResponseTTL, MaxResponses: scheduler.DefaultMaxResponses},
+		Limits: defaultLimits(),
+		Prefix: Prefix{BlockChars: prefix.DefaultBlockChars, CapacityBlocks: prefix.DefaultCapacity},
 		Health: Health{Interval: DefaultHealthInterval, Timeout: DefaultHealthTimeout, Path: DefaultHealthPath, EjectAfter: DefaultEjectAfter,
 			Cooldown: DefaultCooldown, MaxCooldown: DefaultMaxCooldown, HalfOpenProbes: DefaultHalfOpenProbes},
 		Retry:          Retry{Attempts: DefaultRetryAttempts},
@@ -496,7 +514,8 @@ func Parse(b []byte) (*Config, error) {
 }
 
 // cleanYAMLError rewrites yaml's "field x not found in type config.Backend"
-// into words a user of the file understands.
+// into words a user of the file understands, with the known key nearest to
+// an unknown one.
 func cleanYAMLError(err error) error {
 	var te *yaml.TypeError
 	if !errors.As(err, &te) {
@@ -505,7 +524,12 @@ func cleanYAMLError(err error) error {
 	msgs := make([]string, len(te.Errors))
 	for i, m := range te.Errors {
 		if j := strings.Index(m, " not found in type "); j >= 0 && strings.Contains(m, "field ") {
+			typ := m[j+len(" not found in type "):]
 			m = strings.Replace(m[:j], "field ", "unknown key ", 1)
+			_, key, _ := strings.Cut(m, "unknown key ")
+			if near := nearestKey(typ, key); near != "" {
+				m += " (did you mean " + near + "?)"
+			}
 		}
 		msgs[i] = humanTypeError(m)
 	}
@@ -614,6 +638,14 @@ func (c *Config) Validate() error {
 	}
 	if c.PolicyOptions.ProbeInterval < 0 {
 		bad("policy_options.probe_interval: %v must not be negative (0 turns probes off)", c.PolicyOptions.ProbeInterval)
+	}
+	if c.Session.ResponseTTL < 0 || c.Session.MaxResponses < -1 {
+		bad("session.response_ttl must not be negative, session.max_responses not below -1 (0 for the defaults)")
+	}
+	for i, h := range c.Session.Headers {
+		if h == "" || strings.ContainsAny(h, " :\t\r\n") {
+			bad("session.headers[%d]: %q is not a header name", i, h)
+		}
 	}
 	if len(c.Backends) == 0 {
 		bad("backends: none configured (add backends to the file or pass --backend URL)")

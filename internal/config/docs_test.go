@@ -45,34 +45,3 @@ func TestDocsListEveryKey(t *testing.T) {
 		t.Errorf("found only %d keys: the walk over the config is broken", len(keys))
 	}
 }
-
-// keyPaths lists the leaf keys of t's yaml tags: "section.key", and
-// "list[].key" for the fields of list elements.
-func keyPaths(t reflect.Type, prefix string) []string {
-	var out []string
-	for i := range t.NumField() {
-		f := t.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-		if name == "" || name == "-" {
-			continue
-		}
-		key := prefix + name
-		ft := f.Type
-		switch {
-		case ft.Kind() == reflect.Struct && ft.PkgPath() == t.PkgPath() && !isScalar(ft):
-			out = append(out, keyPaths(ft, key+".")...)
-		case ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct:
-			out = append(out, keyPaths(ft.Elem(), key+"[].")...)
-		default:
-			out = append(out, key)
-		}
-	}
-	return out
-}
-
-// isScalar reports whether a struct type of this package decodes from a
-// YAML scalar (it has its own UnmarshalYAML).
-func isScalar(t reflect.Type) bool {
-	_, ok := reflect.PointerTo(t).MethodByName("UnmarshalYAML")
-	return ok
-}

@@ -32,7 +32,7 @@ type KVEvents struct {
 	// the model's name and about a hundred bytes an entry. Only answers
 	// for requests an engine accepted are kept. 0 disables the cache.
 	// Default 64 MiB (4,096 prompts of 4,096 tokens).
-	TokenizeCacheBytes int64 `yaml:"tokenize_cache_bytes"`
+	TokenizeCacheBytes ByteSize `yaml:"tokenize_cache_bytes"`
 	// MinPromptTokens is the estimated prompt size (4 characters a token)
 	// below which no tokenize call is made: such a prompt spans only a
 	// few blocks and is routed approximately. Default 64 (four blocks).

@@ -25,10 +25,20 @@ var DefaultPassthrough = []string{
 	"POST /v1/audio/speech",
 	"POST /v1/tokenize",
 	"POST /v1/detokenize",
+	"POST /v1/messages/count_tokens",
+	"POST /rerank",
+	"POST /tokenize",
+	"POST /detokenize",
 }
 
-// Passthrough lists the /v1/ endpoints, other than /v1/chat/completions,
-// /v1/completions and /v1/models, that the router forwards. Each request
+// RootEndpoints are the engines' endpoints outside /v1/ that
+// passthrough.allow may list: vLLM's and SGLang's rerank, score, tokenizer
+// and pooling endpoints. The router serves none of them itself.
+var RootEndpoints = []string{"/rerank", "/v2/rerank", "/score", "/classify", "/pooling", "/tokenize", "/detokenize"}
+
+// Passthrough lists the endpoints, other than the ones the router serves
+// itself (the completions, /v1/responses, /v1/messages, /v1/models), that
+// it forwards: under /v1/, or one of RootEndpoints. Each request
 // to one is read whole (limits apply as to completions, 413 before a byte
 // is sent), routed by the policy to a healthy backend that serves the
 // model its body names (a body without a model is a 400; a body-less
@@ -72,9 +82,11 @@ func (p Passthrough) validate(bad func(format string, args ...any)) {
 			bad("passthrough.allow[%d]: %q must be \"METHOD /v1/path\"", i, a)
 		case !slices.Contains(methods, m):
 			bad("passthrough.allow[%d]: %q is not one of %s", i, m, strings.Join(methods, ", "))
+		case slices.Contains(RootEndpoints, path):
 		case !strings.HasPrefix(path, "/v1/") || strings.ContainsAny(path, "% ?#") || strings.Contains(path, "/.") || strings.HasSuffix(path, "/"):
-			bad("passthrough.allow[%d]: %q must be a plain path under /v1/", i, path)
-		case path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/models":
+			bad("passthrough.allow[%d]: %q must be a plain path under /v1/, or one of %s", i, path, strings.Join(RootEndpoints, ", "))
+		case path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/models" || path == "/v1/responses" ||
+			path == "/v1/messages" || strings.HasPrefix(path, "/v1/responses/"):
 			bad("passthrough.allow[%d]: %s is served by the router itself", i, path)
 		}
 	}

@@ -113,6 +113,8 @@ type Server struct {
 	// disaggregated fleet (kvtransfer.go), fixed at New.
 	role, engineID, sideHost string
 	sidePort                 int
+	// stored are the Responses API's stored responses (agents.go).
+	stored responseStore
 }
 
 // New builds a Server and starts its driver; Close stops it.

@@ -612,3 +612,32 @@ func TestStartServesUntilContextDone(t *testing.T) {
 		}
 	}
 }
+
+// Completion ids are unique across engines and requests: two engines
+// given the same requests in the same order gave the same ids (a counter
+// and the prompt's hash), which a client or a log joining responses by
+// id could not tell apart. Chat and text completions both.
+func TestCompletionIDsUnique(t *testing.T) {
+	_, a := newTestServer(t, 50)
+	s, b := newTestServer(t, 50)
+	seen := map[string]string{}
+	for i := range 2 {
+		for _, hs := range []*httptest.Server{a, b} {
+			for _, path := range []string{"/v1/chat/completions", "/v1/completions"} {
+				r := completeOnce(t, hs.URL+path, body(path, s.Model(), "the same prompt", map[string]any{"max_tokens": 1}))
+				prefix := "cmpl-"
+				if strings.Contains(path, "chat") {
+					prefix = "chatcmpl-"
+				}
+				where := fmt.Sprintf("%s%s #%d", hs.URL, path, i)
+				if !strings.HasPrefix(r.ID, prefix) || len(r.ID) != len(prefix)+32 {
+					t.Errorf("%s: id %q, want %s and 32 hex digits", where, r.ID, prefix)
+				}
+				if other, dup := seen[r.ID]; dup {
+					t.Errorf("%s: id %q, given before by %s", where, r.ID, other)
+				}
+				seen[r.ID] = where
+			}
+		}
+	}
+}

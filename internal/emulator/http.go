@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"time"
@@ -54,6 +55,14 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) {
 		s.complete(w, r, request.Completion)
 	})
+	mux.HandleFunc("POST /v1/responses", func(w http.ResponseWriter, r *http.Request) {
+		s.complete(w, r, request.Responses)
+	})
+	mux.HandleFunc("POST /v1/messages", func(w http.ResponseWriter, r *http.Request) {
+		s.complete(w, r, request.Messages)
+	})
+	mux.HandleFunc("POST /v1/messages/count_tokens", s.countTokens)
+	s.storedRoutes(mux)
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("POST /tokenize", s.tokenize)
 	mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, _ *http.Request) {
@@ -94,35 +103,45 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_, _ = w.Write(b)
 }
 
+// writeKindError writes an error in the shape of the endpoint of kind:
+// Anthropic's on /v1/messages, vLLM's elsewhere.
+func writeKindError(w http.ResponseWriter, kind request.Kind, status int, typ, msg string) {
+	if kind == request.Messages {
+		openai.WriteAnthropicError(w, status, msg, 0)
+		return
+	}
+	writeVLLMError(w, status, typ, msg)
+}
+
 // readBody reads a request body of at most MaxBodyBytes, answering 400 when
 // it cannot.
-func readBody(w http.ResponseWriter, hr *http.Request) ([]byte, bool) {
+func readBody(w http.ResponseWriter, hr *http.Request, kind request.Kind) ([]byte, bool) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, hr.Body, MaxBodyBytes))
 	if err != nil {
-		writeVLLMError(w, http.StatusBadRequest, typeBadRequest, fmt.Sprintf("read request body: %v", err))
+		writeKindError(w, kind, http.StatusBadRequest, typeBadRequest, fmt.Sprintf("read request body: %v", err))
 		return nil, false
 	}
 	return body, true
 }
 
-// parse reads a completion or chat body into its view, answering 400 for
-// a bad body and 404 for another model (vLLM accepts a missing model as
-// the served one).
-func (s *Server) parse(w http.ResponseWriter, kind request.Kind, body []byte) (*request.View, bool) {
-	v, perr := request.Parse(kind, body, request.Options{})
+// parse reads a body of kind into its view, answering 400 for a bad body
+// and 404 for another model (vLLM accepts a missing model as the served
+// one).
+func (s *Server) parse(w http.ResponseWriter, kind request.Kind, body []byte, opt request.Options) (*request.View, bool) {
+	v, perr := request.Parse(kind, body, opt)
 	if perr != nil {
-		writeVLLMError(w, perr.Status, typeBadRequest, perr.Message)
+		writeKindError(w, kind, perr.Status, typeBadRequest, perr.Message)
 		return nil, false
 	}
 	if v.MaxTokens > 0 && v.MinTokens > v.MaxTokens {
 		// vLLM's SamplingParams check, which a prefill leg's max_tokens of
 		// 1 trips when a router keeps the client's min_tokens.
-		writeVLLMError(w, http.StatusBadRequest, typeBadRequest, fmt.Sprintf(
+		writeKindError(w, kind, http.StatusBadRequest, typeBadRequest, fmt.Sprintf(
 			"min_tokens must be less than or equal to max_tokens=%d, got %d.", v.MaxTokens, v.MinTokens))
 		return nil, false
 	}
 	if _, adapter := s.loras[v.Model]; v.Model != "" && v.Model != s.model && !adapter {
-		writeVLLMError(w, http.StatusNotFound, typeNotFound, fmt.Sprintf("The model `%s` does not exist.", v.Model))
+		writeKindError(w, kind, http.StatusNotFound, typeNotFound, fmt.Sprintf("The model `%s` does not exist.", v.Model))
 		return nil, false
 	}
 	return v, true
@@ -143,7 +162,7 @@ type tokenizeResponse struct {
 // BlockStored are a prefix of these. return_token_strs adds each token's
 // text.
 func (s *Server) tokenize(w http.ResponseWriter, hr *http.Request) {
-	body, ok := readBody(w, hr)
+	body, ok := readBody(w, hr, request.Completion)
 	if !ok {
 		return
 	}
@@ -166,7 +185,7 @@ func (s *Server) tokenize(w http.ResponseWriter, hr *http.Request) {
 		// completion form, which ignores the member.
 		kind = request.Chat
 	}
-	v, ok := s.parse(w, kind, body)
+	v, ok := s.parse(w, kind, body, request.Options{})
 	if !ok {
 		return
 	}
@@ -181,38 +200,49 @@ func (s *Server) tokenize(w http.ResponseWriter, hr *http.Request) {
 	writeJSON(w, resp)
 }
 
-// complete serves both completion endpoints.
+// complete serves the completion endpoints, chat, Responses and Messages.
 func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.Kind) {
-	body, ok := readBody(w, hr)
+	body, ok := readBody(w, hr, kind)
 	if !ok {
 		return
 	}
-	v, ok := s.parse(w, kind, body)
+	v, ok := s.parse(w, kind, body, request.Options{})
 	if !ok {
 		return
+	}
+	prompt := v.Prompt
+	if kind == request.Responses && v.PreviousResponseID != "" {
+		// Only this engine's own stored responses continue (vLLM's
+		// response store is the server's memory).
+		prev := s.stored.get(v.PreviousResponseID)
+		if prev == nil {
+			writeNotFound(w, v.PreviousResponseID)
+			return
+		}
+		prompt = v.Prompt[:v.HistoryAt] + prev.history + v.Prompt[v.HistoryAt:]
 	}
 	kt, err := kvTransferOf(body)
 	if err == nil {
 		err = s.checkLeg(kt)
 	}
 	if err != nil {
-		writeVLLMError(w, http.StatusBadRequest, typeBadRequest, err.Error())
+		writeKindError(w, kind, http.StatusBadRequest, typeBadRequest, err.Error())
 		return
 	}
 	preset := s.Preset()
 	// seed picks the output tokens' words; the output length is the
 	// engine's rule (SetOutput).
-	seed := xxhash.Sum64String(v.Prompt)
-	promptTokens := engine.Tokens(v.Prompt)
+	seed := xxhash.Sum64String(prompt)
+	promptTokens := engine.Tokens(prompt)
 	p := &pending{notify: make(chan struct{}, 1)}
 	adapter := ""
 	if _, ok := s.loras[v.Model]; ok {
 		adapter = v.Model
 	}
-	p.r = engine.Request{ID: s.nextID.Add(1), Prompt: v.Prompt, Tag: p, Adapter: adapter,
+	p.r = engine.Request{ID: s.nextID.Add(1), Prompt: prompt, Tag: p, Adapter: adapter,
 		// Hashed here, outside the engine lock, so that a long prompt
 		// does not hold up the driver.
-		PromptHashes: prefix.HashSalted(nil, v.Prompt, engine.BlockSize*engine.BytesPerToken, prefix.AdapterSalt(adapter, v.PrefixSalt)), CacheSalt: v.PrefixSalt}
+		PromptHashes: prefix.HashSalted(nil, prompt, engine.BlockSize*engine.BytesPerToken, prefix.AdapterSalt(adapter, v.PrefixSalt)), CacheSalt: v.PrefixSalt}
 	p.r.SetOutput(v.MaxTokens, v.MinTokens, v.IgnoreEOS, preset.MaxModelLen)
 	if kt.remotePrefill && kt.blocks < promptTokens/engine.BlockSize {
 		writeVLLMError(w, http.StatusBadRequest, typeBadRequest, fmt.Sprintf(
@@ -236,10 +266,10 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.
 	if err := s.add(p); err != nil {
 		var ce *engine.ContextError
 		if errors.As(err, &ce) {
-			writeVLLMError(w, http.StatusBadRequest, typeBadRequest, ce.Message)
+			writeKindError(w, kind, http.StatusBadRequest, typeBadRequest, ce.Message)
 			return
 		}
-		writeVLLMError(w, http.StatusInternalServerError, "InternalServerError", err.Error())
+		writeKindError(w, kind, http.StatusInternalServerError, "InternalServerError", err.Error())
 		return
 	}
 	// Whatever happens to the client, the engine lets go of the request.
@@ -249,10 +279,19 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.
 		s: s, v: v, p: p, seed: seed, finish: finish, prefillLeg: kt.remoteDecode,
 		head: openai.Response{Created: time.Now().Unix(), Model: cmp.Or(adapter, s.model)},
 	}
-	if kind == request.Chat {
-		rs.head.ID = fmt.Sprintf("chatcmpl-%016x%016x", p.r.ID, seed)
-	} else {
-		rs.head.ID = fmt.Sprintf("cmpl-%016x%016x", p.r.ID, seed)
+	// A random id, as vLLM's (random_uuid().hex): unique across engines
+	// and restarts, which the engine's request counter is not.
+	id := fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())
+	switch kind {
+	case request.Chat:
+		rs.head.ID = "chatcmpl-" + id
+	case request.Completion:
+		rs.head.ID = "cmpl-" + id
+	default:
+		// The agents' APIs (agents.go).
+		rs.prompt = prompt
+		rs.agent(w, hr, body, id)
+		return
 	}
 	if v.Stream {
 		rs.stream(w, hr)
@@ -272,6 +311,9 @@ type response struct {
 	// prefillLeg: the answer carries the kv_transfer_params a decode
 	// engine needs (kvtransfer.go).
 	prefillLeg bool
+	// prompt is the prompt the engine ran: a Responses request's with
+	// the stored conversation it continues.
+	prompt string
 }
 
 // wait blocks until the driver delivers something, and reports how many
@@ -300,25 +342,39 @@ func (rs *response) usage() *openai.Usage {
 	}
 }
 
-// whole answers a non-streaming request once it is finished.
-func (rs *response) whole(w http.ResponseWriter, hr *http.Request) {
-	for {
-		_, fin, ok := rs.wait(hr)
-		if !ok {
-			if hr.Context().Err() == nil {
-				writeVLLMError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "the server is shutting down")
-			}
-			return
-		}
-		if fin {
-			break
-		}
-	}
+// text is the text of the tokens delivered.
+func (rs *response) text() []byte {
 	n := int(rs.p.delivered.Load())
 	text := make([]byte, 0, n*engine.BytesPerToken)
 	for i := range n {
 		text = append(text, tokenText(rs.seed, i)...)
 	}
+	return text
+}
+
+// waitAll waits until the request is finished; false when the client left
+// or the server is closing (answered with a 503 then).
+func (rs *response) waitAll(w http.ResponseWriter, hr *http.Request) bool {
+	for {
+		_, fin, ok := rs.wait(hr)
+		if !ok {
+			if hr.Context().Err() == nil {
+				writeKindError(w, rs.v.Kind, http.StatusServiceUnavailable, "ServiceUnavailableError", "the server is shutting down")
+			}
+			return false
+		}
+		if fin {
+			return true
+		}
+	}
+}
+
+// whole answers a non-streaming request once it is finished.
+func (rs *response) whole(w http.ResponseWriter, hr *http.Request) {
+	if !rs.waitAll(w, hr) {
+		return
+	}
+	text := rs.text()
 	out := rs.head
 	finish := rs.finish
 	c := openai.Choice{FinishReason: &finish}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/members"
 	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/scheduler"
 )
 
@@ -230,9 +231,10 @@ func (p *Plane) probe(r *Request, l *Leg) {
 }
 
 // reroute is the next backend for a leg whose attempt failed, nil when it
-// is out of attempts (a passthrough has none) or of backends.
+// is out of attempts (a passthrough has none unless idempotent) or of
+// backends.
 func (p *Plane) reroute(r *Request, l *Leg) *scheduler.Assignment {
-	if r.Passthrough || l.Retries >= p.Attempts {
+	if r.Passthrough && !r.Idempotent || l.Retries >= p.Attempts {
 		return nil
 	}
 	l.Tried = append(l.Tried, l.Target.B.ID)
@@ -248,7 +250,7 @@ func (p *Plane) try(r *Request, l *Leg, out *http.Request, last bool) attempt {
 	resp, err := p.Upstream.RoundTrip(sent)
 	at := attempt{resp: resp, err: err}
 	if err == nil && resp.StatusCode/100 == 2 {
-		at.head, at.headErr = p.firstByte(resp.Body)
+		at.head, at.headErr = p.firstByte(resp.Body, r.View != nil && r.View.Stream && (r.View.Kind == request.Responses || r.View.Kind == request.Messages))
 	}
 	if ft.done() {
 		at.close()
@@ -468,19 +470,43 @@ const maxAnswer = 1 << 20
 // engine is one that sends headers and then nothing. The timeout closes
 // the body, which ends the upstream request; nothing has reached the
 // client yet, so the request can still be retried.
-func (p *Plane) firstByte(body io.ReadCloser) ([]byte, error) {
+func (p *Plane) firstByte(body io.ReadCloser, agent bool) ([]byte, error) {
+	read := peek
+	if agent {
+		read = peekToken
+	}
 	d := p.HeaderTimeout
 	if d <= 0 {
-		return peek(body)
+		return read(body)
 	}
 	t := AfterFunc(d, func() { _ = body.Close() })
-	head, err := peek(body)
+	head, err := read(body)
 	if !t.Stop() {
 		// The deadline passed first: the body is (or is about to be)
 		// closed, whatever peek read.
 		return nil, ErrFirstByteTimeout
 	}
 	return head, err
+}
+
+// maxAgentHead bounds what peekToken holds before the first token.
+const maxAgentHead = 64 << 10
+
+// peekToken reads a Responses or Messages stream until its first token:
+// these APIs open with events sent before the prefill (response.created,
+// message_start), which say nothing of when it ended, so the first byte
+// that counts (TTFT, the prefill's end in the backend's load, the last
+// moment to try another engine) is the first text delta's, or the end
+// of a stream with none. It holds at most maxAgentHead bytes.
+func peekToken(body io.Reader) ([]byte, error) {
+	var head []byte
+	for {
+		b, err := peek(body)
+		head = append(head, b...)
+		if err != nil || openai.AgentStarted(head) || len(head) >= maxAgentHead {
+			return head, err
+		}
+	}
 }
 
 // peek reads until the first byte of body arrives or the body ends.

@@ -138,8 +138,10 @@ type Request struct {
 	// token-block keys for the precise index, or nil.
 	Hashes, Keys []uint64
 	// Passthrough marks a request to another endpoint than the
-	// completions: no prompt, no tokens, never retried.
-	Passthrough bool
+	// completions: no prompt, no tokens, never retried unless
+	// Idempotent (an embedding, a rerank, a tokenization: sent again to
+	// another engine, before its first byte, as a completion is).
+	Passthrough, Idempotent bool
 	// Legs are the backends the decision names, in the order they run;
 	// the last one's response is the client's. One leg but for a
 	// disaggregated request (prefill, then decode).

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/scheduler"
 )
 
@@ -39,7 +40,7 @@ func (p *Plane) Route(r *Request) bool {
 			return p.routeWhole(r, err)
 		}
 		if err != nil {
-			r.Reject(routeError(err, r.View.Model))
+			r.Reject(routeError(err, r.View))
 			return false
 		}
 		p.assign(r, l, a)
@@ -66,7 +67,7 @@ func (p *Plane) routeWhole(r *Request, err error) bool {
 	r.SetLegs(r.one[:]...)
 	a, werr := p.route(r, &r.Legs[0], now)
 	if werr != nil {
-		r.Reject(routeError(err, r.View.Model))
+		r.Reject(routeError(err, r.View))
 		return false
 	}
 	p.assign(r, &r.Legs[0], a)
@@ -113,8 +114,13 @@ func (p *Plane) assign(r *Request, l *Leg, a *scheduler.Assignment) {
 }
 
 // routeError maps the scheduler's errors to client errors.
-func routeError(err error, model string) *openai.Error {
+func routeError(err error, v *request.View) *openai.Error {
+	model := v.Model
 	switch {
+	case errors.Is(err, scheduler.ErrResponseGone):
+		// The engine's own answer for a response it does not hold: no
+		// engine left in the fleet holds it.
+		return openai.ResponseNotFound(v.PreviousResponseID)
 	case errors.Is(err, scheduler.ErrUnknownModel):
 		return &openai.Error{Status: http.StatusNotFound, Type: openai.TypeNotFound, Code: "model_not_found",
 			Message: "the model '" + model + "' does not exist on any backend"}

@@ -79,6 +79,11 @@ func newStreamMetrics(reg prometheus.Registerer) *streamMetrics {
 // until ctx ends, then forgets the backend's entries.
 func (k *KVFollower) Follow(ctx context.Context, m *Member, endpoint, replay string, bind bool) {
 	defer k.ix.Forget(m.B.ID)
+	// The stream's trouble counters start at 0, so that a dashboard's
+	// rate over them reads 0 on a healthy stream rather than no data.
+	for _, v := range []*prometheus.CounterVec{k.m.decodeErrors, k.m.gaps, k.m.stale, k.m.reconnects, k.m.fails, k.m.refused} {
+		v.WithLabelValues(m.B.Name)
+	}
 	h := k.handler(m.B)
 	h.start = func() { k.startParity(ctx, h, m) }
 	logRefused := &rate.Sometimes{Interval: time.Second}

@@ -44,6 +44,9 @@ type Error struct {
 	Message string
 	// RetryAfter, when positive, is sent as the Retry-After header (seconds).
 	RetryAfter int
+	// Numeric writes the status as the code, as vLLM does, for an error
+	// that stands for an engine's own answer.
+	Numeric bool
 }
 
 func (e *Error) Error() string { return e.Message }
@@ -57,6 +60,10 @@ func BadRequest(code, msg string) *Error {
 
 // Write encodes e as the OpenAI error shape with its status code.
 func (e *Error) Write(w http.ResponseWriter) {
+	if e.Numeric {
+		writeError(w, e.Status, ErrorDetail{Message: e.Message, Type: e.Type, Code: e.Status}, e.RetryAfter)
+		return
+	}
 	WriteError(w, e.Status, e.Type, e.Code, e.Message, e.RetryAfter)
 }
 
@@ -67,7 +74,11 @@ func WriteError(w http.ResponseWriter, status int, typ, code, msg string, retryA
 	if code != "" {
 		c = code
 	}
-	b := errorJSON(ErrorBody{Error: ErrorDetail{Message: msg, Type: typ, Code: c}})
+	writeError(w, status, ErrorDetail{Message: msg, Type: typ, Code: c}, retryAfter)
+}
+
+func writeError(w http.ResponseWriter, status int, d ErrorDetail, retryAfter int) {
+	b := errorJSON(ErrorBody{Error: d})
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(b)))

@@ -56,7 +56,8 @@ func LoRAScore(l *fleet.LoRAState, adapter string) float64 {
 var AdapterSpill = 1.5
 
 // AdapterTiers narrows cands, in place and in order, for a request of
-// adapter at now, and returns them. Each engine is in one class by its
+// adapter at now, and returns them with the name of the tier kept (below;
+// "" when no report tells the engines apart and all are kept). Each engine is in one class by its
 // last fresh report: running the adapter, a free slot (or no report:
 // nothing against it), the adapter's requests waiting there, or full. The
 // tier kept, the first that applies:
@@ -91,7 +92,7 @@ var AdapterSpill = 1.5
 // resident adapters fill its max_lora has no free slot, whatever its
 // batch holds at the moment: it comes after the engines with a free slot,
 // as one that would evict an idle adapter to load this one (tier 2b).
-func AdapterTiers(cands []*fleet.Backend, adapter string, now time.Time, resident func(b *fleet.Backend) []string) []*fleet.Backend {
+func AdapterTiers(cands []*fleet.Backend, adapter string, now time.Time, resident func(b *fleet.Backend) []string) ([]*fleet.Backend, string) {
 	const (
 		full = iota
 		waiting
@@ -149,21 +150,22 @@ func AdapterTiers(cands []*fleet.Backend, adapter string, now time.Time, residen
 	}
 	mean := float64(total) / float64(len(cands))
 	var keep func(i, c int) bool
+	var tier string
 	switch {
 	case has[running] && float64(minRunning) <= AdapterSpill*mean+1:
-		keep = func(_, c int) bool { return c == running }
+		keep, tier = func(_, c int) bool { return c == running }, TierLoaded
 	case has[free]:
-		keep = func(_, c int) bool { return c == running || c == free }
+		keep, tier = func(_, c int) bool { return c == running || c == free }, TierFreeSlot
 	case has[evictable]:
-		keep = func(_, c int) bool { return c == running || c == evictable }
+		keep, tier = func(_, c int) bool { return c == running || c == evictable }, TierEvictIdle
 	case has[waiting]:
-		keep = func(_, c int) bool { return c == running || c == waiting }
+		keep, tier = func(_, c int) bool { return c == running || c == waiting }, TierWaiting
 	case has[running]:
-		keep = func(_, c int) bool { return c == running }
+		keep, tier = func(_, c int) bool { return c == running }, TierLoadedBusy
 	case has[full]:
-		keep = func(i, c int) bool { return c == full && queue(i) == minQueue }
+		keep, tier = func(i, c int) bool { return c == full && queue(i) == minQueue }, TierShortestQueue
 	default:
-		return cands
+		return cands, ""
 	}
 	n := 0
 	for i, b := range cands {
@@ -172,8 +174,18 @@ func AdapterTiers(cands []*fleet.Backend, adapter string, now time.Time, residen
 			n++
 		}
 	}
-	return cands[:n]
+	return cands[:n], tier
 }
+
+// The tiers of AdapterTiers, as a routing decision's reason names them.
+const (
+	TierLoaded        = "loaded"         // 1: the engines running it
+	TierFreeSlot      = "free-slot"      // 2: those and the engines with a free slot
+	TierEvictIdle     = "evict-idle"     // 2b: those and the engines with only idle adapters
+	TierWaiting       = "waiting"        // 3: those and the engines where its requests wait
+	TierLoadedBusy    = "loaded-busy"    // 4: the engines running it, however loaded
+	TierShortestQueue = "shortest-queue" // 5: the full engines with the fewest adapters waiting
+)
 
 // AdapterAffinity implements AdapterAffinity: kvroute routes an adapter's
 // requests through AdapterTiers.

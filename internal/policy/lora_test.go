@@ -68,28 +68,30 @@ func TestAdapterTiers(t *testing.T) {
 		inflight []int
 		reports  []*fleet.LoRAState
 		want     []int
+		tier     string
 	}{
-		{"running first", []int{0, 0, 0}, []*fleet.LoRAState{lora(2, []string{"x"}, nil), lora(2, []string{"a"}, nil), full}, []int{1}},
-		{"overloaded spills to a free slot", []int{0, 20, 0}, []*fleet.LoRAState{lora(2, []string{"x"}, nil), lora(2, []string{"a"}, nil), full}, []int{0, 1}},
-		{"no report is a free slot", []int{0, 0}, []*fleet.LoRAState{nil, full}, []int{0}},
-		{"waiting over full", []int{0, 0, 0}, []*fleet.LoRAState{full, lora(2, []string{"x", "y"}, []string{"a"}), full}, []int{1}},
-		{"overloaded stays where it runs when all else is full", []int{0, 20, 0}, []*fleet.LoRAState{full, lora(2, []string{"a", "y"}, nil), full}, []int{1}},
-		{"the shortest slot queue", []int{0, 0, 0}, []*fleet.LoRAState{fullQ2, fullQ1, fullQ2}, []int{1}},
+		{"running first", []int{0, 0, 0}, []*fleet.LoRAState{lora(2, []string{"x"}, nil), lora(2, []string{"a"}, nil), full}, []int{1}, TierLoaded},
+		{"overloaded spills to a free slot", []int{0, 20, 0}, []*fleet.LoRAState{lora(2, []string{"x"}, nil), lora(2, []string{"a"}, nil), full}, []int{0, 1}, TierFreeSlot},
+		{"no report is a free slot", []int{0, 0}, []*fleet.LoRAState{nil, full}, []int{0}, TierFreeSlot},
+		{"waiting over full", []int{0, 0, 0}, []*fleet.LoRAState{full, lora(2, []string{"x", "y"}, []string{"a"}), full}, []int{1}, TierWaiting},
+		{"overloaded stays where it runs when all else is full", []int{0, 20, 0}, []*fleet.LoRAState{full, lora(2, []string{"a", "y"}, nil), full}, []int{1}, TierLoadedBusy},
+		{"the shortest slot queue", []int{0, 0, 0}, []*fleet.LoRAState{fullQ2, fullQ1, fullQ2}, []int{1}, TierShortestQueue},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cands := loraFleet(c.inflight, c.reports)
 			var got []int
-			for _, b := range AdapterTiers(slices.Clone(cands), "a", fxT0, nil) {
+			kept, tier := AdapterTiers(slices.Clone(cands), "a", fxT0, nil)
+			for _, b := range kept {
 				got = append(got, b.ID)
 			}
-			if !slices.Equal(got, c.want) {
-				t.Errorf("kept %v, want %v", got, c.want)
+			if !slices.Equal(got, c.want) || tier != c.tier {
+				t.Errorf("kept %v (tier %q), want %v (tier %q)", got, tier, c.want, c.tier)
 			}
 		})
 	}
 	// A stale report counts as none.
 	cands := loraFleet([]int{0, 0}, []*fleet.LoRAState{full, lora(2, []string{"a"}, nil)})
-	if got := AdapterTiers(slices.Clone(cands), "a", fxT0.Add(EngineStateMaxAge+time.Second), nil); len(got) != 2 {
+	if got, _ := AdapterTiers(slices.Clone(cands), "a", fxT0.Add(EngineStateMaxAge+time.Second), nil); len(got) != 2 {
 		t.Errorf("stale reports: kept %d of 2", len(got))
 	}
 }
@@ -156,7 +158,8 @@ func TestAdapterTiersResident(t *testing.T) {
 				resident = func(b *fleet.Backend) []string { return c.resident[b.ID] }
 			}
 			var got []int
-			for _, b := range AdapterTiers(slices.Clone(cands), "a", fxT0, resident) {
+			kept, _ := AdapterTiers(slices.Clone(cands), "a", fxT0, resident)
+			for _, b := range kept {
 				got = append(got, b.ID)
 			}
 			if !slices.Equal(got, c.want) {

@@ -171,7 +171,7 @@ func (s *Server) requireKey(next http.Handler) http.Handler {
 			return
 		}
 		if e := s.failures.blocked(r); e != nil {
-			s.reject(w, e)
+			s.reject(w, r, e)
 			return
 		}
 		if k.valid(r) {
@@ -183,7 +183,7 @@ func (s *Server) requireKey(next http.Handler) http.Handler {
 		}
 		s.failures.failed(r)
 		w.Header().Set("WWW-Authenticate", `Bearer realm="kvroute"`)
-		s.reject(w, &openai.Error{Status: http.StatusUnauthorized, Type: openai.TypeAuthentication, Code: "invalid_api_key",
+		s.reject(w, r, &openai.Error{Status: http.StatusUnauthorized, Type: openai.TypeAuthentication, Code: "invalid_api_key",
 			Message: "a valid API key is required: send it as \"Authorization: Bearer <key>\""})
 	})
 }

@@ -141,9 +141,7 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 		return
 	}
 	var hints lifecycle.Hints
-	if h := s.cfg.Session.Header; h != "" {
-		hints.Session = r.Header.Get(h)
-	}
+	hints.Session = s.sessionHeader(r)
 	hints.Salt = ex.tenant.prefixSalt
 	e = s.plane.Read(&ex.Request, kind, body, hints)
 	if ex.View != nil {
@@ -159,6 +157,22 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 	if s.plane.Route(&ex.Request) {
 		ex.forward()
 	}
+}
+
+// sessionHeader is the session key r's headers carry: session.header's,
+// else the first of session.headers' (the agents' session headers).
+func (s *Server) sessionHeader(r *http.Request) string {
+	if h := s.cfg.Session.Header; h != "" {
+		if v := r.Header.Get(h); v != "" {
+			return v
+		}
+	}
+	for _, h := range s.cfg.Session.Headers {
+		if v := r.Header.Get(h); v != "" {
+			return v
+		}
+	}
+	return ""
 }
 
 // setView makes v the request's routing view and body its body.
@@ -224,8 +238,21 @@ func (ex *exchange) Tokenize(r *lifecycle.Request) []uint64 {
 	return ex.tokenKeys(ex.r.Context(), r.View, r.Body)
 }
 
-// WriteError writes a router-made error (lifecycle.Front).
-func (ex *exchange) WriteError(e *openai.Error) { e.Write(ex.w) }
+// WriteError writes a router-made error (lifecycle.Front): in
+// Anthropic's shape on the Messages API's paths, else OpenAI's.
+func (ex *exchange) WriteError(e *openai.Error) {
+	if anthropicPath(ex.r.URL.Path) {
+		e.WriteAnthropic(ex.w)
+		return
+	}
+	e.Write(ex.w)
+}
+
+// anthropicPath reports whether path is one of the Messages API's, whose
+// clients read errors in Anthropic's shape.
+func anthropicPath(path string) bool {
+	return path == "/v1/messages" || strings.HasPrefix(path, "/v1/messages/")
+}
 
 // Respond makes resp the response the client gets (lifecycle.Front): the
 // router's headers name the backend (for a tenant that may see them), and
@@ -292,6 +319,7 @@ func (ex *exchange) Ended() lifecycle.BodyEnd {
 // (lifecycle.Front): the body's budget, the tokenizer's cache, the access
 // log entry and the trace.
 func (ex *exchange) Settled(*lifecycle.Request) {
+	ex.rememberResponse()
 	ex.s.bodies.give(ex.held)
 	ex.rememberTokens()
 	ex.settleAccess()
@@ -334,10 +362,15 @@ func errorOf(e *openai.Error) error {
 	return e
 }
 
-// reject writes a router-made error outside any exchange (the API key
-// check, /v1/models) and counts it.
-func (s *Server) reject(w http.ResponseWriter, e *openai.Error) {
+// reject writes a router-made error to r outside any exchange (the API
+// key check, /v1/models) and counts it; in Anthropic's shape on the
+// Messages API's paths.
+func (s *Server) reject(w http.ResponseWriter, r *http.Request, e *openai.Error) {
 	s.metrics.requests.WithLabelValues(noBackend, s.policyName(), "", strconv.Itoa(e.Status)).Inc()
+	if anthropicPath(r.URL.Path) {
+		e.WriteAnthropic(w)
+		return
+	}
 	e.Write(w)
 }
 

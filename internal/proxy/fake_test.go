@@ -127,8 +127,14 @@ func (f *fake) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"object":"list","data":[{"id":"shared","object":"model","created":1,"owned_by":"fake","max_model_len":4096},{"id":"own-%s","object":"model","created":1,"owned_by":"fake"}]}`, f.name)
 		return
-	case "/v1/echo", "/v1/embeddings", "/v1/audio/transcriptions":
+	case "/v1/echo", "/v1/embeddings", "/v1/audio/transcriptions", "/rerank", "/tokenize", "/v1/messages/count_tokens":
 		f.hits.Add(1)
+		if mode(f.mode.Load()) == modeClose {
+			if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
+				_ = conn.Close()
+			}
+			return
+		}
 		if mode(f.mode.Load()) == modeHang {
 			_, _ = io.Copy(io.Discard, r.Body) // then the server sees the client leave
 			<-r.Context().Done()
@@ -137,7 +143,7 @@ func (f *fake) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Fake", f.name)
 		_, _ = io.Copy(w, r.Body)
 		return
-	case "/v1/chat/completions", "/v1/completions":
+	case "/v1/chat/completions", "/v1/completions", "/v1/responses":
 	default:
 		http.NotFound(w, r)
 		return
@@ -262,6 +268,9 @@ func (f *fake) prefill(ctx context.Context, body []byte, k request.Kind) bool {
 func kindOf(path string) request.Kind {
 	if strings.HasSuffix(path, "/chat/completions") {
 		return request.Chat
+	}
+	if strings.HasSuffix(path, "/responses") {
+		return request.Responses
 	}
 	return request.Completion
 }

@@ -19,17 +19,17 @@ import (
 func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet {
 		w.Header().Set("Allow", http.MethodGet)
-		s.reject(w, &openai.Error{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest, Code: "method_not_allowed", Message: r.Method + " is not allowed on /v1/models; use GET"})
+		s.reject(w, r, &openai.Error{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest, Code: "method_not_allowed", Message: r.Method + " is not allowed on /v1/models; use GET"})
 		return
 	}
 	healthy := s.fleet.Snapshot().Healthy
 	if len(healthy) == 0 {
-		s.reject(w, &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Code: "no_healthy_backend", Message: "no healthy backend", RetryAfter: 1})
+		s.reject(w, r, &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Code: "no_healthy_backend", Message: "no healthy backend", RetryAfter: 1})
 		return
 	}
 	body, err := s.modelList.get(r.Context(), healthy, s.cfg.Upstream.ModelsCacheTTL, s.fetchModels)
 	if err != nil {
-		s.reject(w, &openai.Error{Status: http.StatusInternalServerError, Type: openai.TypeServer, Message: err.Error()})
+		s.reject(w, r, &openai.Error{Status: http.StatusInternalServerError, Type: openai.TypeServer, Message: err.Error()})
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

@@ -16,7 +16,8 @@ import (
 // read (request.ModelOf), admitted, and routed by the scheduler among the
 // healthy backends that serve the model, which opens its load ticket. Its
 // lifecycle is a completion's (the breaker's Allow and judgement
-// included), but it is not retried and has no tokens.
+// included), but it has no tokens, and it is retried only on the idempotent
+// endpoints (idempotent).
 func (s *Server) passthrough(w http.ResponseWriter, r *http.Request) {
 	ex, r := s.newExchange(w, r, passOperation(r.URL.Path), true)
 	defer ex.settleDeferred()
@@ -42,9 +43,19 @@ func (s *Server) passthrough(w http.ResponseWriter, r *http.Request) {
 	// and settles the backend's success as for a completion.
 	v := &request.View{Model: model, MaxTokens: 1}
 	ex.setView(v, disagg.Strip(body))
+	ex.Idempotent = idempotent[r.URL.Path]
 	if s.plane.Route(&ex.Request) {
 		ex.forward()
 	}
+}
+
+// idempotent are the passthrough endpoints whose requests are retried on
+// another engine before their first byte, as completions are: they read
+// and change nothing of an engine's state.
+var idempotent = map[string]bool{
+	"/v1/embeddings": true, "/v1/rerank": true, "/v2/rerank": true, "/rerank": true, "/v1/score": true, "/score": true,
+	"/v1/classify": true, "/classify": true, "/pooling": true, "/v1/tokenize": true, "/v1/detokenize": true,
+	"/tokenize": true, "/detokenize": true, "/v1/messages/count_tokens": true,
 }
 
 // passOperation is the GenAI operation of a passthrough endpoint: only

@@ -339,8 +339,14 @@ func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveCompletion(request.Chat, w, r) })
 	mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveCompletion(request.Completion, w, r) })
+	mux.HandleFunc("/v1/responses", func(w http.ResponseWriter, r *http.Request) { s.serveCompletion(request.Responses, w, r) })
+	mux.HandleFunc("/v1/messages", func(w http.ResponseWriter, r *http.Request) { s.serveCompletion(request.Messages, w, r) })
+	mux.HandleFunc("/v1/responses/", s.serveStored)
 	mux.HandleFunc("/v1/models", s.models)
 	mux.HandleFunc("/v1/", s.passthrough)
+	for _, p := range config.RootEndpoints {
+		mux.HandleFunc(p, s.passthrough)
+	}
 	live := func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/disagg"
+	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/lifecycle"
+	"github.com/kvroute/kvroute/internal/request"
 )
 
 // relay is the body of the response the client gets, as the reverse proxy
@@ -62,14 +64,17 @@ type relay struct {
 	// first. nil for any other body.
 	answer *disagg.Answer
 	held   []byte
+	// backend is the engine whose 2xx body this is (counted).
+	backend *fleet.Backend
 }
 
 func newRelay(ex *exchange, l *lifecycle.Leg, resp *http.Response, head []byte, headErr error) *relay {
 	t := &relay{rc: resp.Body, ctx: resp.Request.Context(), head: head, headErr: headErr,
 		sse: resp.StatusCode == http.StatusOK && isSSE(resp.Header.Get("Content-Type"))}
 	if resp.StatusCode/100 == 2 && !ex.Passthrough {
-		t.counted = true
+		t.counted, t.backend = true, l.Target.B
 		t.tally.sse = t.sse
+		t.tally.agent = ex.View != nil && (ex.View.Kind == request.Responses || ex.View.Kind == request.Messages)
 		t.tally.itl = l.Target.ITL(ex.Model)
 		// Only the exchange's GenAI span reports the response's model
 		// (endTrace): without one it is not read.
@@ -114,7 +119,7 @@ func (t *relay) Read(p []byte) (int, error) {
 		return n, io.EOF
 	}
 	if t.broken != nil {
-		t.cut, t.cutting = streamErrorEvent(err, t.tail.atBoundary()), true
+		t.cut, t.cutting = streamErrorEvent(err, t.tail.atBoundary(), t.tally.agent), true
 		if n == 0 {
 			return t.Read(p)
 		}

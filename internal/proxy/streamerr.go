@@ -94,16 +94,27 @@ func (t *sseTail) done() bool {
 	return false
 }
 
-// streamErrorEvent is the event that ends a broken stream (see above).
-func streamErrorEvent(cause error, atBoundary bool) []byte {
+// streamErrorEvent is the event that ends a broken stream (see above). A
+// Responses or Messages stream (agent) gets a named error event in its
+// API's shape: event: error, data {"type":"error", ...}.
+func streamErrorEvent(cause error, atBoundary, agent bool) []byte {
 	d := openai.ErrorDetail{Message: "the backend broke the stream; the response is incomplete", Type: openai.TypeServer, Code: streamBrokenCode}
 	if errors.Is(cause, errStreamIdle) {
 		d.Message, d.Code = "the backend sent nothing within the router's stream idle timeout; the response is incomplete", streamIdleCode
 	}
 	body, _ := json.Marshal(openai.ErrorBody{Error: d})
+	if agent {
+		// Both APIs' clients read the event's "type"; OpenAI's its
+		// code and message, Anthropic's its error object.
+		body, _ = json.Marshal(map[string]any{"type": "error", "code": d.Code, "message": d.Message, "param": nil,
+			"error": openai.AnthropicErrorDetail{Type: "api_error", Message: d.Message}})
+	}
 	var b []byte
 	if !atBoundary {
 		b = append(b, "\n\n"...)
+	}
+	if agent {
+		b = append(b, "event: error\n"...)
 	}
 	b = append(b, "data: "...)
 	b = append(b, body...)

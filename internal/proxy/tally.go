@@ -39,6 +39,15 @@ type tally struct {
 	modelSeen bool
 	// head and tail are the JSON body's first and last bytes.
 	head, tail []byte
+	// agent marks the body of a Responses or Messages request, read as
+	// its API writes it (openai.ReadAgentEvent); agentUsage is what its
+	// events reported, responseID the Responses API's id of the answer
+	// (a stream's response.created, a JSON body's first "id"), start
+	// the JSON body's first bytes, where the id is.
+	agent      bool
+	agentUsage *openai.AgentUsage
+	responseID string
+	start      []byte
 }
 
 // maxTallyLine bounds the event line a tally reads; tallyTail is how much
@@ -58,6 +67,9 @@ func (t *tally) readModel() {
 // note reads p, relayed at now.
 func (t *tally) note(p []byte, now time.Time) {
 	if !t.sse {
+		if t.agent && len(t.start) < tallyHead {
+			t.start = append(t.start, p[:min(len(p), tallyHead-len(t.start))]...)
+		}
 		if !t.modelSeen {
 			t.head = append(t.head, p[:min(len(p), tallyHead-len(t.head))]...)
 			if len(t.head) == tallyHead {
@@ -111,6 +123,10 @@ func (t *tally) event(line []byte, now time.Time) {
 	if !t.modelSeen {
 		t.model, t.modelSeen = responseModel(data), true
 	}
+	if t.agent {
+		t.agentEvent(data, now)
+		return
+	}
 	c, err := openai.ReadChunk(data)
 	if err != nil {
 		return
@@ -122,14 +138,40 @@ func (t *tally) event(line []byte, now time.Time) {
 		t.timings = c.Timings
 	}
 	if c.Content {
-		if t.chunks > 0 && t.itl != nil {
-			t.itl.Observe(now.Sub(t.last).Seconds())
+		t.token(now)
+	}
+}
+
+// token counts a token chunk relayed at now.
+func (t *tally) token(now time.Time) {
+	if t.chunks > 0 && t.itl != nil {
+		t.itl.Observe(now.Sub(t.last).Seconds())
+	}
+	if t.chunks == 0 {
+		t.first = now
+	}
+	t.chunks++
+	t.last = now
+}
+
+// agentEvent reads one data event of a Responses or Messages stream.
+func (t *tally) agentEvent(data []byte, now time.Time) {
+	c, err := openai.ReadAgentEvent(data)
+	if err != nil {
+		return
+	}
+	if c.ResponseID != "" && t.responseID == "" {
+		t.responseID = c.ResponseID
+	}
+	if c.Usage != nil {
+		if t.agentUsage == nil {
+			t.agentUsage = &openai.AgentUsage{}
 		}
-		if t.chunks == 0 {
-			t.first = now
-		}
-		t.chunks++
-		t.last = now
+		t.agentUsage.Merge(c.Usage)
+		t.usage = t.agentUsage.Usage()
+	}
+	if c.Content {
+		t.token(now)
 	}
 }
 
@@ -140,6 +182,15 @@ func (t *tally) finish() {
 	}
 	if !t.modelSeen {
 		t.readModel()
+	}
+	if t.agent {
+		var u openai.AgentUsage
+		if tailObject(t.tail, `"usage":`, &u) {
+			t.usage = u.Usage()
+		}
+		t.responseID, t.start = firstString(t.start, idKey), nil
+		t.tail = nil
+		return
 	}
 	var u openai.Usage
 	if tailObject(t.tail, `"usage":`, &u) {
@@ -188,17 +239,25 @@ func (t *tally) decoding() time.Duration {
 	return t.last.Sub(t.first)
 }
 
-// modelKey starts the response's model in its first chunk or JSON body.
-var modelKey = []byte(`"model":"`)
+// modelKey starts the response's model in its first chunk or JSON body,
+// idKey its id.
+var (
+	modelKey = []byte(`"model":"`)
+	idKey    = []byte(`"id":"`)
+)
 
 // responseModel is the model named in p (the response's first bytes),
 // "" when they name none. A name with an escape is left out.
-func responseModel(p []byte) string {
-	i := bytes.Index(p, modelKey)
+func responseModel(p []byte) string { return firstString(p, modelKey) }
+
+// firstString is the string value after the first key (`"name":"`) in p,
+// "" when p has none, or one with an escape or longer than 256 bytes.
+func firstString(p, key []byte) string {
+	i := bytes.Index(p, key)
 	if i < 0 {
 		return ""
 	}
-	rest := p[i+len(modelKey):]
+	rest := p[i+len(key):]
 	j := bytes.IndexByte(rest, '"')
 	if j <= 0 || j > 256 || bytes.IndexByte(rest[:j], '\\') >= 0 {
 		return ""

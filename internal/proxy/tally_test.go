@@ -7,8 +7,11 @@ import (
 )
 
 // tallyOf reads body through a tally in pieces of at most step bytes.
-func tallyOf(body []byte, sse bool, step int) *tally {
-	t := &tally{sse: sse}
+func tallyOf(body []byte, sse bool, step int) *tally { return agentTallyOf(body, sse, false, step) }
+
+// agentTallyOf is tallyOf for a Responses or Messages body when agent.
+func agentTallyOf(body []byte, sse, agent bool, step int) *tally {
+	t := &tally{sse: sse, agent: agent}
 	now := time.Unix(0, 0)
 	for len(body) > 0 {
 		n := min(step, len(body))
@@ -103,9 +106,17 @@ func FuzzTally(f *testing.F) {
 	f.Add([]byte(`{"model":"m","usage":{"prompt_tokens":1}}`), false, 5)
 	f.Add([]byte("data: {\"usage\":{\"prompt_tokens\":9},\"timings\":{\"prompt_n\":4}}\n\n"), true, 2)
 	f.Add([]byte(`{"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":-3}},"timings":{"cache_n":5}}`), false, 4)
+	// A negative step reads the body as a Responses or Messages answer.
+	f.Add([]byte("event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\"}}\n\nevent: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"a\"}\n\nevent: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":4,\"output_tokens\":1,\"input_tokens_details\":{\"cached_tokens\":-2}}}}\n\n"), true, -3)
+	f.Add([]byte("data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":7}}}\n\ndata: {\"type\":\"content_block_delta\"}\n\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":2,\"cache_read_input_tokens\":5}}\n\n"), true, -5)
+	f.Add([]byte(`{"id":"resp_9","usage":{"input_tokens":3,"output_tokens":1}}`), false, -2)
 	f.Fuzz(func(t *testing.T, body []byte, sse bool, step int) {
+		agent := step < 0
 		step = 1 + abs(step)%64
-		whole, split := tallyOf(body, sse, len(body)+1), tallyOf(body, sse, step)
+		whole, split := agentTallyOf(body, sse, agent, len(body)+1), agentTallyOf(body, sse, agent, step)
+		if agent && sse && whole.responseID != split.responseID {
+			t.Fatalf("response id %q whole, %q split by %d", whole.responseID, split.responseID, step)
+		}
 		if len(split.line) > maxTallyLine || len(split.tail) > tallyTail {
 			t.Fatalf("holds %d line and %d tail bytes", len(split.line), len(split.tail))
 		}
@@ -143,4 +154,36 @@ func BenchmarkTally(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*events), "ns/event")
+}
+
+// TestTallyAgents: the tally reads the Responses and Messages APIs'
+// answers: text deltas as token chunks, their usage (Anthropic's split
+// between message_start and message_delta), the cached tokens each
+// reports, and a Responses answer's id.
+func TestTallyAgents(t *testing.T) {
+	for _, c := range []struct {
+		name                    string
+		body                    string
+		sse                     bool
+		chunks, out, in, cached int
+		id                      string
+	}{
+		{"responses stream", "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"usage\":null}}\n\n" +
+			"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"a\"}\n\n" +
+			"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"b\"}\n\n" +
+			"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"usage\":{\"input_tokens\":40,\"output_tokens\":2,\"input_tokens_details\":{\"cached_tokens\":32}}}}\n\n",
+			true, 2, 2, 40, 32, "resp_1"},
+		{"messages stream", "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":50,\"output_tokens\":1}}}\n\n" +
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"x\"}}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":3,\"cache_read_input_tokens\":48}}\n\n",
+			true, 1, 3, 50, 48, ""},
+		{"responses JSON", `{"id":"resp_2","object":"response","output":[],"usage":{"input_tokens":9,"output_tokens":4,"input_tokens_details":{"cached_tokens":0}}}`,
+			false, 0, 4, 9, 0, "resp_2"},
+	} {
+		tl := agentTallyOf([]byte(c.body), c.sse, true, 7)
+		cached, in, ok := tl.cached()
+		if tl.chunks != c.chunks || tl.output() != c.out || in != c.in || cached != c.cached || !ok || tl.responseID != c.id {
+			t.Errorf("%s: %d chunks, %d out, %d in, %d cached (%v), id %q", c.name, tl.chunks, tl.output(), in, cached, ok, tl.responseID)
+		}
+	}
 }

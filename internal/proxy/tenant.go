@@ -76,7 +76,7 @@ func (s *Server) metricsPage() http.Handler {
 		// Off the exempt paths requireKey has counted the header.
 		if k.isExempt(r.URL.Path) && r.Header.Get(headerAdminToken) != "" {
 			if e := s.failures.blocked(r); e != nil {
-				s.reject(w, e)
+				s.reject(w, r, e)
 				return
 			}
 			if !s.adminHeaderOK(r) {

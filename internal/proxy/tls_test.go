@@ -191,10 +191,18 @@ func TestTLSEndToEnd(t *testing.T) {
 			if clients.Load() == 0 {
 				t.Error("the backend saw no request with the router's client certificate")
 			}
-			if presp, err := http.Get("http://" + srv.Addr() + "/healthz"); err == nil {
+			// Plain HTTP to either TLS port gets a 400 that says so, not an
+			// empty reply.
+			for _, addr := range []string{srv.Addr(), srv.AdminAddr()} {
+				presp, err := http.Get("http://" + addr + "/healthz")
+				if err != nil {
+					t.Errorf("plain HTTP to the TLS port %s: %v, want a 400 saying the port speaks TLS", addr, err)
+					continue
+				}
+				pbody, _ := io.ReadAll(presp.Body)
 				presp.Body.Close()
-				if presp.StatusCode == http.StatusOK {
-					t.Error("the TLS listener served plain HTTP")
+				if presp.StatusCode != http.StatusBadRequest || !strings.Contains(string(pbody), "HTTPS server") || !strings.Contains(string(pbody), "https://") {
+					t.Errorf("plain HTTP to the TLS port %s: %d %q, want a 400 saying the port speaks TLS", addr, presp.StatusCode, pbody)
 				}
 			}
 

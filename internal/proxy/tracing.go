@@ -199,10 +199,10 @@ const (
 
 // operationOf is the GenAI operation of a completion endpoint.
 func operationOf(k request.Kind) string {
-	if k == request.Chat {
-		return opChat
+	if k == request.Completion {
+		return opTextCompletion
 	}
-	return opTextCompletion
+	return opChat
 }
 
 // begin takes the request's access log entry and starts the exchange's

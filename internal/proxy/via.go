@@ -64,7 +64,7 @@ func (s *Server) guardLoop(next http.Handler) http.Handler {
 		}
 		s.limits.hit(limitLoop, r.RemoteAddr)
 		w.Header().Set("Connection", "close")
-		s.reject(w, &openai.Error{Status: http.StatusLoopDetected, Type: openai.TypeServer, Code: "loop_detected",
+		s.reject(w, r, &openai.Error{Status: http.StatusLoopDetected, Type: openai.TypeServer, Code: "loop_detected",
 			Message: "the request has already passed through this router (its Via header names it): a backend URL points back at the router"})
 	})
 }

@@ -77,10 +77,10 @@ func Append(dst []byte, b *Batch) []byte {
 		if e.Kind == Routed || e.Kind == Changed {
 			dst = binary.AppendUvarint(dst, e.Request)
 		}
-		if e.Kind != Learned {
+		if e.Kind != Learned && e.Kind != Stored {
 			dst = appendLoad(dst, e.Load)
 		}
-		if e.Kind == Routed || e.Kind == Learned {
+		if e.Kind == Routed || e.Kind == Learned || e.Kind == Stored {
 			dst = appendClaim(dst, e.Claim)
 			dst = binary.AppendUvarint(dst, uint64(len(e.Hashes)))
 			for _, h := range e.Hashes {
@@ -177,10 +177,10 @@ func Decode(p []byte, b *Batch) error {
 		if e.Kind == Routed || e.Kind == Changed {
 			e.Request = d.uvarint()
 		}
-		if e.Kind != Learned {
+		if e.Kind != Learned && e.Kind != Stored {
 			e.Load = fleet.Load{InFlight: d.varint(), PendingPrefill: d.varint(), Decoding: d.varint(), DecodeBudget: d.varint(), DecodeTokens: d.varint()}
 		}
-		if e.Kind == Routed || e.Kind == Learned {
+		if e.Kind == Routed || e.Kind == Learned || e.Kind == Stored {
 			e.Claim = d.claim()
 			n := d.count(8, len(p))
 			if hashes == nil && n > 0 {

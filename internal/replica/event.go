@@ -44,7 +44,11 @@ const (
 	// Learned: a past decision (Hashes, Claim) on Backend, in a snapshot;
 	// it carries no load.
 	Learned
-	maxKind = Learned
+	// Stored: Backend stored the response whose id hashes to
+	// Claim.Session (scheduler.HashResponse) at Claim.At; it carries no
+	// load and no hashes. In the stream and in snapshots.
+	Stored
+	maxKind = Stored
 )
 
 // Event is one thing a replica tells its peers.

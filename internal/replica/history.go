@@ -31,15 +31,22 @@ func NewHistory(events, hashes int) *History {
 	return &History{ring: make([]Event, events), maxH: hashes}
 }
 
-// Add records a Routed event as a Learned one (its load is not history).
+// Add records a Routed event as a Learned one (its load is not history),
+// and a Stored one as it is.
 func (h *History) Add(e Event) {
-	if e.Kind != Routed || len(e.Hashes) > h.maxH {
+	if e.Kind == Stored {
+		e.Hashes = nil
+	} else if e.Kind != Routed || len(e.Hashes) > h.maxH {
 		return
 	}
 	for h.n > 0 && (h.n == len(h.ring) || h.hashes+len(e.Hashes) > h.maxH) {
 		h.dropOldest()
 	}
-	h.ring[h.next] = Event{Kind: Learned, Backend: e.Backend, Claim: e.Claim, Hashes: e.Hashes}
+	kind := Learned
+	if e.Kind == Stored {
+		kind = Stored
+	}
+	h.ring[h.next] = Event{Kind: kind, Backend: e.Backend, Claim: e.Claim, Hashes: e.Hashes}
 	h.next = (h.next + 1) % len(h.ring)
 	h.n++
 	h.hashes += len(e.Hashes)

@@ -41,6 +41,11 @@ func (o *Outbox) Changed(id uint64, b *fleet.Backend, d fleet.Load) {
 	o.put(Event{Kind: Changed, Request: id, Backend: b.Name, Load: d})
 }
 
+// Stored implements scheduler.ResponseEvents.
+func (o *Outbox) Stored(b *fleet.Backend, h uint64, at int64) {
+	o.put(Event{Kind: Stored, Backend: b.Name, Claim: policy.Claim{Session: h, At: at}})
+}
+
 func (o *Outbox) put(e Event) {
 	select {
 	case o.ch <- e:
@@ -73,4 +78,7 @@ func (o *Outbox) Queued() uint64 { return o.queued.Load() }
 // Dropped is the number of events dropped because the queue was full.
 func (o *Outbox) Dropped() uint64 { return o.dropped.Load() }
 
-var _ scheduler.Events = (*Outbox)(nil)
+var (
+	_ scheduler.Events         = (*Outbox)(nil)
+	_ scheduler.ResponseEvents = (*Outbox)(nil)
+)

@@ -376,6 +376,8 @@ func (p *Peers) Apply(b *Batch, now time.Time) Applied {
 			}
 		case e.Kind == Changed && e.Load.InFlight < 0:
 			p.release(pr, e.Request)
+		case e.Kind == Stored:
+			p.sched.LearnResponse(be, e.Claim.Session, e.Claim.At)
 		case e.Kind == Learned && (hashesOK || e.Claim.Session != 0):
 			hashes := e.Hashes
 			if !hashesOK {

@@ -24,6 +24,7 @@ func sampleBatch() *Batch {
 			{Kind: Changed, Backend: "a:1", Load: fleet.Load{InFlight: -1, Decoding: -1, DecodeBudget: -256, DecodeTokens: -1000}},
 			{Kind: Learned, Backend: "b:2", Claim: policy.Claim{Session: 9, At: 1e18}, Hashes: []uint64{3}},
 			{Kind: Report, Backend: "a:1", Load: fleet.Load{InFlight: 3}},
+			{Kind: Stored, Backend: "b:2", Claim: policy.Claim{Session: 77, At: 5e17}, Hashes: []uint64{}},
 		},
 	}
 }
@@ -205,6 +206,41 @@ func TestPeersLearn(t *testing.T) {
 	s.Index().Match(other, out)
 	if out[0] != 0 {
 		t.Errorf("hashes of another block size were applied: %v", out)
+	}
+}
+
+// TestPeersStored: a response one replica learnt was stored reaches a
+// peer through the outbox, the codec and Apply, whose continuations then
+// go to the engine holding it; the history carries it to a late peer.
+func TestPeersStored(t *testing.T) {
+	f, s, _ := fixture(t)
+	o := NewOutbox(8)
+	s.SetEvents(o)
+	b := f.Snapshot().All[1]
+	s.ResponseStored("resp_1", b, t0)
+	evs := o.Drain(nil, 8)
+	if len(evs) != 1 || evs[0].Kind != Stored {
+		t.Fatalf("outbox %+v", evs)
+	}
+	var in Batch
+	if err := Decode(Append(nil, &Batch{Kind: Events, Replica: "p", Incarnation: 1, Seq: 1, BlockChars: 64, Events: evs}), &in); err != nil {
+		t.Fatal(err)
+	}
+	h := NewHistory(4, 4)
+	h.Add(in.Events[0])
+	for _, batch := range []*Batch{&in, {Kind: Snapshot, Replica: "q", Incarnation: 1, BlockChars: 64, Events: h.Events(nil)}} {
+		pf, ps, pp := fixture(t)
+		pp.Apply(batch, t0)
+		if name, ok := ps.ResponseHome("resp_1", t0); !ok || name != "b:2" {
+			t.Fatalf("peer's table after a %v batch: %q %v", batch.Kind, name, ok)
+		}
+		for range 4 {
+			a, err := ps.Route(&request.View{PreviousResponseID: "resp_1", Prompt: "x"}, nil, t0)
+			if err != nil || a.Backend != pf.Snapshot().All[1] {
+				t.Fatalf("continuation routed to %v (%v)", a, err)
+			}
+			a.Done(t0)
+		}
 	}
 }
 

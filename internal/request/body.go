@@ -48,6 +48,9 @@ type decoder struct {
 	tools textGroup
 
 	prompt prompt
+
+	// The Responses and Messages APIs' own fields (agents.go).
+	agent
 }
 
 type limits struct{ messages, parts, items, calls, tools int }
@@ -164,16 +167,31 @@ const (
 	fStream
 	fStreamOptions
 	fCacheSalt
+	fInput
+	fInstructions
+	fPreviousResponseID
+	fConversation
+	fPromptCacheKey
+	fStore
+	fMaxOutputTokens
+	fBackground
+	fSystem
 )
 
-var bodyFields = []string{"model", "messages", "tools", "prompt", "max_tokens", "max_completion_tokens", "min_tokens", "ignore_eos", "stream", "stream_options", "cache_salt"}
+var bodyFields = []string{"model", "messages", "tools", "prompt", "max_tokens", "max_completion_tokens", "min_tokens", "ignore_eos", "stream", "stream_options", "cache_salt",
+	"input", "instructions", "previous_response_id", "conversation", "prompt_cache_key", "store", "max_output_tokens", "background", "system"}
 
-// chatOnly and completionOnly are the fields only one kind reads; the other
-// passes over them as unknown.
-var (
-	chatOnly       = 1<<fMessages | 1<<fTools | 1<<fMaxCompletionTokens
-	completionOnly = 1 << fPrompt
-)
+// kindFields are the fields each kind reads; it passes over the others as
+// unknown, as the engine's model for the endpoint ignores them.
+var kindFields = [...]uint32{
+	Chat: 1<<fModel | 1<<fMessages | 1<<fTools | 1<<fMaxTokens | 1<<fMaxCompletionTokens | 1<<fMinTokens |
+		1<<fIgnoreEOS | 1<<fStream | 1<<fStreamOptions | 1<<fCacheSalt,
+	Completion: 1<<fModel | 1<<fPrompt | 1<<fMaxTokens | 1<<fMinTokens | 1<<fIgnoreEOS | 1<<fStream |
+		1<<fStreamOptions | 1<<fCacheSalt,
+	Responses: 1<<fModel | 1<<fInput | 1<<fInstructions | 1<<fTools | 1<<fPreviousResponseID | 1<<fConversation |
+		1<<fPromptCacheKey | 1<<fStore | 1<<fStream | 1<<fMaxOutputTokens | 1<<fBackground | 1<<fCacheSalt,
+	Messages: 1<<fModel | 1<<fSystem | 1<<fMessages | 1<<fTools | 1<<fMaxTokens | 1<<fStream,
+}
 
 var (
 	messageFields  = []string{"role", "content", "name", "tool_calls"}
@@ -201,7 +219,7 @@ func (d *decoder) body() bool {
 		start := d.pos
 		session := d.sessionName != "" && string(key) == d.sessionName
 		f := field(key, bodyFields)
-		if f >= 0 && (d.kind == Chat && completionOnly&(1<<f) != 0 || d.kind == Completion && chatOnly&(1<<f) != 0) {
+		if f >= 0 && kindFields[d.kind]&(1<<f) == 0 {
 			f = -1
 		}
 		if !d.member(f) {
@@ -219,6 +237,9 @@ func (d *decoder) member(f int) bool {
 	case fModel:
 		return d.optStr(&d.model, "model")
 	case fMessages:
+		if d.kind == Messages {
+			return d.anthropicMessages()
+		}
 		return d.messages()
 	case fTools:
 		return d.toolList()
@@ -238,6 +259,25 @@ func (d *decoder) member(f int) bool {
 		return d.streamOpts()
 	case fCacheSalt:
 		return d.optStr(&d.cacheSalt, "cache_salt")
+	case fInput:
+		return d.inputValue()
+	case fInstructions:
+		return d.instructions()
+	case fPreviousResponseID:
+		return d.optStr(&d.prevID, "previous_response_id")
+	case fConversation:
+		return d.conversationValue()
+	case fPromptCacheKey:
+		return d.optStr(&d.cacheKey, "prompt_cache_key")
+	case fStore:
+		d.storeSet = d.peek() != 'n'
+		return d.optBool(&d.store, "store")
+	case fMaxOutputTokens:
+		return d.optInt(&d.maxTokens, "max_output_tokens")
+	case fBackground:
+		return d.optBool(&d.background, "background")
+	case fSystem:
+		return d.systemValue()
 	}
 	return d.skip()
 }
@@ -431,7 +471,7 @@ func (d *decoder) part(c *content) bool {
 	if !ok || c.fault != contentOK {
 		return ok
 	}
-	if t := d.bytes(typ); string(t) == "text" || string(t) == "input_text" {
+	if t := d.bytes(typ); string(t) == "text" || string(t) == "input_text" || d.kind == Responses && string(t) == "output_text" {
 		d.emit(text)
 	} else {
 		d.emitPlaceholder(t)
@@ -491,25 +531,15 @@ func (d *decoder) toolList() bool {
 	d.group = d.segs.n
 	lo := int32(d.segs.n)
 	n, ok := d.elements(func(i int) bool {
-		start := d.pos
-		d.spaced = false
-		if !d.skip() {
-			return false
-		}
 		if i >= d.lim.tools {
-			return true // checked, not kept (the view is an error)
+			return d.skip() // checked, not kept (the view is an error)
 		}
-		v := d.buf[start:d.pos]
-		if d.spaced {
-			d.room()
-			a := len(d.arena)
-			d.arena = appendCompact(d.arena, v)
-			d.emit(span{^int32(a), int32(len(d.arena) - a)})
-		} else {
-			d.emit(span{int32(start), int32(len(v))})
+		v, ok := d.compactValue()
+		if ok {
+			d.emit(v)
+			d.emitText("\n")
 		}
-		d.emitText("\n")
-		return true
+		return ok
 	})
 	d.tools = textGroup{lo, int32(d.segs.n), int32(n)}
 	return ok

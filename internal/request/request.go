@@ -36,19 +36,33 @@ const (
 	Chat Kind = iota
 	// Completion is POST /v1/completions.
 	Completion
+	// Responses is POST /v1/responses, OpenAI's Responses API.
+	Responses
+	// Messages is POST /v1/messages, Anthropic's Messages API.
+	Messages
 )
 
 func (k Kind) String() string {
-	if k == Chat {
+	switch k {
+	case Chat:
 		return "chat"
+	case Responses:
+		return "responses"
+	case Messages:
+		return "messages"
 	}
 	return "completion"
 }
 
 // Path is the URL path of the endpoint of kind k.
 func (k Kind) Path() string {
-	if k == Chat {
+	switch k {
+	case Chat:
 		return "/v1/chat/completions"
+	case Responses:
+		return "/v1/responses"
+	case Messages:
+		return "/v1/messages"
 	}
 	return "/v1/completions"
 }
@@ -123,6 +137,21 @@ type View struct {
 	// sets it to the body's cache_salt; the router may add the API key's
 	// id to it (auth.isolate_prefix). "" for none.
 	PrefixSalt string
+
+	// The Responses API's state (Kind Responses): the stored response the
+	// request continues ("" for none), the conversation it belongs to,
+	// whether its answer is to be stored (the API's default: true) and
+	// run in the background.
+	PreviousResponseID string
+	Conversation       string
+	Store, Background  bool
+	// HistoryAt is where, in Prompt, the engine puts the conversation
+	// of the previous response (a Responses request): after the tool
+	// definitions and the instructions, before the input. MessagesAt is
+	// where the messages start, after the tool definitions: what the
+	// engine stores of the request (its messages, the instructions'
+	// among them) is Prompt[MessagesAt:].
+	HistoryAt, MessagesAt int
 }
 
 // Options configure Parse.
@@ -146,6 +175,9 @@ type Options struct {
 	MaxToolCalls int
 	// MaxTools bounds the tool definitions; 0 means MaxTools.
 	MaxTools int
+	// CountOnly reads a Messages body sent to count its tokens
+	// (/v1/messages/count_tokens), which needs no max_tokens.
+	CountOnly bool
 }
 
 // Limits that keep a hostile body from costing more than its size. Parse's
@@ -202,7 +234,7 @@ func Parse(k Kind, body []byte, opt Options) (*View, *openai.Error) {
 	if len(body) == 0 || body[0] != '{' {
 		return nil, openai.BadRequest("invalid_json", "request body must be a JSON object")
 	}
-	if k != Chat && k != Completion {
+	if k > Messages {
 		return nil, openai.BadRequest("invalid_endpoint", "unknown endpoint")
 	}
 	if len(body) > maxBody {
@@ -230,10 +262,13 @@ func Parse(k Kind, body []byte, opt Options) (*View, *openai.Error) {
 		v.PrefixSalt = string(d.bytes(d.cacheSalt))
 	}
 	var e *openai.Error
-	if k == Chat {
+	switch k {
+	case Chat:
 		e = d.chatView(v)
-	} else {
+	case Completion:
 		e = d.completionView(v)
+	default:
+		e = d.agentView(v)
 	}
 	if e != nil {
 		return nil, e
@@ -266,6 +301,7 @@ func (d *decoder) reset(k Kind, body []byte, opt Options) {
 		kind:        k,
 		lim:         opt.limits(),
 		sessionName: opt.SessionField,
+		agent:       agent{countOnly: opt.CountOnly},
 		msgs:        d.msgs.reuse(),
 		calls:       d.calls.reuse(),
 		segs:        d.segs.reuse(),
@@ -424,6 +460,12 @@ func (d *decoder) chatView(v *View) *openai.Error {
 	if d.nmsg == 0 {
 		return errMissingMessages()
 	}
+	return d.renderChat(v)
+}
+
+// renderChat renders the messages read (none is allowed: a Responses
+// request's empty input) as chatView documents.
+func (d *decoder) renderChat(v *View) *openai.Error {
 	if d.nmsg > d.lim.messages {
 		return errTooManyMessages(d.nmsg, d.lim.messages)
 	}
@@ -436,6 +478,9 @@ func (d *decoder) chatView(v *View) *openai.Error {
 	size := len(generationStart)
 	if d.tools.n > 0 {
 		size += len(toolsHeader) + d.segsLen(d.tools.lo, d.tools.hi)
+	}
+	if d.lead.set {
+		size += len("<|system|>\n\n") + d.segsLen(d.lead.lo, d.lead.hi)
 	}
 	for i := range d.nmsg {
 		m := d.msgs.at(i)
@@ -458,6 +503,19 @@ func (d *decoder) chatView(v *View) *openai.Error {
 	if d.tools.n > 0 {
 		sb.WriteString(toolsHeader)
 		d.writeSegs(&sb, d.tools.lo, d.tools.hi)
+	}
+	if d.kind == Responses {
+		v.MessagesAt = sb.Len()
+	}
+	if d.lead.set {
+		// The instructions (Responses) or the system prompt (Messages),
+		// which the engine makes the first message.
+		sb.WriteString("<|system|>\n")
+		d.writeSegs(&sb, d.lead.lo, d.lead.hi)
+		sb.WriteByte('\n')
+	}
+	if d.kind == Responses {
+		v.HistoryAt = sb.Len()
 	}
 	firstUser := -1
 	for i := range d.nmsg {

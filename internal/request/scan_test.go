@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/kvroute/kvroute/internal/racetest"
 )
 
 // chatWith is a chat body whose one user message has the JSON text content
@@ -210,6 +212,7 @@ func TestAppendToken(t *testing.T) {
 // TestParseLimits checks each limit at and past its value, with the
 // default and with the option set.
 func TestParseLimits(t *testing.T) {
+	racetest.Heavy(t, "parses prompts of millions of tokens on one goroutine")
 	parts := func(n int) string {
 		return chatWith(`[` + strings.Repeat(`{"type":"text","text":"a"},`, n-1) + `{"type":"image_url"}]`)
 	}

@@ -57,10 +57,12 @@ type Report struct {
 
 // Reported feeds the audit with what the engine reported of a's request
 // and applies the verdict to the index. Only the first call counts; an
-// assignment without a routing (a test's) is ignored.
+// assignment without a routing (a test's) is ignored, and so is a split
+// request's decode leg, whose engine counts the KV it received from the
+// prefill engine as cached.
 func (a *Assignment) Reported(r Report, now time.Time) {
 	s := a.sched
-	if s == nil || !a.reported.CompareAndSwap(false, true) {
+	if s == nil || a.transferred || !a.reported.CompareAndSwap(false, true) {
 		return
 	}
 	id := a.Backend.ID

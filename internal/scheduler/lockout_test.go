@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/racetest"
 	"github.com/kvroute/kvroute/internal/report"
 	"github.com/kvroute/kvroute/internal/scheduler"
 	"github.com/kvroute/kvroute/internal/sim"
@@ -26,6 +27,7 @@ import (
 // rest of the run, at least half the smallest share any engine gets when
 // the same chat traffic meets a fleet that never saw the overload.
 func TestNoLockOutAfterOverload(t *testing.T) {
+	racetest.Heavy(t, "seven runs of two minutes in virtual time")
 	p, err := engine.LookupPreset("h100-llama3-8b")
 	if err != nil {
 		t.Fatal(err)

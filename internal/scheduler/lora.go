@@ -84,15 +84,22 @@ func (s *Scheduler) serves(b *fleet.Backend, model, parent string) bool {
 }
 
 // adapterStage narrows cands for a request for adapter model (parent its
-// base model, "" for none) when the policy asks for it.
-func (s *Scheduler) adapterStage(cands []*fleet.Backend, model, parent string, now time.Time) []*fleet.Backend {
+// base model, "" for none) when the policy asks for it. The tier it kept
+// is returned when it left some candidates out (the adapter decided
+// among them), "" otherwise.
+func (s *Scheduler) adapterStage(cands []*fleet.Backend, model, parent string, now time.Time) ([]*fleet.Backend, string) {
 	if parent == "" || len(cands) < 2 {
-		return cands
+		return cands, ""
 	}
 	if a, ok := s.Policy().(policy.AdapterAffinity); !ok || !a.AdapterAffinity() {
-		return cands
+		return cands, ""
 	}
-	return policy.AdapterTiers(cands, model, now, s.resident.of)
+	n := len(cands)
+	kept, tier := policy.AdapterTiers(cands, model, now, s.resident.of)
+	if len(kept) == n {
+		tier = ""
+	}
+	return kept, tier
 }
 
 // residents is the router's picture of the adapters each backend keeps

@@ -90,11 +90,26 @@ func TestAdapterStage(t *testing.T) {
 	if a.Backend != b1 {
 		t.Errorf("routed to %s, want b1 where the adapter runs", a.Backend.Name)
 	}
+	// The stage decided: the reason names the adapter and the tier kept.
+	if !strings.Contains(a.Reason, " adapter=a adapter_tier=loaded") {
+		t.Errorf("reason %q does not name the adapter and its tier", a.Reason)
+	}
 	a.Done(t0)
 	s.SetPolicy(p)
 	a, _ = s.Route(&request.View{Model: "a", Prompt: "hello", PromptTokens: 2}, nil, t0)
 	if a.Backend != b0 {
 		t.Errorf("without the stage: routed to %s, want the policy's b0", a.Backend.Name)
+	}
+	if strings.Contains(a.Reason, "adapter") {
+		t.Errorf("without the stage: reason %q names an adapter", a.Reason)
+	}
+	a.Done(t0)
+	// Both engines run it: the stage keeps both and decided nothing.
+	b0.SetEngine(&fleet.EngineState{At: t0, LoRA: &fleet.LoRAState{Running: []string{"a"}, Named: true, Max: 2, Used: 1}})
+	s.SetPolicy(&affine{p})
+	a, _ = s.Route(&request.View{Model: "a", Prompt: "hello", PromptTokens: 2}, nil, t0)
+	if strings.Contains(a.Reason, "adapter") {
+		t.Errorf("the stage kept every engine: reason %q names an adapter", a.Reason)
 	}
 	a.Done(t0)
 }
@@ -111,4 +126,27 @@ func mustPolicy(t *testing.T, name string) policy.Policy {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// The filters (a split fleet's roles) come before the adapter stage: a
+// decode leg for an adapter that only a prefill engine runs goes to the
+// decode engine. With the stage first, it kept only the prefill engine,
+// which the role filter then removed: no backend, and every adapter
+// request of a split fleet was served whole.
+func TestAdapterStageAfterFilters(t *testing.T) {
+	f := fleet.New()
+	prefill := f.Add("prefill", nil, nil)
+	decode := f.Add("decode", nil, nil)
+	prefill.SetEngine(&fleet.EngineState{At: t0, LoRA: &fleet.LoRAState{Running: []string{"a"}, Named: true, Max: 2, Used: 1}})
+	decode.SetEngine(&fleet.EngineState{At: t0, LoRA: &fleet.LoRAState{Named: true, Max: 2}})
+	s := New(f, &affine{&fixed{i: 0}}, Config{Filters: []policy.Filter{tiers{"prefill": -1}}})
+	s.SetAdapters(map[string]string{"a": "llama"})
+	a, err := s.Route(&request.View{Model: "a", Prompt: "hello", PromptTokens: 2}, nil, t0)
+	if err != nil {
+		t.Fatalf("adapter request with the adapter's engine filtered out: %v", err)
+	}
+	if a.Backend != decode {
+		t.Errorf("routed to %s, want decode", a.Backend.Name)
+	}
+	a.Done(t0)
 }

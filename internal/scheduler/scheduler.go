@@ -72,7 +72,9 @@ type Scheduler struct {
 	picks atomic.Uint64
 	// events, when set, hears of every routing and load change for peer
 	// replicas (replica.go); requests numbers the routings it hears of.
-	events   Events
+	events Events
+	// homes are the engines of stored responses (responses.go).
+	homes    homes
 	requests atomic.Uint64
 	// replicas is the live router replicas and this one's place among
 	// them (SetReplicas); nil for one router. blind is how long a peer's
@@ -111,6 +113,9 @@ type scratch struct {
 	cached, uncached []int64
 	extra            []float64
 	tiers            []int
+	// adapterTier is the adapter stage's tier when it decided among the
+	// candidates (candidates), for the Reason.
+	adapterTier string
 	// raw is all before untrust zeroed the untrusted backends' matches
 	// (empty when none is); best the largest match of a candidate.
 	raw  []int32
@@ -208,13 +213,17 @@ type Assignment struct {
 	// sched, policy, prompt, routed and age are what Reported needs: the
 	// scheduler, the policy's name, the prompt's estimated tokens, the
 	// routing's time and how fresh the predicted blocks were in the
-	// index; reported is set by its first call.
-	sched    *Scheduler
-	policy   string
-	prompt   int
-	routed   time.Time
-	age      prefix.Age
-	reported atomic.Bool
+	// index; reported is set by its first call. transferred marks a
+	// split request's decode leg, whose prompt arrives from the prefill
+	// engine: what its engine reports as cached is the transfer, not its
+	// cache, and says nothing of the picture.
+	sched       *Scheduler
+	policy      string
+	prompt      int
+	routed      time.Time
+	age         prefix.Age
+	reported    atomic.Bool
+	transferred bool
 
 	ticket *fleet.Ticket
 	events Events
@@ -328,6 +337,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 	best, _ := s.split(v, sc.best)
 	a.Predicted, a.Best = int(predicted), int(best)
 	a.sched, a.policy, a.prompt, a.routed = s, act.policy.Name(), v.PromptTokens, now
+	a.transferred = v.Role == policy.RoleDecodeLeg
 	if act.observer != nil {
 		act.observer.Routed(&sc.in, d)
 	}
@@ -346,12 +356,14 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		// generation; its delay says nothing of the prefill rate.
 		a.ticket.NoRateSample()
 	}
-	a.Reason = s.reason(sc, act.prefix, blocks, len(hashes), d, s.matchNote(sc, b.ID))
+	a.Reason = s.reason(sc, act.prefix, blocks, len(hashes), d, s.matchNote(sc, b.ID), v.Model)
 	return a, nil
 }
 
-// reason renders "policy=<name> prefix=<matched>/<total>[ est_ttft=<s>s][ match=<precise|approximate>][ <note>]".
-func (s *Scheduler) reason(sc *scratch, head string, matched, total int, d policy.Decision, match string) string {
+// reason renders "policy=<name> prefix=<matched>/<total>[ est_ttft=<s>s][ match=<precise|approximate>][ adapter=<model> adapter_tier=<tier>][ <note>]",
+// the adapter when the adapter stage decided among the candidates
+// (policy.AdapterTiers' tiers: loaded, free-slot, ...).
+func (s *Scheduler) reason(sc *scratch, head string, matched, total int, d policy.Decision, match, model string) string {
 	r := append(sc.reason[:0], head...)
 	r = append(r, "prefix="...)
 	r = strconv.AppendInt(r, int64(matched), 10)
@@ -365,6 +377,12 @@ func (s *Scheduler) reason(sc *scratch, head string, matched, total int, d polic
 	if match != "" {
 		r = append(r, " match="...)
 		r = append(r, match...)
+	}
+	if sc.adapterTier != "" {
+		r = append(r, " adapter="...)
+		r = append(r, model...)
+		r = append(r, " adapter_tier="...)
+		r = append(r, sc.adapterTier...)
 	}
 	if d.Note != "" {
 		r = append(r, ' ')

@@ -9,17 +9,21 @@ import (
 
 // The stages of a routing decision before the policy's pick, in order:
 // candidates (healthy, serving the model or the adapter's base model, not
-// excluded, warm-up, the adapter stage, then the filters: narrow), the prefix match (match), tokens, and the scorers
+// excluded, warm-up, the filters: narrow, then the adapter stage), the prefix match (match), tokens, and the scorers
 // (score). The filters and scorers are the seams of features the policies
 // need not weigh themselves (policy.Filter, policy.Scorer).
 
 // candidates sets sc.cands to the backends of snap that may take v: the
 // healthy ones that serve its model and are not in exclude, those of them
 // that warm-up admits for the key warm (all of them if it admits none),
-// then narrowed by the filters. The error is ErrUnknownModel when no
+// narrowed by the filters, then by the adapter stage. The error is ErrUnknownModel when no
 // backend, healthy or not, serves the model, ErrNoBackend when none may
 // take it.
 func (s *Scheduler) candidates(sc *scratch, snap *fleet.Snapshot, v *request.View, warm uint64, exclude []int, now time.Time) error {
+	sc.adapterTier = ""
+	if pinned, err := s.pinResponse(sc, snap, v, exclude, now); pinned {
+		return err
+	}
 	sc.cands = sc.cands[:0]
 	parent := s.Parent(v.Model)
 	held := 0
@@ -41,9 +45,6 @@ func (s *Scheduler) candidates(sc *scratch, snap *fleet.Snapshot, v *request.Vie
 			}
 		}
 	}
-	// An adapter's request goes where the adapter is loaded, or a slot
-	// is free, before an engine that would have to evict (lora.go).
-	sc.cands = s.adapterStage(sc.cands, v.Model, parent, now)
 	if len(sc.cands) == 0 {
 		for _, b := range snap.All {
 			if s.serves(b, v.Model, parent) {
@@ -55,6 +56,12 @@ func (s *Scheduler) candidates(sc *scratch, snap *fleet.Snapshot, v *request.Vie
 	if s.narrow(sc, v) == 0 {
 		return ErrNoBackend
 	}
+	// An adapter's request goes where the adapter is loaded, or a slot
+	// is free, before an engine that would have to evict (lora.go); among
+	// the engines the filters left, so that an adapter loaded only where
+	// a leg may not go (a prefill engine, for a decode leg) does not
+	// leave the leg no engine.
+	sc.cands, sc.adapterTier = s.adapterStage(sc.cands, v.Model, parent, now)
 	return nil
 }
 

@@ -3,6 +3,8 @@ package server
 import (
 	"context"
 	"crypto/tls"
+	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -32,7 +34,52 @@ func (s *Server) listen(addr string) (net.Listener, error) {
 	if err != nil || s.cert.Load() == nil {
 		return ln, err
 	}
-	return tls.NewListener(ln, s.listenerTLS()), nil
+	return hintListener{tls.NewListener(ln, s.listenerTLS())}, nil
+}
+
+// hintListener is a TLS listener whose connections answer a plain HTTP
+// request with a 400 that says the port speaks TLS, as net/http's own
+// TLS serving does, rather than closing without a word: the HTTP server
+// sees the connection through the client limits' wrapper (proxy's
+// connLimit), not as a *tls.Conn, so net/http's answer never runs.
+type hintListener struct{ net.Listener }
+
+func (l hintListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return hintConn{c}, nil
+}
+
+// hintConn is one connection of a hintListener.
+type hintConn struct{ net.Conn }
+
+// plainHTTPAnswer is written, in clear, to a client that sent plain HTTP.
+const plainHTTPAnswer = "HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n" +
+	"Client sent an HTTP request to an HTTPS server: this port speaks TLS (listen_tls); use https://.\n"
+
+// Read is the TLS connection's; a handshake that fails on a first record
+// that looks like an HTTP request gets plainHTTPAnswer on the connection
+// underneath before the error is returned (and the server closes it).
+func (c hintConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	var re tls.RecordHeaderError
+	if err != nil && errors.As(err, &re) && re.Conn != nil && looksLikeHTTP(re.RecordHeader) {
+		_ = re.Conn.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = io.WriteString(re.Conn, plainHTTPAnswer)
+	}
+	return n, err
+}
+
+// looksLikeHTTP reports whether a TLS record header's five bytes start an
+// HTTP request.
+func looksLikeHTTP(hdr [5]byte) bool {
+	switch string(hdr[:]) {
+	case "GET /", "HEAD ", "POST ", "PUT /", "OPTIO", "PATCH", "DELET":
+		return true
+	}
+	return false
 }
 
 // nextCert loads cfg's listen_tls pair for a reload to serve in place of

@@ -112,6 +112,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 		sc.Filters = append(sc.Filters, roles)
 	}
 	s.sched = scheduler.New(s.fleet, p, sc)
+	s.sched.SetResponseBounds(cfg.Session.ResponseTTL, cfg.Session.MaxResponses)
 	var decider *disagg.Decider
 	if d := cfg.Disaggregation; cfg.MaySplit() && d.Split == config.SplitConditional {
 		// The conditional split: the simulator's decision, on the same

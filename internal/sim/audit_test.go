@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/racetest"
 	"github.com/kvroute/kvroute/internal/report"
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -93,6 +94,7 @@ func predictionError(run report.Run, backend string, at, from, n int) float64 {
 // verdict on a picture that was right before. Three seeds of the
 // workload.
 func TestResetPrefixCacheDetected(t *testing.T) {
+	racetest.Heavy(t, "six 900-request runs in virtual time")
 	for seed := int64(7); seed <= 9; seed++ {
 		_, reqs := chatSeed(t, 3, 900, seed)
 		reset := int(reqs[len(reqs)/2].At)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/kvevents"
 	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/racetest"
 	"github.com/kvroute/kvroute/internal/report"
 )
 
@@ -15,6 +16,7 @@ import (
 // under each fault: the events must see what the router's history cannot
 // (bypassing traffic, a wiped cache), and every run must be reproducible.
 func TestKVEventsFaults(t *testing.T) {
+	racetest.Heavy(t, "a 600-request run per fault in virtual time")
 	engines, reqs := fixture(t, "chat", 4, 600, 0.7)
 	tests := []struct {
 		name   string

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/racetest"
 	"github.com/kvroute/kvroute/internal/report"
 )
 
@@ -51,6 +52,7 @@ func pdRun(t *testing.T, policyName, split string, roles []string) (report.Run, 
 // vLLM's decode engine computes itself), the first token comes from a
 // decode engine, after the prefill leg and the transfer.
 func TestPDAlwaysSplit(t *testing.T) {
+	racetest.Heavy(t, "three P/D runs in virtual time")
 	roles, _ := XPYD(4, 1, 3)
 	for _, pol := range []string{"kvroute", "least-loaded-pair", "dynamo-pd"} {
 		run, s := pdRun(t, pol, SplitAlways, roles)
@@ -78,6 +80,18 @@ func TestPDAlwaysSplit(t *testing.T) {
 		if pre.PrefillTokensComputed == 0 || pre.Running+pre.Waiting != 0 {
 			t.Errorf("%s: prefill engine computed %d tokens, %d left", pol, pre.PrefillTokensComputed, pre.Running+pre.Waiting)
 		}
+		// The audit hears the prefill engine's cache hits, and nothing
+		// from the decode engines, which count the KV they received as
+		// cached (a picture checked against that grows without bound).
+		audit := s.sched.Audit()
+		if n := audit.Backend(0).Totals[pol].Requests; n == 0 {
+			t.Errorf("%s: the audit heard no report from the prefill engine", pol)
+		}
+		for i := 1; i < 4; i++ {
+			if b := audit.Backend(i); b.Totals[pol].Requests != 0 {
+				t.Errorf("%s: the audit took %d reports of decode engine %d (actions %v): want none", pol, b.Totals[pol].Requests, i, b.Actions)
+			}
+		}
 	}
 }
 
@@ -85,6 +99,7 @@ func TestPDAlwaysSplit(t *testing.T) {
 // others whole on a both engine, and that a P/D policy's own decider is
 // the one a conditional run uses.
 func TestPDConditional(t *testing.T) {
+	racetest.Heavy(t, "two P/D runs in virtual time")
 	roles, _ := XPYD(4, 1, 2) // engine-3 is both
 	run, s := pdRun(t, "kvroute", SplitConditional, roles)
 	if run.PD.Split <= 0 || run.PD.Split >= 1 {
@@ -101,9 +116,13 @@ func TestPDConditional(t *testing.T) {
 	}
 }
 
+// TestPDDeterminism: two runs of the same P/D configurations, side by side
+// on RunAll's workers, give the same report. Under the race detector (which
+// watches RunAll's workers) on a third of the requests; the full size runs
+// in .ci/run's pass without it.
 func TestPDDeterminism(t *testing.T) {
 	roles, _ := XPYD(4, 1, 3)
-	engines, reqs := fixture(t, "rag", 4, 300, 0.7)
+	engines, reqs := fixture(t, "rag", 4, raceScaled(300), 0.7)
 	encode := func() []byte {
 		var jobs []Job
 		for _, p := range []string{"kvroute", "llmd-pd", "dynamo-pd", "least-loaded-pair"} {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/racetest"
 )
 
 // qualityBaseline is the committed figures TestRoutingQuality holds
@@ -35,9 +36,7 @@ func traceDir(t *testing.T) string {
 // loaded or not. .ci/run runs it on its own, without the race detector,
 // under which it would take many minutes; -short skips the long cases.
 func TestRoutingQuality(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the routing-quality table runs without the race detector (.ci/run runs it on its own: go test -run TestRoutingQuality ./internal/sim)")
-	}
+	racetest.Heavy(t, "the routing-quality table (.ci/run runs it on its own: go test -run TestRoutingQuality ./internal/sim)")
 	dir := traceDir(t)
 	if _, err := os.Stat(filepath.Join(dir, MooncakeTrace)); err != nil {
 		t.Skipf("the Mooncake trace is not at %s (set KVROUTE_TRACES): %v", dir, err)

@@ -40,7 +40,7 @@ const (
 // NewTokenizer builds the router's tokenizer from k, its calls carried by
 // transport, and registers its metrics in reg.
 func NewTokenizer(k config.KVEvents, transport http.RoundTripper, reg prometheus.Registerer) (*Tokenizer, error) {
-	c, err := New(Config{Timeout: k.TokenizeTimeout, CacheEntries: k.TokenizeCache, CacheBytes: k.TokenizeCacheBytes, Transport: transport})
+	c, err := New(Config{Timeout: k.TokenizeTimeout, CacheEntries: k.TokenizeCache, CacheBytes: int64(k.TokenizeCacheBytes), Transport: transport})
 	if err != nil {
 		return nil, err
 	}
@@ -63,6 +63,11 @@ func NewTokenizer(k config.KVEvents, transport http.RoundTripper, reg prometheus
 		}
 	}
 	reg.MustRegister(t.latency, t.failures)
+	// Every reason starts at 0, so that a dashboard's rate over them
+	// reads 0 rather than no data until the first failure.
+	for _, r := range []string{FailTimeout, FailError, FailNoBackend, FailBody} {
+		t.failures.WithLabelValues(r)
+	}
 	return t, nil
 }
 

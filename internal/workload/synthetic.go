@@ -28,8 +28,15 @@ var builtins = []builtin{
 	{"agent", "4 agent apps with long shared system prompts and tool definitions (2-6k tokens), many short calls", buildAgent},
 	{"agentic", "tool loops under 3 hot agent harnesses (system prompt and tools, 3-9k tokens, shared by every task): each step appends a tool result, some tasks fork 2-4 parallel sub-agents from their context, 4% heavy one-off requests (8-20k tokens)", buildAgentic},
 	{"mixed", "mostly short chat requests plus 5% summarisation requests of 20-31k tokens (\"hello\" vs \"summarize 50 pages\")", buildMixed},
+	{"coding-agent", "coding-agent loop sessions (each arrival a session, X-Session-ID): a shared harness (system prompt and 16 tools, 4-5k tokens), a task, then 3-8 more turns each sending back a tool result of 300-1,500 tokens once the answer is in", buildCoding(codingChat)},
+	{"coding-agent-responses", "the coding-agent sessions through the Responses API: store, previous_response_id, only the new tool result each turn", buildCoding(codingResponses)},
+	{"coding-agent-messages", "the coding-agent sessions through the Messages API with Claude Code's session header (x-claude-code-session-id)", buildCoding(codingMessages)},
 	{"rag", "questions over a pool of 40 long documents (1.5-6k tokens) with skewed popularity, reused across questions", buildRAG},
 }
+
+// families seed a workload by another's name: the variants of one family
+// draw the same requests.
+var families = map[string]string{"coding-agent-responses": "coding-agent", "coding-agent-messages": "coding-agent"}
 
 // synth holds the state shared by the synthetic generators.
 type synth struct {
@@ -71,8 +78,11 @@ func loadBuiltin(b builtin, opt Options) ([]Request, error) {
 	if opt.Limit == 0 && opt.Duration == 0 {
 		opt.Duration = 60 * time.Second
 	}
-	seed := uint64(opt.Seed)
-	s := &synth{rng: rand.New(rand.NewPCG(seed, mix(seed, uint64(len(b.name))))), seed: mix(seed, strHash(b.name))}
+	seed, name := uint64(opt.Seed), b.name
+	if f, ok := families[name]; ok {
+		name = f
+	}
+	s := &synth{rng: rand.New(rand.NewPCG(seed, mix(seed, uint64(len(name))))), seed: mix(seed, strHash(name))}
 	return b.build(s, arrivals(s.rng, opt)), nil
 }
 

@@ -34,16 +34,43 @@ type Request struct {
 	// Adapter is the LoRA adapter the request asks for in place of the
 	// base model, "" for none (adapters.go).
 	Adapter string
+	// SessionHeader names the header Session goes in; "" for
+	// X-Session-ID.
+	SessionHeader string
+	// After is 1 + the index of the request whose answer must be in
+	// before this one is sent (an agent loop's previous turn), 0 for
+	// none; Prev is 1 + the index of the request whose Responses API id
+	// the body continues (previous_response_id), 0 for none.
+	After, Prev int
 
-	body func(model string) []byte
+	body     func(model string) []byte
+	withPrev func(model, prev string) []byte
 }
 
 // Body returns the JSON request body for model (for the request's
 // adapter, when it has one), with "stream": true and
 // stream_options.include_usage. It is built on demand (traces are large).
+// A request that continues a stored response (Prev) names PendingResponse
+// in place of its id: BodyFor gives the id.
 func (r *Request) Body(model string) []byte {
+	if r.Prev > 0 {
+		return r.BodyFor(model, PendingResponse)
+	}
+	return r.BodyFor(model, "")
+}
+
+// PendingResponse stands for the id of the response a request continues
+// in its Body.
+const PendingResponse = "resp_previous"
+
+// BodyFor is Body with prev, the id of the response the request continues
+// (Prev), in its previous_response_id.
+func (r *Request) BodyFor(model, prev string) []byte {
 	if r.Adapter != "" {
 		model = r.Adapter
+	}
+	if r.withPrev != nil {
+		return r.withPrev(model, prev)
 	}
 	return r.body(model)
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/racetest"
 	"github.com/kvroute/kvroute/internal/request"
 )
 
@@ -248,7 +249,7 @@ func TestTraceErrors(t *testing.T) {
 	if _, err := Load(writeTrace(t, ""), Options{}); err == nil || !strings.Contains(err.Error(), "no requests") {
 		t.Errorf("empty trace: error %v", err)
 	}
-	if _, err := Load("no-such-workload", Options{}); err == nil || !strings.Contains(err.Error(), "chat, chat-docs, agent, agentic, mixed, rag") {
+	if _, err := Load("no-such-workload", Options{}); err == nil || !strings.Contains(err.Error(), "chat, chat-docs, agent, agentic, mixed, coding-agent") {
 		t.Errorf("unknown name: error %v, want the list of built-ins", err)
 	}
 	for _, opt := range []Options{{Rate: -1}, {Speedup: -2}, {Limit: -1}, {WindowStart: 2, WindowEnd: 1}} {
@@ -267,7 +268,9 @@ func TestBuiltinsDeterministic(t *testing.T) {
 			}
 			c, _ := Load(b[0], Options{Seed: 7, Limit: 60})
 			d, _ := Load(b[0], Options{Seed: 8, Limit: 60})
-			if len(a) != 60 || len(c) != 60 {
+			// The coding-agent loops' arrivals are sessions of several
+			// requests each.
+			if !strings.HasPrefix(b[0], "coding-agent") && len(a) != 60 || len(a) != len(c) {
 				t.Fatalf("got %d and %d requests, want 60", len(a), len(c))
 			}
 			same := 0
@@ -275,7 +278,7 @@ func TestBuiltinsDeterministic(t *testing.T) {
 				if a[i].At != c[i].At || a[i].Session != c[i].Session || !bytes.Equal(a[i].Body("m"), c[i].Body("m")) {
 					t.Fatalf("request %d differs between two loads with the same seed", i)
 				}
-				if bytes.Equal(a[i].Body("m"), d[i].Body("m")) {
+				if i < len(d) && bytes.Equal(a[i].Body("m"), d[i].Body("m")) {
 					same++
 				}
 			}
@@ -292,7 +295,12 @@ func TestBuiltinsBodies(t *testing.T) {
 			if b[1] == "" {
 				t.Error("no description")
 			}
-			reqs, err := Load(b[0], Options{Seed: 1, Rate: 20, Duration: 30 * time.Second})
+			opt := Options{Seed: 1, Rate: 20, Duration: 30 * time.Second}
+			if strings.HasPrefix(b[0], "coding-agent") {
+				// Arrivals are sessions of several long requests each.
+				opt.Duration = 3 * time.Second
+			}
+			reqs, err := Load(b[0], opt)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -305,7 +313,13 @@ func TestBuiltinsBodies(t *testing.T) {
 				if r.InputTokens+r.OutputTokens > ContextTokens {
 					t.Errorf("request %d: %d+%d tokens exceed the context", i, r.InputTokens, r.OutputTokens)
 				}
-				if v.MaxTokens != r.OutputTokens || v.MinTokens != r.OutputTokens || !v.IgnoreEOS || !v.Stream || !v.IncludeUsage {
+				if strings.HasPrefix(b[0], "coding-agent") {
+					// The agents' APIs have no min_tokens: the outputs are
+					// the engine's choice within the budget, in all three.
+					if v.MaxTokens != r.OutputTokens || !v.Stream {
+						t.Errorf("request %d: view %+v does not ask for at most %d streamed tokens", i, v, r.OutputTokens)
+					}
+				} else if v.MaxTokens != r.OutputTokens || v.MinTokens != r.OutputTokens || !v.IgnoreEOS || !v.Stream || !v.IncludeUsage {
 					t.Errorf("request %d: view %+v does not ask for exactly %d streamed tokens", i, v, r.OutputTokens)
 				}
 				if i > 0 && r.At < reqs[i-1].At {
@@ -476,6 +490,7 @@ func ids(n int) string {
 // call, and the parent goes on with their answers; a few heavy one-off
 // requests without a session.
 func TestAgenticShape(t *testing.T) {
+	racetest.Heavy(t, "renders two minutes of agentic traffic on one goroutine")
 	reqs, err := Load("agentic", Options{Seed: 5, Rate: 40, Duration: 120 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -578,4 +593,41 @@ func TestAgenticShape(t *testing.T) {
 		t.Errorf("%d of %d loops have 5 steps or more, %d forked, %d resumed", long, len(prompts), forks, resumed)
 	}
 	t.Logf("%d requests: %d loops and sub-agents (%d of 5 steps or more), %d forks (%d resumed), %d heavy", len(reqs), len(prompts), long, forks, resumed, heavy)
+}
+
+// TestCodingAgentVariants: the three APIs of the coding-agent loop carry
+// the same sessions (same arrivals, turns and dependencies), each turn
+// after its session's previous one, the Responses turns continuing it by
+// id and the Messages ones under Claude Code's session header.
+func TestCodingAgentVariants(t *testing.T) {
+	load := func(name string) []Request {
+		reqs, err := Load(name, Options{Seed: 2, Limit: 12})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return reqs
+	}
+	chat, resp, msgs := load("coding-agent"), load("coding-agent-responses"), load("coding-agent-messages")
+	if len(chat) != len(resp) || len(chat) != len(msgs) || len(chat) < 12*4 {
+		t.Fatalf("%d, %d and %d requests for 12 sessions", len(chat), len(resp), len(msgs))
+	}
+	for i := range chat {
+		c, r, m := chat[i], resp[i], msgs[i]
+		if c.At != r.At || c.At != m.At || c.After != r.After || c.After != m.After || c.Prev != 0 || m.Prev != 0 || r.Prev != r.After {
+			t.Fatalf("request %d differs between the APIs: %+v %+v %+v", i, c, r, m)
+		}
+		if c.Kind != request.Chat || r.Kind != request.Responses || m.Kind != request.Messages || m.SessionHeader != ClaudeSessionHeader || c.Session == "" || m.Session != c.Session {
+			t.Fatalf("request %d: kinds or sessions %+v %+v %+v", i, c, r, m)
+		}
+		if a := c.After; a > 0 && (a-1 >= i || chat[a-1].Session != c.Session) {
+			t.Fatalf("request %d waits on request %d of another session or later", i, a-1)
+		}
+		if a := c.After; a > 0 {
+			// The whole history is a prefix of the next turn's prompt.
+			prev, cur := parse(t, &chat[a-1]), parse(t, &chat[i])
+			if n := commonPrefix(prev.Prompt, cur.Prompt); n < len(prev.Prompt)-len("<|assistant|>\n") {
+				t.Fatalf("request %d keeps %d bytes of its previous turn's %d", i, n, len(prev.Prompt))
+			}
+		}
+	}
 }

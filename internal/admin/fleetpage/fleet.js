@@ -145,18 +145,30 @@
     $("summary").textContent = "(" + healthy + " of " + list.length + " healthy)";
   }
 
-  const DCOLS = ["Time", "Model", "Session", "Backend", "Reason", "Retries", "Status"];
+  const DCOLS = ["Time", "Model", "Session", "Prefill", "Backend", "TTFT", "Reason", "Retries", "Status"];
+  // prefillOf is a decision's Prefill cell: the prefill leg's engine (or
+  // why it was skipped) for a split request, "whole" for a request that
+  // could have been split (why in its title), "—" for the rest.
+  function prefillOf(d) {
+    const leg = (d.legs || []).find((l) => l.role === "prefill");
+    if (leg) return [leg.skipped ? "skipped: " + leg.skipped : leg.backend || "—", leg.reason || ""];
+    if (d.whole) return ["whole", d.whole];
+    return ["—", ""];
+  }
+  const ttft = (ms) => (ms ? (ms >= 1000 ? (ms / 1000).toFixed(2) + " s" : ms.toFixed(0) + " ms") : "—");
   function renderDecisions(list) {
     const body = document.querySelector("#decisions tbody");
     const frag = document.createDocumentFragment();
     for (const d of list) {
       const tr = document.createElement("tr");
-      const vals = [clock(d.time), d.model, d.session || "", d.backend || "—", d.reason, String(d.retries), String(d.status)];
+      const [prefill, prefillWhy] = prefillOf(d);
+      const vals = [clock(d.time), d.model, d.session || "", prefill, d.backend || "—", ttft(d.ttft_ms), d.reason, String(d.retries), String(d.status)];
       vals.forEach((v, i) => {
         const td = document.createElement("td");
         td.textContent = v;
         td.dataset.label = DCOLS[i];
-        if (i === 6 && d.status >= 400) td.className = "bad";
+        if (i === 3 && prefillWhy) td.title = prefillWhy;
+        if (i === 8 && d.status >= 400) td.className = "bad";
         tr.appendChild(td);
       });
       frag.appendChild(tr);

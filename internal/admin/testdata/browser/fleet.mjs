@@ -18,7 +18,7 @@ const { values: args } = parseArgs({
     reload: { type: "string" },
     shots: { type: "string" },
     chromium: { type: "string", default: process.env.CHROMIUM || "/usr/bin/chromium" },
-    "max-render-ms": { type: "string", default: "200" },
+    "max-render-ms": { type: "string", default: "5000" },
   },
 });
 for (const k of ["url", "token", "reload", "shots"]) {
@@ -111,6 +111,48 @@ async function matchAPI(page, ms) {
   }
 }
 
+// What the page should show of a decision: its legs' engines and its
+// TTFT, from the API's JSON.
+function expectedDecision(d) {
+  const leg = (d.legs || []).find((l) => l.role === "prefill");
+  let prefill = "—";
+  if (leg) prefill = leg.skipped ? "skipped: " + leg.skipped : leg.backend || "—";
+  else if (d.whole) prefill = "whole";
+  const ms = d.ttft_ms;
+  return {
+    Prefill: prefill,
+    Backend: d.backend || "—",
+    TTFT: ms ? (ms >= 1000 ? (ms / 1000).toFixed(2) + " s" : ms.toFixed(0) + " ms") : "—",
+    Status: String(d.status),
+  };
+}
+
+// Polls until the decisions table matches /admin/decisions, which must
+// hold a split request with its TTFT; returns the rows' count.
+async function matchDecisions(page, ms) {
+  const until = Date.now() + ms;
+  for (;;) {
+    const list = (await api("/admin/decisions?limit=50")).decisions;
+    const want = list.map(expectedDecision);
+    const got = await page.$$eval("#decisions tbody tr", (trs) => trs.map((tr) => {
+      const o = {};
+      for (const td of tr.cells) o[td.dataset.label] = td.textContent;
+      return o;
+    }));
+    const diffs = [];
+    if (!list.some((d) => d.legs && d.legs.length === 2 && d.ttft_ms > 0)) diffs.push("the API has no split decision with a TTFT");
+    if (got.length !== want.length) diffs.push(`${got.length} decision rows, the API has ${want.length}`);
+    want.forEach((w, i) => {
+      for (const [k, v] of Object.entries(w)) {
+        if (!got[i] || got[i][k] !== v) diffs.push(`decision ${i} ${k}: page ${got[i] ? JSON.stringify(got[i][k]) : "none"}, API ${JSON.stringify(v)}`);
+      }
+    });
+    if (!diffs.length) return got.length;
+    if (Date.now() > until) fail("the decisions do not match /admin/decisions: " + diffs.slice(0, 5).join("; "));
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
 try {
   const ctx = await browser.newContext({ viewport: { width: 1400, height: 900 } });
   const page = await ctx.newPage();
@@ -136,11 +178,9 @@ try {
   await page.waitForSelector("#backends tbody tr", { timeout: 5000 });
   if (await page.isVisible("#login")) fail("the login form is still shown beside the fleet");
   const first = await matchAPI(page, 10000);
-  const decisions = await page.$$eval("#decisions tbody tr", (trs) => trs.length);
-  const apiDecisions = (await api("/admin/decisions?limit=50")).decisions.length;
-  if (!apiDecisions || decisions !== apiDecisions) fail(`${decisions} decision rows, the API has ${apiDecisions}`);
+  const decisions = await matchDecisions(page, 10000);
   if (!first.some((b) => b.hit_rate !== "—")) fail("no backend shows a predicted hit rate");
-  step(`${first.length} backend rows and ${decisions} decision rows match the API`);
+  step(`${first.length} backend rows and ${decisions} decision rows (legs, TTFT) match the API`);
 
   // 3. A reload adds a backend: the page shows it without a reload of its own.
   await reload(first.length + 1);
@@ -181,12 +221,16 @@ try {
   const rows = await big.$$eval("#backends tbody tr", (trs) => trs.length);
   if (rows !== 64) fail(`${rows} rows for 64 backends`);
   // The page's own work (building the tables from the two answers, style
-  // and layout included) must stay under maxRenderMs. The time from
+  // and layout included) must stay under maxRenderMs, which the Go test
+  // holds to 200 ms scaled by how far the machine fell behind (it reads
+  // the "render-ms=" line; the script itself fails only past maxRenderMs,
+  // by default a hang). The time from
   // navigation also holds the router's answers, which the race detector
   // and a loaded machine slow many times (over a second was seen with
   // eight runnable threads per core), so its bound only catches a page
   // that hangs.
   step(`64 backends: table drawn ${stats.firstFullRenderAt.toFixed(0)} ms after navigation start; the render took ${stats.lastRenderMs.toFixed(1)} ms`);
+  console.log(`render-ms=${stats.lastRenderMs.toFixed(1)}`);
   if (stats.lastRenderMs > maxRenderMs) fail(`rendering 64 backends took ${stats.lastRenderMs.toFixed(0)} ms, over ${maxRenderMs} ms`);
   if (stats.firstFullRenderAt > 5000) fail(`64 backends took ${stats.firstFullRenderAt.toFixed(0)} ms to show after navigation, over 5 s`);
   await big.screenshot({ path: path.join(args.shots, "fleet-64.png"), fullPage: false });
