@@ -409,8 +409,20 @@ type Fleet struct {
 	// a backend returning after its grace gets its old slot when no one
 	// took it meanwhile; indexed like slots.
 	freed []string
-	grace time.Duration
+	// named are the slots in use of each backend name (slots.go), so
+	// that a newcomer finds its old slot without a look at every slot.
+	named map[string][]int
+	// freedAt is the lowest free slot each name last held, and below
+	// is at most the lowest free slot: slotFor finds a slot without a
+	// look at every slot.
+	freedAt map[string]int
+	below   int
+	grace   time.Duration
 	snap  atomic.Pointer[Snapshot]
+	// batches counts the Batch calls under way; changed notes a change
+	// whose snapshot waits for the last one's end.
+	batches int
+	changed bool
 	// anchorAt is when the fleet's coefficients were last given to the
 	// cost models (cost.go), in Unix nanoseconds of sample time.
 	anchorAt atomic.Int64
@@ -435,7 +447,7 @@ type Snapshot struct {
 
 // New returns an empty fleet with the rejoin grace DefaultGrace.
 func New() *Fleet {
-	f := &Fleet{grace: DefaultGrace}
+	f := &Fleet{grace: DefaultGrace, named: map[string][]int{}, freedAt: map[string]int{}}
 	f.snap.Store(&Snapshot{})
 	return f
 }
@@ -463,9 +475,38 @@ func (f *Fleet) SetHealthy(b *Backend, ok bool) {
 	}
 }
 
-// publish stores a fresh snapshot of the current membership and health.
-// The caller holds f.mu, so the last snapshot stored reflects the last change.
+// Batch runs do, a burst of membership changes (a discovered pool's
+// update: thousands of AddWarm and Remove), and publishes one snapshot
+// when it returns instead of one per change. A snapshot costs O(fleet) to
+// build, so a pool of n changed one backend at a time cost O(n²)
+// (BenchmarkPoolReplace in package members). The changes themselves take
+// effect at once on the backends (a removed one is draining); requests
+// read the snapshot from before the batch until it ends, as they would
+// one read just before a change. Health changes and retirements made
+// meanwhile on other goroutines are published with the batch's.
+func (f *Fleet) Batch(do func()) {
+	f.mu.Lock()
+	f.batches++
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.batches--; f.batches == 0 && f.changed {
+			f.publish()
+		}
+	}()
+	do()
+}
+
+// publish stores a fresh snapshot of the current membership and health,
+// or, inside a Batch, notes that one is due at its end. The caller holds
+// f.mu, so the last snapshot stored reflects the last change.
 func (f *Fleet) publish() {
+	if f.batches > 0 {
+		f.changed = true
+		return
+	}
+	f.changed = false
 	s := &Snapshot{IDs: len(f.slots)}
 	for _, b := range f.slots {
 		if b == nil || b.retired.Load() {

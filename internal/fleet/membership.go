@@ -42,6 +42,9 @@ func (f *Fleet) AddWarm(name string, u *url.URL, models []string, now time.Time,
 	b := &Backend{ID: f.slotFor(name), Name: name, Arc: arcOf(name), URL: u, Models: slices.Clone(models), fleet: f, added: now, warmup: max(warmup, 0)}
 	b.healthy.Store(true)
 	f.slots[b.ID] = b
+	ids := f.named[name]
+	at, _ := slices.BinarySearch(ids, b.ID)
+	f.named[name] = slices.Insert(ids, at, b.ID) // in ID order, as rejoin reads them
 	f.publish()
 	return b
 }

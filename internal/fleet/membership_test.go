@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -112,5 +113,43 @@ func TestWarmupWeight(t *testing.T) {
 		if got := cold.WarmupWeight(t0.Add(tt.at)); got != 1 {
 			t.Errorf("backend without warm-up: weight %g, want 1", got)
 		}
+	}
+}
+
+// TestBatch: membership changes inside a Batch publish one snapshot, at
+// its end, with all of them (a health change made meanwhile included);
+// the changes take effect on the backends at once.
+func TestBatch(t *testing.T) {
+	f := New()
+	now := time.Unix(1000, 0)
+	old := f.AddWarm("old", nil, nil, now, 0)
+	sick := f.AddWarm("sick", nil, nil, now, 0)
+	before := f.Snapshot()
+	var added []*Backend
+	f.Batch(func() {
+		for i := range 100 {
+			added = append(added, f.AddWarm(fmt.Sprintf("b%d", i), nil, nil, now, 0))
+		}
+		f.Remove(old, now)
+		f.SetHealthy(sick, false)
+		if f.Snapshot() != before {
+			t.Error("a snapshot was published inside the batch")
+		}
+		if !old.Draining() {
+			t.Error("the removed backend is not draining at once")
+		}
+	})
+	after := f.Snapshot()
+	if after == before || len(after.All) != 101 || len(after.Healthy) != 100 {
+		t.Fatalf("after the batch: %d backends, %d healthy; want 101 and 100", len(after.All), len(after.Healthy))
+	}
+	for _, b := range after.Healthy {
+		if b == old || b == sick {
+			t.Errorf("%s still healthy in the snapshot", b.Name)
+		}
+	}
+	f.Batch(func() {})
+	if f.Snapshot() != after {
+		t.Error("an empty batch published a snapshot")
 	}
 }

@@ -55,8 +55,9 @@ func (f *Fleet) SetGrace(d time.Duration) {
 // removed less than the grace ago, nil otherwise. The caller holds f.mu
 // and publishes.
 func (f *Fleet) rejoin(name string, u *url.URL, models []string, now time.Time) *Backend {
-	for i, old := range f.slots {
-		if old == nil || old.Name != name || !old.removing.Load() || now.Sub(old.removedAt) >= f.grace {
+	for _, i := range f.named[name] {
+		old := f.slots[i]
+		if !old.removing.Load() || now.Sub(old.removedAt) >= f.grace {
 			continue
 		}
 		if !old.retired.Load() && sameURL(old.URL, u) && slices.Equal(old.Models, models) {
@@ -90,26 +91,30 @@ func sameURL(a, b *url.URL) bool {
 }
 
 // slotFor returns a free slot for a newcomer named name, growing the
-// table when none is free. The caller holds f.mu and fills the slot.
+// table when none is free: the slot name last held, else the lowest. The
+// caller holds f.mu and fills the slot.
 func (f *Fleet) slotFor(name string) int {
-	free := -1
-	for i, b := range f.slots {
-		if b != nil {
-			continue
-		}
-		if f.freed[i] == name {
-			return i
-		}
-		if free < 0 {
-			free = i
-		}
+	if i, ok := f.freedAt[name]; ok {
+		f.take(i)
+		return i
 	}
-	if free >= 0 {
-		return free
+	for ; f.below < len(f.slots); f.below++ {
+		if f.slots[f.below] == nil {
+			f.take(f.below)
+			return f.below
+		}
 	}
 	f.slots = append(f.slots, nil)
 	f.freed = append(f.freed, "")
 	return len(f.slots) - 1
+}
+
+// take marks free slot i as given.
+func (f *Fleet) take(i int) {
+	if n := f.freed[i]; n != "" && f.freedAt[n] == i {
+		delete(f.freedAt, n)
+	}
+	f.freed[i] = ""
 }
 
 // Release frees the slots of the retired backends whose grace has passed
@@ -125,6 +130,11 @@ func (f *Fleet) Release(now time.Time) []*Backend {
 			continue
 		}
 		f.slots[i], f.freed[i] = nil, b.Name
+		f.unname(b.Name, i)
+		if j, ok := f.freedAt[b.Name]; !ok || i < j {
+			f.freedAt[b.Name] = i
+		}
+		f.below = min(f.below, i)
 		out = append(out, b)
 	}
 	if out == nil {
@@ -133,12 +143,23 @@ func (f *Fleet) Release(now time.Time) []*Backend {
 	n := len(f.slots)
 	for n > 0 && f.slots[n-1] == nil {
 		n--
+		f.take(n)
 	}
 	clear(f.slots[n:])
 	clear(f.freed[n:])
 	f.slots, f.freed = f.slots[:n], f.freed[:n]
 	f.publish()
 	return out
+}
+
+// unname takes slot i off name's slots (named).
+func (f *Fleet) unname(name string, i int) {
+	ids := slices.DeleteFunc(f.named[name], func(j int) bool { return j == i })
+	if len(ids) == 0 {
+		delete(f.named, name)
+		return
+	}
+	f.named[name] = ids
 }
 
 // Slots returns how many slots are in use: members, and removed backends

@@ -116,8 +116,8 @@ func (r *churnRig) resolve(addrs []string) {
 	r.addrs = addrs
 	r.s.mu.Lock()
 	r.now = r.now.Add(2 * time.Second)
-	r.s.resolvePool(r.pool, true)
 	r.s.mu.Unlock()
+	r.s.resolvePool(r.pool, true)
 }
 
 // serve routes a request to every backend with a prompt of its own (it

@@ -17,15 +17,14 @@ var KubeClients = discovery.KubeClients
 // Roles a pod's kvroute.io/role label may give its backend.
 var roles = []string{"prefill", "decode", "both"}
 
-// runKube follows p's endpoints in the Kubernetes API; the caller holds
-// mu. Like a DNS pool's first lookup, the first listing is waited for
+// runKube follows p's endpoints in the Kubernetes API; the caller does not
+// hold mu. Like a DNS pool's first lookup, the first listing is waited for
 // (bounded by health.timeout) and its backends join with warm-up only when
 // warm; every later change is applied as the watch reports it, newcomers
 // warmed up, endpoints no longer ready (terminating, not ready, deleted)
-// drained.
+// drained. Newcomers' models are asked for outside mu (updatePool).
 func (s *Set) runKube(p *pool, warm bool) {
-	ctx, stop := context.WithCancel(s.ctx)
-	p.stop = stop
+	ctx := p.ctx
 	k := p.entry.Kubernetes
 	ns := k.Namespace
 	if ns == "" {
@@ -48,7 +47,7 @@ func (s *Set) runKube(p *pool, warm bool) {
 	synced := w.WaitSynced(first)
 	cancel()
 	if synced {
-		s.applyKube(p, w.Endpoints(), warm)
+		s.updateKube(p, w.Endpoints(), warm)
 	} else {
 		s.c.Log.Warn("kubernetes backend: not listed within health.timeout; its backends join (warmed up) once they are", "backend", p.entry.Name)
 	}
@@ -64,24 +63,19 @@ func (s *Set) runKube(p *pool, warm bool) {
 			if !w.WaitSynced(ctx) {
 				return
 			}
-			eps := w.Endpoints()
-			s.mu.Lock()
-			if ctx.Err() == nil {
-				s.applyKube(p, eps, true)
-			}
-			s.mu.Unlock()
+			s.updateKube(p, w.Endpoints(), true)
 		}
 	})
 }
 
-// applyKube makes p's backends the ready endpoints eps; the caller holds
-// mu.
-func (s *Set) applyKube(p *pool, eps []discovery.Endpoint, warm bool) {
+// updateKube makes p's backends the ready endpoints eps; the caller does
+// not hold mu.
+func (s *Set) updateKube(p *pool, eps []discovery.Endpoint, warm bool) {
 	ts := make([]target, len(eps))
 	for i, e := range eps {
 		ts[i] = target{name: e.Name, url: e.URL, kind: e.Engine, role: e.Role}
 	}
-	s.applyPool(p, ts, warm, "not ready or terminating in Kubernetes")
+	s.updatePool(p, ts, warm, "not ready or terminating in Kubernetes")
 }
 
 // targetEntry is the entry a pool's backend t takes: the pool's, with the

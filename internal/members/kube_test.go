@@ -3,7 +3,12 @@ package members
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"slices"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -198,5 +203,111 @@ func TestKubeConfigReload(t *testing.T) {
 	s.Apply(es, c.Fleet)
 	if l := live(f); len(l) != 1 || l["llm/b-0@10.0.0.2:8000"] == nil {
 		t.Errorf("after the reload: live %v, want only llm/b-0", l)
+	}
+}
+
+// TestKubeModelsOutsideLock: ten new pods whose /v1/models never answer
+// hold up no membership change: their models are asked for outside the
+// set's lock, fetchAtOnce at a time, so a reload applies while all of
+// them hang; once they answer, each joins with its models.
+func TestKubeModelsOutsideLock(t *testing.T) {
+	const pods = 10
+	release := make(chan struct{})
+	arrived := make(chan struct{}, pods)
+	var mu sync.Mutex
+	var now, most int
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/models" {
+			return
+		}
+		mu.Lock()
+		now++
+		most = max(most, now)
+		mu.Unlock()
+		arrived <- struct{}{}
+		select { // hangs until the test lets it answer
+		case <-release:
+		case <-r.Context().Done():
+		}
+		mu.Lock()
+		now--
+		mu.Unlock()
+		_, _ = w.Write([]byte(`{"data":[{"id":"m","max_model_len":4096}]}`))
+	}))
+	defer engine.Close()
+	var once sync.Once
+	let := func() { once.Do(func() { close(release) }) }
+	defer let()
+	u, _ := url.Parse(engine.URL)
+	port, _ := strconv.Atoi(u.Port())
+
+	ctx := context.Background()
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "vllm-x", Namespace: "llm", Labels: map[string]string{discoveryv1.LabelServiceName: "vllm", discoveryv1.LabelManagedBy: discovery.ManagedBy}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Port: new(int32(port))}},
+	}
+	cs := fake.NewClientset(slice)
+	fakeKube(t, cs)
+	c := config.Default()
+	c.Health.Timeout = time.Hour // the fetches hang until released, not until a bound
+	c.Backends = []config.Backend{{Name: "vllm", Kubernetes: &config.Kubernetes{Namespace: "llm", Service: "vllm"}}}
+	es, err := c.Entries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fleet.New()
+	s := New(Config{Fleet: f, Forget: func(int) {}, Transport: http.DefaultTransport, Health: c.Health,
+		FleetSection: c.Fleet, DiscoverModels: true}, es)
+	runCtx, stop := context.WithCancel(ctx)
+	defer func() { stop(); let(); s.Wait() }()
+	s.Start(runCtx)
+
+	for i := range pods {
+		slice.Endpoints = append(slice.Endpoints, kubeEndpoint(fmt.Sprintf("vllm-%d", i), "127.0.0.1", true))
+	}
+	if _, err := cs.DiscoveryV1().EndpointSlices("llm").Update(ctx, slice, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// As many fetches as may run at once are hanging.
+	for range fetchAtOnce {
+		waitFor(t, "a /v1/models request", arrived)
+	}
+	// A reload (a static backend added) applies while they hang.
+	static := httptest.NewServer(http.NotFoundHandler())
+	defer static.Close()
+	c.Backends = append(c.Backends, config.Backend{Name: "s0", URL: static.URL, Models: []string{"m"}})
+	es, err = c.Entries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied := make(chan struct{})
+	go func() { s.Apply(es, c.Fleet); close(applied) }()
+	waitFor(t, "the reload, while the pods' models hang", applied)
+	if s.ByName("s0") == nil {
+		t.Fatal("the reload's backend did not join")
+	}
+	let()
+	eventually(t, "the ten pods join", func() bool { return len(live(f)) == pods+1 })
+	for i := range pods {
+		m := s.ByName(fmt.Sprintf("llm/vllm-%d", i))
+		if m == nil || !slices.Equal(m.B.Models, []string{"m"}) {
+			t.Errorf("pod %d: %v, want it serving its listed model m", i, m)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if most > fetchAtOnce {
+		t.Errorf("%d /v1/models requests at once, want at most %d", most, fetchAtOnce)
+	}
+}
+
+// waitFor waits for ch; the bound only catches a hang.
+func waitFor[T any](t *testing.T, what string, ch <-chan T) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("never: %s", what)
 	}
 }

@@ -104,6 +104,9 @@ type Set struct {
 
 	// mu serialises membership changes (startup, reloads, DNS updates).
 	mu sync.Mutex
+	// applying serialises whole reloads (Apply), which let go of mu while
+	// their new pools' first lookups run.
+	applying sync.Mutex
 	// ctx is the context of health checks and DNS loops; nil before Start.
 	ctx context.Context
 	// static are the records of plain config entries, by entry key.
@@ -118,6 +121,43 @@ type Set struct {
 	// and stale defer the rebuild to the end of a pool's update.
 	labels       atomic.Pointer[modelLabels]
 	batch, stale bool
+	// next is the table a batch changes, stored at its end (draft,
+	// commit); nil outside a batch or before its first change. starts
+	// are the records whose checks and streams start then.
+	next   *[]*Member
+	starts []*Member
+}
+
+// start starts m's health check and event stream, at once or, inside a
+// batch, once the table has m's record (endBatch): a check that looked
+// its record up before would take itself for a replaced one and end.
+func (s *Set) start(m *Member) {
+	if s.batch {
+		s.starts = append(s.starts, m)
+		return
+	}
+	s.startCheck(m)
+	s.startStream(m)
+}
+
+// draft returns a table to change and commit: a copy of the table, or,
+// inside a batch, the batch's own copy, made once (a copy per backend
+// made a pool of n cost O(n²)).
+func (s *Set) draft() []*Member {
+	if s.batch && s.next != nil {
+		return *s.next
+	}
+	return slices.Clone(*s.table.Load())
+}
+
+// commit makes t the table, at once or, inside a batch, at its end
+// (endBatch). The caller holds mu.
+func (s *Set) commit(t []*Member) {
+	if s.batch {
+		s.next = &t
+		return
+	}
+	s.table.Store(&t)
 }
 
 // New builds the set from the config's entries: static backends join the
@@ -247,16 +287,21 @@ func (s *Set) MaxContext(model string) (int, bool) {
 // waits for them.
 func (s *Set) Start(ctx context.Context) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.ctx = ctx
 	for _, m := range s.All() {
 		s.startCheck(m)
 		s.startStream(m)
 	}
+	pools := make([]*pool, 0, len(s.pools))
 	for _, p := range s.pools {
-		s.startPool(p, false)
+		s.begin(p)
+		pools = append(pools, p)
 	}
 	s.runRelease()
+	s.mu.Unlock()
+	for _, p := range pools {
+		s.startPool(p, false)
+	}
 }
 
 // Wait waits for the goroutines Start began (after their context is done)
@@ -275,23 +320,24 @@ func (s *Set) Wait() {
 // add makes a backend join the fleet (with warm-up when warm) and gives it
 // its record and, once started, its health check; the caller holds mu.
 // name and base are the backend's own (a pool member's are derived from
-// its address); pool names the DNS entry it came from.
+// its address); pool names the DNS entry it came from; found is its
+// /v1/models, asked for by the caller before it took mu (nil: none, or
+// they failed).
 func (s *Set) add(e config.Entry, name string, base *url.URL, pool string, found *ModelList, warm bool) *Member {
 	var w time.Duration
 	if warm {
 		w = s.warmup
 	}
 	models := e.Models
-	if len(models) == 0 && found == nil && s.c.DiscoverModels && s.ctx != nil {
-		found = s.fetchForEntry(s.ctx, base)
-	}
 	if len(models) == 0 && found != nil {
 		models = found.IDs
 	}
 	now := s.c.Now()
-	s.release(now)
+	if !s.batch { // a batch released once, at its start (applyPool)
+		s.release(now)
+	}
 	b := s.c.Fleet.AddWarm(name, base, models, now, w)
-	t := slices.Clone(*s.table.Load())
+	t := s.draft()
 	for len(t) <= b.ID {
 		t = append(t, nil) // IDs taken by an Add outside this set
 	}
@@ -320,11 +366,10 @@ func (s *Set) add(e config.Entry, name string, base *url.URL, pool string, found
 	}
 	m := newMember(b, e, pool, found, s.c.Series)
 	t[b.ID] = m
-	s.table.Store(&t)
+	s.commit(t)
 	s.refresh()
 	if s.ctx != nil {
-		s.startCheck(m)
-		s.startStream(m)
+		s.start(m)
 	}
 	s.c.Log.Info("backend added", "backend", name, "url", base.String(), "models", models, "warmup", w)
 	return m
@@ -343,15 +388,20 @@ func (s *Set) remove(m *Member, why string) {
 // are gone are removed, new ones added with warm-up, DNS pools started and
 // stopped; unchanged entries keep their backends, state and streams, and
 // take the entry's new context length. fs is the reloaded fleet section.
+// One Apply runs at a time; it holds mu only while it changes the set,
+// not while new entries' models and new pools' first lookups are awaited.
 func (s *Set) Apply(entries []config.Entry, fs config.Fleet) {
+	s.applying.Lock()
+	defer s.applying.Unlock()
+	found := s.discoverNew(entries)
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.warmup, s.dnsInterval = fs.Warmup, fs.DNSInterval
 	s.c.Fleet.SetGrace(fs.RejoinGrace)
 	want := map[string]*config.Entry{}
 	for i := range entries {
 		want[entries[i].Key()] = &entries[i]
 	}
+	var started []*pool
 	for k, e := range want {
 		if m, ok := s.static[k]; ok {
 			m.setLimits(*e)
@@ -369,14 +419,22 @@ func (s *Set) Apply(entries []config.Entry, fs config.Fleet) {
 			p := &pool{entry: *e, members: map[string]*Member{}}
 			s.pools[k] = p
 			if s.ctx != nil {
-				s.startPool(p, true)
+				s.begin(p)
+				started = append(started, p)
 			}
 			continue
 		}
-		s.static[k] = s.add(*e, e.Name, e.Base, "", nil, true)
+		s.static[k] = s.add(*e, e.Name, e.Base, "", found[k], true)
+	}
+	s.mu.Unlock()
+	// New pools' first lookups, outside mu (startPool).
+	for _, p := range started {
+		s.startPool(p, true)
 	}
 	// Removals come after additions, so that replacing the whole list
 	// never leaves a moment without a backend to route to.
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for k, m := range s.static {
 		if _, ok := want[k]; !ok {
 			s.remove(m, "removed from the config")
@@ -390,6 +448,29 @@ func (s *Set) Apply(entries []config.Entry, fs config.Fleet) {
 		}
 	}
 	s.release(s.c.Now())
+}
+
+// discoverNew asks the static entries of entries that are new to the set
+// (a reload's additions) for their /v1/models, outside mu, once the set
+// runs: their lists by entry key.
+func (s *Set) discoverNew(entries []config.Entry) map[string]*ModelList {
+	s.mu.Lock()
+	ctx := s.ctx
+	var fresh []config.Entry
+	for _, e := range entries {
+		if _, ok := s.static[e.Key()]; !ok && !e.Pooled() {
+			fresh = append(fresh, e)
+		}
+	}
+	s.mu.Unlock()
+	found := map[string]*ModelList{}
+	if ctx == nil {
+		return found
+	}
+	for i, l := range s.discover(ctx, fresh) {
+		found[fresh[i].Key()] = l
+	}
+	return found
 }
 
 // sameHost reports whether a and b name the same host and port.

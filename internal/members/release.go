@@ -34,11 +34,17 @@ func (s *Set) release(now time.Time) {
 	}
 	s.table.Store(&next)
 	s.refresh()
+	live := make(map[string]bool, len(next)) // ByName's answer for every name at once
+	for _, m := range next {
+		if m != nil && !m.B.Retired() {
+			live[m.B.Name] = true
+		}
+	}
 	for _, b := range gone {
 		if s.c.Forget != nil {
 			s.c.Forget(b.ID)
 		}
-		if s.ByName(b.Name) == nil {
+		if !live[b.Name] {
 			// Not back under another slot meanwhile: its series go.
 			s.c.Series.deleteBackend(b.Name)
 		}
@@ -48,12 +54,18 @@ func (s *Set) release(now time.Time) {
 
 // runRelease releases expired slots every half grace (at least every
 // 100ms, at most every minute) until the set's context ends, so that a
-// fleet that stops changing still lets go of its leavers. The caller
-// holds mu.
+// fleet that stops changing still lets go of its leavers.
 func (s *Set) runRelease() {
-	s.every(s.ctx, func() time.Duration {
+	ctx := s.ctx
+	s.every(ctx, func() time.Duration {
 		return min(max(s.c.Fleet.Grace()/2, 100*time.Millisecond), time.Minute)
-	}, func() { s.release(s.c.Now()) })
+	}, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if ctx.Err() == nil {
+			s.release(s.c.Now())
+		}
+	})
 }
 
 // deleteBackend deletes every series of the backend named name.

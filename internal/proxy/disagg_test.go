@@ -32,6 +32,9 @@ type pdEngine struct {
 	// kv, when set, is the kv_transfer_params its prefill answers carry
 	// instead of kvParams(name).
 	kv atomic.Pointer[map[string]any]
+	// answerKV makes its other answers carry its kv_transfer_params too
+	// (ownAnswer).
+	answerKV atomic.Bool
 	// seen, when set, is called with every request before it is served
 	// (set it rather than the server's handler, which the router's
 	// scrapes read concurrently).
@@ -91,10 +94,44 @@ func (e *pdEngine) serve(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write(ans)
 		return
 	}
+	if e.answerKV.Load() {
+		stream, _ := body["stream"].(bool)
+		ans := ownAnswer(e.name, stream)
+		if stream {
+			w.Header().Set("Content-Type", "text/event-stream")
+		} else {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Content-Length", fmt.Sprint(len(ans)))
+		}
+		_, _ = io.WriteString(w, ans)
+		return
+	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	for _, ev := range streamEvents(e.name, 3) {
 		_, _ = io.WriteString(w, ev)
 	}
+}
+
+// ownAnswer is the answer of engine name with its kv_transfer_params
+// (kvParamsJSON): a vLLM JSON completion has them at the top level; the
+// stream carries them in every chunk, as an engine's fork may.
+func ownAnswer(name string, stream bool) string {
+	kv := kvParamsJSON(name)
+	if !stream {
+		return `{"id":"c-` + name + `","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"from ` + name + ` ✓"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5},"prompt_logprobs":null,"kv_transfer_params":` + kv + `}`
+	}
+	var b strings.Builder
+	for i := range 3 {
+		fmt.Fprintf(&b, `data: {"id":"c-%s","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"%s-%d ✓"}}],"kv_transfer_params":%s}`+"\n\n", name, name, i, kv)
+	}
+	b.WriteString("data: [DONE]\n\n")
+	return b.String()
+}
+
+// kvParamsJSON is kvParams(name) in JSON.
+func kvParamsJSON(name string) string {
+	b, _ := json.Marshal(kvParams(name))
+	return string(b)
 }
 
 // record keeps a completion request r, its body decoded; ok is false when

@@ -4,8 +4,10 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/disagg"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/lifecycle"
 	"github.com/kvroute/kvroute/internal/request"
@@ -56,6 +58,12 @@ type relay struct {
 	// another status.
 	tally   tally
 	counted bool
+	// answer blanks the engine's kv_transfer_params from a JSON or event
+	// stream body (disagg.Answer: in place, the body's length kept); held
+	// are the bytes it held back from the last read, handed to it again
+	// first. nil for any other body.
+	answer *disagg.Answer
+	held   []byte
 	// backend is the engine whose 2xx body this is (counted).
 	backend *fleet.Backend
 }
@@ -71,6 +79,9 @@ func newRelay(ex *exchange, l *lifecycle.Leg, resp *http.Response, head []byte, 
 		// Only the exchange's GenAI span reports the response's model
 		// (endTrace): without one it is not read.
 		t.tally.modelSeen = ex.span == nil || ex.op == ""
+	}
+	if ct := strings.ToLower(resp.Header.Get("Content-Type")); strings.Contains(ct, "json") || isSSE(ct) {
+		t.answer = &disagg.Answer{}
 	}
 	if d := ex.s.cfg.Upstream.StreamIdleTimeout; d > 0 {
 		t.idleAfter = d
@@ -117,8 +128,26 @@ func (t *relay) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// read is Read for the backend's own bytes.
+// read is Read for the backend's own bytes, without the engine's
+// kv_transfer_params.
 func (t *relay) read(p []byte) (int, error) {
+	if t.answer == nil {
+		return t.raw(p)
+	}
+	if len(p) <= disagg.MaxHeld {
+		// The reverse proxy reads 32 KiB at a time.
+		return 0, io.ErrShortBuffer
+	}
+	h := copy(p, t.held)
+	n, err := t.raw(p[h:])
+	n += h
+	k := t.answer.Strip(p[:n], err != nil)
+	t.held = append(t.held[:0], p[k:n]...)
+	return k, err
+}
+
+// raw is read before the kv_transfer_params are blanked.
+func (t *relay) raw(p []byte) (int, error) {
 	var n int
 	var err error
 	switch {

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"fmt"
 	"net/http"
 	"reflect"
 	"strings"
@@ -65,6 +66,44 @@ func TestClientSplitFieldsRemoved(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestEngineParamsNotRelayed: an engine's own kv_transfer_params in its
+// answer (vLLM's JSON completion has them at the top level; a stream's
+// chunks may carry them) never reach the client, on a request served
+// whole or split, streamed or not: the client gets the answer with null
+// in their place, every other byte as the engine wrote it, its length
+// (the engine's Content-Length) kept.
+func TestEngineParamsNotRelayed(t *testing.T) {
+	for _, split := range []string{config.SplitConditional, config.SplitAlways} {
+		for _, stream := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s stream=%v", split, stream), func(t *testing.T) {
+				r, pre, dec := pdRig(t, 1, 1, func(c *config.Config) { c.Disaggregation.Split = split })
+				pre[0].answerKV.Store(true)
+				dec[0].answerKV.Store(true)
+				body := clientBody
+				if !stream {
+					body = `{"model":"m","messages":[{"role":"user","content":"hello ✓"}],"max_tokens":64}`
+				}
+				res := r.post("/v1/chat/completions", body)
+				if res.status != 200 || res.readErr != nil {
+					t.Fatalf("status %d, %v: %s", res.status, res.readErr, res.body)
+				}
+				from := res.header.Get(headerBackend)
+				if split == config.SplitAlways && from != "d0" {
+					t.Fatalf("served by %q: want the decode leg's d0", from)
+				}
+				kv := kvParamsJSON(from)
+				want := strings.ReplaceAll(ownAnswer(from, stream), kv, "null"+strings.Repeat(" ", len(kv)-4))
+				if string(res.body) != want {
+					t.Errorf("client got\n%s\nwant\n%s", res.body, want)
+				}
+				if strings.Contains(string(res.body), "engine-") || strings.Contains(string(res.body), "remote_") {
+					t.Errorf("the engine's kv_transfer_params reached the client: %s", res.body)
+				}
+			})
+		}
 	}
 }
 
