@@ -104,7 +104,12 @@ func TestReloadUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	b1Hits := r.backends[1].hits.Load()
-	time.Sleep(500 * time.Millisecond)
+	// The load goes on until the added backend has served a few of its
+	// requests: on a loaded machine that takes longer; a router that never
+	// sends it any ends at the cap and fails below.
+	for end := time.Now().Add(30 * time.Second); b2.hits.Load() < 8 && time.Now().Before(end); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	close(stop)
 	wait()
 	if bad.Load() != 0 {
