@@ -23,6 +23,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/google/go-containerregistry/pkg/v1/validate"
+
+	"github.com/kvroute/kvroute/internal/racetest"
 )
 
 // hello is a small program that prints internal/version's version: the
@@ -53,6 +55,7 @@ func buildHello(t *testing.T, p v1.Platform, version string) []byte {
 // binary is static and carries the version, and that the manifests and
 // the index are valid OCI.
 func TestBuild(t *testing.T) {
+	racetest.Heavy(t, "compresses two images' layers in the test binary (no goroutines to watch)")
 	const version = "1.2.3-test"
 	created := time.Date(2026, 11, 5, 10, 0, 0, 0, time.UTC)
 	ca := []byte("-----BEGIN CERTIFICATE-----\nnot a real one\n-----END CERTIFICATE-----\n")
@@ -249,6 +252,7 @@ func checkLayer(t *testing.T, img v1.Image, created time.Time) map[string]file {
 // file of the layouts are the same. A different time gives another
 // digest, so the digest does depend on what it should.
 func TestReproducible(t *testing.T) {
+	racetest.Heavy(t, "compresses three images' layers in the test binary (no goroutines to watch)")
 	created := time.Date(2026, 11, 5, 10, 0, 0, 0, time.UTC)
 	digest := func(bin []byte, o Options) (v1.Hash, string) {
 		img, err := Build(bin, amd64, o)
