@@ -50,6 +50,10 @@ func Legs(v *request.View, protocol string, t Transfer) []lifecycle.Leg {
 			{Role: RoleDecode, View: &dec},
 		}
 	}
+	// The prefill engine gets VLLMPrefill's body: one token, not streamed.
+	// Its answer follows the prefill, so its first byte teaches the
+	// engine's prefill rate as a stream's would (scheduler.Route).
+	pre.MaxTokens, pre.Stream = 1, false
 	legs := []lifecycle.Leg{
 		{Role: RolePrefill, View: &pre, Optional: true, Rewrite: VLLMPrefill},
 		{Role: RoleDecode, View: &dec},

@@ -351,9 +351,10 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		s.events.Routed(a.id, b, hashes, claimOf(act.sessions, session, b.ID), a.ticket.Started())
 	}
 
-	if !v.Stream {
+	if !v.Stream && v.MaxTokens != 1 {
 		// The first byte of a non-streaming response comes after the whole
-		// generation; its delay says nothing of the prefill rate.
+		// generation; its delay says nothing of the prefill rate, unless
+		// the generation is one token (a split request's prefill leg).
 		a.ticket.NoRateSample()
 	}
 	a.Reason = s.reason(sc, act.prefix, blocks, len(hashes), d, s.matchNote(sc, b.ID), v.Model)

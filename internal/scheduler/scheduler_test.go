@@ -255,13 +255,25 @@ func TestReason(t *testing.T) {
 
 // TestRateLearning checks that streaming requests teach the chosen
 // backend's prefill rate and non-streaming ones, whose first byte follows
-// the whole generation, do not.
+// the whole generation, do not, unless that generation is one token (a
+// split request's prefill leg, max_tokens 1): its answer follows the
+// prefill.
 func TestRateLearning(t *testing.T) {
-	for _, stream := range []bool{true, false} {
+	for _, tt := range []struct {
+		stream    bool
+		maxTokens int
+		learns    bool
+	}{
+		{true, 0, true},
+		{false, 0, false},
+		{false, 64, false},
+		{false, 1, true},
+	} {
+		stream := tt.learns
 		f := newFleet(t, 1)
 		s := New(f, longestPrefix{}, Config{})
 		v := view("", text(5, 40000)) // 10,000 uncached tokens
-		v.Stream = stream
+		v.Stream, v.MaxTokens = tt.stream, tt.maxTokens
 		a, err := s.Route(v, nil, t0)
 		if err != nil {
 			t.Fatal(err)
