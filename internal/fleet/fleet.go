@@ -418,7 +418,7 @@ type Fleet struct {
 	freedAt map[string]int
 	below   int
 	grace   time.Duration
-	snap  atomic.Pointer[Snapshot]
+	snap    atomic.Pointer[Snapshot]
 	// batches counts the Batch calls under way; changed notes a change
 	// whose snapshot waits for the last one's end.
 	batches int
