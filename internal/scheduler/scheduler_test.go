@@ -269,7 +269,6 @@ func TestRateLearning(t *testing.T) {
 		{false, 64, false},
 		{false, 1, true},
 	} {
-		stream := tt.learns
 		f := newFleet(t, 1)
 		s := New(f, longestPrefix{}, Config{})
 		v := view("", text(5, 40000)) // 10,000 uncached tokens
@@ -280,15 +279,16 @@ func TestRateLearning(t *testing.T) {
 		}
 		a.FirstByte(t0.Add(2 * time.Second))
 		a.Done(t0.Add(3 * time.Second))
-		// Streamed, the TTFT (10,000 tokens in 2 s) teaches the cost
-		// model a slower prefill than the prior's; not streamed, the
-		// first byte came after the whole generation and teaches nothing.
+		// A first byte that follows the prefill (a stream's, or a
+		// one-token answer's) teaches the cost model a slower prefill than
+		// the prior's (10,000 tokens in 2 s); one that follows a whole
+		// generation teaches nothing.
 		got, n := a.Backend.PrefillRate(t0.Add(3*time.Second)), a.Backend.CostSamples()
-		if stream && (n != 1 || !(got < fleet.DefaultPrefillRate)) {
-			t.Errorf("stream: PrefillRate = %v (%d samples), want below the prior's %v, from 1 sample", got, n, fleet.DefaultPrefillRate)
+		if tt.learns && (n != 1 || !(got < fleet.DefaultPrefillRate)) {
+			t.Errorf("stream %v, max_tokens %d: PrefillRate = %v (%d samples), want below the prior's %v, from 1 sample", tt.stream, tt.maxTokens, got, n, fleet.DefaultPrefillRate)
 		}
-		if !stream && (n != 0 || got != fleet.DefaultPrefillRate) {
-			t.Errorf("not streamed: PrefillRate = %v (%d samples), want the prior's %v", got, n, fleet.DefaultPrefillRate)
+		if !tt.learns && (n != 0 || got != fleet.DefaultPrefillRate) {
+			t.Errorf("stream %v, max_tokens %d: PrefillRate = %v (%d samples), want the prior's %v", tt.stream, tt.maxTokens, got, n, fleet.DefaultPrefillRate)
 		}
 	}
 }
