@@ -31,6 +31,10 @@ type decoder struct {
 	maxTokens, maxCompTok, minTok optInt
 	ignoreEOS, stream             bool
 	streamOptions, includeUsage   bool
+	// The chat template's switches (vLLM's and SGLang's extensions):
+	// add_generation_prompt (true unless false was sent; addGenSent when
+	// true was) and continue_final_message.
+	noGenPrompt, addGenSent, continueFinal bool
 	session                       span
 	hasSession                    bool
 
@@ -176,16 +180,19 @@ const (
 	fMaxOutputTokens
 	fBackground
 	fSystem
+	fAddGenerationPrompt
+	fContinueFinalMessage
 )
 
 var bodyFields = []string{"model", "messages", "tools", "prompt", "max_tokens", "max_completion_tokens", "min_tokens", "ignore_eos", "stream", "stream_options", "cache_salt",
-	"input", "instructions", "previous_response_id", "conversation", "prompt_cache_key", "store", "max_output_tokens", "background", "system"}
+	"input", "instructions", "previous_response_id", "conversation", "prompt_cache_key", "store", "max_output_tokens", "background", "system",
+	"add_generation_prompt", "continue_final_message"}
 
 // kindFields are the fields each kind reads; it passes over the others as
 // unknown, as the engine's model for the endpoint ignores them.
 var kindFields = [...]uint32{
 	Chat: 1<<fModel | 1<<fMessages | 1<<fTools | 1<<fMaxTokens | 1<<fMaxCompletionTokens | 1<<fMinTokens |
-		1<<fIgnoreEOS | 1<<fStream | 1<<fStreamOptions | 1<<fCacheSalt,
+		1<<fIgnoreEOS | 1<<fStream | 1<<fStreamOptions | 1<<fCacheSalt | 1<<fAddGenerationPrompt | 1<<fContinueFinalMessage,
 	Completion: 1<<fModel | 1<<fPrompt | 1<<fMaxTokens | 1<<fMinTokens | 1<<fIgnoreEOS | 1<<fStream |
 		1<<fStreamOptions | 1<<fCacheSalt,
 	Responses: 1<<fModel | 1<<fInput | 1<<fInstructions | 1<<fTools | 1<<fPreviousResponseID | 1<<fConversation |
@@ -278,6 +285,16 @@ func (d *decoder) member(f int) bool {
 		return d.optBool(&d.background, "background")
 	case fSystem:
 		return d.systemValue()
+	case fAddGenerationPrompt:
+		// null reads as unset, the default (true): only false turns
+		// the generation prompt off.
+		isNull := d.peek() == 'n'
+		var on bool
+		ok := d.optBool(&on, "add_generation_prompt")
+		d.noGenPrompt, d.addGenSent = !on && !isNull, on
+		return ok
+	case fContinueFinalMessage:
+		return d.optBool(&d.continueFinal, "continue_final_message")
 	}
 	return d.skip()
 }

@@ -152,6 +152,11 @@ type View struct {
 	// engine stores of the request (its messages, the instructions'
 	// among them) is Prompt[MessagesAt:].
 	HistoryAt, MessagesAt int
+	// Continues is the length of the text at the end of Prompt that
+	// is a final assistant message the engine continues (a chat with
+	// continue_final_message): the answer so far, which the engine's
+	// output extends. 0 for none.
+	Continues int
 }
 
 // Options configure Parse.
@@ -264,6 +269,10 @@ func Parse(k Kind, body []byte, opt Options) (*View, *openai.Error) {
 	var e *openai.Error
 	switch k {
 	case Chat:
+		if d.continueFinal && d.addGenSent {
+			// vLLM's validator, in its words.
+			return nil, openai.BadRequest("invalid_generation_prompt", "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+		}
 		e = d.chatView(v)
 	case Completion:
 		e = d.completionView(v)
@@ -455,7 +464,11 @@ const (
 // Text content parts are concatenated; non-text parts (images, audio) render
 // as a placeholder so that they still occupy a position in the prefix.
 // A tool call renders as <|tool_call|>name arguments after the content.
-// The trailing "<|assistant|>\n" is the generation prompt.
+// The trailing "<|assistant|>\n" is the generation prompt, left out with
+// add_generation_prompt false; with continue_final_message a final
+// assistant message is left open (no "\n" after its text) and no
+// generation prompt follows, so that the prompt of a request continuing
+// an answer is the original prompt followed by the answer's text.
 func (d *decoder) chatView(v *View) *openai.Error {
 	if d.nmsg == 0 {
 		return errMissingMessages()
@@ -518,6 +531,7 @@ func (d *decoder) renderChat(v *View) *openai.Error {
 		v.HistoryAt = sb.Len()
 	}
 	firstUser := -1
+	continues := false
 	for i := range d.nmsg {
 		m := d.msgs.at(i)
 		role := d.bytes(m.role)
@@ -526,6 +540,15 @@ func (d *decoder) renderChat(v *View) *openai.Error {
 		sb.WriteString("|>\n")
 		start := sb.Len()
 		d.writeSegs(&sb, m.content.lo, m.content.hi)
+		if i == d.nmsg-1 && d.continueFinal && string(role) == "assistant" && m.calls.n == 0 {
+			// continue_final_message: the final assistant message is
+			// left open, its text the start of the answer, and no
+			// generation prompt follows (vLLM's template call; SGLang
+			// appends the message's text to the rendered prompt).
+			v.Continues = sb.Len() - start
+			continues = true
+			break
+		}
 		if firstUser < 0 && string(role) == "user" {
 			firstUser = i
 			v.FirstUser = sb.String()[start:]
@@ -539,7 +562,9 @@ func (d *decoder) renderChat(v *View) *openai.Error {
 		}
 		sb.WriteByte('\n')
 	}
-	sb.WriteString(generationStart)
+	if !continues && !d.noGenPrompt {
+		sb.WriteString(generationStart)
+	}
 	v.Prompt = sb.String()
 	v.PromptTokens = EstimateTokens(v.Prompt)
 	return nil
