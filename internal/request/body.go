@@ -35,8 +35,8 @@ type decoder struct {
 	// add_generation_prompt (true unless false was sent; addGenSent when
 	// true was) and continue_final_message.
 	noGenPrompt, addGenSent, continueFinal bool
-	session                       span
-	hasSession                    bool
+	session                                span
+	hasSession                             bool
 
 	// msgs are the messages decoded since "messages" was last null or
 	// empty, as many as the longest array since; the last array had nmsg.
