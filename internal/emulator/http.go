@@ -244,6 +244,9 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, kind request.
 		// does not hold up the driver.
 		PromptHashes: prefix.HashSalted(nil, prompt, engine.BlockSize*engine.BytesPerToken, prefix.AdapterSalt(adapter, v.PrefixSalt)), CacheSalt: v.PrefixSalt}
 	p.r.SetOutput(v.MaxTokens, v.MinTokens, v.IgnoreEOS, preset.MaxModelLen)
+	if kind == request.Chat && v.Continues > 0 {
+		seed = continueAnswer(&p.r, v, preset.MaxModelLen)
+	}
 	if kt.remotePrefill && kt.blocks < promptTokens/engine.BlockSize {
 		writeVLLMError(w, http.StatusBadRequest, typeBadRequest, fmt.Sprintf(
 			"%s.remote_block_ids names %d blocks; the prompt's %d full blocks of %d tokens need as many",
