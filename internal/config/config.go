@@ -85,6 +85,9 @@ type Config struct {
 	// in-flight requests (streams included) finish after it stops accepting
 	// new connections, before it closes them. Default 30s.
 	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
+	// Migration moves a stream whose engine fails mid-answer to another
+	// engine (migration.go).
+	Migration Migration `yaml:"migration"`
 }
 
 // PolicyOptions tune the routing policies; see docs/routing.md.
@@ -478,6 +481,7 @@ func Default() *Config {
 		Passthrough:   defaultPassthrough(),
 		KVEvents:      defaultKVEvents(),
 		Sync:          defaultSync(),
+		Migration:     defaultMigration(),
 		ShutdownGrace: DefaultShutdownGrace,
 	}
 }
@@ -691,6 +695,7 @@ func (c *Config) Validate() error {
 	c.Passthrough.validate(bad)
 	c.KVEvents.validate(bad)
 	c.Sync.validate(bad)
+	c.Migration.validate(bad)
 	if c.Retry.Attempts < 0 {
 		bad("retry.attempts: %d must not be negative", c.Retry.Attempts)
 	}

@@ -63,6 +63,7 @@ func (at *attempt) close() {
 // backend produced a response, goes to Fail.
 func (p *Plane) RoundTrip(r *Request, req *http.Request) (*http.Response, error) {
 	base := *req.URL
+	r.out, r.base = req, base
 	last := len(r.Legs) - 1
 	split := last > 0
 	var prev *Leg

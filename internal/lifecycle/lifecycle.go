@@ -36,6 +36,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -164,7 +165,12 @@ type Request struct {
 	// writer), 0 for none.
 	answered int
 	// cur is the index of the leg being run (the last once all ran).
-	cur   int
+	cur int
+	// out and base are the reverse proxy's outbound request and its URL
+	// as it came, from which a continuation's request is made
+	// (Continue).
+	out   *http.Request
+	base  url.URL
 	front Front
 	trace Trace
 	one   [1]Leg

@@ -42,7 +42,10 @@ type accessEntry struct {
 	status                       int
 	model, backend, reason, code string
 	// prefill is the engine of a split request's prefill leg.
-	prefill             string
+	prefill string
+	// moved says where a stream whose engine failed went
+	// ("a->b (broken)"), "" for one that did not move.
+	moved               string
 	attempts            int
 	ttft                time.Duration
 	tokensIn, tokensOut int
@@ -153,6 +156,9 @@ func (s *Server) writeAccess(r *http.Request, e *accessEntry, written int, start
 	if e.code != "" {
 		attrs = append(attrs, slog.String("error", e.code))
 	}
+	if e.moved != "" {
+		attrs = append(attrs, slog.String("moved", e.moved))
+	}
 	if e.traceID.IsValid() {
 		attrs = append(attrs, slog.String("trace_id", e.traceID.String()))
 	}
@@ -190,6 +196,9 @@ func (ex *exchange) settleAccess() {
 		e.reason = ex.Reason()
 	}
 	e.prefill = ex.prefillBackend()
+	if ex.relay != nil {
+		e.moved = ex.relay.mover.trailOf()
+	}
 	if ex.span != nil {
 		e.traceID = ex.span.SpanContext().TraceID()
 	}

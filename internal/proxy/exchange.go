@@ -311,6 +311,11 @@ func (ex *exchange) Ended() lifecycle.BodyEnd {
 	if rl.counted {
 		end.Cached, _, end.HasCached = rl.tally.cached()
 		end.Decoding = rl.tally.decoding()
+		if rl.mover.trailOf() != "" {
+			// Its chunks came from several engines, with a move's gap
+			// among them: no engine's decode speed.
+			end.Decoding = 0
+		}
 	}
 	return end
 }

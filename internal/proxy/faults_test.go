@@ -443,7 +443,8 @@ func TestFaultEngineGarbage(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := newRig(t, "round-robin", 3, func(c *config.Config) {
-				c.Health.Path = "" // see healthyButBroken
+				c.Health.Path = ""          // see healthyButBroken
+				c.Migration.MaxAttempts = 0 // what a stream that cannot move gets
 				c.Health.Cooldown = time.Minute
 				c.Health.MaxCooldown = time.Minute
 				if tt.raw != "" {

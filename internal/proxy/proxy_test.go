@@ -459,7 +459,10 @@ func TestRetryExhausted(t *testing.T) {
 }
 
 func TestNoRetryAfterFirstByte(t *testing.T) {
-	r := newRig(t, "round-robin", 2, func(c *config.Config) { c.Health.EjectAfter = 100 })
+	r := newRig(t, "round-robin", 2, func(c *config.Config) {
+		c.Health.EjectAfter = 100
+		c.Migration.MaxAttempts = 0 // moving a stream is not retrying it (migrate_test.go)
+	})
 	bad, good := r.backends[0], r.backends[1]
 	bad.setMode(modeBreak)
 	broken := 0

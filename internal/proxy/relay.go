@@ -66,6 +66,9 @@ type relay struct {
 	held   []byte
 	// backend is the engine whose 2xx body this is (counted).
 	backend *fleet.Backend
+	// mover moves the stream to another engine when its engine breaks
+	// it (migrate.go); nil when it cannot be moved.
+	mover *mover
 }
 
 func newRelay(ex *exchange, l *lifecycle.Leg, resp *http.Response, head []byte, headErr error) *relay {
@@ -79,6 +82,9 @@ func newRelay(ex *exchange, l *lifecycle.Leg, resp *http.Response, head []byte, 
 		// Only the exchange's GenAI span reports the response's model
 		// (endTrace): without one it is not read.
 		t.tally.modelSeen = ex.span == nil || ex.op == ""
+	}
+	if t.mover = ex.moverFor(resp); t.mover != nil {
+		t.rc, t.head, t.headErr = t.mover.stream(head, headErr, resp.Body), nil, nil
 	}
 	if ct := strings.ToLower(resp.Header.Get("Content-Type")); strings.Contains(ct, "json") || isSSE(ct) {
 		t.answer = &disagg.Answer{}
@@ -161,6 +167,9 @@ func (t *relay) raw(p []byte) (int, error) {
 		err = t.headErr
 	default:
 		n, err = t.readBackend(p)
+		if err != nil && err != io.EOF && t.mover != nil && t.ctx.Err() == nil {
+			err = t.move(err)
+		}
 	}
 	if t.counted && n > 0 {
 		var now time.Time
@@ -168,6 +177,9 @@ func (t *relay) raw(p []byte) (int, error) {
 			now = time.Now()
 		}
 		t.tally.note(p[:n], now)
+		if t.mover != nil {
+			t.mover.noted(t.tally.chunks, now)
+		}
 	}
 	if err != nil {
 		t.end(err)

@@ -46,6 +46,10 @@ type tally struct {
 	// the JSON body's first bytes, where the id is.
 	agent      bool
 	agentUsage *openai.AgentUsage
+	// resumed marks a stream moved to another engine (migrate.go): the
+	// gap before its next token chunk is the move's, not an inter-token
+	// latency.
+	resumed    bool
 	responseID string
 	start      []byte
 }
@@ -144,9 +148,10 @@ func (t *tally) event(line []byte, now time.Time) {
 
 // token counts a token chunk relayed at now.
 func (t *tally) token(now time.Time) {
-	if t.chunks > 0 && t.itl != nil {
+	if t.chunks > 0 && t.itl != nil && !t.resumed {
 		t.itl.Observe(now.Sub(t.last).Seconds())
 	}
+	t.resumed = false
 	if t.chunks == 0 {
 		t.first = now
 	}
