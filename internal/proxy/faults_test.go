@@ -12,11 +12,13 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -26,6 +28,8 @@ import (
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/racetest"
 )
 
 // emuBackend is an emulated vLLM engine behind a socket the test can cut.
@@ -107,10 +111,20 @@ func judgeStream(body string, readErr error) sseOutcome {
 // TestFaultEngineKilledUnderLoad crashes one of three emulated engines
 // with 200 streams in flight, some streaming from it and some waiting for
 // their first byte there. Every request that had not received a byte
-// completes on another engine; every stream the crash cut ends with the
-// router's error event and no [DONE]; the router stays up and its
-// accounting returns to zero (newRig checks that).
+// completes on another engine; the router stays up and its accounting
+// returns to zero (newRig checks that). With migration off, every stream
+// the crash cut ends with the router's error event and no [DONE]; with it
+// on (the default), every stream completes, and each one that moved reads
+// the very text the same request gets from an engine uninterrupted.
 func TestFaultEngineKilledUnderLoad(t *testing.T) {
+	t.Run("migration off", func(t *testing.T) { faultEngineKilled(t, false) })
+	t.Run("migration on", func(t *testing.T) {
+		racetest.Heavy(t, "200 streams, and the moved ones sent again to compare their text")
+		faultEngineKilled(t, true)
+	})
+}
+
+func faultEngineKilled(t *testing.T, moves bool) {
 	const requests = 200
 	r, ems := newEmuRig(t, 3, 20, func(c *config.Config) {
 		// Round robin: this test is about failover, and it needs the victim
@@ -120,6 +134,9 @@ func TestFaultEngineKilledUnderLoad(t *testing.T) {
 		c.Health.Cooldown = time.Minute
 		c.Health.MaxCooldown = time.Minute
 		c.Retry.Attempts = 2
+		if !moves {
+			c.Migration.MaxAttempts = 0
+		}
 	})
 	victim := ems[0]
 	vb := r.backendByName(victim.name)
@@ -142,12 +159,15 @@ func TestFaultEngineKilledUnderLoad(t *testing.T) {
 	ctx, cancel := clock.Context(context.Background(), 9*time.Second)
 	defer cancel()
 	results := make([]streamResult, requests)
+	gaps := make([]time.Duration, requests) // each stream's longest wait between two reads
+	body := func(i int) string {
+		return fmt.Sprintf(`{"model":"shared","stream":true,"max_tokens":%d,"ignore_eos":true,"messages":[{"role":"user","content":%q}]}`,
+			tokens(i), words(fmt.Sprintf("kill-%d", i), 2000))
+	}
 	var wg sync.WaitGroup
 	for i := range requests {
 		wg.Go(func() {
-			body := fmt.Sprintf(`{"model":"shared","stream":true,"max_tokens":%d,"ignore_eos":true,"messages":[{"role":"user","content":%q}]}`,
-				tokens(i), words(fmt.Sprintf("kill-%d", i), 2000))
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.base+"/v1/chat/completions", strings.NewReader(body))
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.base+"/v1/chat/completions", strings.NewReader(body(i)))
 			req.Header.Set("Content-Type", "application/json")
 			resp, err := r.client.Do(req)
 			if err != nil {
@@ -155,7 +175,26 @@ func TestFaultEngineKilledUnderLoad(t *testing.T) {
 				return
 			}
 			defer resp.Body.Close()
-			b, rerr := io.ReadAll(resp.Body)
+			var b []byte
+			var rerr error
+			buf := make([]byte, 32<<10)
+			var last time.Time
+			for {
+				n, err := resp.Body.Read(buf)
+				b = append(b, buf[:n]...)
+				if now := time.Now(); n > 0 {
+					if !last.IsZero() {
+						gaps[i] = max(gaps[i], now.Sub(last))
+					}
+					last = now
+				}
+				if err != nil {
+					if err != io.EOF {
+						rerr = err
+					}
+					break
+				}
+			}
 			results[i] = streamResult{status: resp.StatusCode, backend: resp.Header.Get("X-Kvroute-Backend"), body: string(b), readErr: rerr}
 		})
 	}
@@ -192,6 +231,9 @@ func TestFaultEngineKilledUnderLoad(t *testing.T) {
 				}
 				complete++
 			case sseCut:
+				if moves {
+					fail("request %d cut, though streams move: ...%q", i, tailOf(res.body, 300))
+				}
 				if res.backend != victim.name {
 					fail("request %d cut, but it streamed from %s, which did not crash", i, res.backend)
 				}
@@ -203,11 +245,18 @@ func TestFaultEngineKilledUnderLoad(t *testing.T) {
 		}
 	}
 	retries := counterValue(r.srv.metrics.retries)
-	t.Logf("%d requests: %d complete, %d cut with the error event, %d bad; %v retries", requests, complete, cut, bad, retries)
+	moved := counterValue(r.srv.metrics.mig.moves)
+	t.Logf("%d requests: %d complete, %d cut with the error event, %d bad; %v retries, %v streams moved", requests, complete, cut, bad, retries, moved)
 	// Short streams may finish between the look at the victim's load and
 	// the crash; the long ones cannot.
-	if cut == 0 {
+	if !moves && cut == 0 {
 		fail("no stream cut, but %d were streaming from the victim when it crashed", at.Decoding)
+	}
+	if moves {
+		checkMoved(t, fail, ems[1].srv.URL, results, gaps, victim.name, body)
+		if moved == 0 {
+			fail("no stream moved, but %d were streaming from the victim when it crashed", at.Decoding)
+		}
 	}
 	if retries < 1 {
 		fail("no retry, yet the victim had requests waiting for their first byte")
@@ -230,6 +279,55 @@ func TestFaultEngineKilledUnderLoad(t *testing.T) {
 			t.Errorf("request after the crash: status %d from %s: %.200s", res.status, res.header.Get("X-Kvroute-Backend"), res.body)
 		}
 	}
+}
+
+// checkMoved compares every stream that started on the crashed engine
+// (and so moved, or had finished before the crash) with the same request
+// sent to a live engine directly, uninterrupted: the same text, token for
+// token. It logs the longest wait the moved streams' clients saw between
+// two reads (the move's added latency, at most).
+func checkMoved(t *testing.T, fail func(string, ...any), engine string, results []streamResult, gaps []time.Duration, victim string, body func(int) string) {
+	var waits []time.Duration
+	for i, res := range results {
+		if res.backend != victim || judgeStream(res.body, res.readErr) != sseComplete {
+			continue
+		}
+		resp, err := http.Post(engine+"/v1/chat/completions", "application/json", strings.NewReader(body(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		whole, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if got, want := contentOf(t, res.body), contentOf(t, string(whole)); got != want {
+			fail("request %d moved: its text differs from the uninterrupted one's:\n%q\n%q", i, tailOf(got, 200), tailOf(want, 200))
+		}
+		waits = append(waits, gaps[i])
+	}
+	slices.Sort(waits)
+	if len(waits) > 0 {
+		t.Logf("%d streams started on the crashed engine; the longest wait between two reads after the first: median %v, max %v", len(waits), waits[len(waits)/2], waits[len(waits)-1])
+	}
+}
+
+// contentOf is the text of a chat stream's content deltas.
+func contentOf(t *testing.T, stream string) string {
+	var sb strings.Builder
+	for _, ev := range strings.Split(stream, "\n\n") {
+		data, ok := strings.CutPrefix(ev, "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var c openai.Response
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			t.Fatalf("event %q: %v", ev, err)
+		}
+		for _, ch := range c.Choices {
+			if ch.Delta != nil {
+				sb.WriteString(ch.Delta.Content)
+			}
+		}
+	}
+	return sb.String()
 }
 
 // tailOf returns the last n bytes of s.
