@@ -1,6 +1,7 @@
 package migrate
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
@@ -236,7 +237,7 @@ func FuzzStream(f *testing.F) {
 			t.Fatal("a broken body read as whole")
 		}
 		if errors.Is(err, io.ErrUnexpectedEOF) && len(got) > 0 {
-			if i, _ := eventEnd(got); i < 0 {
+			if !endsEvent(got) {
 				t.Fatalf("a partial event was handed on: %q", got)
 			}
 		}
@@ -273,4 +274,14 @@ func FuzzBody(f *testing.F) {
 			t.Fatalf("continuation prompt %q does not end with %q", nv.Prompt, text)
 		}
 	})
+}
+
+// endsEvent reports whether b ends at an empty line: the end of an event.
+func endsEvent(b []byte) bool {
+	for _, end := range []string{"\n\n", "\n\r\n"} {
+		if bytes.HasSuffix(b, []byte(end)) {
+			return true
+		}
+	}
+	return string(b) == "\n" || string(b) == "\r\n"
 }

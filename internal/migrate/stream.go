@@ -37,9 +37,8 @@ type Stream struct {
 	head []byte
 	// headErr ends the current body after head, without reading it.
 	headErr error
-	buf     []byte // read, not yet a whole event
-	out     []byte // whole events, ready to be read
-	rd      []byte
+	held    []byte // read, not yet a whole event
+	out     []byte // whole events, rewritten, ready to be read
 	err     error
 	// leg is 0 for the first engine's stream, then one more a Swap.
 	leg int
@@ -52,10 +51,14 @@ type Stream struct {
 	text   []byte
 	tokens int
 	base   int
-	// finished is set by a chunk with a finish reason; done by [DONE];
-	// refused when the answer holds more than text.
+	// finished is set by a chunk with a finish reason but the last token
+	// chunk, last (whose finish Finished reads); done by [DONE]; refused
+	// when the answer holds more than text. key is the chunks' text key,
+	// nil until one was seen.
 	finished, done bool
 	refused        error
+	last           []byte
+	key            []byte
 }
 
 // ErrEngineError is an engine's error event inside its stream: the
@@ -65,7 +68,7 @@ var ErrEngineError = errors.New("the engine reported an error inside its stream"
 // NewStream reads the stream of body, of which head was already read
 // (headErr, when not nil, ending it there).
 func NewStream(head []byte, headErr error, body io.ReadCloser) *Stream {
-	return &Stream{body: body, head: head, headErr: headErr, rd: make([]byte, 16<<10)}
+	return &Stream{body: body, head: head, headErr: headErr}
 }
 
 // Text is the answer's text sent so far; Tokens its content chunks
@@ -77,7 +80,7 @@ func (s *Stream) Tokens() int { return s.tokens }
 
 // Finished reports whether a chunk with a finish reason was sent: the
 // answer is whole, and only [DONE] (and a usage chunk) may be missing.
-func (s *Stream) Finished() bool { return s.finished }
+func (s *Stream) Finished() bool { return s.finished || bytes.Contains(s.last, finishKey) }
 
 // Done reports whether [DONE] was sent.
 func (s *Stream) Done() bool { return s.done }
@@ -93,7 +96,7 @@ func (s *Stream) Moves() int { return s.leg }
 func (s *Stream) Swap(head []byte, headErr error, body io.ReadCloser) {
 	_ = s.body.Close()
 	s.body, s.head, s.headErr = body, head, headErr
-	s.buf, s.err = s.buf[:0], nil
+	s.held, s.err = s.held[:0], nil
 	s.leg++
 	s.base = s.tokens
 }
@@ -112,77 +115,120 @@ func (s *Stream) End() {
 // error. A Swap may follow.
 func (s *Stream) Close() error { return s.body.Close() }
 
+// Read hands on the whole events read so far. The first engine's events
+// go out as they came, read straight into p (the bytes of an event not yet
+// whole are held for the next call); a later engine's are rewritten.
 func (s *Stream) Read(p []byte) (int, error) {
-	for len(s.out) == 0 {
-		if s.err != nil {
-			return 0, s.err
+	if len(s.out) > 0 || s.leg > 0 || s.err != nil || len(s.held) >= len(p)/2 {
+		return s.readBuffered(p)
+	}
+	for {
+		h := copy(p, s.held)
+		n, err := s.source(p[h:])
+		n += h
+		end, perr := s.scan(p[:n], func([]byte) {})
+		if perr != nil {
+			// What follows an error event (its [DONE]) is dropped.
+			s.held, s.err = s.held[:0], perr
+			return end, nil
 		}
-		var n int
-		var err error
-		switch {
-		case len(s.head) > 0:
-			n = copy(s.rd, s.head)
-			s.head = s.head[n:]
-			if len(s.head) == 0 && s.headErr != nil {
-				err = s.headErr
-			}
-		case s.headErr != nil:
-			err = s.headErr
-		default:
-			n, err = s.body.Read(s.rd)
-		}
-		s.buf = append(s.buf, s.rd[:n]...)
-		if perr := s.split(); perr != nil {
-			err = perr
-		}
+		s.held = append(s.held[:0], p[end:n]...)
 		if err != nil {
 			if err == io.EOF {
 				// A clean end: whatever follows the last event goes out
 				// as it came.
-				s.out = append(s.out, s.buf...)
+				end = n
 			}
-			s.buf = s.buf[:0]
-			s.err = err
+			s.held, s.err = s.held[:0], err
+			if end == 0 {
+				return 0, err
+			}
+			return end, nil
+		}
+		if end > 0 {
+			return end, nil
+		}
+		if len(s.held) >= len(p)/2 {
+			return s.readBuffered(p)
+		}
+	}
+}
+
+// source reads the current engine's body: what was read of it before,
+// then the rest.
+func (s *Stream) source(p []byte) (int, error) {
+	switch {
+	case len(s.head) > 0:
+		n := copy(p, s.head)
+		s.head = s.head[n:]
+		if len(s.head) == 0 && s.headErr != nil {
+			return n, s.headErr
+		}
+		return n, nil
+	case s.headErr != nil:
+		return 0, s.headErr
+	}
+	return s.body.Read(p)
+}
+
+// readBuffered is Read through the Stream's own buffers: a later
+// engine's events, rewritten, and an event too long for p.
+func (s *Stream) readBuffered(p []byte) (int, error) {
+	for len(s.out) == 0 {
+		if s.err != nil {
+			return 0, s.err
+		}
+		if cap(s.held)-len(s.held) < 4<<10 {
+			s.held = append(make([]byte, 0, 2*cap(s.held)+16<<10), s.held...)
+		}
+		n, err := s.source(s.held[len(s.held):cap(s.held)])
+		s.held = s.held[:len(s.held)+n]
+		end, perr := s.scan(s.held, func(ev []byte) { s.out = append(s.out, ev...) })
+		s.held = s.held[:copy(s.held, s.held[end:])]
+		if perr != nil {
+			err = perr
+		}
+		if err != nil {
+			if err == io.EOF {
+				s.out = append(s.out, s.held...)
+			}
+			s.held, s.err = s.held[:0], err
 		}
 	}
 	n := copy(p, s.out)
 	s.out = s.out[n:]
 	if len(s.out) == 0 {
-		s.out = s.out[:0:0] // let a long backlog go
+		s.out = nil // a long backlog is let go
 	}
 	return n, nil
 }
 
-// split moves the whole events of buf to out, as they go to the client;
-// ErrEngineError for an engine's error event.
-func (s *Stream) split() error {
+// scan reads the whole events at the start of b, handing what the client
+// gets of each to emit (a first engine's events are b's own bytes, which
+// go out as they are), and returns where the last one ends; for an
+// engine's error event, ErrEngineError and where that event starts. An
+// event ends at an empty line.
+func (s *Stream) scan(b []byte, emit func([]byte)) (int, error) {
+	start, line := 0, 0
 	for {
-		i, sep := eventEnd(s.buf)
+		i := bytes.IndexByte(b[line:], '\n')
 		if i < 0 {
-			return nil
+			return start, nil
 		}
-		ev := s.buf[:i+sep]
-		emit, err := s.event(ev)
+		l := b[line : line+i]
+		line += i + 1
+		if len(l) > 1 || len(l) == 1 && l[0] != '\r' {
+			continue
+		}
+		out, err := s.event(b[start:line])
 		if err != nil {
-			return err
+			return start, err
 		}
-		s.out = append(s.out, emit...)
-		s.buf = s.buf[i+sep:]
+		if out != nil {
+			emit(out)
+		}
+		start = line
 	}
-}
-
-// eventEnd is where buf's first event ends (the index of its blank line)
-// and the separator's length, -1 when no event is whole.
-func eventEnd(buf []byte) (int, int) {
-	i := bytes.Index(buf, []byte("\n\n"))
-	j := bytes.Index(buf, []byte("\r\n\r\n"))
-	switch {
-	case j >= 0 && (i < 0 || j < i):
-		return j, 4
-	case i >= 0:
-		return i, 2
-	}
-	return -1, 0
 }
 
 // event reads one whole event and returns what goes to the client of it.
@@ -191,6 +237,9 @@ func (s *Stream) event(ev []byte) ([]byte, error) {
 	if !ok {
 		return ev, nil // a comment, or an event of another shape: as it came
 	}
+	if s.leg == 0 && s.token(data) {
+		return ev, nil // the bulk of a stream
+	}
 	if string(data) == "[DONE]" {
 		if s.done {
 			return nil, nil
@@ -198,7 +247,7 @@ func (s *Stream) event(ev []byte) ([]byte, error) {
 		s.done = true
 		return ev, nil
 	}
-	if bytes.HasPrefix(data, []byte(`{"error"`)) || isError(data) {
+	if isError(data) {
 		return nil, ErrEngineError
 	}
 	if s.leg == 0 {
@@ -216,7 +265,10 @@ func (s *Stream) event(ev []byte) ([]byte, error) {
 // payload is the data of an event of one data line, the router's engines'
 // only shape.
 func payload(ev []byte) ([]byte, bool) {
-	line := bytes.TrimRight(ev, "\r\n")
+	line := ev
+	for len(line) > 0 && (line[len(line)-1] == '\n' || line[len(line)-1] == '\r') {
+		line = line[:len(line)-1]
+	}
 	data, ok := bytes.CutPrefix(line, []byte("data:"))
 	if !ok || bytes.IndexByte(data, '\n') >= 0 {
 		return nil, false
@@ -225,12 +277,13 @@ func payload(ev []byte) ([]byte, bool) {
 }
 
 // isError reports whether a chunk is an error object (a top-level
-// "error" member) rather than a completion chunk, which has "choices".
+// "error" member, or vLLM's older "object":"error") rather than a
+// completion chunk, which has "choices".
 func isError(data []byte) bool {
 	return !bytes.Contains(data, []byte(`"choices"`)) && bytes.Contains(data, []byte(`"error"`))
 }
 
-// Keys read from the first engine's chunks without decoding them.
+// Keys read from the chunks without decoding them.
 var (
 	contentKey   = []byte(`"content":"`)
 	textKey      = []byte(`"text":"`)
@@ -239,7 +292,34 @@ var (
 	reasonKeys   = [][]byte{[]byte(`"reasoning_content":"`), []byte(`"reasoning":"`)}
 )
 
-// note reads a first engine's chunk: its id and creation once, its text.
+// token reads a token chunk, the bulk of a stream, with as few passes
+// over it as it takes to find its text: it reports false for any other
+// event, which note reads in full. Its finish, if any, is read from the
+// last one when it matters (Finished).
+func (s *Stream) token(data []byte) bool {
+	if !s.seen {
+		return false
+	}
+	key := s.key
+	if key == nil {
+		key = contentKey
+	}
+	t, ok := s.appendString(data, key)
+	if !ok && s.key == nil {
+		key = textKey
+		t, ok = s.appendString(data, key)
+	}
+	if !ok || !t {
+		return false
+	}
+	s.key = key
+	s.tokens++
+	s.last = append(s.last[:0], data...)
+	return true
+}
+
+// note reads a first engine's chunk other than a token's: its id and
+// creation once, its text, its finish, whether it holds more than text.
 func (s *Stream) note(data []byte) {
 	if !s.seen {
 		var h struct {
@@ -256,12 +336,11 @@ func (s *Stream) note(data []byte) {
 // content notes a chunk's text, its finish, and whether it holds more
 // than text.
 func (s *Stream) content(data []byte) {
-	t, ok := stringAt(data, contentKey)
+	t, ok := s.appendString(data, contentKey)
 	if !ok {
-		t, ok = stringAt(data, textKey)
+		t, ok = s.appendString(data, textKey)
 	}
-	if ok && t != "" {
-		s.text = append(s.text, t...)
+	if ok && t {
 		s.tokens++
 	}
 	if bytes.Contains(data, finishKey) {
@@ -271,39 +350,46 @@ func (s *Stream) content(data []byte) {
 		s.refused = RefuseNotContent
 	}
 	for _, k := range reasonKeys {
-		if r, ok := stringAt(data, k); ok && r != "" {
+		if i := bytes.Index(data, k); i >= 0 && i+len(k) < len(data) && data[i+len(k)] != '"' {
 			s.refused = RefuseNotContent
 		}
 	}
 }
 
-// stringAt is the JSON string that follows key (`"name":"`) in data,
-// decoded; ok false when there is none. A chunk's free text is in
-// strings, whose quotes are escaped, so key matches a member's name only.
-func stringAt(data, key []byte) (string, bool) {
+// appendString appends to the answer's text the JSON string that follows
+// key (`"name":"`) in data, decoded; found is false when data has none,
+// text whether it was not empty. A chunk's free text is in strings, whose
+// quotes are escaped, so key matches a member's name only.
+func (s *Stream) appendString(data, key []byte) (text, found bool) {
 	i := bytes.Index(data, key)
 	if i < 0 {
-		return "", false
+		return false, false
 	}
 	start := i + len(key) - 1 // the opening quote
-	esc := false
-	for j := start + 1; j < len(data); j++ {
-		switch c := data[j]; {
-		case c == '\\':
-			esc = true
+	rest := data[start+1:]
+	j := bytes.IndexByte(rest, '"')
+	if j < 0 {
+		return false, false
+	}
+	if bytes.IndexByte(rest[:j], '\\') < 0 {
+		s.text = append(s.text, rest[:j]...)
+		return j > 0, true
+	}
+	// An escape: the string ends at the first quote not escaped.
+	for j = 0; j < len(rest); j++ {
+		switch rest[j] {
+		case '\\':
 			j++
-		case c == '"':
-			if !esc {
-				return string(data[start+1 : j]), true
-			}
+		case '"':
 			var v string
-			if json.Unmarshal(data[start:j+1], &v) != nil {
-				return "", false
+			if json.Unmarshal(data[start:start+j+2], &v) != nil {
+				return false, false
 			}
-			return v, true
+			s.text = append(s.text, v...)
+			return v != "", true
 		}
 	}
-	return "", false
+	return false, false
 }
 
 // rewrite is a later engine's chunk as the client's stream carries it.
