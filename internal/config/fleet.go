@@ -40,6 +40,12 @@ type Fleet struct {
 	// change (modification time, size and content hash) and reloads it.
 	// 0 disables the check; SIGHUP still reloads. Default 1s.
 	ConfigPoll time.Duration `yaml:"config_poll"`
+	// DrainGrace is how long the streams of a draining backend (removed
+	// from the config or its pool, a terminating Kubernetes endpoint, an
+	// admin drain) may go on there before they are moved to another
+	// engine (migration.max_attempts above 0; with it 0 they run to
+	// their end, however long). 0 moves them at once. Default 30s.
+	DrainGrace time.Duration `yaml:"drain_grace"`
 }
 
 // Defaults of the fleet section and of backends' discovery.
@@ -48,6 +54,7 @@ const (
 	DefaultDNSInterval = 10 * time.Second
 	DefaultConfigPoll  = time.Second
 	DefaultRejoinGrace = fleet.DefaultGrace
+	DefaultDrainGrace  = 30 * time.Second
 	// MinDNSInterval keeps a typo from turning the router into a DNS
 	// load generator.
 	MinDNSInterval = 100 * time.Millisecond
@@ -67,7 +74,8 @@ const (
 )
 
 func defaultFleet() Fleet {
-	return Fleet{Warmup: DefaultWarmup, DNSInterval: DefaultDNSInterval, ConfigPoll: DefaultConfigPoll, RejoinGrace: DefaultRejoinGrace}
+	return Fleet{Warmup: DefaultWarmup, DNSInterval: DefaultDNSInterval, ConfigPoll: DefaultConfigPoll, RejoinGrace: DefaultRejoinGrace,
+		DrainGrace: DefaultDrainGrace}
 }
 
 // Entry is one backends[] entry as the router uses it: the entry as
@@ -231,6 +239,9 @@ func (f *Fleet) validate(bad func(string, ...any)) {
 	}
 	if f.RejoinGrace < fleet.MinGrace {
 		bad("fleet.rejoin_grace: %v must be at least %v", f.RejoinGrace, fleet.MinGrace)
+	}
+	if f.DrainGrace < 0 {
+		bad("fleet.drain_grace: %v must not be negative", f.DrainGrace)
 	}
 }
 

@@ -16,7 +16,8 @@ import (
 func TestDiscoveryConfig(t *testing.T) {
 	tests := []configCase{
 		{"defaults", "backends: [{url: http://a:1}]", "", func(t *testing.T, c *Config) {
-			if c.Fleet != (Fleet{Warmup: DefaultWarmup, DNSInterval: DefaultDNSInterval, ConfigPoll: DefaultConfigPoll, RejoinGrace: DefaultRejoinGrace}) || firstEntry(t, c).DNS() {
+			if c.Fleet != (Fleet{Warmup: DefaultWarmup, DNSInterval: DefaultDNSInterval, ConfigPoll: DefaultConfigPoll, RejoinGrace: DefaultRejoinGrace,
+				DrainGrace: DefaultDrainGrace}) || firstEntry(t, c).DNS() {
 				t.Errorf("fleet %+v, dns %v", c.Fleet, firstEntry(t, c).DNS())
 			}
 		}},
@@ -32,7 +33,7 @@ func TestDiscoveryConfig(t *testing.T) {
 			}
 		}},
 		{"fleet section", "fleet: {warmup: 0s, dns_interval: 1s, config_poll: 0s, rejoin_grace: 2m}\nbackends: [{url: http://a:1}]", "", func(t *testing.T, c *Config) {
-			if c.Fleet != (Fleet{DNSInterval: time.Second, RejoinGrace: 2 * time.Minute}) {
+			if c.Fleet != (Fleet{DNSInterval: time.Second, RejoinGrace: 2 * time.Minute, DrainGrace: DefaultDrainGrace}) {
 				t.Errorf("fleet %+v", c.Fleet)
 			}
 		}},

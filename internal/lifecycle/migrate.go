@@ -36,7 +36,8 @@ var (
 )
 
 // Continue moves request r, whose last leg's stream its engine broke
-// with cause after the client had part of it, to another engine: a new
+// with cause after the client had part of it (nil: the router cut it, a
+// drain, which says nothing of the engine), to another engine: a new
 // leg, routed on the continuation's view v by the same scheduler (away
 // from every engine the request failed on), sends body once. The new leg
 // becomes the request's last: its response is the one the front relays

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"sync"
 
 	"github.com/kvroute/kvroute/internal/openai"
 )
@@ -33,6 +34,9 @@ import (
 // before it was read; the caller then Swaps in the next engine's body, or
 // gives up. A Stream is used by one goroutine.
 type Stream struct {
+	// mu guards body between Swap and a Close from another goroutine
+	// (a timer's).
+	mu   sync.Mutex
 	body io.ReadCloser
 	head []byte
 	// headErr ends the current body after head, without reading it.
@@ -94,8 +98,11 @@ func (s *Stream) Moves() int { return s.leg }
 // Swap continues the stream with the next engine's body (head, headErr
 // as NewStream's), closing the broken one.
 func (s *Stream) Swap(head []byte, headErr error, body io.ReadCloser) {
+	s.mu.Lock()
 	_ = s.body.Close()
-	s.body, s.head, s.headErr = body, head, headErr
+	s.body = body
+	s.mu.Unlock()
+	s.head, s.headErr = head, headErr
 	s.held, s.err = s.held[:0], nil
 	s.leg++
 	s.base = s.tokens
@@ -113,7 +120,11 @@ func (s *Stream) End() {
 
 // Close closes the current engine's body; a Read under way returns its
 // error. A Swap may follow.
-func (s *Stream) Close() error { return s.body.Close() }
+func (s *Stream) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.body.Close()
+}
 
 // Read hands on the whole events read so far. The first engine's events
 // go out as they came, read straight into p (the bytes of an event not yet

@@ -37,6 +37,25 @@ type mover struct {
 	// ends at the new stream's first token.
 	broke  time.Time
 	chunks int
+	// draining is when the stream's engine was first seen draining,
+	// zero while it is not; grace is fleet.drain_grace.
+	draining time.Time
+	grace    time.Duration
+}
+
+// drained reports whether the stream's engine has been draining for
+// fleet.drain_grace: the stream is moved rather than read on. One atomic
+// load a read while the engine is not draining.
+func (m *mover) drained() bool {
+	if !m.ex.Leg().Target.B.Draining() {
+		m.draining = time.Time{}
+		return false
+	}
+	now := time.Now()
+	if m.draining.IsZero() {
+		m.draining = now
+	}
+	return now.Sub(m.draining) >= m.grace
 }
 
 // moverFor arms resp's body for moving when the request allows it: a
@@ -49,7 +68,7 @@ func (ex *exchange) moverFor(resp *http.Response) *mover {
 		migrate.Check(ex.View, ex.Body) != nil {
 		return nil
 	}
-	return &mover{ex: ex}
+	return &mover{ex: ex, grace: ex.s.cfg.Fleet.DrainGrace}
 }
 
 // stream reads body (head and headErr already read) through the mover's
@@ -93,7 +112,11 @@ func (t *relay) move(cause error) error {
 		// The attempt whose stream broke ends in the trace with its
 		// cause; the continuation's is an attempt of its own.
 		ex.AttemptFailed(cause)
-		c, err := ex.s.plane.Continue(&ex.Request, body, v, cause)
+		judged := cause
+		if reason == "drain" {
+			judged = nil // the router cut it: nothing to hold against the engine
+		}
+		c, err := ex.s.plane.Continue(&ex.Request, body, v, judged)
 		ex.moved(c, err)
 		if err != nil {
 			metrics.moves.WithLabelValues(reason, "failed").Inc()
@@ -116,6 +139,7 @@ func (t *relay) move(cause error) error {
 			t.tally.itl = ex.Leg().Target.ITL(ex.Model)
 		}
 		m.s.Swap(c.Head, c.HeadErr, c.Resp.Body)
+		m.draining = time.Time{}
 		return nil
 	}
 	return cause

@@ -160,3 +160,34 @@ func TestMoveKilledEngine(t *testing.T) {
 		})
 	}
 }
+
+// TestMoveDrainedStream drains the engine a stream reads from: once
+// fleet.drain_grace has passed the stream moves to the other engine, and
+// its client reads the uninterrupted text, whole; the drained engine is
+// not held to have failed.
+func TestMoveDrainedStream(t *testing.T) {
+	const body = `{"model":"shared","stream":true,"max_tokens":80,"ignore_eos":true,"messages":[{"role":"user","content":"a story for a drain"}]}`
+	r, ems := newEmuRig(t, 2, 2, func(c *config.Config) { c.Fleet.DrainGrace = 20 * time.Millisecond })
+	resp, err := r.client.Post(r.base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	name := resp.Header.Get(headerBackend)
+	drained := r.backendByName(name)
+	got := readClientStream(t, resp, 3, func() { r.srv.Fleet().Drain(drained) })
+	other := ems[0]
+	if other.name == name {
+		other = ems[1]
+	}
+	whole := streamFrom(t, http.DefaultClient, other.srv.URL, body, 0, nil)
+	if got.errs != 0 || got.dones != 1 || got.roles != 1 || len(got.ids) != 1 || got.text != whole.text {
+		t.Fatalf("drained stream: %d errors, %d [DONE], %d roles, ids %v\n%q\nuninterrupted\n%q", got.errs, got.dones, got.roles, got.ids, got.text, whole.text)
+	}
+	if n := counterValue(r.srv.metrics.mig.moves.WithLabelValues("drain", "moved")); n != 1 {
+		t.Fatalf("%v drain moves counted", n)
+	}
+	if !drained.Healthy() {
+		t.Fatal("the drained engine was judged to have failed")
+	}
+}

@@ -166,7 +166,11 @@ func (t *relay) raw(p []byte) (int, error) {
 	case t.headErr != nil:
 		err = t.headErr
 	default:
-		n, err = t.readBackend(p)
+		if t.mover != nil && t.mover.drained() {
+			err = errDrained
+		} else {
+			n, err = t.readBackend(p)
+		}
 		if err != nil && err != io.EOF && t.mover != nil && t.ctx.Err() == nil {
 			err = t.move(err)
 		}
