@@ -31,6 +31,7 @@ func compareFlags(fs *flag.FlagSet, w *fleetFlags) *float64 {
 	fs.BoolVar(&w.noResponseRouting, "no-response-routing", false, "route requests with previous_response_id as any request, as a balancer that does not learn response ids (the Responses API's baseline)")
 	fs.IntVar(&w.replicas, "replicas", 1, "also run each policy on N router replicas sharing state through an in-process NATS server, each request entering one at random (from --seed)")
 	fs.DurationVar(&w.killReplicaAt, "kill-replica-at", 0, "with --replicas: kill the last replica this long (wall clock) into its run, as a crash would; the client sends the requests it refuses to the next replica")
+	faultFlags(fs, w)
 	return timeScale
 }
 
@@ -39,7 +40,7 @@ func runCompare(args []string) int {
 	var w fleetFlags
 	timeScale := compareFlags(fs, &w)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--max-num-seqs N] [--max-loras N --adapters N [--adapter-zipf S]] [--max-num-batched-tokens N] [--configure-limits] [--policies a,b,c] [--prefill N --decode M] [--rate R | --speedup X | --load F] [--limit N | --window START-END] [--seed S] [--time-scale X] [--kv-events] [--replicas N [--kill-replica-at D]] [--oracle] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--max-num-seqs N] [--max-loras N --adapters N [--adapter-zipf S]] [--max-num-batched-tokens N] [--configure-limits] [--policies a,b,c] [--prefill N --decode M] [--rate R | --speedup X | --load F] [--limit N | --window START-END] [--seed S] [--time-scale X] [--kv-events] [--replicas N [--kill-replica-at D]] [--fault kill|hang|restart --fault-at D [--drain-grace D]] [--oracle] [--json FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nStarts the emulated engines and one router on loopback, in process, and replays the workload once per policy against fresh engines. Latencies are reported in emulated time.\n\nflags:")
 		printDefaults(fs)
 		writeBuiltins(fs.Output())
@@ -83,6 +84,10 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	}
 	if w.killReplicaAt < 0 || (w.killReplicaAt > 0 && w.replicas < 2) {
 		return nil, errors.New("--kill-replica-at takes a positive duration and --replicas 2 or more")
+	}
+	fault, err := w.faultOf()
+	if err != nil {
+		return nil, err
 	}
 	engines, err := w.fleet()
 	if err != nil {
@@ -130,6 +135,10 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 		Replicas:          w.replicas,
 		Roles:             roles,
 		KillReplicaAt:     w.killReplicaAt,
+		Fault:             fault,
+		Faulted: func(run string, r compare.FaultResult) {
+			kills = append(kills, describeFault(run, r))
+		},
 		Killed: func(run string, k compare.Kill) {
 			kills = append(kills, describeKill(run, k))
 		},

@@ -46,6 +46,10 @@ type fleetFlags struct {
 	noResponseRouting                   bool          // compare only
 	replicas                            int           // sim and compare
 	killReplicaAt                       time.Duration // compare only
+	// fault, faultAt and drainGrace are compare's --fault, --fault-at
+	// and --drain-grace (compare_faults.go).
+	fault               string
+	faultAt, drainGrace time.Duration
 	// sim only:
 	syncDelay               time.Duration
 	noSync                  bool

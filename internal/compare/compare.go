@@ -73,6 +73,11 @@ type Config struct {
 	Killed        func(run string, k Kill)
 	// PeerTimeout, when positive, overrides the replicas' sync.peer_timeout.
 	PeerTimeout time.Duration
+	// Fault, when set, is injected into every policy's run (an engine
+	// killed or hung, a rolling restart: faults.go), and Faulted hears
+	// how the run took it.
+	Fault   *Fault
+	Faulted func(run string, r FaultResult)
 	// Roles, when it names a prefill engine, adds for each policy a run
 	// on a disaggregated fleet (named POLICY+xPyD, sim.FleetVariants):
 	// engine i started with role Roles[i] (kvroute engine --role) and
@@ -190,6 +195,10 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 	kv := make([]int, len(cfg.Engines))
 	engineOf := map[string]int{} // backend name -> engine index
 	ems := make([]*emulator.Server, len(cfg.Engines))
+	var inj *injector
+	if cfg.Fault != nil {
+		inj = newInjector(*cfg.Fault, cc, cfg.Engines[0])
+	}
 	for i, pr := range cfg.Engines {
 		ec := emulator.Config{Preset: pr, KVBlocks: cfg.KVBlocks, TimeScale: cfg.TimeScale, Logger: cfg.Logger, Role: roleOf(fl, i)}
 		if pr.MaxLoras > 0 && len(loras) > 0 {
@@ -205,13 +214,20 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 		}
 		ems[i] = em
 		stack.closers = append(stack.closers, em.Close)
-		url, err := stack.serve(em.Handler())
+		h := http.Handler(em.Handler())
+		if inj != nil {
+			h = inj.engine(ec, h)
+		}
+		url, err := stack.serve(h)
 		if err != nil {
 			return report.Run{}, fmt.Errorf("engine %d: %w", i, err)
 		}
 		kv[i] = em.Preset().KVBlocks
 		name := fmt.Sprintf("engine-%d", i)
 		engineOf[name] = i
+		if inj != nil {
+			inj.served(name, url, stack.last)
+		}
 		be := config.Backend{URL: url, Name: name, Role: roleOf(fl, i)}
 		if be.Role == config.RoleDecode {
 			// The conditional split weighs the transfer the decode
@@ -263,6 +279,12 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 		kill.arm()
 	}
 
+	if inj != nil {
+		label += " " + inj.f.Kind
+		inj.router = routers[0]
+		defer inj.close()
+		inj.arm()
+	}
 	samples, elapsed, err := bench.Drive(ctx, bench.Config{
 		Target:     targets[0],
 		Spread:     targets[1:],
@@ -276,6 +298,12 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 		k := kill.result(samples, label, cfg.TimeScale)
 		if err == nil && cfg.Killed != nil {
 			cfg.Killed(label, k)
+		}
+	}
+	if inj != nil {
+		r := inj.result(samples, cfg.TimeScale)
+		if err == nil && cfg.Faulted != nil {
+			cfg.Faulted(label, r)
 		}
 	}
 	if err != nil {
@@ -366,6 +394,9 @@ func scale(d time.Duration, f float64) time.Duration {
 // servers are the loopback servers of one run, closed in reverse order.
 type servers struct {
 	closers []func() error
+	// last is the server serve started last (faults.go stops an
+	// engine's).
+	last *http.Server
 }
 
 // serve serves h on a fresh loopback port and returns its base URL.
@@ -376,6 +407,7 @@ func (s *servers) serve(h http.Handler) (string, error) {
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
+	s.last = srv
 	s.closers = append(s.closers, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
