@@ -37,6 +37,9 @@ func (w *fleetFlags) faultOf() (*compare.Fault, error) {
 func describeFault(run string, r compare.FaultResult) string {
 	s := fmt.Sprintf("\n%s: %s %v (wall clock) into the run: %d of %d requests saw an error; %d streams moved to another engine\n",
 		run, r.Kind, r.At, r.Errors, r.Requests, r.Moved)
+	for _, why := range r.Why {
+		s += "  error: " + why + "\n"
+	}
 	if r.Hit > 0 {
 		s += fmt.Sprintf("  %d completed streams started on a faulted engine: added latency (longest gap less the stream's median) p50 %.1f ms, p99 %.1f ms (emulated); bound (their context's prefill + 100 ms) p99 %.1f ms; %d over their bound\n",
 			r.Hit, ms(r.Added50), ms(r.Added99), ms(r.Bound99), r.Over)

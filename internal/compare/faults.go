@@ -56,8 +56,10 @@ type FaultResult struct {
 	Kind string
 	At   time.Duration
 	// Errors are the requests whose client saw an error (a status other
-	// than 200, an error event, a broken stream); Requests all of them.
+	// than 200, an error event, a broken stream); Requests all of them;
+	// Why the first few distinct errors.
 	Errors, Requests int
+	Why              []string
 	// Moved is the streams the router moved to another engine
 	// (kvroute_migrations_total, outcome moved).
 	Moved int
@@ -273,6 +275,10 @@ func (in *injector) result(samples []report.Sample, timeScale float64) FaultResu
 	for _, s := range samples {
 		if s.Err != "" || s.Status != http.StatusOK {
 			res.Errors++
+			why := fmt.Sprintf("%d %s", s.Status, s.Err)
+			if len(res.Why) < 3 && !slices.Contains(res.Why, why) {
+				res.Why = append(res.Why, why)
+			}
 			continue
 		}
 		if !in.faulted[s.Backend] || len(s.ITL) < 2 {

@@ -5,10 +5,12 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/lifecycle"
 	"github.com/kvroute/kvroute/internal/migrate"
 )
@@ -28,34 +30,59 @@ import (
 type mover struct {
 	ex *exchange
 	s  *migrate.Stream
-	// moves are the stream's moves so far, and what the access log says
-	// of them ("a->b (reset)").
-	moves int
+	// spent are the attempts at moving the stream counted against
+	// migration.max_attempts; trail what the access log says of its
+	// moves ("a->b (broken)").
+	spent int
 	trail []string
 	// broke is the last token before the last move, zero when no move
 	// is under way; chunks the token chunks relayed then. The move's gap
 	// ends at the new stream's first token.
 	broke  time.Time
 	chunks int
-	// draining is when the stream's engine was first seen draining,
-	// zero while it is not; grace is fleet.drain_grace.
-	draining time.Time
-	grace    time.Duration
+	// grace is fleet.drain_grace.
+	grace time.Duration
 }
 
 // drained reports whether the stream's engine has been draining for
 // fleet.drain_grace: the stream is moved rather than read on. One atomic
 // load a read while the engine is not draining.
 func (m *mover) drained() bool {
-	if !m.ex.Leg().Target.B.Draining() {
-		m.draining = time.Time{}
+	b := m.ex.Leg().Target.B
+	if !b.Draining() {
 		return false
 	}
 	now := time.Now()
-	if m.draining.IsZero() {
-		m.draining = now
+	return now.Sub(m.ex.s.drains.since(b, now)) >= m.grace
+}
+
+// drainClock is when each draining backend was first seen draining by one
+// of its streams: its grace runs from then for every stream, those that
+// had their first byte later too. An entry goes when the backend is seen
+// serving again, or is retired.
+type drainClock struct {
+	mu sync.Mutex
+	at map[*fleet.Backend]time.Time
+}
+
+// since is when b, draining, was first seen so (now if not before).
+func (c *drainClock) since(b *fleet.Backend, now time.Time) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.at == nil {
+		c.at = map[*fleet.Backend]time.Time{}
 	}
-	return now.Sub(m.draining) >= m.grace
+	for k := range c.at {
+		if !k.Draining() {
+			delete(c.at, k) // undrained: its next drain starts afresh
+		}
+	}
+	t, ok := c.at[b]
+	if !ok {
+		c.at[b] = now
+		return now
+	}
+	return t
 }
 
 // moverFor arms resp's body for moving when the request allows it: a
@@ -98,8 +125,14 @@ func (t *relay) move(cause error) error {
 		return cause
 	}
 	cfg := ex.s.cfg.Migration
-	for m.moves < cfg.MaxAttempts {
-		m.moves++
+	// A drain's move is planned (a rolling restart may move a stream once
+	// for each engine it restarts): its first attempt is not counted.
+	free := reason == "drain"
+	for free || m.spent < cfg.MaxAttempts {
+		if !free {
+			m.spent++
+		}
+		free = false
 		body, v, err := migrate.Continuation(ex.View, ex.Body, m.s.Text(), m.s.Tokens(), ex.s.parse)
 		if err == nil && cfg.MaxContextTokens > 0 && v.PromptTokens > cfg.MaxContextTokens {
 			err = errTooLong
@@ -139,7 +172,6 @@ func (t *relay) move(cause error) error {
 			t.tally.itl = ex.Leg().Target.ITL(ex.Model)
 		}
 		m.s.Swap(c.Head, c.HeadErr, c.Resp.Body)
-		m.draining = time.Time{}
 		return nil
 	}
 	return cause

@@ -59,8 +59,11 @@ type Server struct {
 	set      *members.Set
 	upstream *http.Transport
 	metrics  *Metrics
-	parse    request.Options
-	handler  http.Handler
+	// drains is when each draining backend was first seen draining by a
+	// stream (migrate.go).
+	drains  drainClock
+	parse   request.Options
+	handler http.Handler
 	// proxyLog is the reverse proxy's error log, at debug level.
 	proxyLog *log.Logger
 	// splitProto is the disaggregation protocol when the fleet may have
