@@ -140,14 +140,9 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 		ex.Reject(e)
 		return
 	}
-	var hints lifecycle.Hints
-	hints.Session = s.sessionHeader(r)
-	hints.Salt = ex.tenant.prefixSalt
-	e = s.plane.Read(&ex.Request, kind, body, hints)
+	e = s.read(r, ex.tenant, &ex.Request, kind, body)
 	if ex.View != nil {
-		// The split protocol's members are the router's to write: a
-		// client's never reach an engine, split or whole.
-		ex.setView(ex.View, disagg.Strip(body))
+		ex.viewSpan()
 	}
 	if e != nil {
 		ex.Reject(e)
