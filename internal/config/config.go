@@ -591,6 +591,8 @@ type Overrides struct {
 	// LogLevel and LogFormat, when non-empty, replace log.level and
 	// log.format.
 	LogLevel, LogFormat string
+	// EPPListen, when non-empty, replaces epp.listen.
+	EPPListen string
 }
 
 // Apply applies o to c.
@@ -600,6 +602,9 @@ func (c *Config) Apply(o Overrides) {
 	}
 	if o.Listen != "" {
 		c.Listen = o.Listen
+	}
+	if o.EPPListen != "" {
+		c.EPP.Listen = o.EPPListen
 	}
 	if o.Sync != "" {
 		c.Sync.URL = o.Sync

@@ -37,9 +37,14 @@ type engine struct {
 	mu   sync.Mutex
 	hold chan struct{}
 	n    int
+	// onlyMarked holds only the requests whose body has holdMark.
+	onlyMarked bool
 }
 
-func newEngine(t *testing.T, name string) *engine {
+// holdMark marks a request an engine with onlyMarked holds.
+const holdMark = "HOLD"
+
+func newEngine(t testing.TB, name string) *engine {
 	e := &engine{name: name}
 	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -47,6 +52,9 @@ func newEngine(t *testing.T, name string) *engine {
 		e.n++
 		hold := e.hold
 		e.mu.Unlock()
+		if !strings.Contains(string(body), holdMark) && e.onlyMarked {
+			hold = nil
+		}
 		if !strings.Contains(string(body), `"stream":true`) {
 			w.Header().Set("Content-Type", "application/json")
 			fmt.Fprintf(w, `{"model":"m","choices":[{"message":{"content":%q}}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`, name)
@@ -78,7 +86,7 @@ type rig struct {
 	byAddr  map[string]*engine
 }
 
-func newRig(t *testing.T, n int, edit func(*config.Config)) *rig {
+func newRig(t testing.TB, n int, edit func(*config.Config)) *rig {
 	t.Helper()
 	cfg := config.Default()
 	cfg.Listen = "127.0.0.1:0"
@@ -116,7 +124,7 @@ func newRig(t *testing.T, n int, edit func(*config.Config)) *rig {
 	return rg
 }
 
-func dial(t *testing.T, addr string) *grpc.ClientConn {
+func dial(t testing.TB, addr string) *grpc.ClientConn {
 	t.Helper()
 	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -127,7 +135,7 @@ func dial(t *testing.T, addr string) *grpc.ClientConn {
 }
 
 // open opens one request's stream.
-func (rg *rig) open(t *testing.T, ctx context.Context) extprocv3.ExternalProcessor_ProcessClient {
+func (rg *rig) open(t testing.TB, ctx context.Context) extprocv3.ExternalProcessor_ProcessClient {
 	t.Helper()
 	st, err := extprocv3.NewExternalProcessorClient(rg.conn).Process(ctx)
 	if err != nil {
@@ -137,7 +145,7 @@ func (rg *rig) open(t *testing.T, ctx context.Context) extprocv3.ExternalProcess
 }
 
 // waitIdle waits until every backend's load is back to zero.
-func (rg *rig) waitIdle(t *testing.T) {
+func (rg *rig) waitIdle(t testing.TB) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -593,3 +601,203 @@ func TestHealth(t *testing.T) {
 	}
 }
 
+
+// step is one request of TestSameDecisions' trace: its body, and whether
+// its answer is held open (its load stays on its engine) until the end.
+type step struct {
+	what, body, session string
+	hold                bool
+}
+
+// sameDecisionsTrace exercises what a pick weighs: a conversation's home
+// (its second turn), a shared prefix, and load (two long prompts held in
+// flight, then a third).
+func sameDecisionsTrace() []step {
+	system := strings.Repeat("You are a careful assistant who answers in full sentences. ", 60)
+	long := func(tag string) string {
+		return strings.Repeat(tag+" needs a long answer about distributed systems. ", 80)
+	}
+	var tr []step
+	for _, s := range []string{"s1", "s2", "s3", "s4"} {
+		tr = append(tr, step{what: s + " turn 1", session: s, body: chat(s, "first turn of "+s, true)})
+	}
+	for _, s := range []string{"s1", "s2", "s3", "s4"} {
+		tr = append(tr, step{what: s + " turn 2", session: s, body: fmt.Sprintf(`{"model":"m","stream":true,"user":%q,"messages":[{"role":"user","content":"first turn of %s"},{"role":"assistant","content":"ok"},{"role":"user","content":"second"}]}`, s, s)})
+	}
+	tr = append(tr,
+		step{what: "prefix p1", body: fmt.Sprintf(`{"model":"m","stream":true,"messages":[{"role":"system","content":%q},{"role":"user","content":"question one"}]}`, system)},
+		step{what: "prefix p2", body: fmt.Sprintf(`{"model":"m","stream":true,"messages":[{"role":"system","content":%q},{"role":"user","content":"question two"}]}`, system)},
+		step{what: "load l1 (held)", body: chat("", holdMark+long("alpha"), true), hold: true},
+		step{what: "load l2 (held)", body: chat("", holdMark+long("beta"), true), hold: true},
+		step{what: "load l3", body: chat("", long("gamma"), true)},
+	)
+	return tr
+}
+
+// TestSameDecisions: the same trace through the HTTP front and through the
+// picker (the test as the gateway's data plane) is routed alike: the
+// conversations' homes, the prefix's engine and the load's spread match
+// request by request, shown side by side.
+func TestSameDecisions(t *testing.T) {
+	trace := sameDecisionsTrace()
+	viaHTTP := routeHTTP(t, trace)
+	viaEPP := routeEPP(t, trace)
+	t.Logf("%-16s %-10s %-10s", "request", "HTTP front", "picker")
+	for i, s := range trace {
+		t.Logf("%-16s %-10s %-10s", s.what, viaHTTP[i], viaEPP[i])
+		if viaHTTP[i] != viaEPP[i] {
+			t.Errorf("%s: the HTTP front routed it to %s, the picker to %s", s.what, viaHTTP[i], viaEPP[i])
+		}
+	}
+	// The trace says something: turns stay home, the prefix stays, the
+	// held load is avoided.
+	for i := range 4 {
+		if viaEPP[i] != viaEPP[4+i] {
+			t.Errorf("%s left its home %s for %s", trace[4+i].what, viaEPP[i], viaEPP[4+i])
+		}
+	}
+	if viaEPP[8] != viaEPP[9] {
+		t.Errorf("the shared prefix went to %s, then %s", viaEPP[8], viaEPP[9])
+	}
+	if viaEPP[12] == viaEPP[10] || viaEPP[12] == viaEPP[11] || viaEPP[10] == viaEPP[11] {
+		t.Errorf("load: held on %s and %s, then %s", viaEPP[10], viaEPP[11], viaEPP[12])
+	}
+}
+
+// routeHTTP sends the trace through the HTTP front and returns the engine
+// of each request (X-Kvroute-Backend).
+func routeHTTP(t *testing.T, trace []step) []string {
+	rg := newRig(t, 3, nil)
+	hold := make(chan struct{})
+	for _, e := range rg.engines {
+		e.hold, e.onlyMarked = hold, true
+	}
+	defer close(hold)
+	var got []string
+	held := 0
+	for _, s := range trace {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+rg.srv.Addr()+"/v1/chat/completions", strings.NewReader(s.body))
+		req.Header.Set("Content-Type", "application/json")
+		if s.session != "" {
+			req.Header.Set("X-Session-ID", s.session)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, resp.Header.Get("X-Kvroute-Backend"))
+		if s.hold {
+			t.Cleanup(func() { resp.Body.Close() })
+			// The first chunk is relayed: the prefill is done.
+			if _, err := resp.Body.Read(make([]byte, 16)); err != nil {
+				t.Fatal(err)
+			}
+			held++
+			continue
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		waitOwn(t, rg, int64(held))
+	}
+	return got
+}
+
+// routeEPP sends the trace through the picker, the test forwarding as the
+// gateway does, and returns the engine of each request.
+func routeEPP(t *testing.T, trace []step) []string {
+	rg := newRig(t, 3, nil)
+	hold := make(chan struct{})
+	for _, e := range rg.engines {
+		e.hold, e.onlyMarked = hold, true
+	}
+	defer close(hold)
+	var got []string
+	held := 0
+	for _, s := range trace {
+		st := rg.open(t, t.Context())
+		hs := map[string]string{}
+		if s.session != "" {
+			hs["x-session-id"] = s.session
+		}
+		envoy{raw: true, pseudo: true, chunk: 4096, headers: hs}.sendRequest(t, st, s.body)
+		d := readDecision(t, st)
+		e := rg.byAddr[d.dest]
+		if e == nil {
+			t.Fatalf("%s: destination %q", s.what, d.dest)
+		}
+		got = append(got, e.name)
+		if !s.hold {
+			forward(t, st, d.dest, "", s.body, true)
+			closeStream(t, st)
+			waitOwn(t, rg, int64(held))
+			continue
+		}
+		forwardFirst(t, st, d.dest, s.body)
+		held++
+	}
+	return got
+}
+
+// forwardFirst forwards the request to dest and relays the response's
+// headers and first chunk to the picker, leaving the rest unread.
+func forwardFirst(t *testing.T, st extprocv3.ExternalProcessor_ProcessClient, dest, body string) {
+	resp, err := http.Post("http://"+dest+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	md, _ := structpb.NewStruct(map[string]any{epp.KeyServed: dest})
+	send(t, st, &extprocv3.ProcessingRequest{
+		Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+			{Key: ":status", RawValue: []byte("200")}, {Key: "content-type", RawValue: []byte("text/event-stream")}}}}},
+		MetadataContext: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{epp.MetadataLB: md}},
+	})
+	expect[*extprocv3.ProcessingResponse_ResponseHeaders](t, st)
+	buf := make([]byte, 256)
+	n, _ := resp.Body.Read(buf)
+	send(t, st, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{
+		ResponseBody: &extprocv3.HttpBody{Body: buf[:n]}}})
+	expect[*extprocv3.ProcessingResponse_ResponseBody](t, st)
+}
+
+// waitOwn waits until the fleet holds exactly n requests in flight.
+func waitOwn(t *testing.T, rg *rig, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var sum int64
+		for _, b := range rg.srv.Fleet().Snapshot().All {
+			sum += b.OwnLoad().InFlight
+		}
+		if sum == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests in flight, want %d", sum, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestPrefiller: with prefill and decode engines, a split request's
+// decision is its decode engine, and x-prefiller-host-port names its
+// prefill engine (for the decode engine's P/D sidecar); both legs are
+// released when the request ends.
+func TestPrefiller(t *testing.T) {
+	rg := newRig(t, 2, func(c *config.Config) {
+		c.Backends[0].Role, c.Backends[1].Role = config.RolePrefill, config.RoleDecode
+		c.Disaggregation.Split = "always"
+	})
+	pre, dec := strings.TrimPrefix(rg.engines[0].srv.URL, "http://"), strings.TrimPrefix(rg.engines[1].srv.URL, "http://")
+	st := rg.open(t, context.Background())
+	body := chat("s", strings.Repeat("a long prompt ", 300), true)
+	envoy{raw: true, pseudo: true}.sendRequest(t, st, body)
+	d := readDecision(t, st)
+	if d.dest != dec || d.prefiller != pre {
+		t.Fatalf("destination %q, prefiller %q; want the decode engine %s and the prefill engine %s", d.dest, d.prefiller, dec, pre)
+	}
+	forward(t, st, d.dest, "", body, true)
+	closeStream(t, st)
+	rg.waitIdle(t)
+}
