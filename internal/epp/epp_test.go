@@ -601,7 +601,6 @@ func TestHealth(t *testing.T) {
 	}
 }
 
-
 // step is one request of TestSameDecisions' trace: its body, and whether
 // its answer is held open (its load stays on its engine) until the end.
 type step struct {
