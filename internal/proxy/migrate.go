@@ -163,13 +163,9 @@ func (t *relay) move(cause error) error {
 		m.trail = append(m.trail, c.From+"->"+c.To+" ("+reason+")")
 		// The client's wait runs from the last token it had; the gap is
 		// not an inter-token latency of either engine.
-		m.broke, m.chunks = t.tally.last, t.tally.chunks
+		m.broke, m.chunks = t.tally.Resume(ex.Leg().Target.ITL(ex.Model)), t.tally.Chunks()
 		if m.broke.IsZero() {
 			m.broke = time.Now()
-		}
-		t.tally.resumed = true
-		if t.tally.itl != nil {
-			t.tally.itl = ex.Leg().Target.ITL(ex.Model)
 		}
 		m.s.Swap(c.Head, c.HeadErr, c.Resp.Body)
 		return nil
