@@ -148,3 +148,29 @@ func TestKillReplicaAtNeedsReplicas(t *testing.T) {
 		}
 	}
 }
+
+// TestFaultFlags: compare's --fault takes kill, hang or restart and a
+// positive --fault-at; the other two flags go with it. Refused before
+// anything starts.
+func TestFaultFlags(t *testing.T) {
+	for _, tc := range []struct {
+		fault     string
+		at, grace time.Duration
+		want      string
+	}{
+		{"crash", time.Second, 0, "--fault"},
+		{"kill", 0, 0, "--fault-at"},
+		{"restart", time.Second, -time.Second, "--drain-grace"},
+		{"", time.Second, 0, "--fault-at"},
+	} {
+		w := fleetFlags{engines: "2", preset: "h100-llama3-8b", workload: "chat", policies: "kvroute",
+			rate: 4, duration: 3 * time.Second, seed: 1, fault: tc.fault, faultAt: tc.at, drainGrace: tc.grace}
+		var out strings.Builder
+		if _, err := compareMain(t.Context(), &out, &w, 10, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("--fault %q --fault-at %v --drain-grace %v: err %v, want one naming %s", tc.fault, tc.at, tc.grace, err, tc.want)
+		}
+		if out.Len() > 0 {
+			t.Errorf("--fault %q: the run started: %s", tc.fault, out.String())
+		}
+	}
+}
