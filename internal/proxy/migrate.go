@@ -153,8 +153,8 @@ func (t *relay) move(cause error) error {
 		ex.moved(c, err)
 		if err != nil {
 			metrics.moves.WithLabelValues(reason, "failed").Inc()
-			if errors.Is(err, lifecycle.ErrNotMoved) {
-				return cause
+			if errors.Is(err, lifecycle.ErrNotMoved) || t.ctx.Err() != nil {
+				return cause // nowhere to go, or nobody to go for
 			}
 			continue
 		}
