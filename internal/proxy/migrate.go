@@ -216,6 +216,12 @@ func newMigrationMetrics(reg *prometheus.Registry) migrationMetrics {
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}),
 	}
+	// Every reason and outcome shows from the start, at 0.
+	for _, reason := range []string{"broken", "idle", "engine_error", "drain"} {
+		for _, outcome := range []string{"moved", "failed", "refused", "finished"} {
+			m.moves.WithLabelValues(reason, outcome)
+		}
+	}
 	reg.MustRegister(m.moves, m.prefill, m.gap)
 	return m
 }
