@@ -256,6 +256,8 @@ type sim struct {
 	seq     uint64
 	now     time.Duration
 	cur     int // the node whose step is running (for the sink)
+	// tiered: an engine has a CPU tier, whose loads it waits for (kick).
+	tiered bool
 	samples []report.Sample
 	arena   []time.Duration
 	// shareHashes is set when the router's blocks are the engine's (same
@@ -305,6 +307,9 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 		// presets name different models) still takes every request.
 		s.nodes[i].b = f.Add(fmt.Sprintf("engine-%d", i), nil, nil)
 		s.nodes[i].eng = engine.New(pr, cfg.KVBlocks)
+		// An engine loading from its CPU tier waits for the load, as
+		// for a KV transfer: it is woken at its end (kick).
+		s.tiered = s.tiered || pr.CPUBlocks > 0
 	}
 	s.setupKV()
 	if err := s.setupPD(); err != nil {
@@ -630,7 +635,7 @@ func (s *sim) stepStart(i int) {
 		// a KV transfer's end, pd.go).
 		n.busy = false
 		s.deliver(i)
-		if s.pd != nil {
+		if s.pd != nil || s.tiered {
 			s.kick(i)
 		}
 		return
@@ -645,7 +650,7 @@ func (s *sim) stepDone(i int) {
 	n := &s.nodes[i]
 	if n.eng.Idle() {
 		n.busy = false
-		if s.pd != nil {
+		if s.pd != nil || s.tiered {
 			s.kick(i)
 		}
 		return
