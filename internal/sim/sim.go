@@ -246,18 +246,18 @@ type node struct {
 
 // sim is one run's state.
 type sim struct {
-	cfg     Config
-	reqs    []workload.Request
-	order   []int // indices of reqs in arrival order
-	model   string
-	sched   *scheduler.Scheduler
-	nodes   []node
-	heap    eventHeap
-	seq     uint64
-	now     time.Duration
-	cur     int // the node whose step is running (for the sink)
+	cfg   Config
+	reqs  []workload.Request
+	order []int // indices of reqs in arrival order
+	model string
+	sched *scheduler.Scheduler
+	nodes []node
+	heap  eventHeap
+	seq   uint64
+	now   time.Duration
+	cur   int // the node whose step is running (for the sink)
 	// tiered: an engine has a CPU tier, whose loads it waits for (kick).
-	tiered bool
+	tiered  bool
 	samples []report.Sample
 	arena   []time.Duration
 	// shareHashes is set when the router's blocks are the engine's (same
