@@ -165,7 +165,9 @@ const (
 // engine's running-sequence cap is known (or plausible: see
 // fleet.Limits.PlausibleSeqs) and the requests there fill it,
 // the request first waits for a slot (see slotWait), and est_i is at least
-// that wait plus its own prefill; Extra_i is added last. Pick estimates
+// that wait plus its own prefill; Extra_i and Load_i (the load of its
+// cache hits on lower tiers, Input.Load; Cached_i counts them) are added
+// last. Pick estimates
 // every candidate once, then chooses by small rules (kvroute_pick.go).
 //
 // See docs/routing.md for the reasoning behind each term.

@@ -199,6 +199,11 @@ func (p *KVRoute) estimateAll(in *Input, r *pickRequest, shared bool, start int,
 		if in.Extra != nil {
 			x.est += in.Extra[x.i]
 		}
+		if in.Load != nil {
+			// The load of its lower-tier hits: before its prefill, off
+			// the engine's compute (no recomputation is priced for them).
+			x.est += in.Load[x.i]
+		}
 		// The score adds the fleet's share of the recomputation to this
 		// request's TTFT; it equals est when the fleet is not backlogged.
 		// It is priced at the fleet's rate: the capacity lost is the

@@ -19,6 +19,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/prefix"
 	"github.com/kvroute/kvroute/internal/request"
 )
 
@@ -43,6 +44,14 @@ type Input struct {
 	// Extra[i] is the seconds the scheduler's scorers (Scorer) add to
 	// the time to first token on Candidates[i]; nil without scorers.
 	Extra []float64
+	// Tiers[i] is how Cached[i] spreads over Candidates[i]'s cache tiers
+	// (prompt tokens on its GPU, then in host memory, then on disk), and
+	// Load[i] the seconds it takes to load the lower tiers' part into GPU
+	// memory before computing the rest (the scheduler's price of it,
+	// scheduler/tiers.go); both nil when no backend has a tier below its
+	// GPU: every cached token is then on the GPU.
+	Tiers []TierTokens
+	Load  []float64
 	Now   time.Time
 	// SessionHash is HashSession(View.SessionKey), hashed once per
 	// request by the scheduler; 0 when the request has no session key.
@@ -63,6 +72,10 @@ type Input struct {
 	// the router shares state with replicas (sync), live or not.
 	Replica uint64
 }
+
+// TierTokens is a candidate's cached prompt tokens per cache tier,
+// indexed by prefix.Tier.
+type TierTokens [prefix.NumTiers]int64
 
 // HashSession is the one hash of a session key that the scheduler and the
 // policies share; 0 for no key.

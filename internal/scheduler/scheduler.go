@@ -63,6 +63,10 @@ type Scheduler struct {
 	index   *prefix.Index
 	audit   *prefix.Audit
 	precise *prefix.Precise // nil unless Config.Precise
+	// cpu is the approximate index's CPU tier, nil until SetCPUCapacity
+	// gives one (tiers.go); tierMu serialises its creation.
+	cpu     atomic.Pointer[prefix.Index]
+	tierMu  sync.Mutex
 	blockCh int
 	filters []policy.Filter
 	scorers []policy.Scorer
@@ -120,6 +124,14 @@ type scratch struct {
 	// (empty when none is); best the largest match of a candidate.
 	raw  []int32
 	best int32
+	// tiered: some backend has a lower cache tier, and ktiers[b] is how
+	// all[b] spreads over b's (ptiers: the precise index's, in its
+	// blocks); ctiers and load are policy.Input's Tiers and Load, per
+	// candidate (tiers.go).
+	tiered         bool
+	ktiers, ptiers []prefix.Tiers
+	ctiers         []policy.TierTokens
+	load           []float64
 }
 
 // New returns a scheduler over f using p.
@@ -284,6 +296,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 	}
 	sc.all = sc.all[:snap.IDs]
 	s.match(sc, hashes, keys, now)
+	s.matchTiers(sc, hashes, keys, now)
 	s.untrust(sc)
 	s.tokens(sc, v)
 
@@ -296,6 +309,8 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		Cached:      sc.cached,
 		Uncached:    sc.uncached,
 		Extra:       s.score(sc, v),
+		Tiers:       sc.ctiers,
+		Load:        sc.load,
 		Now:         now,
 		SessionHash: session,
 	}
@@ -329,6 +344,9 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		MatchedTokens: int(sc.cached[d.Index]),
 		EstTTFT:       d.EstTTFT,
 		ticket:        b.Start(int64(v.PromptTokens), pendingOf(v, sc.uncached[d.Index]), int64(budget), now),
+	}
+	if sc.load != nil {
+		a.ticket.SetLoad(time.Duration(sc.load[d.Index] * float64(time.Second)))
 	}
 	s.presume(b, a.ticket.Started(), sc.in.Replicas, now)
 	s.routedAdapter(b, v.Model)

@@ -104,6 +104,13 @@ type Config struct {
 	// as Split says (pd.go).
 	Roles []string
 	Split string
+	// TierBlindIndex keeps the engines' CPU tiers (engine.Preset.CPUBlocks)
+	// from the router: its approximate index does not model their offload
+	// (the blocks it evicts for a GPU's capacity vanish), and its precise
+	// index hears only the GPUs' events, as a router told nothing of the
+	// tiers; by default it is told each engine's, as the
+	// backends[].cpu_kv_blocks key tells the live one.
+	TierBlindIndex bool
 }
 
 // Run simulates reqs on a fresh fleet under cfg and returns the run's
@@ -327,6 +334,15 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 		// cache_config_info): engine blocks of BlockSize tokens of
 		// BytesPerToken bytes, converted to the router's blocks.
 		s.sched.SetKVCapacity(s.nodes[i].b.ID, int64(s.nodes[i].kvBlocks)*engine.BlockSize)
+		if !cfg.TierBlindIndex {
+			// The engine stores every block to its CPU tier (vLLM's
+			// connector does): what it holds only there is the tier
+			// less the GPU's blocks.
+			p := s.nodes[i].eng.Preset()
+			if p.CPUBlocks > 0 {
+				s.sched.SetCPUCapacity(s.nodes[i].b.ID, int64(max(p.CPUBlocks-s.nodes[i].kvBlocks, 0))*engine.BlockSize)
+			}
+		}
 	}
 	s.startKV()
 	if cfg.Replicas > 1 {
