@@ -64,9 +64,11 @@ type Scheduler struct {
 	audit   *prefix.Audit
 	precise *prefix.Precise // nil unless Config.Precise
 	// cpu is the approximate index's CPU tier, nil until SetCPUCapacity
-	// gives one (tiers.go); tierMu serialises its creation.
+	// gives one; caps are the tiers' sizes it is set from, under tierMu
+	// (tiers.go).
 	cpu     atomic.Pointer[prefix.Index]
 	tierMu  sync.Mutex
+	caps    tierCaps
 	blockCh int
 	filters []policy.Filter
 	scorers []policy.Scorer
@@ -170,6 +172,7 @@ func (s *Scheduler) Index() *prefix.Index { return s.index }
 // (from the engine preset) share.
 func (s *Scheduler) SetKVCapacity(backend int, kvTokens int64) {
 	s.index.SetCapacity(backend, s.audit.SetBase(backend, int(s.blocksOf(kvTokens))))
+	s.noteGPU(backend, kvTokens)
 }
 
 // Forget forgets everything the picture holds of backend (it crashed, was

@@ -20,24 +20,72 @@ import (
 // backend's load time (costmodel.Model.LoadPerToken) in policy.Input.Load
 // (tokens.go converts).
 
-// SetCPUCapacity sizes backend's CPU tier in the approximate index from its
-// engine's, kvTokens tokens (0: none). The first positive one turns the
-// approximate index's offload model on.
-func (s *Scheduler) SetCPUCapacity(backend int, kvTokens int64) {
-	cpu := s.cpu.Load()
-	if cpu == nil {
-		if kvTokens <= 0 {
+// SetCPUCapacity sets backend's CPU tier to cpuTokens tokens (0: none)
+// and sizes the approximate index's model of it: an engine stores every
+// block it computes to its CPU tier (vLLM's OffloadingConnector does), so
+// the blocks it holds only there are the tier's less its GPU's
+// (SetKVCapacity). The first positive one turns the approximate index's
+// offload model on.
+func (s *Scheduler) SetCPUCapacity(backend int, cpuTokens int64) {
+	if backend < 0 {
+		return
+	}
+	s.tierMu.Lock()
+	defer s.tierMu.Unlock()
+	if cpuTokens <= 0 && s.cpu.Load() == nil {
+		return
+	}
+	s.caps.cpu = setAt(s.caps.cpu, backend, max(cpuTokens, 0))
+	s.applyCPU(backend)
+}
+
+// tierCaps are each backend's GPU and CPU tier in tokens, by ID, as
+// SetKVCapacity and SetCPUCapacity last gave them.
+type tierCaps struct{ gpu, cpu []int64 }
+
+// setAt is xs with xs[i] = v, grown as needed.
+func setAt(xs []int64, i int, v int64) []int64 {
+	for len(xs) <= i {
+		xs = append(xs, 0)
+	}
+	xs[i] = v
+	return xs
+}
+
+// noteGPU records backend's GPU tier for its CPU tier's size. It is
+// SetKVCapacity's.
+func (s *Scheduler) noteGPU(backend int, kvTokens int64) {
+	if backend < 0 {
+		return
+	}
+	s.tierMu.Lock()
+	defer s.tierMu.Unlock()
+	s.caps.gpu = setAt(s.caps.gpu, backend, max(kvTokens, 0))
+	if s.cpu.Load() != nil {
+		s.applyCPU(backend)
+	}
+}
+
+// applyCPU sizes backend's CPU tier in the approximate index. s.tierMu is
+// held.
+func (s *Scheduler) applyCPU(backend int) {
+	var gpu, cpu int64
+	if backend < len(s.caps.gpu) {
+		gpu = s.caps.gpu[backend]
+	}
+	if backend < len(s.caps.cpu) {
+		cpu = s.caps.cpu[backend]
+	}
+	idx := s.cpu.Load()
+	if idx == nil {
+		if cpu <= 0 {
 			return
 		}
-		s.tierMu.Lock()
-		if cpu = s.cpu.Load(); cpu == nil {
-			cpu = prefix.NewIndex(0)
-			s.index.SetSpill(cpu)
-			s.cpu.Store(cpu)
-		}
-		s.tierMu.Unlock()
+		idx = prefix.NewIndex(0)
+		s.index.SetSpill(idx)
+		s.cpu.Store(idx)
 	}
-	cpu.SetCapacity(backend, int(s.blocksOf(max(kvTokens, 0))))
+	idx.SetCapacity(backend, int(s.blocksOf(max(cpu-gpu, 0))))
 }
 
 // matchTiers sets sc.ktiers[b], for every backend b when some backend has a

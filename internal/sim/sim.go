@@ -335,13 +335,7 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 		// BytesPerToken bytes, converted to the router's blocks.
 		s.sched.SetKVCapacity(s.nodes[i].b.ID, int64(s.nodes[i].kvBlocks)*engine.BlockSize)
 		if !cfg.TierBlindIndex {
-			// The engine stores every block to its CPU tier (vLLM's
-			// connector does): what it holds only there is the tier
-			// less the GPU's blocks.
-			p := s.nodes[i].eng.Preset()
-			if p.CPUBlocks > 0 {
-				s.sched.SetCPUCapacity(s.nodes[i].b.ID, int64(max(p.CPUBlocks-s.nodes[i].kvBlocks, 0))*engine.BlockSize)
-			}
+			s.sched.SetCPUCapacity(s.nodes[i].b.ID, int64(s.nodes[i].eng.Preset().CPUBlocks)*engine.BlockSize)
 		}
 	}
 	s.startKV()
