@@ -127,9 +127,12 @@ type collector struct {
 	s                                      *Server
 	running, waiting, kvUsage              *prometheus.Desc
 	prefixQueries, prefixHits, preemptions *prometheus.Desc
-	promptTokens, generationTokens         *prometheus.Desc
-	cacheConfig                            *prometheus.Desc
-	cacheLabels                            []string
+	// externalQueries and externalHits are the CPU tier's (vLLM's KV
+	// connector counters), exported only when the engine has one.
+	externalQueries, externalHits  *prometheus.Desc
+	promptTokens, generationTokens *prometheus.Desc
+	cacheConfig                    *prometheus.Desc
+	cacheLabels                    []string
 }
 
 func (s *Server) initMetrics() {
@@ -148,6 +151,8 @@ func (s *Server) initMetrics() {
 		kvUsage:          d("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
 		prefixQueries:    d("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens."),
 		prefixHits:       d("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens."),
+		externalQueries:  d("vllm:external_prefix_cache_queries_total", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens."),
+		externalHits:     d("vllm:external_prefix_cache_hits_total", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens."),
 		preemptions:      d("vllm:num_preemptions_total", "Cumulative number of preemption from the engine."),
 		promptTokens:     d("vllm:prompt_tokens_total", "Number of prefill tokens processed."),
 		generationTokens: d("vllm:generation_tokens_total", "Number of generation tokens processed."),
@@ -185,6 +190,10 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	if c.s.loraInfo != nil {
 		ch <- c.s.loraInfo.desc
 	}
+	if c.s.Preset().CPUBlocks > 0 {
+		ch <- c.externalQueries
+		ch <- c.externalHits
+	}
 }
 
 // Collect implements prometheus.Collector.
@@ -199,6 +208,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	g(c.kvUsage, st.KVUsage)
 	k(c.prefixQueries, st.PrefixQueries)
 	k(c.prefixHits, st.PrefixHits)
+	if c.s.Preset().CPUBlocks > 0 {
+		k(c.externalQueries, st.ExternalQueries)
+		k(c.externalHits, st.ExternalHits)
+	}
 	k(c.preemptions, st.Preemptions)
 	k(c.promptTokens, st.PromptTokens)
 	k(c.generationTokens, st.GenerationTokens)
