@@ -1,9 +1,12 @@
 package emulator
 
 import (
+	"bytes"
+	"math"
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/adapter"
 	"github.com/kvroute/kvroute/internal/engine"
 )
 
@@ -33,8 +36,21 @@ func TestCPUTierCachedTokens(t *testing.T) {
 	if st := s.Stats(); st.ExternalHits == 0 || st.ExternalHits != int64(u.PromptTokensDetails.CachedTokens)-st.PrefixHits {
 		t.Errorf("engine stats: external hits %d, prefix hits %d", st.ExternalHits, st.PrefixHits)
 	}
-	m := string(scrape(t, hs.URL))
-	if !strings.Contains(m, "vllm:external_prefix_cache_hits_total{") || !strings.Contains(m, "vllm:external_prefix_cache_queries_total{") {
+	body := scrape(t, hs.URL)
+	if m := string(body); !strings.Contains(m, "vllm:external_prefix_cache_hits_total{") || !strings.Contains(m, "vllm:external_prefix_cache_queries_total{") {
 		t.Errorf("metrics without the connector's counters:\n%s", m)
+	}
+	// The router reads the loads' time per token from them: the preset's
+	// 2.56 µs in emulated time (the engine's own accounting, not the wall
+	// clock's).
+	st, err := adapter.ParseMetrics(bytes.NewReader(body), adapter.Unknown)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.HostLoadTokens != float64(s.Stats().ExternalHits) || st.HostLoadSeconds <= 0 {
+		t.Fatalf("adapter read %g tokens loaded in %gs, engine %d", st.HostLoadTokens, st.HostLoadSeconds, s.Stats().ExternalHits)
+	}
+	if per, want := st.HostLoadSeconds/st.HostLoadTokens, p.HostLoadPerToken.Seconds(); math.Abs(per-want) > want*1e-6 {
+		t.Errorf("load time per token %g s, want the preset's %g", per, want)
 	}
 }

@@ -182,6 +182,7 @@ func (e *Engine) startLoad(r *Request, hitTokens, loadTokens int, now time.Durat
 	r.state = stateRemote
 	r.loadTo = hitTokens + loadTokens
 	r.KVReadyAt = now + time.Duration(loadTokens)*e.p.HostLoadPerToken
+	e.stats.HostLoadTime += r.KVReadyAt - now
 	if !r.cachedSet {
 		r.ScheduledAt = now
 		e.stats.PrefixQueries += int64(r.PromptTokens)

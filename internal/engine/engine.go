@@ -180,6 +180,9 @@ type Stats struct {
 	// the CPU tier (past the GPU hits) and found there, as vLLM's
 	// external_prefix_cache_queries and _hits (cputier.go).
 	ExternalQueries, ExternalHits int64
+	// HostLoadTime is the time the CPU tier's loads took, summed (vLLM's
+	// kv_offload_total_time{transfer_type="CPU_to_GPU"}).
+	HostLoadTime time.Duration
 }
 
 // Engine is one engine's state.

@@ -160,6 +160,8 @@ type watcher struct {
 	// inter-token latency counters at the start of the interval not yet
 	// taught to the fleet.
 	prefill, decode counters
+	// load is the engine's counters of its CPU tier's loads, likewise.
+	load counters
 	// computed is the engine's count of prompt tokens computed at the
 	// decode counters' last lesson, -1 for none (reading).
 	computed float64
@@ -226,7 +228,7 @@ func (m *Monitor) sync(ctx context.Context) {
 		if m.cfg.KindOf != nil {
 			kind = m.cfg.KindOf(b)
 		}
-		w := &watcher{b: b, kind: kind, cancel: cancel, done: make(chan struct{}), prefill: none, decode: none, computed: -1}
+		w := &watcher{b: b, kind: kind, cancel: cancel, done: make(chan struct{}), prefill: none, decode: none, load: none, computed: -1}
 		m.watchers[b] = w
 		go m.loop(wctx, w)
 	}
@@ -383,6 +385,9 @@ func (w *watcher) reading(st adapter.State, now time.Time) fleet.Reading {
 	r := fleet.Reading{State: engineState(st, now), MaxNumSeqs: st.MaxNumSeqs}
 	if dt, ds, ok := w.prefill.take(st.PrefillTokens, st.PrefillSeconds, fleet.MinRateWork); ok {
 		r.PrefillTokens, r.PrefillSeconds = dt, ds
+	}
+	if dt, ds, ok := w.load.take(st.HostLoadTokens, st.HostLoadSeconds, fleet.MinLoadTokens); ok {
+		r.HostLoadTokens, r.HostLoadSeconds = dt, ds
 	}
 	before := w.decode
 	dt, ds, ok := w.decode.take(st.DecodeTokens, st.DecodeSeconds, 1)
