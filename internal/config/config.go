@@ -81,6 +81,8 @@ type Config struct {
 	// Disaggregation is how requests are split over prefill and decode
 	// engines (disagg.go).
 	Disaggregation Disaggregation `yaml:"disaggregation"`
+	// EPP serves the router as a gateway's Endpoint Picker (epp.go).
+	EPP EPP `yaml:"epp"`
 	// ShutdownGrace is how long, on SIGTERM or SIGINT, the router lets
 	// in-flight requests (streams included) finish after it stops accepting
 	// new connections, before it closes them. Default 30s.
@@ -605,6 +607,8 @@ type Overrides struct {
 	// LogLevel and LogFormat, when non-empty, replace log.level and
 	// log.format.
 	LogLevel, LogFormat string
+	// EPPListen, when non-empty, replaces epp.listen.
+	EPPListen string
 }
 
 // Apply applies o to c.
@@ -614,6 +618,9 @@ func (c *Config) Apply(o Overrides) {
 	}
 	if o.Listen != "" {
 		c.Listen = o.Listen
+	}
+	if o.EPPListen != "" {
+		c.EPP.Listen = o.EPPListen
 	}
 	if o.Sync != "" {
 		c.Sync.URL = o.Sync
@@ -707,6 +714,7 @@ func (c *Config) Validate() error {
 	c.Passthrough.validate(bad)
 	c.KVEvents.validate(bad)
 	c.Sync.validate(bad)
+	c.EPP.validate(bad)
 	if c.Retry.Attempts < 0 {
 		bad("retry.attempts: %d must not be negative", c.Retry.Attempts)
 	}
