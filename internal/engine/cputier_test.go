@@ -31,7 +31,7 @@ func TestCPUTierReload(t *testing.T) {
 		computed := e.Stats().PrefillTokensComputed
 		c := add(t, e, &Request{ID: 3, Prompt: a.Prompt, OutputTokens: 1}, now)
 		start := now
-		_, now = run(t, e, now, &recorder{}, 10)
+		run(t, e, now, &recorder{}, 10)
 		evs = e.TakeKVEvents(evs)
 		tail := e.Stats().PrefillTokensComputed - computed
 		if cpu == 0 {
