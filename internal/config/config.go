@@ -81,6 +81,9 @@ type Config struct {
 	// Disaggregation is how requests are split over prefill and decode
 	// engines (disagg.go).
 	Disaggregation Disaggregation `yaml:"disaggregation"`
+	// Objectives are the default latency objectives and criticalities
+	// (objectives.go).
+	Objectives Objectives `yaml:"objectives"`
 	// ShutdownGrace is how long, on SIGTERM or SIGINT, the router lets
 	// in-flight requests (streams included) finish after it stops accepting
 	// new connections, before it closes them. Default 30s.
@@ -683,6 +686,7 @@ func (c *Config) Validate() error {
 		bad("health.half_open_probes: %d must be positive", c.Health.HalfOpenProbes)
 	}
 	c.Admission.validate(bad)
+	c.Objectives.validate(bad)
 	c.Fleet.validate(bad)
 	c.Admin.validate(bad)
 	c.Limits.validate(bad)

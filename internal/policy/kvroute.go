@@ -8,6 +8,7 @@ import (
 	"github.com/kvroute/kvroute/internal/costmodel"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/slo"
 )
 
 func init() { register("kvroute", func(o Options) Policy { return NewKVRoute(o) }) }
@@ -178,6 +179,9 @@ type KVRoute struct {
 	pool sync.Pool
 	// transfer is Options.TransferPerToken (pd_kvroute.go).
 	transfer time.Duration
+	// reserve holds sheddable requests to the objectives of the others
+	// (slo.go).
+	reserve slo.Reserve
 }
 
 // NewKVRoute returns a kvroute policy. Options.LoadFactor bounds the

@@ -20,6 +20,7 @@ import (
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/prefix"
 	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/slo"
 )
 
 // Errors Route returns.
@@ -204,6 +205,13 @@ type Assignment struct {
 	// EstTTFT is the policy's estimate of the time to first token in
 	// seconds, 0 when it makes none.
 	EstTTFT float64
+	// Objective is the request's objectives as routed (none when the
+	// scheduler ignores them); Pred the policy's prediction for the
+	// chosen backend, and Met whether it was predicted to meet them
+	// (slo.go).
+	Objective slo.Objective
+	Pred      slo.Prediction
+	Met       bool
 	// Predicted is the prompt tokens the prefix index matched for the
 	// chosen backend, as MatchedTokens but also when the audit untrusted
 	// its picture; Best the most any candidate held (the cache available
@@ -303,6 +311,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		sc.in.Replicas, sc.in.ReplicaArc = rp.n, rp.arc
 	}
 	sc.in.Replica = s.replicaID.Load()
+	sc.in.Objective = v.Objective
 	budget := v.MaxTokens
 	if budget <= 0 {
 		budget = request.DefaultOutputBudget
@@ -321,6 +330,10 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		// is as good as any when the policy has no answer.
 		d.Index = 0
 	}
+	if d.Shed {
+		s.decide.Unlock()
+		return nil, shed(sc.in.Objective, d)
+	}
 	d = s.probe(sc, snap.IDs, d, now)
 	b := sc.cands[d.Index]
 	blocks := int(sc.matched[d.Index])
@@ -328,6 +341,9 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		Backend:       b,
 		MatchedTokens: int(sc.cached[d.Index]),
 		EstTTFT:       d.EstTTFT,
+		Objective:     sc.in.Objective,
+		Pred:          d.Pred,
+		Met:           d.Met,
 		ticket:        b.Start(int64(v.PromptTokens), pendingOf(v, sc.uncached[d.Index]), int64(budget), now),
 	}
 	s.presume(b, a.ticket.Started(), sc.in.Replicas, now)
