@@ -182,6 +182,10 @@ type KVRoute struct {
 	// reserve holds sheddable requests to the objectives of the others
 	// (slo.go).
 	reserve slo.Reserve
+	// predictAll predicts every request's ITL, objectives or not: for the
+	// llm-d predicted-latency peer, which estimates through a KVRoute
+	// (llmd_slo.go).
+	predictAll bool
 }
 
 // NewKVRoute returns a kvroute policy. Options.LoadFactor bounds the

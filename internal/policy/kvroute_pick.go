@@ -212,7 +212,7 @@ func (p *KVRoute) estimateAll(in *Input, r *pickRequest, shared bool, start int,
 		if in.Extra != nil {
 			x.est += in.Extra[x.i]
 		}
-		if !in.Objective.None() {
+		if p.predictAll || !in.Objective.None() {
 			x.itl = predictITL(b, co, &x.load, r.prompt, r.budget, x.chunk)
 		}
 		// The score adds the fleet's share of the recomputation to this
