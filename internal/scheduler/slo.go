@@ -24,10 +24,13 @@ func (e *ShedError) Error() string {
 		e.Objective.TTFT, e.Objective.ITL, e.Pred.TTFT, e.Pred.ITL)
 }
 
+// CodeShed is the error code of a request shed for its objectives.
+const CodeShed = "slo_unattainable"
+
 // OpenAI is the client's answer: 429 rate_limit_exceeded, code
 // "slo_unattainable", with Retry-After and the reason.
 func (e *ShedError) OpenAI() *openai.Error {
-	return &openai.Error{Status: http.StatusTooManyRequests, Type: openai.TypeRateLimit, Code: "slo_unattainable",
+	return &openai.Error{Status: http.StatusTooManyRequests, Type: openai.TypeRateLimit, Code: CodeShed,
 		RetryAfter: slo.RetryAfter(e.Objective, e.Pred),
 		Message:    "sheddable request refused: " + e.Error()}
 }
