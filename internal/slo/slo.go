@@ -178,3 +178,17 @@ func ParseClassHeader(h http.Header) (c Class, ok bool, e *openai.Error) {
 	}
 	return c, true, nil
 }
+
+// SetHeaders writes o as kvroute's headers (a load generator's request):
+// its durations in milliseconds, and its class unless standard.
+func (o Objective) SetHeaders(h http.Header) {
+	if o.TTFT > 0 {
+		h.Set(HeaderTTFT, strconv.FormatFloat(float64(o.TTFT)/float64(time.Millisecond), 'f', -1, 64))
+	}
+	if o.ITL > 0 {
+		h.Set(HeaderITL, strconv.FormatFloat(float64(o.ITL)/float64(time.Millisecond), 'f', -1, 64))
+	}
+	if o.Class != Standard {
+		h.Set(HeaderClass, o.Class.String())
+	}
+}

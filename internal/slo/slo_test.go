@@ -219,3 +219,13 @@ func FuzzParseHeaders(f *testing.F) {
 		}
 	})
 }
+
+func TestSetHeadersRoundTrip(t *testing.T) {
+	o := Objective{TTFT: 1500 * time.Microsecond, ITL: 40 * time.Millisecond, Class: Sheddable}
+	h := http.Header{}
+	o.SetHeaders(h)
+	got, e := (*Defaults)(nil).Resolve(h, Source{})
+	if e != nil || got != o {
+		t.Errorf("round trip %+v %v, want %+v", got, e, o)
+	}
+}
