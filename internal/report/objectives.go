@@ -165,11 +165,11 @@ func (r *SLORun) Class(c slo.Class) SLOClass {
 // attainment by criticality, the requests shed, and the prediction's
 // error (observed / predicted, median and 10th-90th percentiles).
 func writeSLO(w io.Writer, runs []Run) {
-	any := false
+	some := false
 	for i := range runs {
-		any = any || runs[i].SLO != nil
+		some = some || runs[i].SLO != nil
 	}
-	if !any {
+	if !some {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
