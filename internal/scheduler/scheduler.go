@@ -311,7 +311,13 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		sc.in.Replicas, sc.in.ReplicaArc = rp.n, rp.arc
 	}
 	sc.in.Replica = s.replicaID.Load()
-	sc.in.Objective = v.Objective
+	if v.Role == "" {
+		// A leg of a split request is routed without objectives: its
+		// prediction would leave out the other leg and the transfer,
+		// and a prefill leg refused would only fall back to the whole
+		// request (docs/routing.md, "Objectives").
+		sc.in.Objective = v.Objective
+	}
 	budget := v.MaxTokens
 	if budget <= 0 {
 		budget = request.DefaultOutputBudget

@@ -45,3 +45,26 @@ func TestShed(t *testing.T) {
 		t.Errorf("assignment objective %+v met %v pred %+v", a.Objective, a.Met, a.Pred)
 	}
 }
+
+// TestSplitLegsWithoutObjectives: a leg of a split request is routed
+// without objectives, so that a sheddable request's prefill leg is not
+// refused on a prediction of half of it.
+func TestSplitLegsWithoutObjectives(t *testing.T) {
+	f := newFleet(t, 1, "m")
+	p, err := policy.New("kvroute", policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(f, p, Config{})
+	v := view("m", text(2, 2000))
+	v.Role = "prefill"
+	v.Objective = slo.Objective{TTFT: time.Nanosecond, Class: slo.Sheddable}
+	a, err := s.Route(v, nil, t0)
+	if err != nil {
+		t.Fatalf("a prefill leg refused: %v", err)
+	}
+	a.Done(t0)
+	if !a.Objective.None() {
+		t.Errorf("the leg was routed with objectives %+v", a.Objective)
+	}
+}
