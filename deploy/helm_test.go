@@ -52,6 +52,7 @@ type rendered struct {
 	pdb             *policyv1.PodDisruptionBudget
 	secrets         []*corev1.Secret
 	monitor         *serviceMonitor
+	inferencePool   *inferencePool
 	serviceAccounts []*corev1.ServiceAccount
 	roles           []*rbacv1.Role
 	roleBindings    []*rbacv1.RoleBinding
@@ -129,6 +130,9 @@ func helmTemplate(t *testing.T, values string) (*rendered, error) {
 		case "ServiceMonitor":
 			r.monitor = &serviceMonitor{}
 			obj = r.monitor
+		case "InferencePool":
+			r.inferencePool = &inferencePool{}
+			obj = r.inferencePool
 		default:
 			t.Fatalf("the chart renders a %q the test does not know:\n%s", head.Kind, doc)
 		}

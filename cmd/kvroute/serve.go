@@ -41,6 +41,7 @@ func configFlags(fs *flag.FlagSet) func() (*config.Config, error) {
 	pol := fs.String("policy", "", "routing policy (default "+policy.Default+"): "+strings.Join(policy.Names(), ", "))
 	tracing := fs.Bool("tracing", false, "export OpenTelemetry traces over OTLP (sets tracing.enabled; the OTEL_EXPORTER_OTLP_* variables say where)")
 	syncURL := fs.String("sync", "", "share routing state with other replicas over NATS at this URL, e.g. nats://nats:4222 (sets sync.url)")
+	eppListen := fs.String("epp-listen", "", "serve as a gateway's Endpoint Picker (ext_proc gRPC) on this address, e.g. :9002 (sets epp.listen)")
 	logLevel := fs.String("log-level", "", "debug, info, warn or error (sets log.level; default info)")
 	logFormat := fs.String("log-format", "", "text or json (sets log.format; default text)")
 	var backends backendFlags
@@ -54,7 +55,7 @@ func configFlags(fs *flag.FlagSet) func() (*config.Config, error) {
 			}
 		}
 		c.Apply(config.Overrides{Listen: *listen, Policy: *pol, Backends: backends, Tracing: *tracing, Sync: *syncURL,
-			LogLevel: *logLevel, LogFormat: *logFormat})
+			LogLevel: *logLevel, LogFormat: *logFormat, EPPListen: *eppListen})
 		if err := c.Check(); err != nil {
 			return nil, err
 		}

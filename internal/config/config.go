@@ -84,6 +84,8 @@ type Config struct {
 	// Objectives are the default latency objectives and criticalities
 	// (objectives.go).
 	Objectives Objectives `yaml:"objectives"`
+	// EPP serves the router as a gateway's Endpoint Picker (epp.go).
+	EPP EPP `yaml:"epp"`
 	// ShutdownGrace is how long, on SIGTERM or SIGINT, the router lets
 	// in-flight requests (streams included) finish after it stops accepting
 	// new connections, before it closes them. Default 30s.
@@ -592,6 +594,8 @@ type Overrides struct {
 	// LogLevel and LogFormat, when non-empty, replace log.level and
 	// log.format.
 	LogLevel, LogFormat string
+	// EPPListen, when non-empty, replaces epp.listen.
+	EPPListen string
 }
 
 // Apply applies o to c.
@@ -601,6 +605,9 @@ func (c *Config) Apply(o Overrides) {
 	}
 	if o.Listen != "" {
 		c.Listen = o.Listen
+	}
+	if o.EPPListen != "" {
+		c.EPP.Listen = o.EPPListen
 	}
 	if o.Sync != "" {
 		c.Sync.URL = o.Sync
@@ -695,6 +702,7 @@ func (c *Config) Validate() error {
 	c.Passthrough.validate(bad)
 	c.KVEvents.validate(bad)
 	c.Sync.validate(bad)
+	c.EPP.validate(bad)
 	if c.Retry.Attempts < 0 {
 		bad("retry.attempts: %d must not be negative", c.Retry.Attempts)
 	}

@@ -171,7 +171,7 @@ func (p *Plane) attempts(r *Request, l *Leg, req *http.Request, base *url.URL, f
 		l.A.Done(time.Now())
 		p.Log.Warn("retry", "request_id", r.ID, "from", l.Target.B.Name, "to", next.Backend.Name, "attempt", l.Retries+2, "err", at.err)
 		if p.Retried != nil {
-			p.Retried.Inc()
+			p.Retried()
 		}
 		p.assign(r, l, next)
 		l.Retries++

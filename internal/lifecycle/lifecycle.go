@@ -38,9 +38,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/kvroute/kvroute/internal/admin"
 	"github.com/kvroute/kvroute/internal/members"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
@@ -291,10 +288,11 @@ type Plane struct {
 	// Routed counts a routed request once (its prompt tokens, and the
 	// tokens matched on the engine of its first leg); Retried a retry; Unrouted a request the router answered itself. Nil: none.
 	Routed   func(v *request.View, a *scheduler.Assignment)
-	Retried  prometheus.Counter
+	Retried  func()
 	Unrouted func(policy, model string, status int)
-	// Decisions is the admin API's decision log; nil: none.
-	Decisions *admin.Log
+	// Decisions keeps each settled routed request's decision (the admin
+	// API's log, which the composition root adapts); nil: none.
+	Decisions Recorder
 	// Bind gives a routed request's legs the bodies that name each
 	// other's engines (SGLang's bootstrap fields): after routing, and
 	// again each time a pair of legs is sent anew. Nil: none.
@@ -304,6 +302,16 @@ type Plane struct {
 	Split func(r *Request, t LegTimes)
 	// Reading is how Read parses and checks a completion's body.
 	Reading Reading
+}
+
+// Recorder keeps the decisions of settled requests. The lifecycle reports
+// through it rather than writing a log of its own, so that it knows
+// neither the admin API nor the metrics' library: the composition root
+// (or the data plane it builds) implements it.
+type Recorder interface {
+	// Decided is told of a routed request once it settled (its View set),
+	// on the goroutine that settled it; it reads r, and must not keep it.
+	Decided(r *Request)
 }
 
 // policy is the scheduler's policy name, a metric label.

@@ -141,13 +141,7 @@ func run(t *testing.T, p *Plane, body string, legs ...Leg) (*Request, *bareFront
 // runCtx is run under the client's context ctx, with front f.
 func runCtx(t *testing.T, ctx context.Context, p *Plane, f *bareFront, body string, legs ...Leg) (*Request, *bareFront) {
 	t.Helper()
-	v, e := request.Parse(request.Chat, []byte(body), request.Options{})
-	if e != nil {
-		t.Fatal(e)
-	}
-	r := &Request{}
-	r.Init(time.Now(), f, noTrace{})
-	r.View, r.Body, r.Model, r.Hashes = v, []byte(body), v.Model, p.Sched.Hashes(v)
+	r := newRequest(t, p, f, body)
 	if len(legs) > 0 {
 		r.SetLegs(legs...)
 	}
@@ -160,6 +154,19 @@ func runCtx(t *testing.T, ctx context.Context, p *Plane, f *bareFront, body stri
 	}
 	p.Settle(r, false)
 	return r, f
+}
+
+// newRequest is a parsed chat request of body, carried by front f.
+func newRequest(t *testing.T, p *Plane, f Front, body string) *Request {
+	t.Helper()
+	v, e := request.Parse(request.Chat, []byte(body), request.Options{})
+	if e != nil {
+		t.Fatal(e)
+	}
+	r := &Request{}
+	r.Init(time.Now(), f, noTrace{})
+	r.View, r.Body, r.Model, r.Hashes = v, []byte(body), v.Model, p.Sched.Hashes(v)
+	return r
 }
 
 // checkIdle fails unless every backend's load is back to zero.

@@ -114,7 +114,7 @@ func (p *Plane) pair(r *Request, pre, l *Leg, req *http.Request, base *url.URL, 
 		p.Log.Warn("retry pair", "request_id", r.ID, "role", failed.Role, "from", failed.Target.B.Name, "to", next.Backend.Name,
 			"attempt", pre.Retries+l.Retries+2, "err", at.err)
 		if p.Retried != nil {
-			p.Retried.Inc()
+			p.Retried()
 		}
 		p.assign(r, failed, next)
 		failed.Retries++

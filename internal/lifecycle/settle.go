@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/admin"
 	"github.com/kvroute/kvroute/internal/scheduler"
 )
 
@@ -129,49 +128,17 @@ func (p *Plane) count(r *Request, end BodyEnd, now time.Time) {
 	}
 }
 
-// record logs the settled routing decision of a routed request: its final
-// backend and reason (or the error code of a request the router answered
-// itself), how many retries it took, and its status; for a split request
-// each leg. It reads the request's view, never its body.
+// record tells the decision log of a settled routed request (Recorder);
+// it reads the request's view, never its body.
 func (p *Plane) record(r *Request) {
 	if r.View == nil || p.Decisions == nil {
 		return
 	}
-	d := admin.Decision{Time: r.Start, Model: r.View.Model, Session: r.View.SessionKey, PromptTokens: r.View.PromptTokens,
-		TTFTMillis: float64(r.TTFT) / float64(time.Millisecond), Retries: r.Retries(), Status: r.Status, Reason: r.Code, Whole: r.Whole}
-	l := r.Leg()
-	if l.Target != nil {
-		d.Backend = l.Target.B.Name
-	}
-	if l.A != nil {
-		d.Reason = r.Reason()
-	}
-	if len(r.Legs) > 1 {
-		d.Legs = make([]admin.Leg, len(r.Legs))
-		for i := range r.Legs {
-			d.Legs[i] = r.Legs[i].decision(r)
-		}
-	}
-	p.Decisions.Record(d)
+	p.Decisions.Decided(r)
 }
 
-// decision is leg l of r as the decision log shows it.
-func (l *Leg) decision(r *Request) admin.Leg {
-	d := admin.Leg{Role: l.Role, Attempts: l.Attempts(), Skipped: l.skipReason()}
-	if l.Target != nil {
-		d.Backend = l.Target.B.Name
-	}
-	if l.A != nil && !l.skipped {
-		d.Reason = l.A.Reason
-		if l.whole(r) {
-			d.Whole = true
-		}
-	}
-	return d
-}
-
-// skipReason is why leg l was skipped, "" when it was not.
-func (l *Leg) skipReason() string {
+// SkipReason is why leg l was skipped, "" when it was not.
+func (l *Leg) SkipReason() string {
 	switch {
 	case l.A == nil:
 		return "no backend"
@@ -181,10 +148,10 @@ func (l *Leg) skipReason() string {
 	return ""
 }
 
-// whole reports whether leg l, the last of a split request, served it
-// whole: its Rewrite said so (the earlier leg's answer unusable), or
+// ServedWhole reports whether leg l, the last of a split request, served
+// it whole: its Rewrite said so (the earlier leg's answer unusable), or
 // every earlier leg was skipped.
-func (l *Leg) whole(r *Request) bool {
+func (l *Leg) ServedWhole(r *Request) bool {
 	if len(r.Legs) < 2 || l != &r.Legs[len(r.Legs)-1] {
 		return false
 	}
@@ -233,7 +200,7 @@ func (r *Request) Reason() string {
 			continue
 		}
 		b.WriteString(" " + l.Target.B.Name)
-		if l.whole(r) {
+		if l.ServedWhole(r) {
 			b.WriteString(" (whole)")
 		}
 		switch {

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,60 +11,30 @@ import (
 	"github.com/kvroute/kvroute/internal/members"
 )
 
-// split gives a completion its prefill and decode legs when the live fleet
-// has a prefill engine for its model (backends[].role, or a Kubernetes
-// pod's kvroute.io/role label: fleetRoles) and an engine to decode it;
-// otherwise it keeps its one leg. A model with prefill engines and none
-// to decode it is served whole (a discovered pool can be left so; a
-// configuration cannot), counted and logged.
+// split gives a completion its prefill and decode legs when the split
+// decision (disagg.Splitter, which every front asks) splits it; otherwise
+// it keeps its one leg, and a request served whole for want of a decode
+// engine or by the conditional split is counted (and the first logged).
 func (s *Server) split(ex *exchange) {
-	if s.splitProto == "" {
-		return
-	}
-	switch s.fleetRoles(ex.View.Model) {
-	case noPrefill:
-		return
-	case noDecode:
-		ex.Whole = wholeNoDecode
-		s.metrics.pd.requests.WithLabelValues(ex.Model, pdNoDecode).Inc()
-		s.warnNoDecode(ex.View.Model)
-		return
-	}
-	if s.decider != nil {
-		if ch := s.decider.Split(ex.View, ex.Hashes, time.Now()); !ch.Split {
-			ex.Whole = wholeWhy(ch)
-			s.metrics.pd.requests.WithLabelValues(ex.Model, pdDecidedWhole).Inc()
-			return
-		}
-	}
-	if legs := disagg.Legs(ex.View, s.splitProto, s.transfer); legs != nil {
-		ex.SetLegs(legs...)
-	}
+	plan := s.splitter.Split(ex.View, ex.Hashes, time.Now())
+	s.applyPlan(&ex.Request, plan)
 }
 
-// wholeWhy is the Whole of a request the conditional split serves whole:
-// why, and the two estimates it compared (the whole TTFT plus the stall
-// of the whole engine's streams, the split TTFT).
-func wholeWhy(ch disagg.Choice) string {
-	var why string
-	switch ch.Reason {
-	case "short":
-		why = "not worth a transfer"
-	case "prefill-busy":
-		why = "prefill engines busier"
-	case "no-prefill":
-		return "no prefill engine can take it"
-	case "policy":
-		return "the policy's own split decision"
-	default:
-		why = ch.Reason
+// applyPlan gives r the legs of plan, or its Whole, counted: the HTTP
+// front's and the external processor's one step after the split decision.
+func (s *Server) applyPlan(r *lifecycle.Request, plan disagg.Plan) {
+	if plan.Legs != nil {
+		r.SetLegs(plan.Legs...)
+		return
 	}
-	return fmt.Sprintf("%s: whole %s <= split %s", why, seconds(ch.WholeCost), seconds(ch.SplitCost))
-}
-
-// seconds is s seconds as a duration rounded to 10 µs.
-func seconds(s float64) time.Duration {
-	return time.Duration(s * float64(time.Second)).Round(10 * time.Microsecond)
+	if plan.Outcome == "" {
+		return
+	}
+	r.Whole = plan.Whole
+	s.metrics.pd.requests.WithLabelValues(r.Model, plan.Outcome).Inc()
+	if plan.Outcome == disagg.OutcomeNoDecode {
+		s.warnNoDecode(r.View.Model)
+	}
 }
 
 // bind gives a routed SGLang request's legs their body (the prefill
@@ -73,47 +42,9 @@ func seconds(s float64) time.Duration {
 // routing and each time it sends the pair again; nothing for other
 // requests.
 func (s *Server) bind(r *lifecycle.Request) {
-	if s.splitProto == config.ProtocolSGLang {
+	if s.splitter.Protocol == config.ProtocolSGLang {
 		disagg.Bootstrap(r.Legs, r.Body, s.cfg.Disaggregation.BootstrapPort)
 	}
-}
-
-// What the live fleet has for a model (fleetRoles).
-const (
-	noPrefill = iota // no prefill engine: not split
-	noDecode         // prefill engines, none to decode: served whole
-	splittable
-)
-
-// wholeNoDecode is the Whole of a request served whole for want of a
-// decode engine.
-const wholeNoDecode = "no decode engine for the model"
-
-// fleetRoles is what the live fleet has for model: a prefill engine
-// serving it (its role is its entry's, a pod's label for a Kubernetes
-// pool), and an engine to decode it (a decode or both engine serving
-// it), among the engines that may take new requests (healthy, not
-// draining: an ejected engine counts for nothing). It reads the fleet's
-// snapshot, never blocks.
-func (s *Server) fleetRoles(model string) int {
-	var prefill, decode bool
-	for _, b := range s.fleet.Snapshot().Healthy {
-		if !b.Serves(model) {
-			continue
-		}
-		if s.set.RoleOf(b) == config.RolePrefill {
-			prefill = true
-		} else {
-			decode = true
-		}
-	}
-	switch {
-	case !prefill:
-		return noPrefill
-	case !decode:
-		return noDecode
-	}
-	return splittable
 }
 
 // warnNoDecode logs, at most once a minute, that model's requests are
@@ -133,8 +64,6 @@ const (
 	pdSplit          = "split"            // both legs ran
 	pdPrefillFailed  = "prefill_failed"   // the prefill leg failed on every attempt: served whole
 	pdPrefillNoRoute = "prefill_unrouted" // no prefill engine could take it: served whole
-	pdNoDecode       = "no_decode_engine" // not split: nothing to decode it
-	pdDecidedWhole   = "decided_whole"    // not split: the conditional split serves it whole
 	pdUnusable       = "prefill_unusable" // the prefill answer's parameters were refused: served whole
 )
 

@@ -115,11 +115,11 @@ func (s *Server) newPlane() *lifecycle.Plane {
 		StreamIdleTimeout: s.cfg.Upstream.StreamIdleTimeout,
 		Wake:              s.adm.Wake,
 		Routed:            s.metrics.routed,
-		Retried:           s.metrics.retries,
+		Retried:           s.metrics.retries.Inc,
 		Unrouted: func(policy, model string, status int) {
 			s.metrics.requests.WithLabelValues(noBackend, policy, model, strconv.Itoa(status)).Inc()
 		},
-		Decisions: s.decisions,
+		Decisions: recorder(s.decisions),
 		Bind:      s.bind,
 		Split:     s.metrics.pd.observe,
 		Reading: lifecycle.Reading{Options: s.parse, RejectOverContext: s.cfg.Limits.RejectOverContext,
@@ -141,17 +141,9 @@ func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *ht
 		ex.Reject(e)
 		return
 	}
-	var hints lifecycle.Hints
-	hints.Session = s.sessionHeader(r)
-	hints.Salt = ex.tenant.prefixSalt
-	e = s.plane.Read(&ex.Request, kind, body, hints)
+	e = s.read(r, ex.tenant, &ex.Request, kind, body)
 	if ex.View != nil {
-		// The split protocol's members are the router's to write: a
-		// client's never reach an engine, split or whole.
-		ex.setView(ex.View, disagg.Strip(body))
-	}
-	if e == nil {
-		ex.View.Objective, e = s.objectiveOf(r, ex.View.Model)
+		ex.viewSpan()
 	}
 	if e != nil {
 		ex.Reject(e)
@@ -307,16 +299,15 @@ func (ex *exchange) prefillBackend() string {
 // Ended is how the relayed body ended (lifecycle.Front).
 func (ex *exchange) Ended() lifecycle.BodyEnd {
 	rl := ex.relay
-	if rl == nil {
+	switch {
+	case rl == nil:
 		return lifecycle.BodyEnd{}
+	case !rl.counted:
+		in, _ := ex.tokens()
+		return lifecycle.BodyEnd{Complete: rl.complete, Broken: rl.broken, In: in}
 	}
-	end := lifecycle.BodyEnd{Complete: rl.complete, Broken: rl.broken, Counted: rl.counted}
-	end.In, end.Out = ex.tokens()
-	if rl.counted {
-		end.Cached, _, end.HasCached = rl.tally.cached()
-		end.Decoding = rl.tally.decoding()
-	}
-	return end
+	in, _ := ex.tokens()
+	return rl.tally.End(rl.complete, rl.broken, in)
 }
 
 // Settled writes the exchange's own records once the lifecycle settled
@@ -353,10 +344,10 @@ func (ex *exchange) tokens() (in, out int) {
 		in = ex.View.PromptTokens
 	}
 	if rl := ex.relay; rl != nil && rl.counted {
-		if u := rl.tally.usage; u != nil {
+		if u := rl.tally.Usage(); u != nil {
 			in = u.PromptTokens
 		}
-		out = rl.tally.output()
+		out = rl.tally.Output()
 	}
 	return in, out
 }

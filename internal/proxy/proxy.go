@@ -63,13 +63,9 @@ type Server struct {
 	handler  http.Handler
 	// proxyLog is the reverse proxy's error log, at debug level.
 	proxyLog *log.Logger
-	// splitProto is the disaggregation protocol when the fleet may have
-	// prefill engines, "" otherwise (disagg.go).
-	splitProto string
-	// transfer is what a prefill answer's parameters may name.
-	transfer disagg.Transfer
-	// decider is the conditional split (Parts.Decider); nil: always.
-	decider *disagg.Decider
+	// splitter is the split decision (disagg.go); its Protocol is ""
+	// unless the fleet may have prefill engines.
+	splitter *disagg.Splitter
 	// noDecodeWarned is when the last warning of a model served whole for
 	// want of a decode engine was logged (unix nanoseconds; disagg.go).
 	noDecodeWarned atomic.Int64
@@ -175,7 +171,6 @@ func New(p Parts) (*Server, error) {
 		peers:     p.Peers,
 		decisions: p.Decisions,
 		adminAPI:  p.Admin,
-		decider:   p.Decider,
 		tracing:   p.Tracer,
 		parse:     request.Options{SessionField: cfg.Session.BodyField, MaxMessages: cfg.Limits.MaxMessages},
 		proxyLog:  slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
@@ -184,9 +179,10 @@ func New(p Parts) (*Server, error) {
 	s.shares.limit = cfg.Limits.BufferedBytesPerClient()
 	s.via = viaName()
 	s.passAllow = cfg.Passthrough.Endpoints()
+	s.splitter = &disagg.Splitter{Decider: p.Decider, Fleet: p.Fleet, RoleOf: p.Members.RoleOf}
 	if cfg.MaySplit() {
-		s.splitProto = cfg.Disaggregation.Protocol
-		s.transfer = disagg.Transfer{Hosts: cfg.Disaggregation.TransferHosts}
+		s.splitter.Protocol = cfg.Disaggregation.Protocol
+		s.splitter.Transfer = disagg.Transfer{Hosts: cfg.Disaggregation.TransferHosts}
 	}
 	s.limits = newLimitHits(s.metrics.reg, logger)
 	s.metrics.reg.MustRegister(&auditCollector{f: s.fleet, sched: s.sched})

@@ -54,9 +54,9 @@ type relay struct {
 	// writeAfter ahead of every read; nil without a client write timeout.
 	client     *http.ResponseController
 	writeAfter time.Duration
-	// tally reads the 2xx body's tokens (tally.go); counted is false for
+	// tally reads the 2xx body's tokens (lifecycle.Tally); counted is false for
 	// another status.
-	tally   tally
+	tally   lifecycle.Tally
 	counted bool
 	// answer blanks the engine's kv_transfer_params from a JSON or event
 	// stream body (disagg.Answer: in place, the body's length kept); held
@@ -73,12 +73,12 @@ func newRelay(ex *exchange, l *lifecycle.Leg, resp *http.Response, head []byte, 
 		sse: resp.StatusCode == http.StatusOK && isSSE(resp.Header.Get("Content-Type"))}
 	if resp.StatusCode/100 == 2 && !ex.Passthrough {
 		t.counted, t.backend = true, l.Target.B
-		t.tally.sse = t.sse
-		t.tally.agent = ex.View != nil && (ex.View.Kind == request.Responses || ex.View.Kind == request.Messages)
-		t.tally.itl = l.Target.ITL(ex.Model)
+		t.tally.SSE = t.sse
+		t.tally.Agent = ex.View != nil && (ex.View.Kind == request.Responses || ex.View.Kind == request.Messages)
+		t.tally.ITL = l.Target.ITL(ex.Model)
 		// Only the exchange's GenAI span reports the response's model
 		// (endTrace): without one it is not read.
-		t.tally.modelSeen = ex.span == nil || ex.op == ""
+		t.tally.ModelSeen = ex.span == nil || ex.op == ""
 	}
 	if ct := strings.ToLower(resp.Header.Get("Content-Type")); strings.Contains(ct, "json") || isSSE(ct) {
 		t.answer = &disagg.Answer{}
@@ -119,7 +119,7 @@ func (t *relay) Read(p []byte) (int, error) {
 		return n, io.EOF
 	}
 	if t.broken != nil {
-		t.cut, t.cutting = streamErrorEvent(err, t.tail.atBoundary(), t.tally.agent), true
+		t.cut, t.cutting = streamErrorEvent(err, t.tail.atBoundary(), t.tally.Agent), true
 		if n == 0 {
 			return t.Read(p)
 		}
@@ -167,7 +167,7 @@ func (t *relay) raw(p []byte) (int, error) {
 		if t.sse { // only a stream's gaps are timed
 			now = time.Now()
 		}
-		t.tally.note(p[:n], now)
+		t.tally.Note(p[:n], now)
 	}
 	if err != nil {
 		t.end(err)
@@ -184,7 +184,7 @@ func (t *relay) end(err error) {
 	if err == io.EOF {
 		t.complete = true
 		if t.counted {
-			t.tally.finish()
+			t.tally.Finish()
 		}
 	} else if t.ctx.Err() == nil {
 		t.broken = err

@@ -24,10 +24,10 @@ import (
 func (ex *exchange) rememberResponse() {
 	rl := ex.relay
 	if rl == nil || !rl.counted || !rl.complete || rl.backend == nil || ex.View == nil ||
-		ex.View.Kind != request.Responses || !ex.View.Store || rl.tally.responseID == "" {
+		ex.View.Kind != request.Responses || !ex.View.Store || rl.tally.ResponseID() == "" {
 		return
 	}
-	ex.s.sched.ResponseStored(rl.tally.responseID, rl.backend, time.Now())
+	ex.s.sched.ResponseStored(rl.tally.ResponseID(), rl.backend, time.Now())
 }
 
 // serveStored serves the requests on a stored response: GET and DELETE

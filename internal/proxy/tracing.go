@@ -443,7 +443,7 @@ func (ex *exchange) endTrace() {
 	if ex.op != "" && ex.relay != nil && ex.relay.counted {
 		in, out := ex.tokens()
 		ex.span.SetAttributes(attribute.Int("gen_ai.usage.input_tokens", in), attribute.Int("gen_ai.usage.output_tokens", out))
-		if m := ex.relay.tally.model; m != "" {
+		if m := ex.relay.tally.Model(); m != "" {
 			ex.span.SetAttributes(attribute.String("gen_ai.response.model", m))
 		}
 	}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/admin"
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/epp"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/members"
 	"github.com/kvroute/kvroute/internal/monitor"
@@ -50,6 +51,9 @@ type Server struct {
 	tracer   *proxy.Tracer    // nil with tracing off
 	adminAPI *admin.Handler
 	proxy    *proxy.Server
+	// epp is the Endpoint Picker (epp.go); nil without epp.listen.
+	epp                    *epp.Server
+	eppAddr, eppHealthAddr string
 
 	// cert is the listener's certificate (listen_tls), replaced on reload;
 	// nil without TLS. upstreamTLS is upstream.tls, replaced on reload.
@@ -174,6 +178,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.newEPP()
 	return s, nil
 }
 
@@ -225,6 +230,14 @@ func (s *Server) Start() error {
 		}
 		return fmt.Errorf("listen: %w", err)
 	}
+	eln, ehealth, err := s.listenEPP()
+	if err != nil {
+		_ = ln.Close()
+		if aln != nil {
+			_ = aln.Close()
+		}
+		return err
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	s.mu.Lock()
 	s.stop = stop
@@ -235,13 +248,16 @@ func (s *Server) Start() error {
 		if err := s.peers.Start(ctx); err != nil {
 			stop()
 			_ = ln.Close()
-			if aln != nil {
-				_ = aln.Close()
+			for _, l := range []net.Listener{aln, eln, ehealth} {
+				if l != nil {
+					_ = l.Close()
+				}
 			}
 			return err
 		}
 	}
 	s.proxy.Serve(ln, aln)
+	s.serveEPP(eln, ehealth)
 	all := s.fleet.Snapshot().All
 	s.log.Info("listening", "addr", ln.Addr().String(), "tls", s.cert.Load() != nil, "policy", s.sched.Policy().Name(), "backends", len(all))
 	s.logRoles(all)
@@ -291,6 +307,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.checks.Wait()
 	s.set.Wait()
+	s.shutdownEPP(ctx)
 	err := s.proxy.Shutdown(ctx)
 	if terr := s.tracer.Shutdown(ctx); err == nil {
 		err = terr
@@ -320,6 +337,7 @@ func (s *Server) Kill() {
 		s.peers.Abort()
 	}
 	s.proxy.Kill()
+	s.killEPP()
 }
 
 // newSync builds the link to the other replicas when sync.url is set (its

@@ -77,6 +77,12 @@ its headless Service's A/AAAA records, or its SRV record.
 {{- if .Values.sync.enabled }}
 {{- $_ := set $cfg "sync" (fromJson (include "kvroute.syncConfig" .)) }}
 {{- end }}
+{{- if .Values.epp.enabled }}
+{{- if hasKey $cfg "epp" }}
+{{- fail "config.epp is set by the chart from epp; remove it from config" }}
+{{- end }}
+{{- $_ := set $cfg "epp" (dict "listen" (printf "0.0.0.0:%d" (int .Values.epp.port)) "health_listen" (printf "0.0.0.0:%d" (int .Values.epp.healthPort)) "fallbacks" (int .Values.epp.fallbacks)) }}
+{{- end }}
 {{- toYaml $cfg }}
 {{- end }}
 
@@ -275,4 +281,12 @@ the chart mounts. The shared key is KVROUTE_SYNC_KEY, from the Secret.
 {{- $_ := set $s "tls" $t }}
 {{- end }}
 {{- toJson $s }}
+{{- end }}
+
+{{/*
+The InferencePool's name (epp.inferencePool.name, else the release's full
+name).
+*/}}
+{{- define "kvroute.inferencePool" -}}
+{{- default (include "kvroute.fullname" .) .Values.epp.inferencePool.name }}
 {{- end }}

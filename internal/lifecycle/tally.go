@@ -1,24 +1,28 @@
-package proxy
+package lifecycle
 
 import (
 	"bytes"
 	"encoding/json"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/kvroute/kvroute/internal/openai"
 )
 
-// tally reads, without altering it, what a relayed 2xx body says of its
+// Tally reads, without altering it, what a relayed 2xx body says of its
 // tokens: in an event stream, each data event is read as a chunk
 // (openai.ReadChunk: token chunks are recognised without a decode), the
 // gap between token chunks is the router-side inter-token latency, and a
 // usage chunk gives the counts; in a JSON body, the usage object is read
 // from its last bytes, where the engines put it. It holds at most one
-// event line (maxTallyLine) or the JSON body's tail (tallyTail).
-type tally struct {
-	sse bool
+// event line (maxTallyLine) or the JSON body's tail (tallyTail). Every
+// front that sees a response body feeds one (the HTTP front's relay, the
+// external processor's response phases), and BodyEnd is what it says to
+// Settle. SSE, Agent, ITL and ModelSeen are set before the first Note.
+//
+// It is read by one goroutine at a time.
+type Tally struct {
+	// SSE marks an event stream.
+	SSE bool
 	// line is the stream's current line; skip marks one longer than
 	// maxTallyLine, which is not read.
 	line []byte
@@ -27,24 +31,24 @@ type tally struct {
 	// first and the latest.
 	chunks      int
 	first, last time.Time
-	// itl observes the gaps; nil: not observed.
-	itl prometheus.Observer
+	// ITL observes the gaps in seconds; nil: not observed.
+	ITL Observer
 	// usage is the response's, nil until read; model the model the
 	// response names, read from its first data event or bytes
-	// (modelSeen once they were, or from the start when nothing reports
+	// (ModelSeen once they were, or from the start when nothing reports
 	// the model: tracing is off).
 	usage     *openai.Usage
 	timings   *openai.Timings
 	model     string
-	modelSeen bool
+	ModelSeen bool
 	// head and tail are the JSON body's first and last bytes.
 	head, tail []byte
-	// agent marks the body of a Responses or Messages request, read as
+	// Agent marks the body of a Responses or Messages request, read as
 	// its API writes it (openai.ReadAgentEvent); agentUsage is what its
 	// events reported, responseID the Responses API's id of the answer
 	// (a stream's response.created, a JSON body's first "id"), start
 	// the JSON body's first bytes, where the id is.
-	agent      bool
+	Agent      bool
 	agentUsage *openai.AgentUsage
 	responseID string
 	start      []byte
@@ -60,17 +64,17 @@ const (
 )
 
 // readModel reads the JSON body's model from its head.
-func (t *tally) readModel() {
-	t.model, t.modelSeen, t.head = responseModel(t.head), true, nil
+func (t *Tally) readModel() {
+	t.model, t.ModelSeen, t.head = responseModel(t.head), true, nil
 }
 
-// note reads p, relayed at now.
-func (t *tally) note(p []byte, now time.Time) {
-	if !t.sse {
-		if t.agent && len(t.start) < tallyHead {
+// Note reads p, relayed at now.
+func (t *Tally) Note(p []byte, now time.Time) {
+	if !t.SSE {
+		if t.Agent && len(t.start) < tallyHead {
 			t.start = append(t.start, p[:min(len(p), tallyHead-len(t.start))]...)
 		}
-		if !t.modelSeen {
+		if !t.ModelSeen {
 			t.head = append(t.head, p[:min(len(p), tallyHead-len(t.head))]...)
 			if len(t.head) == tallyHead {
 				t.readModel()
@@ -102,7 +106,7 @@ func (t *tally) note(p []byte, now time.Time) {
 }
 
 // keep adds p to the current line, within maxTallyLine.
-func (t *tally) keep(p []byte) {
+func (t *Tally) keep(p []byte) {
 	if t.skip || len(t.line)+len(p) > maxTallyLine {
 		t.skip = true
 		return
@@ -111,7 +115,7 @@ func (t *tally) keep(p []byte) {
 }
 
 // event reads one line of the stream.
-func (t *tally) event(line []byte, now time.Time) {
+func (t *Tally) event(line []byte, now time.Time) {
 	data, ok := bytes.CutPrefix(line, []byte("data:"))
 	if !ok {
 		return
@@ -120,10 +124,10 @@ func (t *tally) event(line []byte, now time.Time) {
 	if len(data) == 0 || data[0] != '{' {
 		return // [DONE]
 	}
-	if !t.modelSeen {
-		t.model, t.modelSeen = responseModel(data), true
+	if !t.ModelSeen {
+		t.model, t.ModelSeen = responseModel(data), true
 	}
-	if t.agent {
+	if t.Agent {
 		t.agentEvent(data, now)
 		return
 	}
@@ -143,9 +147,9 @@ func (t *tally) event(line []byte, now time.Time) {
 }
 
 // token counts a token chunk relayed at now.
-func (t *tally) token(now time.Time) {
-	if t.chunks > 0 && t.itl != nil {
-		t.itl.Observe(now.Sub(t.last).Seconds())
+func (t *Tally) token(now time.Time) {
+	if t.chunks > 0 && t.ITL != nil {
+		t.ITL.Observe(now.Sub(t.last).Seconds())
 	}
 	if t.chunks == 0 {
 		t.first = now
@@ -155,7 +159,7 @@ func (t *tally) token(now time.Time) {
 }
 
 // agentEvent reads one data event of a Responses or Messages stream.
-func (t *tally) agentEvent(data []byte, now time.Time) {
+func (t *Tally) agentEvent(data []byte, now time.Time) {
 	c, err := openai.ReadAgentEvent(data)
 	if err != nil {
 		return
@@ -175,15 +179,16 @@ func (t *tally) agentEvent(data []byte, now time.Time) {
 	}
 }
 
-// finish reads a complete JSON body's usage from its tail.
-func (t *tally) finish() {
-	if t.sse {
+// Finish reads a complete JSON body's usage from its tail: once the body
+// ended complete.
+func (t *Tally) Finish() {
+	if t.SSE {
 		return
 	}
-	if !t.modelSeen {
+	if !t.ModelSeen {
 		t.readModel()
 	}
-	if t.agent {
+	if t.Agent {
 		var u openai.AgentUsage
 		if tailObject(t.tail, `"usage":`, &u) {
 			t.usage = u.Usage()
@@ -210,10 +215,10 @@ func tailObject(tail []byte, key string, v any) bool {
 	return i >= 0 && json.NewDecoder(bytes.NewReader(tail[i+len(key):])).Decode(v) == nil
 }
 
-// cached is the prompt tokens the engine reported reusing and its count
+// Cached is the prompt tokens the engine reported reusing and its count
 // of the prompt (see openai.ReportedCached); ok is false when it reported
 // none.
-func (t *tally) cached() (cached, prompt int, ok bool) {
+func (t *Tally) Cached() (cached, prompt int, ok bool) {
 	cached, ok = openai.ReportedCached(t.usage, t.timings)
 	if ok && t.usage != nil {
 		prompt = t.usage.PromptTokens
@@ -221,18 +226,18 @@ func (t *tally) cached() (cached, prompt int, ok bool) {
 	return cached, prompt, ok
 }
 
-// output is the response's generated tokens: its usage's, else its token
+// Output is the response's generated tokens: its usage's, else its token
 // chunks.
-func (t *tally) output() int {
+func (t *Tally) Output() int {
 	if t.usage != nil {
 		return t.usage.CompletionTokens
 	}
 	return t.chunks
 }
 
-// decoding is the time from the stream's first token chunk to its last,
+// Decoding is the time from the stream's first token chunk to its last,
 // 0 for a stream of fewer than two (or a JSON body).
-func (t *tally) decoding() time.Duration {
+func (t *Tally) Decoding() time.Duration {
 	if t.chunks < 2 {
 		return 0
 	}
@@ -263,4 +268,30 @@ func firstString(p, key []byte) string {
 		return ""
 	}
 	return string(rest[:j])
+}
+
+// Observer observes a value (prometheus.Observer is one).
+type Observer interface{ Observe(float64) }
+
+// Usage is the usage the response reported, nil for none.
+func (t *Tally) Usage() *openai.Usage { return t.usage }
+
+// Model is the model the response names, "" when unread.
+func (t *Tally) Model() string { return t.model }
+
+// ResponseID is the Responses API's id of the answer, "" for none.
+func (t *Tally) ResponseID() string { return t.responseID }
+
+// End is what the tallied 2xx body says to Settle, the body having ended
+// complete or broken as the front saw it: its tokens (the usage's, else
+// prompt, the router's estimate, and the token chunks), the cached tokens
+// the engine reported, and the stream's decoding time.
+func (t *Tally) End(complete bool, broken error, prompt int) BodyEnd {
+	end := BodyEnd{Complete: complete, Broken: broken, Counted: true, In: prompt, Out: t.Output()}
+	if t.usage != nil {
+		end.In = t.usage.PromptTokens
+	}
+	end.Cached, _, end.HasCached = t.Cached()
+	end.Decoding = t.Decoding()
+	return end
 }

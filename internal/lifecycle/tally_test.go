@@ -1,4 +1,4 @@
-package proxy
+package lifecycle
 
 import (
 	"strings"
@@ -7,18 +7,18 @@ import (
 )
 
 // tallyOf reads body through a tally in pieces of at most step bytes.
-func tallyOf(body []byte, sse bool, step int) *tally { return agentTallyOf(body, sse, false, step) }
+func tallyOf(body []byte, sse bool, step int) *Tally { return agentTallyOf(body, sse, false, step) }
 
 // agentTallyOf is tallyOf for a Responses or Messages body when agent.
-func agentTallyOf(body []byte, sse, agent bool, step int) *tally {
-	t := &tally{sse: sse, agent: agent}
+func agentTallyOf(body []byte, sse, agent bool, step int) *Tally {
+	t := &Tally{SSE: sse, Agent: agent}
 	now := time.Unix(0, 0)
 	for len(body) > 0 {
 		n := min(step, len(body))
-		t.note(body[:n], now)
+		t.Note(body[:n], now)
 		body = body[n:]
 	}
-	t.finish()
+	t.Finish()
 	return t
 }
 
@@ -48,9 +48,9 @@ func TestTally(t *testing.T) {
 	for _, tt := range tests {
 		for _, step := range []int{1, 7, 4096, len(tt.body)} {
 			got := tallyOf([]byte(tt.body), tt.sse, step)
-			if got.chunks != tt.chunks || got.output() != tt.out || got.model != tt.model || (got.usage != nil) != tt.usage {
+			if got.chunks != tt.chunks || got.Output() != tt.out || got.model != tt.model || (got.usage != nil) != tt.usage {
 				t.Errorf("%s, step %d: chunks %d, output %d, model %q, usage %v; want %d, %d, %q, %v",
-					tt.name, step, got.chunks, got.output(), got.model, got.usage, tt.chunks, tt.out, tt.model, tt.usage)
+					tt.name, step, got.chunks, got.Output(), got.model, got.usage, tt.chunks, tt.out, tt.model, tt.usage)
 			}
 			if tt.usage && got.usage.PromptTokens != tt.in {
 				t.Errorf("%s, step %d: prompt tokens %d, want %d", tt.name, step, got.usage.PromptTokens, tt.in)
@@ -91,7 +91,7 @@ func TestTallyCached(t *testing.T) {
 	}
 	for _, tt := range tests {
 		for _, step := range []int{1, 5, len(tt.body)} {
-			c, prompt, ok := tallyOf([]byte(tt.body), tt.sse, step).cached()
+			c, prompt, ok := tallyOf([]byte(tt.body), tt.sse, step).Cached()
 			if c != tt.cached || ok != tt.ok || (ok && prompt != 100) {
 				t.Errorf("%s, step %d: cached %d of %d, ok %v; want %d of 100, %v", tt.name, step, c, prompt, ok, tt.cached, tt.ok)
 			}
@@ -120,11 +120,11 @@ func FuzzTally(f *testing.F) {
 		if len(split.line) > maxTallyLine || len(split.tail) > tallyTail {
 			t.Fatalf("holds %d line and %d tail bytes", len(split.line), len(split.tail))
 		}
-		if sse && (whole.chunks != split.chunks || whole.output() != split.output()) {
-			t.Fatalf("whole: %d chunks, output %d; split by %d: %d, %d", whole.chunks, whole.output(), step, split.chunks, split.output())
+		if sse && (whole.chunks != split.chunks || whole.Output() != split.Output()) {
+			t.Fatalf("whole: %d chunks, output %d; split by %d: %d, %d", whole.chunks, whole.Output(), step, split.chunks, split.Output())
 		}
-		wc, wp, wok := whole.cached()
-		sc, sp, sok := split.cached()
+		wc, wp, wok := whole.Cached()
+		sc, sp, sok := split.Cached()
 		if sse && (wc != sc || wp != sp || wok != sok) {
 			t.Fatalf("whole: cached %d of %d (%v); split by %d: %d of %d (%v)", wc, wp, wok, step, sc, sp, sok)
 		}
@@ -148,9 +148,9 @@ func BenchmarkTally(b *testing.B) {
 	const events = 500
 	b.ReportAllocs()
 	for b.Loop() {
-		t := &tally{sse: true}
+		t := &Tally{SSE: true}
 		for range events {
-			t.note(chunk, time.Now())
+			t.Note(chunk, time.Now())
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*events), "ns/event")
@@ -181,9 +181,9 @@ func TestTallyAgents(t *testing.T) {
 			false, 0, 4, 9, 0, "resp_2"},
 	} {
 		tl := agentTallyOf([]byte(c.body), c.sse, true, 7)
-		cached, in, ok := tl.cached()
-		if tl.chunks != c.chunks || tl.output() != c.out || in != c.in || cached != c.cached || !ok || tl.responseID != c.id {
-			t.Errorf("%s: %d chunks, %d out, %d in, %d cached (%v), id %q", c.name, tl.chunks, tl.output(), in, cached, ok, tl.responseID)
+		cached, in, ok := tl.Cached()
+		if tl.chunks != c.chunks || tl.Output() != c.out || in != c.in || cached != c.cached || !ok || tl.responseID != c.id {
+			t.Errorf("%s: %d chunks, %d out, %d in, %d cached (%v), id %q", c.name, tl.chunks, tl.Output(), in, cached, ok, tl.responseID)
 		}
 	}
 }

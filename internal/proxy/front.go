@@ -1,0 +1,64 @@
+package proxy
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/disagg"
+	"github.com/kvroute/kvroute/internal/lifecycle"
+	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/request"
+)
+
+// What another front of the lifecycle (the Envoy external processor,
+// package epp) shares with the HTTP front, so that a request is read,
+// admitted and split by the same rules whatever carries it. in is the
+// request as its transport carried it, without its body: its headers, the
+// address it came from, its context.
+
+// Plane is what every request's lifecycle shares.
+func (s *Server) Plane() *lifecycle.Plane { return s.plane }
+
+// ReadFor reads a completion's body for r as the HTTP front reads it
+// (read): the transport's session header and its tenant's prefix salt,
+// the split protocols' members stripped, the model's metric label.
+func (s *Server) ReadFor(in *http.Request, r *lifecycle.Request, kind request.Kind, body []byte) *openai.Error {
+	return s.read(in, s.tenantOf(in), r, kind, body)
+}
+
+// read parses body into r's view (lifecycle.Plane.Read) with the hints of
+// in and t, and its objectives from in's headers (objectiveOf); a client's
+// split protocol members never reach an engine, split or whole
+// (disagg.Strip). The error, if any, is the answer.
+func (s *Server) read(in *http.Request, t tenant, r *lifecycle.Request, kind request.Kind, body []byte) *openai.Error {
+	hints := lifecycle.Hints{Session: s.sessionHeader(in), Salt: t.prefixSalt}
+	e := s.plane.Read(r, kind, body, hints)
+	if r.View != nil {
+		r.Body, r.Model = disagg.Strip(body), s.set.ModelLabel(r.View.Model)
+	}
+	if e == nil && r.View != nil {
+		// The request's latency objectives (objectives.go).
+		r.View.Objective, e = s.objectiveOf(in, r.View.Model)
+	}
+	return e
+}
+
+// AdmitFor waits for r's admission as the HTTP front's exchange does
+// (admit): the priority its trusted front or API key gives, the peers'
+// catch-up, the queue.
+func (s *Server) AdmitFor(in *http.Request, r *lifecycle.Request) (func(), *openai.Error) {
+	return s.admit(in, r.View.Model, s.costOf(r.View, r.Hashes), r.View.Objective.TTFT)
+}
+
+// SplitFor gives r its legs when the split decision splits it (split).
+func (s *Server) SplitFor(r *lifecycle.Request) {
+	s.applyPlan(r, s.splitter.Split(r.View, r.Hashes, time.Now()))
+}
+
+// HoldBody takes room for n bytes of a body in the budget of buffered
+// bodies (limits.max_buffered_bytes); false when there is none. GiveBody
+// gives it back.
+func (s *Server) HoldBody(n int64) bool { return s.bodies.take(n) }
+
+// GiveBody gives back room HoldBody took.
+func (s *Server) GiveBody(n int64) { s.bodies.give(n) }
