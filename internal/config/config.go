@@ -81,6 +81,9 @@ type Config struct {
 	// Disaggregation is how requests are split over prefill and decode
 	// engines (disagg.go).
 	Disaggregation Disaggregation `yaml:"disaggregation"`
+	// Objectives are the default latency objectives and criticalities
+	// (objectives.go).
+	Objectives Objectives `yaml:"objectives"`
 	// EPP serves the router as a gateway's Endpoint Picker (epp.go).
 	EPP EPP `yaml:"epp"`
 	// ShutdownGrace is how long, on SIGTERM or SIGINT, the router lets
@@ -706,6 +709,7 @@ func (c *Config) Validate() error {
 		bad("health.half_open_probes: %d must be positive", c.Health.HalfOpenProbes)
 	}
 	c.Admission.validate(bad)
+	c.Objectives.validate(bad)
 	c.Fleet.validate(bad)
 	c.Admin.validate(bad)
 	c.Limits.validate(bad)

@@ -8,6 +8,7 @@ import (
 	"github.com/kvroute/kvroute/internal/costmodel"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/slo"
 )
 
 func init() { register("kvroute", func(o Options) Policy { return NewKVRoute(o) }) }
@@ -180,6 +181,13 @@ type KVRoute struct {
 	pool sync.Pool
 	// transfer is Options.TransferPerToken (pd_kvroute.go).
 	transfer time.Duration
+	// reserve holds sheddable requests to the objectives of the others
+	// (slo.go).
+	reserve slo.Reserve
+	// predictAll predicts every request's ITL, objectives or not: for the
+	// llm-d predicted-latency peer, which estimates through a KVRoute
+	// (llmd_slo.go).
+	predictAll bool
 }
 
 // NewKVRoute returns a kvroute policy. Options.LoadFactor bounds the

@@ -21,6 +21,7 @@ import (
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/prefix"
 	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/slo"
 )
 
 // Input is everything a policy may look at. It is valid only during Pick.
@@ -71,6 +72,10 @@ type Input struct {
 	// of its session table carry; 0 for one router. It is set whenever
 	// the router shares state with replicas (sync), live or not.
 	Replica uint64
+	// Objective is the request's latency objectives and criticality; the
+	// zero value (None) for a request without objectives, which a policy
+	// routes as before, at no cost (package slo).
+	Objective slo.Objective
 }
 
 // TierTokens is a candidate's cached prompt tokens per cache tier,
@@ -96,6 +101,14 @@ type Decision struct {
 	// Note is a short static word on why (e.g. "sticky", "least-loaded"),
 	// or empty. It must not be built per request.
 	Note string
+	// With Input.Objective set, a policy that predicts latencies gives
+	// the chosen candidate's prediction (Pred), whether it is predicted
+	// to meet the objectives (Met), and Shed when the request is to be
+	// refused instead (a sheddable one no candidate can serve in time:
+	// slo.Choose); Pred is then the best candidate's.
+	Pred slo.Prediction
+	Met  bool
+	Shed bool
 }
 
 // Policy picks a backend.

@@ -45,6 +45,8 @@ type Metrics struct {
 	bodyBudgetRejects prometheus.Counter
 	// pd are the prefill/decode disaggregation's (disagg.go).
 	pd pdMetrics
+	// slo are the latency objectives' (objectives.go).
+	slo sloMetrics
 }
 
 // NewMetrics returns the router's metrics over f, in a new registry.
@@ -111,6 +113,7 @@ func NewMetrics(f *fleet.Fleet) *Metrics {
 	m.reg.MustRegister(m.bodyBudgetRejects, m.requests, m.ttft, m.e2e, m.itl, m.tokensIn, m.tokensOut, buildInfo(), m.prefixHit, m.promptTokens, m.retries, m.ejections, m.upstreamErrors,
 		&fleetCollector{f: f}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.pd = newPDMetrics(m.reg)
+	m.slo = newSLOMetrics(m.reg)
 	return m
 }
 

@@ -20,6 +20,7 @@ package request
 
 import (
 	"fmt"
+	"github.com/kvroute/kvroute/internal/slo"
 	"math"
 	"strings"
 	"sync"
@@ -152,6 +153,12 @@ type View struct {
 	// engine stores of the request (its messages, the instructions'
 	// among them) is Prompt[MessagesAt:].
 	HistoryAt, MessagesAt int
+
+	// Objective is the request's latency objectives and criticality, set
+	// by the front from its headers and the configured defaults (package
+	// slo), or by the simulator from the workload; the zero value for
+	// none. Parse leaves it zero.
+	Objective slo.Objective
 }
 
 // Options configure Parse.

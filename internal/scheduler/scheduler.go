@@ -20,6 +20,7 @@ import (
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/prefix"
 	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/slo"
 )
 
 // Errors Route returns.
@@ -219,6 +220,13 @@ type Assignment struct {
 	// EstTTFT is the policy's estimate of the time to first token in
 	// seconds, 0 when it makes none.
 	EstTTFT float64
+	// Objective is the request's objectives as routed (none when the
+	// scheduler ignores them); Pred the policy's prediction for the
+	// chosen backend, and Met whether it was predicted to meet them
+	// (slo.go).
+	Objective slo.Objective
+	Pred      slo.Prediction
+	Met       bool
 	// Predicted is the prompt tokens the prefix index matched for the
 	// chosen backend, as MatchedTokens but also when the audit untrusted
 	// its picture; Best the most any candidate held (the cache available
@@ -321,6 +329,13 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		sc.in.Replicas, sc.in.ReplicaArc = rp.n, rp.arc
 	}
 	sc.in.Replica = s.replicaID.Load()
+	if v.Role == "" {
+		// A leg of a split request is routed without objectives: its
+		// prediction would leave out the other leg and the transfer,
+		// and a prefill leg refused would only fall back to the whole
+		// request (docs/routing.md, "Objectives").
+		sc.in.Objective = v.Objective
+	}
 	budget := v.MaxTokens
 	if budget <= 0 {
 		budget = request.DefaultOutputBudget
@@ -339,6 +354,10 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		// is as good as any when the policy has no answer.
 		d.Index = 0
 	}
+	if d.Shed {
+		s.decide.Unlock()
+		return nil, shed(sc.in.Objective, d)
+	}
 	d = s.probe(sc, snap.IDs, d, now)
 	b := sc.cands[d.Index]
 	blocks := int(sc.matched[d.Index])
@@ -346,6 +365,9 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		Backend:       b,
 		MatchedTokens: int(sc.cached[d.Index]),
 		EstTTFT:       d.EstTTFT,
+		Objective:     sc.in.Objective,
+		Pred:          d.Pred,
+		Met:           d.Met,
 		ticket:        b.Start(int64(v.PromptTokens), pendingOf(v, sc.uncached[d.Index]), int64(budget), now),
 	}
 	if sc.load != nil {

@@ -458,6 +458,7 @@ func (s *sim) view(r *workload.Request) (*request.View, []uint64, *openai.Error)
 		return nil, nil, perr
 	}
 	v.SessionKey = r.Session
+	v.Objective = r.Objective
 	var hashes []uint64
 	if s.shareHashes {
 		hashes = s.hash(v.Prompt, s.sched.Salt(v))
@@ -514,6 +515,8 @@ func (s *sim) bindOne(k int, v *request.View, hashes []uint64) {
 	a, err := s.route(sched, v, hashes)
 	if err != nil {
 		s.fail(k, v.PromptTokens, 0, err.Error())
+		// A sheddable request refused for its objectives (scheduler.ShedError).
+		_, s.samples[len(s.samples)-1].Shed = errors.AsType[*scheduler.ShedError](err)
 		return
 	}
 	s.nodes[a.Backend.ID].routed++
@@ -608,6 +611,7 @@ func (s *sim) fail(k, prompt, backend int, msg string) {
 		PromptTokens: prompt,
 		Err:          msg,
 		Backend:      s.nodes[backend].b.Name,
+		Objective:    s.reqs[k].Objective,
 	})
 }
 
@@ -715,6 +719,9 @@ func (s *sim) deliver(i int) {
 			Route:         f.a.Reason,
 			Held:          f.Arrival - f.arrival,
 			Queued:        f.ScheduledAt - f.Arrival,
+			Objective:     s.reqs[f.k].Objective,
+			PredTTFT:      f.a.Pred.TTFT,
+			PredITL:       f.a.Pred.ITL,
 		}
 		if f.Generated > 0 {
 			smp.TTFT = f.first - f.arrival
