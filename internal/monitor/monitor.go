@@ -152,6 +152,7 @@ type watcher struct {
 
 	detected  adapter.Kind // latched after the first good scrape
 	failures  int          // consecutive failed or late scrapes
+	withdrawn bool         // the current outage withdrew the reading
 	lastOK    time.Time
 	capTokens int64 // last KV capacity passed to SetCapacity
 	ctxTokens int   // last context length passed to SetContext
@@ -305,16 +306,18 @@ func (m *Monitor) scrapeOnce(ctx context.Context, w *watcher) {
 		m.warn(w, now, err)
 		if e := w.b.Engine(); e != nil && now.Sub(e.At) > m.cfg.StaleAge() {
 			w.b.SetEngine(nil)
+			w.withdrawn = true
 		}
 		return
 	}
-	if w.failures >= m.cfg.StaleAfter {
-		// An outage long enough to withdraw the reading; a scrape or two
-		// missed now and then is not news.
+	if w.withdrawn || w.failures >= m.cfg.StaleAfter {
+		// An outage long enough to withdraw the reading (by its age: on a
+		// loaded machine fewer scrapes than StaleAfter may fail in that
+		// time); a scrape or two missed now and then is not news.
 		m.log.Info("engine scrape recovered", "backend", w.b.Name, "failures", w.failures,
 			"last_ok", w.lastOK)
 	}
-	w.failures, w.lastOK = 0, now
+	w.failures, w.withdrawn, w.lastOK = 0, false, now
 	if st.ContextLen > 0 && st.ContextLen != w.ctxTokens && m.cfg.SetContext != nil {
 		w.ctxTokens = st.ContextLen
 		m.cfg.SetContext(w.b, st.ContextLen)
