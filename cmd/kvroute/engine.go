@@ -42,7 +42,7 @@ func runEngine(args []string) int {
 		out := fs.Output()
 		fmt.Fprint(out, `usage: kvroute engine [--listen ADDR] [--preset NAME] [--kv-blocks N] [--time-scale X] [--model NAME]
                       [--kv-events-config JSON] [--kv-events-encoding current|legacy]
-                      [--max-num-seqs N] [--max-num-batched-tokens N]
+                      [--max-num-seqs N] [--max-num-batched-tokens N] [--cpu-kv-blocks N]
                       [--lora-modules name=path ... [--max-loras N] [--lora-load-time D]]
                       [--role prefill|decode|both] [--kv-transfer-latency D]
                       [--kv-transfer-time-per-token D]

@@ -18,6 +18,8 @@ type limitFlags struct {
 	// adapter's load takes (0: the preset's).
 	maxLoras int
 	loraLoad time.Duration
+	// cpuKVBlocks is every engine's CPU tier in blocks (0: none).
+	cpuKVBlocks int
 }
 
 func (l *limitFlags) register(fs *flag.FlagSet) {
@@ -25,6 +27,7 @@ func (l *limitFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&l.maxBatchedTokens, "max-num-batched-tokens", 0, "token budget of one engine step (the prefill chunk) of every engine, as vLLM's flag; 0 means the preset's")
 	fs.IntVar(&l.maxLoras, "max-loras", 0, "LoRA adapters every engine runs in a batch and holds at once, as vLLM's flag; 0 serves none")
 	fs.DurationVar(&l.loraLoad, "lora-load-time", 0, "time one LoRA adapter's load adds to an engine step; 0 means the preset's")
+	fs.IntVar(&l.cpuKVBlocks, "cpu-kv-blocks", 0, "CPU tier of every engine in blocks of 16 tokens, as vLLM's OffloadingConnector's num_cpu_blocks: GPU blocks are offloaded there and loaded back at the preset's host-to-device bandwidth; 0 means none")
 }
 
 // apply returns presets with the overrides applied (0 keeps each preset's).
@@ -34,6 +37,9 @@ func (l *limitFlags) apply(presets []engine.Preset) ([]engine.Preset, error) {
 		q, err := p.WithLimits(l.maxNumSeqs, l.maxBatchedTokens)
 		if err == nil {
 			q, err = q.WithLoRA(l.maxLoras, l.loraLoad)
+		}
+		if err == nil {
+			q, err = q.WithCPUTier(l.cpuKVBlocks)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("--%w", err)
@@ -57,6 +63,9 @@ func (l *limitFlags) String() string {
 	}
 	if l.loraLoad != 0 {
 		s += fmt.Sprintf(" --lora-load-time %v", l.loraLoad)
+	}
+	if l.cpuKVBlocks != 0 {
+		s += fmt.Sprintf(" --cpu-kv-blocks %d", l.cpuKVBlocks)
 	}
 	return s
 }

@@ -53,6 +53,7 @@ type fleetFlags struct {
 	// sim only:
 	syncDelay               time.Duration
 	noSync                  bool
+	tierBlindIndex          bool
 	kvBlocks                int
 	jsonFile, out, requests string
 	// limits override every engine's --max-num-seqs and
@@ -235,13 +236,14 @@ func runSim(args []string) int {
 	fs.IntVar(&w.replicas, "replicas", 1, "router replicas in front of the engines, each request entering one at random (drawn from --seed)")
 	fs.DurationVar(&w.syncDelay, "sync-delay", 0, "with --replicas: how long a replica's events take to reach the others, in virtual time")
 	fs.BoolVar(&w.noSync, "no-sync", false, "with --replicas: the replicas share nothing")
+	fs.BoolVar(&w.tierBlindIndex, "tier-blind-index", false, "with --cpu-kv-blocks: do not tell the router the engines' CPU tiers (its approximate index then does not model their offload)")
 	fs.StringVar(&w.requests, "requests", "", "write one CSV row per request of every run to this file: its engine, matched and cached tokens, its TTFT as router hold, engine queue and prefill (with --oracle, its oracle TTFT too), and the router's reason")
 	var lb lateFlags
 	lb.register(fs)
 	table := fs.Bool("table", false, tableFlagUsage)
 	traces := fs.String("traces", defaultTraceDir, "with --table: the directory of the real traces")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--max-num-seqs N] [--max-loras N --adapters N [--adapter-zipf S]] [--max-num-batched-tokens N [--configure-limits]] [--true-coefficients] [--policies a,b] [--prefill N --decode M [--split conditional|always|both]] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--replicas N [--sync-delay D] [--no-sync]] [--late-binding[=both] [--hold-tokens N] [--hold-order fcfs|deadline] [--hold-slack X] [--hold-cap D]] [--json FILE] [--requests FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--max-num-seqs N] [--max-loras N --adapters N [--adapter-zipf S]] [--max-num-batched-tokens N [--configure-limits]] [--true-coefficients] [--policies a,b] [--prefill N --decode M [--split conditional|always|both]] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--cpu-kv-blocks N [--tier-blind-index]] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--replicas N [--sync-delay D] [--no-sync]] [--late-binding[=both] [--hold-tokens N] [--hold-order fcfs|deadline] [--hold-slack X] [--hold-cap D]] [--json FILE] [--requests FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nReplays the workload on a simulated fleet in virtual time, with the same scheduler and engine model as kvroute serve and kvroute engine, once per policy.\n\nflags:")
 		printDefaults(fs)
 		writeBuiltins(fs.Output())
@@ -303,7 +305,7 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, lb *lateFlags, sweep 
 	fmt.Fprintf(stdout, "fleet: %d engines, prefill capacity %.0f prompt tokens/s\n", len(engines), capacity)
 	plan, err := sim.Matrix{
 		Base: sim.Config{Engines: engines, KVBlocks: w.kvBlocks, ConfigureLimits: w.configureLimits, TrueCoefficients: w.trueCoefficients, Seed: w.seed,
-			Replicas: w.replicas, SyncDelay: w.syncDelay, NoSync: w.noSync},
+			Replicas: w.replicas, SyncDelay: w.syncDelay, NoSync: w.noSync, TierBlindIndex: w.tierBlindIndex},
 		Workload: w.workload, Options: w.options(), Loads: loads, Policies: policies,
 		Holds: holds, KV: variants, Oracle: w.oracle, Fault: kv.fault,
 		Fleets: sim.FleetVariants(roles, splits),

@@ -91,6 +91,13 @@ type State struct {
 	// cached_tokens_total (every cache source); llama.cpp:
 	// prompt_tokens_total, which counts only the tokens it evaluated.
 	ComputedTokens float64
+	// HostLoadTokens and HostLoadSeconds are the engine's lifetime counts
+	// of prompt tokens loaded from its CPU tier and of the time the loads
+	// took, -1 when not exposed: their ratio between two scrapes is its
+	// load time per token (costmodel.Model.LoadPerToken). vLLM with its
+	// OffloadingConnector: external_prefix_cache_hits_total over
+	// kv_offload_total_time_total{transfer_type="CPU_to_GPU"}.
+	HostLoadTokens, HostLoadSeconds float64
 	// LoRA is the engine's report of its LoRA adapters (lora.go), nil when
 	// it reports none.
 	LoRA *LoRA
@@ -110,6 +117,8 @@ const (
 	vllmPrefillTime   = "vllm:request_prefill_time_seconds"
 	vllmITL           = "vllm:inter_token_latency_seconds"
 	vllmTPOT          = "vllm:time_per_output_token_seconds"
+	vllmExternalHits  = "vllm:external_prefix_cache_hits_total"
+	vllmOffloadTime   = "vllm:kv_offload_total_time_total"
 
 	sglRunning      = "sglang:num_running_reqs"
 	sglWaiting      = "sglang:num_queue_reqs"
@@ -146,7 +155,8 @@ func ParseMetrics(r io.Reader, kind Kind) (State, error) {
 		}
 	}
 	s := State{Kind: kind, Running: -1, Waiting: -1, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1,
-		PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: -1}
+		PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: -1,
+		HostLoadTokens: -1, HostLoadSeconds: -1}
 	switch kind {
 	case VLLM:
 		s.Running = sum(fams[vllmRunning])
@@ -170,6 +180,9 @@ func ParseMetrics(r io.Reader, kind Kind) (State, error) {
 			s.DecodeTokens, s.DecodeSeconds = hist(f)
 		} else {
 			s.DecodeTokens, s.DecodeSeconds = hist(fams[vllmTPOT])
+		}
+		if secs := sumWhere(counter(fams, vllmOffloadTime), "transfer_type", "CPU_to_GPU"); secs >= 0 {
+			s.HostLoadTokens, s.HostLoadSeconds = sum(counter(fams, vllmExternalHits)), secs
 		}
 		s.LoRA = vllmLoRA(fams[vllmLoRAInfo])
 		if f := fams[vllmCacheConfig]; f != nil && len(f.Metric) > 0 {
@@ -261,6 +274,7 @@ func (s *State) sanitize() {
 	s.PrefixHitRate = bounded(s.PrefixHitRate, 1)
 	s.PrefillTokens, s.PrefillSeconds = pair(s.PrefillTokens, s.PrefillSeconds)
 	s.DecodeTokens, s.DecodeSeconds = pair(s.DecodeTokens, s.DecodeSeconds)
+	s.HostLoadTokens, s.HostLoadSeconds = pair(s.HostLoadTokens, s.HostLoadSeconds)
 	s.ComputedTokens = bounded(s.ComputedTokens, MaxCounter)
 	s.BlockSize = boundedInt(s.BlockSize, MaxBlockSize)
 	s.NumGPUBlocks = boundedInt(s.NumGPUBlocks, MaxKVTokens)
@@ -318,6 +332,27 @@ func detect(fams map[string]*dto.MetricFamily) Kind {
 		return TGI
 	}
 	return Unknown
+}
+
+// sumWhere is the sum of f's series whose label name is want, -1 when
+// none has it (or f is nil).
+func sumWhere(f *dto.MetricFamily, name, want string) float64 {
+	if f == nil {
+		return -1
+	}
+	total, found := 0.0, false
+	for _, m := range f.Metric {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == name && l.GetValue() == want {
+				total += value(m)
+				found = true
+			}
+		}
+	}
+	if !found {
+		return -1
+	}
+	return total
 }
 
 // counter is the family of the counter named name, which ends in _total

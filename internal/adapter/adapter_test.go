@@ -25,13 +25,13 @@ func TestParseMetrics(t *testing.T) {
 		kind Kind
 		want State
 	}{
-		{"vllm.prom", Unknown, State{Kind: VLLM, Running: 12, Waiting: 5, KVUsage: 0.42, PrefixHitRate: 0.25, BlockSize: 16, NumGPUBlocks: 27000, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: -1}},
-		{"vllm.prom", VLLM, State{Kind: VLLM, Running: 12, Waiting: 5, KVUsage: 0.42, PrefixHitRate: 0.25, BlockSize: 16, NumGPUBlocks: 27000, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: -1}},
-		{"vllm_v0.prom", Unknown, State{Kind: VLLM, Running: 3, Waiting: 0, KVUsage: 0.9, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: -1}},
-		{"sglang.prom", Unknown, State{Kind: SGLang, Running: 7, Waiting: 2, KVUsage: 0.28, PrefixHitRate: 0.0075, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: -1}},
-		{"llamacpp.prom", Unknown, State{Kind: LlamaCpp, Running: 4, Waiting: 9, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: 4096, PrefillSeconds: 2.048, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: 4096}},
-		{"vllm_itl.prom", Unknown, State{Kind: VLLM, Running: 8, Waiting: 3, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: 400, DecodeSeconds: 6.5, ComputedTokens: -1}},
-		{"tgi.prom", TGI, State{Kind: TGI, Running: 32, Waiting: 6, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: -1}},
+		{"vllm.prom", Unknown, State{Kind: VLLM, Running: 12, Waiting: 5, KVUsage: 0.42, PrefixHitRate: 0.25, BlockSize: 16, NumGPUBlocks: 27000, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: -1, HostLoadTokens: -1, HostLoadSeconds: -1}},
+		{"vllm.prom", VLLM, State{Kind: VLLM, Running: 12, Waiting: 5, KVUsage: 0.42, PrefixHitRate: 0.25, BlockSize: 16, NumGPUBlocks: 27000, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: -1, HostLoadTokens: -1, HostLoadSeconds: -1}},
+		{"vllm_v0.prom", Unknown, State{Kind: VLLM, Running: 3, Waiting: 0, KVUsage: 0.9, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: -1, HostLoadTokens: -1, HostLoadSeconds: -1}},
+		{"sglang.prom", Unknown, State{Kind: SGLang, Running: 7, Waiting: 2, KVUsage: 0.28, PrefixHitRate: 0.0075, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: -1, HostLoadTokens: -1, HostLoadSeconds: -1}},
+		{"llamacpp.prom", Unknown, State{Kind: LlamaCpp, Running: 4, Waiting: 9, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: 4096, PrefillSeconds: 2.048, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: 4096, HostLoadTokens: -1, HostLoadSeconds: -1}},
+		{"vllm_itl.prom", Unknown, State{Kind: VLLM, Running: 8, Waiting: 3, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: 400, DecodeSeconds: 6.5, ComputedTokens: -1, HostLoadTokens: -1, HostLoadSeconds: -1}},
+		{"tgi.prom", TGI, State{Kind: TGI, Running: 32, Waiting: 6, KVUsage: -1, PrefixHitRate: -1, BlockSize: -1, NumGPUBlocks: -1, PrefillTokens: -1, PrefillSeconds: -1, DecodeTokens: -1, DecodeSeconds: -1, ComputedTokens: -1, HostLoadTokens: -1, HostLoadSeconds: -1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.file+"/"+string(tt.kind), func(t *testing.T) {
@@ -335,5 +335,23 @@ func TestParseMetricsComputed(t *testing.T) {
 		if got.ComputedTokens != tt.want {
 			t.Errorf("%s: ComputedTokens %v, want %v", tt.name, got.ComputedTokens, tt.want)
 		}
+	}
+}
+
+// vLLM's OffloadingConnector: the tokens loaded from the CPU tier
+// (external prefix cache hits) and the loads' time, the CPU-to-GPU
+// direction only.
+func TestParseHostLoad(t *testing.T) {
+	const prom = `vllm:num_requests_running{engine="0"} 1
+vllm:external_prefix_cache_hits_total{engine="0"} 4096
+vllm:kv_offload_total_time_total{engine="0",transfer_type="CPU_to_GPU"} 0.25
+vllm:kv_offload_total_time_total{engine="0",transfer_type="GPU_to_CPU"} 9
+`
+	st, err := ParseMetrics(strings.NewReader(prom), Unknown)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.HostLoadTokens != 4096 || st.HostLoadSeconds != 0.25 {
+		t.Errorf("host load %g tokens in %g s, want 4096 in 0.25", st.HostLoadTokens, st.HostLoadSeconds)
 	}
 }

@@ -179,6 +179,13 @@ func (c *Controller) Admit(ctx context.Context, model string, priority int, tena
 // request may have to wait and the order is Deadline, outside the
 // controller's lock; nil is a cost of 0.
 func (c *Controller) AdmitCost(ctx context.Context, model string, priority int, tenant string, cost func() time.Duration) (release func(), err error) {
+	return c.AdmitBy(ctx, model, priority, tenant, cost, 0)
+}
+
+// AdmitBy is AdmitCost for a request with a time to first token objective
+// (0 for none), which the Deadline order takes as its deadline
+// (Entry.Objective).
+func (c *Controller) AdmitBy(ctx context.Context, model string, priority int, tenant string, cost func() time.Duration, objective time.Duration) (release func(), err error) {
 	if c == nil {
 		return noRelease, nil
 	}
@@ -206,7 +213,7 @@ func (c *Controller) AdmitCost(ctx context.Context, model string, priority int, 
 		return nil, &openai.Error{Status: http.StatusTooManyRequests, Type: openai.TypeRateLimit, Code: "queue_full", RetryAfter: ra,
 			Message: fmt.Sprintf("every backend for model %q is saturated and the router's queue is full (%d waiting); retry later", model, c.cfg.MaxQueue)}
 	}
-	w := &waiter{entry: Entry{Model: model, Priority: priority, Tenant: tenant, Enqueued: now, Cost: own}, enqueued: now, ready: make(chan struct{})}
+	w := &waiter{entry: Entry{Model: model, Priority: priority, Tenant: tenant, Enqueued: now, Cost: own, Objective: objective}, enqueued: now, ready: make(chan struct{})}
 	w.entry.Value = w
 	c.gate.Wait(&w.entry)
 	// Capacity may already be free for this model (the waiters ahead may be

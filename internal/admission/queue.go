@@ -77,6 +77,11 @@ type Entry struct {
 	Enqueued time.Time
 	// Cost is the request's own work (see Cost), for the Deadline order.
 	Cost time.Duration
+	// Objective, when positive, is the request's own time to first token
+	// objective (package slo): the Deadline order then takes its
+	// deadline as Enqueued + Objective, the promise it was made, in place
+	// of the slack times its cost.
+	Objective time.Duration
 	// Value is the caller's.
 	Value any
 
@@ -158,6 +163,9 @@ func (q *Queue) Push(e *Entry) {
 		// In float64 seconds first, so that a huge cost cannot overflow.
 		lead := min(q.slack*max(e.Cost, 0).Seconds(), q.cap.Seconds())
 		e.key = e.Enqueued.Add(time.Duration(lead * float64(time.Second)))
+		if e.Objective > 0 {
+			e.key = e.Enqueued.Add(e.Objective)
+		}
 	}
 	i, found := slices.BinarySearchFunc(q.levels, e.Priority, func(l *level, p int) int { return p - l.prio })
 	if !found {

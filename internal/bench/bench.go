@@ -331,6 +331,7 @@ type runner struct {
 // continues, if any; it returns the answer's Responses API id.
 func (r *runner) send(ctx context.Context, wr *workload.Request, s *report.Sample, entry int, start time.Time, prev string) string {
 	body := wr.BodyFor(r.model, prev)
+	s.Objective = wr.Objective
 	var resp *http.Response
 	for k := range r.bases {
 		s.Entry, s.Refused = (entry+k)%len(r.bases), k
@@ -344,6 +345,7 @@ func (r *runner) send(ctx context.Context, wr *workload.Request, s *report.Sampl
 		if wr.Session != "" {
 			req.Header.Set(cmp.Or(wr.SessionHeader, SessionHeader), wr.Session)
 		}
+		wr.Objective.SetHeaders(req.Header)
 		resp, err = r.client.Do(req)
 		if err == nil {
 			break
@@ -359,6 +361,9 @@ func (r *runner) send(ctx context.Context, wr *workload.Request, s *report.Sampl
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		s.Err = httpError(resp.StatusCode, b)
+		// Refused for its objectives (a sheddable request no backend
+		// could serve in time).
+		s.Shed = resp.StatusCode == http.StatusTooManyRequests && bytes.Contains(b, []byte(`"slo_unattainable"`))
 		if !isErrorBody(b) {
 			s.Err = errNotOpenAI + s.Err
 		}

@@ -81,6 +81,9 @@ type Config struct {
 	// Disaggregation is how requests are split over prefill and decode
 	// engines (disagg.go).
 	Disaggregation Disaggregation `yaml:"disaggregation"`
+	// Objectives are the default latency objectives and criticalities
+	// (objectives.go).
+	Objectives Objectives `yaml:"objectives"`
 	// EPP serves the router as a gateway's Endpoint Picker (epp.go).
 	EPP EPP `yaml:"epp"`
 	// ShutdownGrace is how long, on SIGTERM or SIGINT, the router lets
@@ -174,6 +177,22 @@ type Backend struct {
 	// its first observations overrule, with its KV transfer time per
 	// token. Default "": the generic prior.
 	Preset string `yaml:"preset"`
+	// CPUKVBlocks is the engine's CPU tier in blocks of 16 tokens (vLLM's
+	// OffloadingConnector num_cpu_blocks; SGLang's host pool over its page
+	// size): the blocks it offloads from its GPU and loads back rather
+	// than recomputes. The approximate index keeps the blocks it evicts
+	// for the GPU's capacity in a tier of that size (less the GPU's, which
+	// the engine's CPU tier holds too); with kv_events the tier is seen
+	// from the events whatever this says. Default 0 (none known).
+	CPUKVBlocks int `yaml:"cpu_kv_blocks"`
+	// CPULoadTimePerToken and DiskLoadTimePerToken are the time to load
+	// one token's KV cache into the GPU from the engine's CPU tier and
+	// from its disk tier: the price of a hit there. Default 0: the
+	// preset's (its PCIe link), else what the engine reports, else
+	// 5.12 µs and 32.8 µs (Llama-3.1-8B's 128 KiB a token over PCIe 4.0
+	// x16 at 80%, and a 4 GB/s drive).
+	CPULoadTimePerToken  time.Duration `yaml:"cpu_load_time_per_token"`
+	DiskLoadTimePerToken time.Duration `yaml:"disk_load_time_per_token"`
 	// KVEvents is the backend's KV cache event endpoint (vLLM's
 	// kv-events-config endpoint), tcp://host:port; for a dns entry, a
 	// port ("5557") on each discovered address, or a template such as
@@ -694,6 +713,7 @@ func (c *Config) Validate() error {
 		bad("health.half_open_probes: %d must be positive", c.Health.HalfOpenProbes)
 	}
 	c.Admission.validate(bad)
+	c.Objectives.validate(bad)
 	c.Fleet.validate(bad)
 	c.Admin.validate(bad)
 	c.Limits.validate(bad)

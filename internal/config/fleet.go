@@ -188,6 +188,7 @@ func (c *Config) entries(bad func(string, ...any)) []Entry {
 				e.Prior = &c
 			}
 		}
+		e.validateTiers(i, bad)
 		e.validateKVEvents(i, bad)
 		out = append(out, e)
 	}

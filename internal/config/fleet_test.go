@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/costmodel"
 	"github.com/kvroute/kvroute/internal/engine"
 )
 
@@ -56,6 +57,22 @@ func TestDiscoveryConfig(t *testing.T) {
 				t.Errorf("priors %v, %v, want %+v and none", es[0].Prior, es[1].Prior, want)
 			}
 		}},
+		{"cache tiers", "backends: [{url: http://a:1, preset: h100-llama3-8b, cpu_kv_blocks: 65536, disk_load_time_per_token: 20us}, {url: http://b:1, cpu_load_time_per_token: 3us}]", "", func(t *testing.T, c *Config) {
+			es, err := c.Entries()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The preset's host load kept beside the configured disk's; a
+			// generic prior with the configured host load.
+			if p := es[0].Prior; es[0].CPUKVBlocks != 65536 || p == nil || p.HostLoad != 2.56e-6 || p.DiskLoad != 20e-6 {
+				t.Errorf("backend 0: %d blocks, prior %+v", es[0].CPUKVBlocks, p)
+			}
+			if p := es[1].Prior; p == nil || p.HostLoad != 3e-6 || p.Step != costmodel.Generic().Step {
+				t.Errorf("backend 1: prior %+v", p)
+			}
+		}},
+		{"negative cpu_kv_blocks", "backends: [{url: http://a:1, cpu_kv_blocks: -1}]", "backends[0].cpu_kv_blocks", nil},
+		{"huge load time", "backends: [{url: http://a:1, cpu_load_time_per_token: 2s}]", "backends[0].cpu_load_time_per_token", nil},
 		{"unknown preset", "backends: [{url: http://a:1, preset: b200-llama3-405b}]", "backends[0].preset: unknown engine preset \"b200-llama3-405b\" (known: ", nil},
 		{"negative max_num_seqs", "backends: [{url: http://a:1, max_num_seqs: -1}]", "backends[0].max_num_seqs", nil},
 		{"negative max_num_batched_tokens", "backends: [{url: http://a:1, max_num_batched_tokens: -1}]", "backends[0].max_num_batched_tokens", nil},

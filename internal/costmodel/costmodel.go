@@ -128,6 +128,10 @@ type Prior struct {
 	// token over the network), which no observation teaches; 0 when
 	// unknown (the generic prior's).
 	Transfer float64
+	// HostLoad and DiskLoad are the time, in seconds, to load one prompt
+	// token's KV cache into GPU memory from the engine's CPU tier and its
+	// disk tier (tiers.go); 0 when unknown.
+	HostLoad, DiskLoad float64
 }
 
 // The generic prior: an engine nothing is known of. Its figures are round
@@ -257,6 +261,9 @@ type Model struct {
 	// frozen models publish their prior and learn nothing (a router told
 	// the true coefficients).
 	frozen bool
+	// load is the learned load time per token of each lower tier
+	// (tiers.go), as float64 bits; 0 until the engine reports one.
+	load [2]atomic.Uint64
 }
 
 // New returns a model that starts from p.

@@ -127,9 +127,15 @@ type collector struct {
 	s                                      *Server
 	running, waiting, kvUsage              *prometheus.Desc
 	prefixQueries, prefixHits, preemptions *prometheus.Desc
-	promptTokens, generationTokens         *prometheus.Desc
-	cacheConfig                            *prometheus.Desc
-	cacheLabels                            []string
+	// externalQueries and externalHits are the CPU tier's (vLLM's KV
+	// connector counters), exported only when the engine has one.
+	externalQueries, externalHits *prometheus.Desc
+	// offloadTime is vLLM's kv_offload_total_time, of which the engine
+	// has the CPU-to-GPU loads.
+	offloadTime                    *prometheus.Desc
+	promptTokens, generationTokens *prometheus.Desc
+	cacheConfig                    *prometheus.Desc
+	cacheLabels                    []string
 }
 
 func (s *Server) initMetrics() {
@@ -142,12 +148,16 @@ func (s *Server) initMetrics() {
 	// and no model_name; model_name is added so that every family here can
 	// be selected by model.
 	c := &collector{
-		s:                s,
-		running:          d("vllm:num_requests_running", "Number of requests in model execution batches."),
-		waiting:          d("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
-		kvUsage:          d("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
-		prefixQueries:    d("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens."),
-		prefixHits:       d("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens."),
+		s:               s,
+		running:         d("vllm:num_requests_running", "Number of requests in model execution batches."),
+		waiting:         d("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
+		kvUsage:         d("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+		prefixQueries:   d("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens."),
+		prefixHits:      d("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens."),
+		externalQueries: d("vllm:external_prefix_cache_queries_total", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens."),
+		externalHits:    d("vllm:external_prefix_cache_hits_total", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens."),
+		offloadTime: prometheus.NewDesc("vllm:kv_offload_total_time_total", "Total time measured by all KV offloading operations",
+			[]string{"transfer_type"}, labels),
 		preemptions:      d("vllm:num_preemptions_total", "Cumulative number of preemption from the engine."),
 		promptTokens:     d("vllm:prompt_tokens_total", "Number of prefill tokens processed."),
 		generationTokens: d("vllm:generation_tokens_total", "Number of generation tokens processed."),
@@ -185,6 +195,11 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	if c.s.loraInfo != nil {
 		ch <- c.s.loraInfo.desc
 	}
+	if c.s.Preset().CPUBlocks > 0 {
+		ch <- c.externalQueries
+		ch <- c.externalHits
+		ch <- c.offloadTime
+	}
 }
 
 // Collect implements prometheus.Collector.
@@ -199,6 +214,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	g(c.kvUsage, st.KVUsage)
 	k(c.prefixQueries, st.PrefixQueries)
 	k(c.prefixHits, st.PrefixHits)
+	if c.s.Preset().CPUBlocks > 0 {
+		k(c.externalQueries, st.ExternalQueries)
+		k(c.externalHits, st.ExternalHits)
+		ch <- prometheus.MustNewConstMetric(c.offloadTime, prometheus.CounterValue, st.HostLoadTime.Seconds(), "CPU_to_GPU")
+	}
 	k(c.preemptions, st.Preemptions)
 	k(c.promptTokens, st.PromptTokens)
 	k(c.generationTokens, st.GenerationTokens)

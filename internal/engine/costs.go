@@ -31,5 +31,6 @@ func (p Preset) Costs() costmodel.Prior {
 		Chunk:    chunk,
 		Samples:  costmodel.PresetSamples,
 		Transfer: sec(p.KVTransferPerToken),
+		HostLoad: sec(p.HostLoadPerToken),
 	}
 }

@@ -52,6 +52,13 @@ type Preset struct {
 	// arrives KVTransferLatency + KVTransferPerToken x its transferred
 	// tokens after the transfer starts.
 	KVTransferLatency, KVTransferPerToken time.Duration
+	// CPUBlocks is the capacity, in blocks of BlockSize tokens, of the
+	// CPU tier GPU blocks are offloaded to (cputier.go); 0 for none, as
+	// vLLM without an offloading connector. HostLoadPerToken is the time
+	// to load one token's KV cache from it to the GPU (the host-to-device
+	// link's bandwidth).
+	CPUBlocks        int
+	HostLoadPerToken time.Duration
 }
 
 // Request is one request inside the engine. The driver fills the inputs;
@@ -123,6 +130,7 @@ type Request struct {
 	blocks     []int32  // block table
 	hashes     []uint64 // chain hashes of the prompt's full blocks
 	loraHeld   bool     // counted among its adapter's running requests
+	loadTo     int      // while loading from the CPU tier: tokens computed once loaded
 	received   bool     // its remote KV arrived; a preemption recomputes it
 	holdUntil  time.Duration
 }
@@ -168,6 +176,13 @@ type Stats struct {
 	// tokens received from prefill engines (remote.go).
 	RemoteWaiting, HeldRequests int
 	KVTransferTokens            int64
+	// ExternalQueries and ExternalHits are the prompt tokens looked up in
+	// the CPU tier (past the GPU hits) and found there, as vLLM's
+	// external_prefix_cache_queries and _hits (cputier.go).
+	ExternalQueries, ExternalHits int64
+	// HostLoadTime is the time the CPU tier's loads took, summed (vLLM's
+	// kv_offload_total_time{transfer_type="CPU_to_GPU"}).
+	HostLoadTime time.Duration
 }
 
 // Engine is one engine's state.
@@ -196,6 +211,11 @@ type Engine struct {
 	// kvEvents is on (SetKVEvents).
 	kvEvents bool
 	events   []kvevents.Event
+
+	// cpu is the CPU tier, nil without one; cpuEvents its connector's
+	// events since the last TakeKVEvents (cputier.go).
+	cpu       *cpuTier
+	cpuEvents []kvevents.Event
 
 	// loras are the resident adapters; stepLoads counts this step's loads
 	// (lora.go).
@@ -229,7 +249,11 @@ func New(p Preset, kvBlocks int) *Engine {
 	if p.MaxModelLen < 1 || p.MaxModelLen > p.KVBlocks*BlockSize {
 		p.MaxModelLen = p.KVBlocks * BlockSize
 	}
-	return &Engine{p: p, kv: newKVCache(p.KVBlocks)}
+	e := &Engine{p: p, kv: newKVCache(p.KVBlocks)}
+	if p.CPUBlocks > 0 {
+		e.cpu = newCPUTier(p.CPUBlocks)
+	}
+	return e
 }
 
 // ContextError is returned by Add for a request over the context length;
@@ -273,7 +297,7 @@ func (e *Engine) Add(r *Request, now time.Duration) error {
 	r.CachedTokens, r.Generated = 0, 0
 	r.Arrival, r.ScheduledAt, r.FirstTokenAt, r.FinishedAt = now, 0, 0, 0
 	r.cachedSet, r.decode, r.received = false, false, false
-	r.computed, r.sched, r.registered = 0, 0, 0
+	r.computed, r.sched, r.registered, r.loadTo = 0, 0, 0, 0
 	r.TransferredTokens, r.KVReadyAt = 0, 0
 	r.blocks = e.takeBlocks()
 	full := len(r.Prompt) / (BlockSize * BytesPerToken)
@@ -540,9 +564,16 @@ func (e *Engine) commit(r *Request, n int, decode bool) {
 	}
 	e.stepCtx += r.computed + n
 	full := min((r.computed+n)/BlockSize, len(r.hashes))
-	if e.kvEvents {
+	switch {
+	case e.kvEvents:
 		e.registerRecorded(r, full)
-	} else {
+	case e.cpu != nil:
+		for i := r.registered; i < full; i++ {
+			if e.kv.register(r.blocks[i], r.hashes[i]) {
+				e.offload(r.hashes[i])
+			}
+		}
+	default:
 		for i := r.registered; i < full; i++ {
 			e.kv.register(r.blocks[i], r.hashes[i])
 		}
@@ -605,6 +636,12 @@ func (e *Engine) admit(r *Request, pos int, now time.Duration) bool {
 		// this step's budget.
 		n = total - hitTokens
 	}
+	loaded := e.cpuHits(r, len(hits), maxHit) * BlockSize
+	if loaded > 0 {
+		// Blocks for the loaded tokens only; the rest is computed once
+		// they are on the GPU.
+		n = loaded
+	}
 	need := blocksFor(hitTokens+n) - len(hits)
 	if need+hitFree > e.kv.free {
 		return false
@@ -622,8 +659,15 @@ func (e *Engine) admit(r *Request, pos int, now time.Duration) bool {
 		r.blocks = append(r.blocks, e.alloc())
 	}
 	r.computed, r.registered = hitTokens, len(hits)
+	if e.cpu != nil {
+		e.touchCPU(r, len(hits)+loaded/BlockSize)
+	}
 	if remote {
 		e.startTransfer(r, hitTokens, now)
+		return true
+	}
+	if loaded > 0 {
+		e.startLoad(r, hitTokens, loaded, now)
 		return true
 	}
 	e.loraStart(r, now)

@@ -587,13 +587,15 @@ func TestPresets(t *testing.T) {
 	// 128 KiB of KV per token; (72 GiB - 16.06 GB - 2 GiB) / 128 KiB / 16;
 	// a rank-16 adapter of 16 x 81,920 x 32 BF16 parameters (83.9 MB) at
 	// 2 GB/s; a KV transfer of 128 KiB a token at 0.8 x 400 Gb/s after two
-	// 50 µs round trips.
+	// 50 µs round trips; a load from the CPU tier of 128 KiB a token at
+	// 0.8 x 64 GB/s (PCIe 5.0 x16).
 	p, _ := LookupPreset("h100-llama3-8b")
 	want := Preset{
 		Name: "h100-llama3-8b", Model: "meta-llama/Llama-3.1-8B-Instruct",
 		KVBlocks: 28181, MaxNumSeqs: 1024, MaxBatchedTokens: 8192, MaxModelLen: 131072,
 		StepOverhead: 5992537, PerPrefillToken: 40597, PerDecodeSeq: 40597, PerContextToken: 49,
 		LoRALoad: 41943040, KVTransferLatency: 100 * time.Microsecond, KVTransferPerToken: 3277,
+		HostLoadPerToken: 2560,
 	}
 	if p != want {
 		t.Errorf("h100-llama3-8b = %+v\nwant %+v", p, want)

@@ -22,6 +22,8 @@ func (e *Engine) SetKVEvents(on bool) {
 	if !on {
 		clear(e.events)
 		e.events = e.events[:0]
+		clear(e.cpuEvents)
+		e.cpuEvents = e.cpuEvents[:0]
 	}
 }
 
@@ -30,10 +32,16 @@ func (e *Engine) SetKVEvents(on bool) {
 // belong to the caller from then on (the engine never touches them again),
 // so a driver may hold them, for instance to deliver them later in virtual
 // time. A driver calls it after each Step (and after ResetPrefixCache).
+//
+// The CPU tier's events (cputier.go) follow the GPU's, as vLLM appends its
+// KV connector's events to its block pool's in each batch.
 func (e *Engine) TakeKVEvents(dst []kvevents.Event) []kvevents.Event {
 	dst = append(dst, e.events...)
 	clear(e.events)
 	e.events = e.events[:0]
+	dst = append(dst, e.cpuEvents...)
+	clear(e.cpuEvents)
+	e.cpuEvents = e.cpuEvents[:0]
 	return dst
 }
 
@@ -43,8 +51,16 @@ func (e *Engine) TakeKVEvents(dst []kvevents.Event) []kvevents.Event {
 // engine restart is modelled by aborting every request, then
 // ResetPrefixCache (a restarted vLLM also restarts its event sequence
 // numbers, which is the publisher's business, not the engine's).
+//
+// The CPU tier is emptied too (a restarted engine's host memory is new);
+// the one AllBlocksCleared, which names no medium, says so.
 func (e *Engine) ResetPrefixCache() {
 	e.kv.reset()
+	if e.cpu != nil {
+		e.cpu.reset()
+		clear(e.cpuEvents)
+		e.cpuEvents = e.cpuEvents[:0]
+	}
 	if e.kvEvents {
 		e.events = append(e.events, kvevents.Event{Kind: kvevents.AllBlocksCleared})
 	}
@@ -85,6 +101,9 @@ func (e *Engine) registerRecorded(r *Request, full int) {
 		if !e.kv.register(r.blocks[i], r.hashes[i]) {
 			ev = -1
 			continue
+		}
+		if e.cpu != nil {
+			e.offload(r.hashes[i])
 		}
 		if ev < 0 {
 			// vLLM names a block's adapter in lora_name.

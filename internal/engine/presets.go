@@ -18,6 +18,9 @@ type gpu struct {
 	// NVIDIA's DGX systems), bytes/s: what a KV transfer from a prefill
 	// engine runs over; 0 means ndr400.
 	nicBytesS float64
+	// pcieBytesS is the GPU's host link, one direction, bytes/s: what a
+	// KV block loaded from a CPU tier runs over.
+	pcieBytesS float64
 }
 
 type llm struct {
@@ -31,13 +34,13 @@ type llm struct {
 const gib = 1 << 30
 
 var (
-	h100 = gpu{bf16FLOPS: 989e12, hbmBytesS: 3.35e12, memBytes: 80 * gib, nicBytesS: ndr400}
-	a100 = gpu{bf16FLOPS: 312e12, hbmBytesS: 2.039e12, memBytes: 80 * gib, nicBytesS: hdr200}
+	h100 = gpu{bf16FLOPS: 989e12, hbmBytesS: 3.35e12, memBytes: 80 * gib, nicBytesS: ndr400, pcieBytesS: pcie5x16}
+	a100 = gpu{bf16FLOPS: 312e12, hbmBytesS: 2.039e12, memBytes: 80 * gib, nicBytesS: hdr200, pcieBytesS: pcie4x16}
 	// The A10G is AWS's variant of the A10 (G5 instances): the A10's
 	// 24 GB of GDDR6 at 600 GB/s, 70 dense BF16 tensor TFLOPS against the
 	// A10's 125. A KV transfer goes over the instance's network:
 	// 100 Gb/s on the largest G5 (g5.48xlarge).
-	a10g = gpu{bf16FLOPS: 70e12, hbmBytesS: 600e9, memBytes: 24e9, nicBytesS: eth100}
+	a10g = gpu{bf16FLOPS: 70e12, hbmBytesS: 600e9, memBytes: 24e9, nicBytesS: eth100, pcieBytesS: pcie4x16}
 
 	llama31_8B  = llm{name: "meta-llama/Llama-3.1-8B-Instruct", params: 8.03e9, layers: 32, kvHeads: 8, headDim: 128, hidden: 4096, intermediate: 14336}
 	llama31_70B = llm{name: "meta-llama/Llama-3.1-70B-Instruct", params: 70.6e9, layers: 80, kvHeads: 8, headDim: 128, hidden: 8192, intermediate: 28672}
@@ -67,7 +70,20 @@ const (
 	eth100          = 100e9 / 8 // the largest G5 instance's network: 100 Gb/s
 	linkUtil        = 0.80
 	kvTransferSetup = 2 * 50 * time.Microsecond
+	// A block loaded from a CPU tier (vLLM's OffloadingConnector) crosses
+	// the GPU's PCIe link at linkUtil of its line rate: PCIe 5.0 x16 on
+	// the H100 SXM, 4.0 x16 on the A100 and the A10G, 64 and 32 GB/s a
+	// direction.
+	pcie5x16 = 64e9
+	pcie4x16 = 32e9
 )
+
+// hostLoad is the time to load one token's KV cache of m split tp ways
+// from host memory: each GPU loads its own shard over its own link.
+func hostLoad(g gpu, m llm, tp int) time.Duration {
+	bytes := float64(2*m.layers*m.kvHeads*m.headDim*2) / float64(tp)
+	return time.Duration(math.Round(bytes / (g.pcieBytesS * linkUtil) * 1e9))
+}
 
 // kvTransfer is the time to move one token's KV cache of m split tp ways
 // from a prefill to a decode engine: each GPU reads its own shard over its
@@ -123,6 +139,7 @@ func derive(name string, g gpu, m llm, tp, maxNumSeqs, maxBatched int) Preset {
 		// A transfer's time is rounded to whole nanoseconds per token.
 		KVTransferLatency:  kvTransferSetup,
 		KVTransferPerToken: kvTransfer(g, m, tp),
+		HostLoadPerToken:   hostLoad(g, m, tp),
 	}
 }
 

@@ -73,6 +73,11 @@ func (e *Engine) scheduleReceived(now time.Duration) {
 			kept = append(kept, e.remote[i:]...)
 			break
 		}
+		if r.loadTo > 0 {
+			// Loaded from the CPU tier, not a remote prefill (cputier.go).
+			e.scheduleLoaded(r, now)
+			continue
+		}
 		r.received = true
 		r.computed = r.PromptTokens - 1
 		r.CachedTokens = r.computed

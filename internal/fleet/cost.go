@@ -81,8 +81,9 @@ func (b *Backend) observeTTFT(work, uncached, cached, queued int64, l Load, ttft
 // (its running count, else the router's decoding streams) over the context
 // they hold (its KV cache in use, else the router's count), with the
 // prompt tokens it computed meanwhile spread over those steps (an engine
-// that does not tell them teaches no step time); and its own
-// prefill time for the tokens it prefilled.
+// that does not tell them teaches no step time); its own
+// prefill time for the tokens it prefilled; and the time its CPU tier's
+// loads took a token (costmodel.Model.ObserveLoad).
 func (b *Backend) learnCost(r Reading) {
 	s := r.State
 	m := b.Cost()
@@ -106,6 +107,9 @@ func (b *Backend) learnCost(r Reading) {
 			Ctx:     ctx,
 			Seconds: r.DecodeSeconds / r.DecodeTokens,
 		}, s.At)
+	}
+	if r.HostLoadTokens >= MinLoadTokens && r.HostLoadSeconds > 0 {
+		m.ObserveLoad(costmodel.TierHost, r.HostLoadTokens, r.HostLoadSeconds)
 	}
 	if r.PrefillTokens >= MinRateWork && r.PrefillSeconds > 0 {
 		// The requests' prefill times summed, over the tokens they

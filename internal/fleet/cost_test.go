@@ -172,3 +172,20 @@ func TestAnchorRefusesZeroCoefficient(t *testing.T) {
 		t.Errorf("an unobserved backend is costed at %g s a token, under the prior's %g over %v", got.Token, prior.Token, costmodel.MaxSpeedup)
 	}
 }
+
+// An engine's report of its CPU tier's loads teaches the backend's load
+// time per token, once it spans MinLoadTokens tokens.
+func TestLearnHostLoad(t *testing.T) {
+	f := New()
+	b := f.Add("a", nil, nil)
+	at := time.Unix(100, 0)
+	def := b.Cost().LoadPerToken(costmodel.TierHost)
+	b.Learn(Reading{State: &EngineState{At: at}, HostLoadTokens: MinLoadTokens - 1, HostLoadSeconds: 1})
+	if got := b.Cost().LoadPerToken(costmodel.TierHost); got != def {
+		t.Errorf("a load of fewer than MinLoadTokens taught %g (was %g)", got, def)
+	}
+	b.Learn(Reading{State: &EngineState{At: at}, HostLoadTokens: 1000, HostLoadSeconds: 3e-3})
+	if got := b.Cost().LoadPerToken(costmodel.TierHost); math.Abs(got-3e-6) > 1e-12 {
+		t.Errorf("learned %g s a token, want 3e-6", got)
+	}
+}

@@ -332,6 +332,10 @@ type Ticket struct {
 	queued int64
 	state  atomic.Int32
 	noRate atomic.Bool
+	// load is the time the engine takes to load the request's lower-tier
+	// cache hits (SetLoad), nanoseconds: part of its TTFT that is not
+	// prefill.
+	load atomic.Int64
 	// stream is the backend's decoding load and prefilled count at the
 	// first byte, for the stream's decode sample (Decoded).
 	stream streamMark
@@ -341,6 +345,11 @@ type Ticket struct {
 // that it does not teach the prefill rate: a non-streaming response's first
 // byte arrives only after the whole generation. Call it before FirstByte.
 func (t *Ticket) NoRateSample() { t.noRate.Store(true) }
+
+// SetLoad says the engine loads the request's cache hits on lower tiers
+// (host memory, disk) before its prefill, for d: its TTFT less d teaches
+// the cost model. Call it before FirstByte.
+func (t *Ticket) SetLoad(d time.Duration) { t.load.Store(int64(max(d, 0))) }
 
 // FirstByte marks the arrival of the first response byte: the request's
 // prefill tokens leave PendingPrefill and it becomes a decoding stream, and
@@ -362,7 +371,7 @@ func (t *Ticket) FirstByte(now time.Time) Load {
 	done := b.prefilled.Add(t.uncach)
 	t.stream.mark(done, l.Decoding+1, l.DecodeTokens+t.prompt)
 	if !t.noRate.Load() {
-		b.observeTTFT(done-t.mark, t.uncach, t.prompt-t.uncach, t.queued, l, now.Sub(t.start), now)
+		b.observeTTFT(done-t.mark, t.uncach, t.prompt-t.uncach, t.queued, l, now.Sub(t.start)-time.Duration(t.load.Load()), now)
 	}
 	return Load{PendingPrefill: -t.uncach, Decoding: 1, DecodeBudget: t.budget, DecodeTokens: t.prompt}
 }

@@ -29,7 +29,15 @@ type Reading struct {
 	// since prefill chunks run in the same steps would read as decode
 	// time.
 	ComputedTokens float64
+	// HostLoadTokens in HostLoadSeconds is the load time per token of the
+	// engine's CPU tier its counters show since the last reading that
+	// taught one; zero when this one teaches none (MinLoadTokens).
+	HostLoadTokens, HostLoadSeconds float64
 }
+
+// MinLoadTokens is the fewest tokens loaded from a CPU tier that teach its
+// load time: a few blocks' loads are timed mostly by their setup.
+const MinLoadTokens = 256
 
 // Learn teaches b one reading of its engine: the prefill rate and the
 // decode time the engine's counters show (ObserveEnginePrefill,

@@ -116,6 +116,9 @@ func (p *Plane) assign(r *Request, l *Leg, a *scheduler.Assignment) {
 // routeError maps the scheduler's errors to client errors.
 func routeError(err error, v *request.View) *openai.Error {
 	model := v.Model
+	if se, ok := errors.AsType[*scheduler.ShedError](err); ok {
+		return se.OpenAI() // a sheddable request no backend can serve in time
+	}
 	switch {
 	case errors.Is(err, scheduler.ErrResponseGone):
 		// The engine's own answer for a response it does not hold: no

@@ -54,10 +54,12 @@ type Member struct {
 	// stopStream ends its KV event stream (kvstream.go); nil without one.
 	// Set and read under the Set's mu.
 	stopStream func()
+	// cpuTier is Config.SetCPUCapacity, nil without it.
+	cpuTier func(id int, tokens int64)
 }
 
-func newMember(b *fleet.Backend, e config.Entry, pool string, found *ModelList, se Series) *Member {
-	m := &Member{B: b, Entry: e, Pool: pool, requestsVec: se.Requests}
+func newMember(b *fleet.Backend, e config.Entry, pool string, found *ModelList, se Series, cpuTier func(int, int64)) *Member {
+	m := &Member{B: b, Entry: e, Pool: pool, requestsVec: se.Requests, cpuTier: cpuTier}
 	m.configured.Store(int64(e.MaxModelLen))
 	if found != nil {
 		m.discovered, m.adapters = found.Lens, found.Parents
@@ -125,6 +127,10 @@ func (m *Member) setLimits(e config.Entry) {
 	m.B.SetMaxBatchedTokens(e.MaxNumBatchedTokens)
 	m.B.SetContextLen(m.contextLen())
 	setPrior(m.B, e.Prior)
+	if m.cpuTier != nil {
+		// Blocks of 16 tokens, as vLLM's num_cpu_blocks.
+		m.cpuTier(m.B.ID, int64(e.CPUKVBlocks)*16)
+	}
 }
 
 // setPrior starts b's cost model from prior (nil: the generic one) unless

@@ -92,6 +92,10 @@ type Config struct {
 	// (scheduler.SetAdapters): the fleet's, bounded (labels.go). The map
 	// is not modified afterwards.
 	Adapters func(parents map[string]string)
+	// SetCPUCapacity, when set, is given each backend's CPU tier in tokens
+	// (backends[].cpu_kv_blocks) whenever its entry is applied
+	// (scheduler.SetCPUCapacity).
+	SetCPUCapacity func(id int, tokens int64)
 }
 
 // Set is every backend the router knows and its record.
@@ -364,7 +368,7 @@ func (s *Set) add(e config.Entry, name string, base *url.URL, pool string, found
 		// engine started with an empty cache.
 		s.c.Forget(b.ID)
 	}
-	m := newMember(b, e, pool, found, s.c.Series)
+	m := newMember(b, e, pool, found, s.c.Series, s.c.SetCPUCapacity)
 	t[b.ID] = m
 	s.commit(t)
 	s.refresh()

@@ -152,6 +152,7 @@ type watcher struct {
 
 	detected  adapter.Kind // latched after the first good scrape
 	failures  int          // consecutive failed or late scrapes
+	withdrawn bool         // the current outage withdrew the reading
 	lastOK    time.Time
 	capTokens int64 // last KV capacity passed to SetCapacity
 	ctxTokens int   // last context length passed to SetContext
@@ -160,6 +161,8 @@ type watcher struct {
 	// inter-token latency counters at the start of the interval not yet
 	// taught to the fleet.
 	prefill, decode counters
+	// load is the engine's counters of its CPU tier's loads, likewise.
+	load counters
 	// computed is the engine's count of prompt tokens computed at the
 	// decode counters' last lesson, -1 for none (reading).
 	computed float64
@@ -226,7 +229,7 @@ func (m *Monitor) sync(ctx context.Context) {
 		if m.cfg.KindOf != nil {
 			kind = m.cfg.KindOf(b)
 		}
-		w := &watcher{b: b, kind: kind, cancel: cancel, done: make(chan struct{}), prefill: none, decode: none, computed: -1}
+		w := &watcher{b: b, kind: kind, cancel: cancel, done: make(chan struct{}), prefill: none, decode: none, load: none, computed: -1}
 		m.watchers[b] = w
 		go m.loop(wctx, w)
 	}
@@ -303,16 +306,18 @@ func (m *Monitor) scrapeOnce(ctx context.Context, w *watcher) {
 		m.warn(w, now, err)
 		if e := w.b.Engine(); e != nil && now.Sub(e.At) > m.cfg.StaleAge() {
 			w.b.SetEngine(nil)
+			w.withdrawn = true
 		}
 		return
 	}
-	if w.failures >= m.cfg.StaleAfter {
-		// An outage long enough to withdraw the reading; a scrape or two
-		// missed now and then is not news.
+	if w.withdrawn || w.failures >= m.cfg.StaleAfter {
+		// An outage long enough to withdraw the reading (by its age: on a
+		// loaded machine fewer scrapes than StaleAfter may fail in that
+		// time); a scrape or two missed now and then is not news.
 		m.log.Info("engine scrape recovered", "backend", w.b.Name, "failures", w.failures,
 			"last_ok", w.lastOK)
 	}
-	w.failures, w.lastOK = 0, now
+	w.failures, w.withdrawn, w.lastOK = 0, false, now
 	if st.ContextLen > 0 && st.ContextLen != w.ctxTokens && m.cfg.SetContext != nil {
 		w.ctxTokens = st.ContextLen
 		m.cfg.SetContext(w.b, st.ContextLen)
@@ -383,6 +388,9 @@ func (w *watcher) reading(st adapter.State, now time.Time) fleet.Reading {
 	r := fleet.Reading{State: engineState(st, now), MaxNumSeqs: st.MaxNumSeqs}
 	if dt, ds, ok := w.prefill.take(st.PrefillTokens, st.PrefillSeconds, fleet.MinRateWork); ok {
 		r.PrefillTokens, r.PrefillSeconds = dt, ds
+	}
+	if dt, ds, ok := w.load.take(st.HostLoadTokens, st.HostLoadSeconds, fleet.MinLoadTokens); ok {
+		r.HostLoadTokens, r.HostLoadSeconds = dt, ds
 	}
 	before := w.decode
 	dt, ds, ok := w.decode.take(st.DecodeTokens, st.DecodeSeconds, 1)

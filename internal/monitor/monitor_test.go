@@ -298,6 +298,11 @@ func gather(t *testing.T, m *Monitor) map[string]map[string]float64 {
 func TestStaleAndRecovery(t *testing.T) {
 	srv := newEngine(t, vllmMetrics(1, 7, 0.5, 16, 1000))
 	cfg := fastConfig()
+	// A stale age of 500 ms, not fastConfig's 20: the checks below read
+	// the reading between failed scrapes, and a loaded machine can hold
+	// the test's goroutine longer than 20 ms between two of them, when
+	// the reading is rightly withdrawn already.
+	cfg.StaleAfter = 100
 	f, m, logs := start(t, cfg, srv.URL)
 	b := f.Snapshot().All[0]
 	waitFor(t, "engine state", func() bool { return b.Engine() != nil })

@@ -62,9 +62,15 @@ func dynamoCost(in *Input, i int) float64 { return dynamoCostAt(in, i, DynamoOve
 
 // dynamoCostAt is dynamoCost with overlap_score_weight w.
 func dynamoCostAt(in *Input, i int, w float64) float64 {
+	return dynamoCostWith(in, i, w, float64(in.Uncached[i]))
+}
+
+// dynamoCostWith is dynamoCostAt with the request's prefill tokens left
+// after its cache credit given (uncached).
+func dynamoCostWith(in *Input, i int, w, uncached float64) float64 {
 	l := in.Candidates[i].Load()
 	isl := int64(in.View.PromptTokens)
-	prefill := float64(l.PendingPrefill+in.Uncached[i]) / DynamoBlockTokens
+	prefill := (float64(l.PendingPrefill) + uncached) / DynamoBlockTokens
 	requestBlocks := (isl + DynamoBlockTokens - 1) / DynamoBlockTokens
 	decode := float64((l.DecodeTokens+l.PendingPrefill)/DynamoBlockTokens + requestBlocks)
 	return w*prefill + decode
@@ -75,9 +81,15 @@ func (p *Dynamo) Pick(in *Input) Decision { return p.pick(in, DynamoOverlapWeigh
 
 // pick is Pick with overlap_score_weight w.
 func (p *Dynamo) pick(in *Input, w float64) Decision {
+	return p.pickBy(in, func(i int) float64 { return dynamoCostAt(in, i, w) })
+}
+
+// pickBy is the lowest cost(i) among in's candidates, ties broken at
+// random.
+func (p *Dynamo) pickBy(in *Input, cost func(i int) float64) Decision {
 	best, bestCost, ties := 0, 0.0, 0
 	for i := range in.Candidates {
-		c := dynamoCostAt(in, i, w)
+		c := cost(i)
 		switch {
 		case ties == 0 || c < bestCost:
 			best, bestCost, ties = i, c, 1

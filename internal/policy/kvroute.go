@@ -8,6 +8,7 @@ import (
 	"github.com/kvroute/kvroute/internal/costmodel"
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/slo"
 )
 
 func init() { register("kvroute", func(o Options) Policy { return NewKVRoute(o) }) }
@@ -165,7 +166,9 @@ const (
 // engine's running-sequence cap is known (or plausible: see
 // fleet.Limits.PlausibleSeqs) and the requests there fill it,
 // the request first waits for a slot (see slotWait), and est_i is at least
-// that wait plus its own prefill; Extra_i is added last. Pick estimates
+// that wait plus its own prefill; Extra_i and Load_i (the load of its
+// cache hits on lower tiers, Input.Load; Cached_i counts them) are added
+// last. Pick estimates
 // every candidate once, then chooses by small rules (kvroute_pick.go).
 //
 // See docs/routing.md for the reasoning behind each term.
@@ -178,6 +181,13 @@ type KVRoute struct {
 	pool sync.Pool
 	// transfer is Options.TransferPerToken (pd_kvroute.go).
 	transfer time.Duration
+	// reserve holds sheddable requests to the objectives of the others
+	// (slo.go).
+	reserve slo.Reserve
+	// predictAll predicts every request's ITL, objectives or not: for the
+	// llm-d predicted-latency peer, which estimates through a KVRoute
+	// (llmd_slo.go).
+	predictAll bool
 }
 
 // NewKVRoute returns a kvroute policy. Options.LoadFactor bounds the

@@ -53,6 +53,9 @@ type candidate struct {
 	step    float64 // the fixed cost of one step it is costed at (see sticks)
 	key     float64 // what best ranks by: score, skewed by ReplicaSkew
 	fits    bool    // its free KV cache holds the uncached tokens (fitsKV)
+	// itl is its predicted inter-token latency in seconds, made only for
+	// a request with objectives (see promise).
+	itl float64
 }
 
 // fleetView is what the rules read of the candidates as a whole.
@@ -87,6 +90,16 @@ func (p *KVRoute) Pick(in *Input) Decision {
 	defer p.pool.Put(cs)
 	c := *cs
 	f := p.estimateAll(in, &r, false, p.rot.start(len(c)), c)
+	d := p.pick(in, &r, c, f)
+	if !in.Objective.None() {
+		// Route by headroom, admit by promise (slo.go).
+		d = p.promise(in, c, d)
+	}
+	return d
+}
+
+// pick applies the rules to the estimated candidates c.
+func (p *KVRoute) pick(in *Input, r *pickRequest, c []candidate, f fleetView) Decision {
 	best, holder := &c[lowest(c, false)], &c[holderOf(c, r.lastID)]
 	if fit := lowest(c, true); fit >= 0 && room(&c[fit], best) {
 		best = &c[fit]
@@ -97,7 +110,7 @@ func (p *KVRoute) Pick(in *Input) Decision {
 		// decided on what they all see alike (see pickShared), also
 		// while this one hears none of them (NATS down): its peers
 		// route on meanwhile, and must land where it does.
-		return p.pickShared(in, &r, c)
+		return p.pickShared(in, r, c)
 	}
 	if r.keyed && (holder.cached > 0 || holder.id == r.lastID) {
 		if holder == best || sticks(holder, best, f.bound) {
@@ -198,6 +211,14 @@ func (p *KVRoute) estimateAll(in *Input, r *pickRequest, shared bool, start int,
 		x.est = p.estimateSeqs(b, e, &x.load, r.prompt, work, in.Cached[x.i], r.budget, co, x.chunk, seqs.PlausibleSeqs)
 		if in.Extra != nil {
 			x.est += in.Extra[x.i]
+		}
+		if in.Load != nil {
+			// The load of its lower-tier hits: before its prefill, off
+			// the engine's compute (no recomputation is priced for them).
+			x.est += in.Load[x.i]
+		}
+		if p.predictAll || !in.Objective.None() {
+			x.itl = predictITL(b, co, &x.load, r.prompt, r.budget, x.chunk)
 		}
 		// The score adds the fleet's share of the recomputation to this
 		// request's TTFT; it equals est when the fleet is not backlogged.

@@ -73,6 +73,10 @@ type LLMD struct {
 	// w are the scorers' weights and the prefix match's cap (llmdDefault,
 	// or the P/D profiles', pd_llmd.go).
 	w llmdWeights
+	// tierWeights, when set, make the prefix score llm-d's tier-weighted
+	// scorer's over the router's match (tierweights.go) instead of GIE's
+	// over the picker's own index.
+	tierWeights *[prefix.NumTiers]float64
 
 	// mu guards the scratch buffers that keep Pick free of allocations.
 	mu      sync.Mutex
@@ -143,7 +147,12 @@ func (p *LLMD) Pick(in *Input) Decision {
 	best, bestScore, ties := 0, -1.0, 0
 	for i, b := range in.Candidates {
 		score := 0.0
-		if len(hashes) > 0 {
+		switch {
+		case p.tierWeights != nil:
+			if prompt := in.View.PromptTokens; prompt > 0 {
+				score += p.w.prefix * weighted(in, i, p.tierWeights) / float64(prompt)
+			}
+		case len(hashes) > 0:
 			score += p.w.prefix * float64(matched[b.ID]) / float64(len(hashes))
 		}
 		if maxQ == minQ {

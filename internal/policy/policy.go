@@ -19,7 +19,9 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/prefix"
 	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/slo"
 )
 
 // Input is everything a policy may look at. It is valid only during Pick.
@@ -43,6 +45,14 @@ type Input struct {
 	// Extra[i] is the seconds the scheduler's scorers (Scorer) add to
 	// the time to first token on Candidates[i]; nil without scorers.
 	Extra []float64
+	// Tiers[i] is how Cached[i] spreads over Candidates[i]'s cache tiers
+	// (prompt tokens on its GPU, then in host memory, then on disk), and
+	// Load[i] the seconds it takes to load the lower tiers' part into GPU
+	// memory before computing the rest (the scheduler's price of it,
+	// scheduler/tiers.go); both nil when no backend has a tier below its
+	// GPU: every cached token is then on the GPU.
+	Tiers []TierTokens
+	Load  []float64
 	Now   time.Time
 	// SessionHash is HashSession(View.SessionKey), hashed once per
 	// request by the scheduler; 0 when the request has no session key.
@@ -62,7 +72,15 @@ type Input struct {
 	// of its session table carry; 0 for one router. It is set whenever
 	// the router shares state with replicas (sync), live or not.
 	Replica uint64
+	// Objective is the request's latency objectives and criticality; the
+	// zero value (None) for a request without objectives, which a policy
+	// routes as before, at no cost (package slo).
+	Objective slo.Objective
 }
+
+// TierTokens is a candidate's cached prompt tokens per cache tier,
+// indexed by prefix.Tier.
+type TierTokens [prefix.NumTiers]int64
 
 // HashSession is the one hash of a session key that the scheduler and the
 // policies share; 0 for no key.
@@ -83,6 +101,14 @@ type Decision struct {
 	// Note is a short static word on why (e.g. "sticky", "least-loaded"),
 	// or empty. It must not be built per request.
 	Note string
+	// With Input.Objective set, a policy that predicts latencies gives
+	// the chosen candidate's prediction (Pred), whether it is predicted
+	// to meet the objectives (Met), and Shed when the request is to be
+	// refused instead (a sheddable one no candidate can serve in time:
+	// slo.Choose); Pred is then the best candidate's.
+	Pred slo.Prediction
+	Met  bool
+	Shed bool
 }
 
 // Policy picks a backend.

@@ -3,6 +3,7 @@ package prefix
 import (
 	"encoding/binary"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -156,6 +157,11 @@ type Precise struct {
 	// blocks holds the confirmed blocks: engine-reported, keyed by the
 	// router's keys, with its per-backend capacity as the bound.
 	blocks *Index
+	// gpu and fast hold, of blocks, those on a backend's GPU and those on
+	// its GPU or in its host memory: kept from the first event of a lower
+	// tier on (tiered), for MatchTiers.
+	gpu, fast *Index
+	tiered    atomic.Bool
 
 	mu      sync.RWMutex
 	streams []stream
@@ -183,10 +189,15 @@ type stream struct {
 	stats   PreciseStats
 }
 
+// engBlock is one engine block: its key and the tiers holding it, one bit
+// per Tier.
 type engBlock struct {
 	key   uint64
-	media int32
+	media uint8
 }
+
+// on reports whether b is held on tier t.
+func (b engBlock) on(t Tier) bool { return b.media&(1<<t) != 0 }
 
 // specRecord is one routed request's blocks, held until until.
 type specRecord struct {
@@ -300,6 +311,10 @@ func (p *Precise) Forget(backend int) {
 // drop forgets backend's blocks and speculative records. p.mu is held.
 func (p *Precise) drop(backend int, st *stream) {
 	p.blocks.RemoveBackend(backend)
+	if p.gpu != nil {
+		p.gpu.RemoveBackend(backend)
+		p.fast.RemoveBackend(backend)
+	}
 	clear(st.eng)
 	clear(st.spec)
 	st.spec = st.spec[:0]
@@ -330,7 +345,7 @@ func (p *Precise) Apply(backend int, events []kvevents.Event, now time.Time) {
 			keys = p.store(backend, st, ev, keys[:0])
 		case kvevents.BlockRemoved:
 			st.stats.Removed++
-			p.remove(backend, st, ev.BlockHashes)
+			p.remove(backend, st, ev.BlockHashes, ev.Medium)
 		case kvevents.AllBlocksCleared:
 			st.stats.Cleared++
 			p.drop(backend, st)
@@ -341,8 +356,29 @@ func (p *Precise) Apply(backend int, events []kvevents.Event, now time.Time) {
 	}
 }
 
-// store applies one BlockStored; keys is scratch.
+// store applies one BlockStored; keys is scratch. A BlockStored without
+// token ids (vLLM's OffloadingConnector, SGLang's hierarchical cache:
+// blocks copied to another tier) says where blocks already reported are
+// now held too; its block size is not the blocks' (vLLM sends 0).
 func (p *Precise) store(backend int, st *stream, ev *kvevents.Event, keys []uint64) []uint64 {
+	tier := TierOf(ev.Medium)
+	if tier != TierGPU && !p.tiered.Load() {
+		p.startTiers()
+	}
+	if len(ev.TokenIDs) == 0 {
+		st.stats.Stored++
+		for _, h := range ev.BlockHashes {
+			b, ok := st.eng[h]
+			if !ok {
+				st.stats.Orphans++
+				continue
+			}
+			b.media |= 1 << tier
+			st.eng[h] = b
+			p.placed(backend, b)
+		}
+		return keys
+	}
 	bs := p.cfg.BlockTokens
 	if ev.BlockSize != bs {
 		st.stats.Mismatched++
@@ -368,22 +404,66 @@ func (p *Precise) store(backend int, st *stream, ev *kvevents.Event, keys []uint
 	}
 	keys = chainTokens(keys, parent, ev.TokenIDs, bs)
 	n := min(len(keys), len(ev.BlockHashes))
+	before := p.blocks.Evicted(backend)
 	for i, h := range ev.BlockHashes[:n] {
 		b := st.eng[h]
-		if b.media > 0 && b.key != keys[i] {
+		if b.media != 0 && b.key != keys[i] {
 			// The engine reused a hash for other tokens: the old block
 			// is gone from its cache.
-			p.blocks.Remove(backend, b.key)
+			p.forget(backend, b.key)
 			b.media = 0
 		}
 		b.key = keys[i]
-		b.media++
+		b.media |= 1 << tier
 		st.eng[h] = b
 	}
-	before := p.blocks.Evicted(backend)
 	p.blocks.Insert(backend, keys[:n])
+	if p.tiered.Load() {
+		for _, h := range ev.BlockHashes[:n] {
+			p.placed(backend, st.eng[h])
+		}
+	}
 	st.stats.Evicted += p.blocks.Evicted(backend) - before
 	return keys
+}
+
+// startTiers begins keeping the gpu and fast indexes, from the blocks every
+// stream holds now. p.mu is held for writing.
+func (p *Precise) startTiers() {
+	p.gpu, p.fast = NewIndex(p.cfg.MaxBlocks), NewIndex(p.cfg.MaxBlocks)
+	for backend := range p.streams {
+		for _, b := range p.streams[backend].eng {
+			p.placed(backend, b)
+		}
+	}
+	p.tiered.Store(true)
+}
+
+// placed records in the gpu and fast indexes where b is held now. p.mu is
+// held for writing.
+func (p *Precise) placed(backend int, b engBlock) {
+	if p.gpu == nil {
+		return
+	}
+	if b.on(TierGPU) {
+		p.gpu.Insert(backend, []uint64{b.key})
+	} else {
+		p.gpu.Remove(backend, b.key)
+	}
+	if b.on(TierGPU) || b.on(TierCPU) {
+		p.fast.Insert(backend, []uint64{b.key})
+	} else {
+		p.fast.Remove(backend, b.key)
+	}
+}
+
+// forget drops key from every index of backend. p.mu is held for writing.
+func (p *Precise) forget(backend int, key uint64) {
+	p.blocks.Remove(backend, key)
+	if p.gpu != nil {
+		p.gpu.Remove(backend, key)
+		p.fast.Remove(backend, key)
+	}
 }
 
 // rootKey is the parent key of the chain of a BlockStored without a
@@ -397,21 +477,25 @@ func rootKey(ev *kvevents.Event) uint64 {
 	return seedKey(ev.LoraName)
 }
 
-// remove applies one BlockRemoved.
-func (p *Precise) remove(backend int, st *stream, hashes []uint64) {
+// remove applies one BlockRemoved from medium: a block removed from its
+// GPU while held in host memory is a CPU block, and so on; one removed
+// from every tier is gone.
+func (p *Precise) remove(backend int, st *stream, hashes []uint64, medium string) {
+	tier := TierOf(medium)
 	for _, h := range hashes {
 		b, ok := st.eng[h]
 		if !ok {
 			st.stats.UnknownRemoved++
 			continue
 		}
-		if b.media--; b.media > 0 {
-			// Still held in another medium (e.g. offloaded to CPU).
+		if b.media &^= 1 << tier; b.media != 0 {
+			// Still held on another tier (e.g. offloaded to CPU).
 			st.eng[h] = b
+			p.placed(backend, b)
 			continue
 		}
 		delete(st.eng, h)
-		p.blocks.Remove(backend, b.key)
+		p.forget(backend, b.key)
 	}
 }
 
@@ -421,6 +505,10 @@ func (p *Precise) prune(backend int, st *stream) {
 	for h, b := range st.eng {
 		if !p.blocks.Holds(backend, b.key) {
 			delete(st.eng, h)
+			if p.gpu != nil {
+				p.gpu.Remove(backend, b.key)
+				p.fast.Remove(backend, b.key)
+			}
 		}
 	}
 }
@@ -481,6 +569,43 @@ func (p *Precise) Match(keys []uint64, now time.Time, out []int32, trusted []boo
 			if r.until.After(now) {
 				out[b] = max(out[b], int32(commonPrefix(keys, r.keys, int(out[b]))))
 			}
+		}
+	}
+}
+
+// Tiered reports whether any engine has reported a block on a tier other
+// than its GPU: until then every match is on the GPU, and MatchTiers need
+// not be asked.
+func (p *Precise) Tiered() bool { return p.tiered.Load() }
+
+// MatchTiers sets out[b], for every trusted backend b (trusted as Match
+// set it), to how many of the leading blocks of keys Match counted are on
+// each tier (prefix.MatchTiers): a backend's speculative blocks count on
+// its GPU, where the request routed there puts them. It does not allocate
+// for fleets of up to 2,048 backends.
+func (p *Precise) MatchTiers(keys []uint64, now time.Time, trusted []bool, out []Tiers) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	MatchTiers(keys, []*Index{p.gpu, p.fast, p.blocks}, out)
+	for b := range out {
+		if b >= len(p.streams) || !trusted[b] {
+			out[b] = Tiers{}
+			continue
+		}
+		spec := int32(0)
+		for _, r := range p.streams[b].spec {
+			if r.until.After(now) {
+				spec = max(spec, int32(commonPrefix(keys, r.keys, 0)))
+			}
+		}
+		if spec > out[b][TierGPU] {
+			// Speculation covers the first spec blocks: on the GPU.
+			t := out[b]
+			rest := max(t.Total(), spec) - spec
+			out[b] = Tiers{spec, 0, 0}
+			lower := t[TierCPU] + t[TierGPU] - spec
+			out[b][TierCPU] = min(max(lower, 0), rest)
+			out[b][TierDisk] = rest - out[b][TierCPU]
 		}
 	}
 }

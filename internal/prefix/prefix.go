@@ -131,6 +131,11 @@ type Index struct {
 	// The buffers the last drain emptied, for the next swap (under mu).
 	spareOps   []op
 	spareArena []uint64
+
+	// spill is the lower tier evicted blocks go to (SetSpill), nil for
+	// none; spilled the blocks evict dropped, for it (under mu).
+	spill   *Index
+	spilled []uint64
 }
 
 // opKind is a write that can wait in the queue.
@@ -573,12 +578,18 @@ func (ix *Index) evict(l *lru) {
 		t := l.log[l.head]
 		l.head++
 		if ix.live(l, t) {
+			if ix.spill != nil {
+				ix.spilled = append(ix.spilled, ix.nodes[t.node].hash)
+			}
 			ix.drop(l, t.node)
 			l.evicted++
 		}
 	}
 	if l.head == len(l.log) {
 		l.log, l.head = l.log[:0], 0
+	}
+	if ix.spill != nil {
+		ix.spillEvicted(l)
 	}
 }
 

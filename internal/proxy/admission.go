@@ -13,11 +13,11 @@ import (
 // admit reads the request's priority (from trusted sources only, see
 // priorities) and waits for admission. cost returns the request's own work
 // (admission.Cost; nil: none), by which the deadline order takes it; see
-// costOf. On
+// costOf; a request with a TTFT objective by that (its deadline). On
 // success release must be called once the request is routed. Otherwise the
 // error is the answer: 400 for a trusted front's bad priority, 429 from the
 // queue, or status 499 when the client left while queued.
-func (s *Server) admit(r *http.Request, model string, cost func() time.Duration) (release func(), e *openai.Error) {
+func (s *Server) admit(r *http.Request, model string, cost func() time.Duration, objective time.Duration) (release func(), e *openai.Error) {
 	prio, perr := s.creds.Load().prio.of(r)
 	if perr != nil {
 		return nil, perr
@@ -28,7 +28,7 @@ func (s *Server) admit(r *http.Request, model string, cost func() time.Duration)
 	if s.adm == nil {
 		return func() {}, nil
 	}
-	release, err := s.adm.AdmitCost(r.Context(), model, prio, admission.Tenant(r.Header, s.cfg.Admission.TenantHeader), cost)
+	release, err := s.adm.AdmitBy(r.Context(), model, prio, admission.Tenant(r.Header, s.cfg.Admission.TenantHeader), cost, objective)
 	if err != nil {
 		if oe, isOE := errors.AsType[*openai.Error](err); isOE {
 			return nil, oe

@@ -25,6 +25,8 @@ type credentials struct {
 	// prefix chain (auth.isolate_prefix). See tenant.go.
 	reveal  map[[sha256.Size]byte]bool
 	isolate bool
+	// objectives are the default latency objectives (objectives.go).
+	objectives *objectives
 }
 
 // newCredentials reads the auth and admission sections.
@@ -45,7 +47,12 @@ func newCredentials(cfg *config.Config) (*credentials, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &credentials{keys: keys, prio: priorities{fronts: fronts, keys: kp}, reveal: reveal, isolate: cfg.Auth.IsolatePrefix}, nil
+	obj, err := newObjectives(cfg.Objectives)
+	if err != nil {
+		return nil, err
+	}
+	return &credentials{keys: keys, prio: priorities{fronts: fronts, keys: kp}, reveal: reveal, isolate: cfg.Auth.IsolatePrefix,
+		objectives: obj}, nil
 }
 
 // priorities decides a request's admission priority from trusted sources

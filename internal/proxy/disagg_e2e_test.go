@@ -33,6 +33,8 @@ type emuEngine struct {
 	mu       sync.Mutex
 	seen     int
 	got      []emuLeg
+	// grew is closed and replaced (under mu) each time got grows.
+	grew chan struct{}
 }
 
 // emuLeg is one completion an emulated engine received and answered.
@@ -65,7 +67,7 @@ func startEmu(t *testing.T, name, role string, p engine.Preset) *emuEngine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &emuEngine{Server: s, name: name}
+	e := &emuEngine{Server: s, name: name, grew: make(chan struct{})}
 	h := s.Handler()
 	ts.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !strings.HasSuffix(r.URL.Path, "completions") {
@@ -85,6 +87,8 @@ func startEmu(t *testing.T, name, role string, p engine.Preset) *emuEngine {
 		h.ServeHTTP(tw, r)
 		e.mu.Lock()
 		e.got = append(e.got, emuLeg{header: r.Header.Clone(), body: body, answer: tw.buf.Bytes()})
+		close(e.grew)
+		e.grew = make(chan struct{})
 		e.mu.Unlock()
 	})
 	ts.Start()
@@ -108,6 +112,32 @@ func (e *emuEngine) legs() []emuLeg {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return append([]emuLeg(nil), e.got...)
+}
+
+// legsAtLeast returns what the engine received once it has answered at
+// least n completions. The router may read an answer to its end before
+// the engine's handler has returned and recorded it (a SGLang prefill
+// leg, sent beside its decode leg, is not waited for by the client's
+// answer at all), so a test that counts legs right after the client's
+// answer waits for them; the bound only keeps a lost leg from hanging
+// the test.
+func (e *emuEngine) legsAtLeast(t *testing.T, n int) []emuLeg {
+	t.Helper()
+	bound := time.NewTimer(time.Minute)
+	defer bound.Stop()
+	for {
+		e.mu.Lock()
+		got, grew := len(e.got), e.grew
+		e.mu.Unlock()
+		if got >= n {
+			return e.legs()
+		}
+		select {
+		case <-grew:
+		case <-bound.C:
+			t.Fatalf("engine %s answered %d completions in a minute, want at least %d", e.name, got, n)
+		}
+	}
 }
 
 // emuPreset is h100-llama3-8b with a 2 ms transfer latency.
@@ -186,7 +216,7 @@ func TestVLLMSplitEmulated(t *testing.T) {
 	if res.status != 200 {
 		t.Fatalf("status %d: %s", res.status, res.body)
 	}
-	p, d := pre.legs(), dec.legs()
+	p, d := pre.legsAtLeast(t, 1), dec.legsAtLeast(t, 1)
 	if len(p) != 1 || len(d) != 1 {
 		t.Fatalf("prefill engine got %d requests, decode engine %d: want one each", len(p), len(d))
 	}
@@ -264,7 +294,7 @@ func TestSGLangSplitEmulated(t *testing.T) {
 			t.Fatalf("%s: status %d: %s", tt.name, res.status, res.body)
 		}
 		want := strings.TrimSuffix(client, "}") + fmt.Sprintf(`,"bootstrap_host":%s,"bootstrap_port":%s,"bootstrap_room":%s}`, tt.host, tt.port, tt.room)
-		p, d := pre.legs(), dec.legs()
+		p, d := pre.legsAtLeast(t, i+1), dec.legsAtLeast(t, i+1)
 		if len(p) != i+1 || len(d) != i+1 {
 			t.Fatalf("%s: prefill engine got %d requests, decode engine %d", tt.name, len(p), len(d))
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/kvroute/kvroute/internal/lifecycle"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/scheduler"
 )
 
 // Response headers the router adds; client-sent headers with this prefix
@@ -222,7 +223,7 @@ func (ex *exchange) Admit(r *lifecycle.Request) (func(), *openai.Error) {
 	if !ex.Passthrough {
 		cost = ex.s.costOf(r.View, r.Hashes)
 	}
-	release, e := ex.s.admit(ex.r, r.View.Model, cost)
+	release, e := ex.s.admit(ex.r, r.View.Model, cost, r.View.Objective.TTFT)
 	endSpan(span, errorOf(e))
 	return release, e
 }
@@ -318,7 +319,10 @@ func (ex *exchange) Ended() lifecycle.BodyEnd {
 // Settled writes the exchange's own records once the lifecycle settled
 // (lifecycle.Front): the body's budget, the tokenizer's cache, the access
 // log entry and the trace.
-func (ex *exchange) Settled(*lifecycle.Request) {
+func (ex *exchange) Settled(r *lifecycle.Request) {
+	if ex.View != nil && !ex.View.Objective.None() {
+		ex.s.metrics.slo.observe(ex.Model, r, ex.Ended(), r.Code == scheduler.CodeShed)
+	}
 	ex.rememberResponse()
 	ex.s.bodies.give(ex.held)
 	ex.rememberTokens()

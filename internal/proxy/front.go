@@ -27,13 +27,18 @@ func (s *Server) ReadFor(in *http.Request, r *lifecycle.Request, kind request.Ki
 }
 
 // read parses body into r's view (lifecycle.Plane.Read) with the hints of
-// in and t; a client's split protocol members never reach an engine, split
-// or whole (disagg.Strip). The error, if any, is the answer.
+// in and t, and its objectives from in's headers (objectiveOf); a client's
+// split protocol members never reach an engine, split or whole
+// (disagg.Strip). The error, if any, is the answer.
 func (s *Server) read(in *http.Request, t tenant, r *lifecycle.Request, kind request.Kind, body []byte) *openai.Error {
 	hints := lifecycle.Hints{Session: s.sessionHeader(in), Salt: t.prefixSalt}
 	e := s.plane.Read(r, kind, body, hints)
 	if r.View != nil {
 		r.Body, r.Model = disagg.Strip(body), s.set.ModelLabel(r.View.Model)
+	}
+	if e == nil && r.View != nil {
+		// The request's latency objectives (objectives.go).
+		r.View.Objective, e = s.objectiveOf(in, r.View.Model)
 	}
 	return e
 }
@@ -42,7 +47,7 @@ func (s *Server) read(in *http.Request, t tenant, r *lifecycle.Request, kind req
 // (admit): the priority its trusted front or API key gives, the peers'
 // catch-up, the queue.
 func (s *Server) AdmitFor(in *http.Request, r *lifecycle.Request) (func(), *openai.Error) {
-	return s.admit(in, r.View.Model, s.costOf(r.View, r.Hashes))
+	return s.admit(in, r.View.Model, s.costOf(r.View, r.Hashes), r.View.Objective.TTFT)
 }
 
 // SplitFor gives r its legs when the split decision splits it (split).

@@ -47,6 +47,8 @@ type Metrics struct {
 	pd pdMetrics
 	// mig are the moved streams' (migrate.go).
 	mig migrationMetrics
+	// slo are the latency objectives' (objectives.go).
+	slo sloMetrics
 }
 
 // NewMetrics returns the router's metrics over f, in a new registry.
@@ -114,6 +116,7 @@ func NewMetrics(f *fleet.Fleet) *Metrics {
 		&fleetCollector{f: f}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.pd = newPDMetrics(m.reg)
 	m.mig = newMigrationMetrics(m.reg)
+	m.slo = newSLOMetrics(m.reg)
 	return m
 }
 

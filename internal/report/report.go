@@ -11,6 +11,7 @@ package report
 
 import (
 	"fmt"
+	"github.com/kvroute/kvroute/internal/slo"
 	"io"
 	"math"
 	"math/bits"
@@ -58,6 +59,13 @@ type Sample struct {
 	MatchedTokens         int
 	Held, Queued, Prefill time.Duration
 	Route                 string
+	// Objective is the request's latency objectives (zero: none); Shed
+	// is set when the router refused it for them (429, its Err set);
+	// PredTTFT and PredITL are the router's predictions for the engine it
+	// chose, in seconds, 0 when unknown (objectives.go).
+	Objective         slo.Objective
+	Shed              bool
+	PredTTFT, PredITL float64
 }
 
 // LongPromptTokens divides the request classes of the slowdown: a prompt of
@@ -119,6 +127,9 @@ type Run struct {
 	Slowdown []Slowdown `json:"slowdown,omitempty"`
 	// PD is a disaggregated fleet's per-leg figures (pd.go).
 	PD *PDRun `json:"pd,omitempty"`
+	// SLO is the attainment and goodput of the requests with objectives,
+	// when some had them (objectives.go).
+	SLO *SLORun `json:"slo,omitempty"`
 
 	// Samples are kept for charts; not serialised.
 	Samples []Sample `json:"-"`
@@ -189,6 +200,7 @@ func Summarize(policy string, samples []Sample, wall time.Duration) Run {
 		r.PredictedHitRate = float64(matched) / float64(prompt)
 	}
 	r.Slowdown = slowdowns(samples)
+	r.SLO = summarizeSLO(samples)
 	return r
 }
 
@@ -409,6 +421,7 @@ func WriteTable(w io.Writer, rep *Report) {
 		fmt.Fprintln(w, "hit rate: cached prompt tokens as the engines report them; predicted hit: as the router predicted them for the same requests")
 	}
 	writeSlowdowns(w, rep.Runs)
+	writeSLO(w, rep.Runs)
 	if rep.Oracle != nil {
 		fmt.Fprintf(w, "oracle: hit rate %s (one server, infinite cache), TTFT bounds: mean %s, p99 %s\n",
 			pct(rep.Oracle.HitRate), msec(rep.Oracle.MeanTTFTms), msec(rep.Oracle.P99TTFTms))

@@ -15,6 +15,9 @@ var requestsHeader = []string{
 	"policy", "offered_load", "request", "arrival_ms", "prompt_tokens", "matched_tokens",
 	"cached_tokens", "output_tokens", "engine", "held_ms", "queued_ms", "prefill_ms",
 	"ttft_ms", "oracle_ttft_ms", "route", "error",
+	// The request's objectives and what the router predicted (objectives.go):
+	// per engine, observed over predicted is the prediction's error.
+	"criticality", "slo_ttft_ms", "slo_itl_ms", "itl_ms", "pred_ttft_ms", "pred_itl_ms", "shed",
 }
 
 // WriteRequestsCSV writes one row per request of every run, a run's rows in
@@ -53,6 +56,7 @@ func WriteRequestsCSV(w io.Writer, runs []Run) error {
 				row = append(row, msString(s.Held), msString(s.Queued), msString(s.Prefill),
 					msString(s.TTFT), oracle, s.Route, "")
 			}
+			row = appendObjective(row, s)
 			if err := cw.Write(row); err != nil {
 				return err
 			}
@@ -64,3 +68,27 @@ func WriteRequestsCSV(w io.Writer, runs []Run) error {
 
 // msString is d in milliseconds, as exactly as Summarize computes it.
 func msString(d time.Duration) string { return strconv.FormatFloat(ms(d), 'f', -1, 64) }
+
+// appendObjective appends a sample's objective columns: empty for a
+// request without objectives; its mean inter-token latency (MeanITL) and
+// the router's predictions when known.
+func appendObjective(row []string, s *Sample) []string {
+	if s.Objective.None() {
+		return append(row, "", "", "", "", "", "", "")
+	}
+	opt := func(d time.Duration, ok bool) string {
+		if !ok {
+			return ""
+		}
+		return msString(d)
+	}
+	sec := func(x float64) string {
+		if x <= 0 {
+			return ""
+		}
+		return strconv.FormatFloat(x*1000, 'f', -1, 64)
+	}
+	itl := MeanITL(s)
+	return append(row, s.Objective.Class.String(), opt(s.Objective.TTFT, s.Objective.TTFT > 0), opt(s.Objective.ITL, s.Objective.ITL > 0),
+		opt(itl, s.Err == "" && itl > 0), sec(s.PredTTFT), sec(s.PredITL), strconv.FormatBool(s.Shed))
+}

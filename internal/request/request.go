@@ -20,6 +20,7 @@ package request
 
 import (
 	"fmt"
+	"github.com/kvroute/kvroute/internal/slo"
 	"math"
 	"strings"
 	"sync"
@@ -157,6 +158,12 @@ type View struct {
 	// continue_final_message): the answer so far, which the engine's
 	// output extends. 0 for none.
 	Continues int
+
+	// Objective is the request's latency objectives and criticality, set
+	// by the front from its headers and the configured defaults (package
+	// slo), or by the simulator from the workload; the zero value for
+	// none. Parse leaves it zero.
+	Objective slo.Objective
 }
 
 // Options configure Parse.

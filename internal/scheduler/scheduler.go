@@ -20,6 +20,7 @@ import (
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/prefix"
 	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/slo"
 )
 
 // Errors Route returns.
@@ -63,6 +64,12 @@ type Scheduler struct {
 	index   *prefix.Index
 	audit   *prefix.Audit
 	precise *prefix.Precise // nil unless Config.Precise
+	// cpu is the approximate index's CPU tier, nil until SetCPUCapacity
+	// gives one; caps are the tiers' sizes it is set from, under tierMu
+	// (tiers.go).
+	cpu     atomic.Pointer[prefix.Index]
+	tierMu  sync.Mutex
+	caps    tierCaps
 	blockCh int
 	filters []policy.Filter
 	scorers []policy.Scorer
@@ -120,6 +127,14 @@ type scratch struct {
 	// (empty when none is); best the largest match of a candidate.
 	raw  []int32
 	best int32
+	// tiered: some backend has a lower cache tier, and ktiers[b] is how
+	// all[b] spreads over b's (ptiers: the precise index's, in its
+	// blocks); ctiers and load are policy.Input's Tiers and Load, per
+	// candidate (tiers.go).
+	tiered         bool
+	ktiers, ptiers []prefix.Tiers
+	ctiers         []policy.TierTokens
+	load           []float64
 }
 
 // New returns a scheduler over f using p.
@@ -158,6 +173,7 @@ func (s *Scheduler) Index() *prefix.Index { return s.index }
 // (from the engine preset) share.
 func (s *Scheduler) SetKVCapacity(backend int, kvTokens int64) {
 	s.index.SetCapacity(backend, s.audit.SetBase(backend, int(s.blocksOf(kvTokens))))
+	s.noteGPU(backend, kvTokens)
 }
 
 // Forget forgets everything the picture holds of backend (it crashed, was
@@ -204,6 +220,13 @@ type Assignment struct {
 	// EstTTFT is the policy's estimate of the time to first token in
 	// seconds, 0 when it makes none.
 	EstTTFT float64
+	// Objective is the request's objectives as routed (none when the
+	// scheduler ignores them); Pred the policy's prediction for the
+	// chosen backend, and Met whether it was predicted to meet them
+	// (slo.go).
+	Objective slo.Objective
+	Pred      slo.Prediction
+	Met       bool
 	// Predicted is the prompt tokens the prefix index matched for the
 	// chosen backend, as MatchedTokens but also when the audit untrusted
 	// its picture; Best the most any candidate held (the cache available
@@ -284,6 +307,7 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 	}
 	sc.all = sc.all[:snap.IDs]
 	s.match(sc, hashes, keys, now)
+	s.matchTiers(sc, hashes, keys, now)
 	s.untrust(sc)
 	s.tokens(sc, v)
 
@@ -296,6 +320,8 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		Cached:      sc.cached,
 		Uncached:    sc.uncached,
 		Extra:       s.score(sc, v),
+		Tiers:       sc.ctiers,
+		Load:        sc.load,
 		Now:         now,
 		SessionHash: session,
 	}
@@ -303,6 +329,13 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		sc.in.Replicas, sc.in.ReplicaArc = rp.n, rp.arc
 	}
 	sc.in.Replica = s.replicaID.Load()
+	if v.Role == "" {
+		// A leg of a split request is routed without objectives: its
+		// prediction would leave out the other leg and the transfer,
+		// and a prefill leg refused would only fall back to the whole
+		// request (docs/routing.md, "Objectives").
+		sc.in.Objective = v.Objective
+	}
 	budget := v.MaxTokens
 	if budget <= 0 {
 		budget = request.DefaultOutputBudget
@@ -321,6 +354,10 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		// is as good as any when the policy has no answer.
 		d.Index = 0
 	}
+	if d.Shed {
+		s.decide.Unlock()
+		return nil, shed(sc.in.Objective, d)
+	}
 	d = s.probe(sc, snap.IDs, d, now)
 	b := sc.cands[d.Index]
 	blocks := int(sc.matched[d.Index])
@@ -328,7 +365,13 @@ func (s *Scheduler) route(sc *scratch, v *request.View, hashes, keys []uint64, e
 		Backend:       b,
 		MatchedTokens: int(sc.cached[d.Index]),
 		EstTTFT:       d.EstTTFT,
+		Objective:     sc.in.Objective,
+		Pred:          d.Pred,
+		Met:           d.Met,
 		ticket:        b.Start(int64(v.PromptTokens), pendingOf(v, sc.uncached[d.Index]), int64(budget), now),
+	}
+	if sc.load != nil {
+		a.ticket.SetLoad(time.Duration(sc.load[d.Index] * float64(time.Second)))
 	}
 	s.presume(b, a.ticket.Started(), sc.in.Replicas, now)
 	s.routedAdapter(b, v.Model)

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/prefix"
 	"github.com/kvroute/kvroute/internal/request"
 )
 
@@ -93,13 +94,28 @@ func (s *Scheduler) narrow(sc *scratch, v *request.View) int {
 }
 
 // tokens sets sc.matched, sc.cached and sc.uncached per candidate from
-// the match in sc.all (see split).
+// the match in sc.all (see split) and, with cache tiers, sc.ctiers and
+// the price of their lower tiers in sc.load (nil without).
 func (s *Scheduler) tokens(sc *scratch, v *request.View) {
 	sc.matched, sc.cached, sc.uncached = sc.matched[:0], sc.cached[:0], sc.uncached[:0]
 	for _, b := range sc.cands {
 		m := sc.all[b.ID]
 		c, u := s.split(v, m)
 		sc.matched, sc.cached, sc.uncached = append(sc.matched, m), append(sc.cached, c), append(sc.uncached, u)
+	}
+	sc.ctiers, sc.load = sc.ctiers[:0], sc.load[:0]
+	if !sc.tiered {
+		sc.ctiers, sc.load = nil, nil
+		return
+	}
+	for i, b := range sc.cands {
+		t := sc.ktiers[b.ID]
+		if t.Total() != sc.matched[i] {
+			// The audit untrusted b's picture: no cache on any tier.
+			t = prefix.Tiers{}
+		}
+		tt, sec := s.tierLoad(b.Cost(), int64(max(v.PromptTokens, 0)), t)
+		sc.ctiers, sc.load = append(sc.ctiers, tt), append(sc.load, sec)
 	}
 }
 

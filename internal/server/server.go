@@ -141,6 +141,7 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	s.set = members.New(members.Config{
 		Fleet:          s.fleet,
 		Forget:         s.sched.Forget,
+		SetCPUCapacity: s.sched.SetCPUCapacity,
 		Transport:      s.upstream,
 		Log:            logger,
 		Series:         series,

@@ -69,7 +69,10 @@ func (s *sim) hold(k int, v *request.View, hashes []uint64) bool {
 		Model:    v.Model,
 		Enqueued: now,
 		Cost:     admission.Cost(s.sched.Uncached(v, hs)),
-		Value:    &held{k: k, v: v, hashes: hashes},
+		// A request's TTFT objective is its deadline (docs/routing.md,
+		// "Objectives").
+		Objective: v.Objective.TTFT,
+		Value:     &held{k: k, v: v, hashes: hashes},
 	})
 	s.bindHeld()
 	return true

@@ -74,10 +74,13 @@ func (s *sim) setupKV() {
 	s.cfg.Scheduler.Precise = &pc
 }
 
+// maxKVBlocks is the most blocks an engine holds: its GPU's and its CPU
+// tier's.
 func (s *sim) maxKVBlocks() int {
 	m := 0
 	for i := range s.nodes {
-		m = max(m, s.nodes[i].eng.Preset().KVBlocks)
+		p := s.nodes[i].eng.Preset()
+		m = max(m, p.KVBlocks+p.CPUBlocks)
 	}
 	return m
 }
@@ -137,6 +140,9 @@ func (s *sim) collectKV(i int) {
 	}
 	n := &s.nodes[i]
 	evs := n.eng.TakeKVEvents(nil)
+	if s.cfg.TierBlindIndex {
+		evs = gpuOnly(evs)
+	}
 	if len(evs) == 0 {
 		return
 	}
@@ -146,6 +152,18 @@ func (s *sim) collectKV(i int) {
 	}
 	n.kv = append(n.kv, kvBatch{at: at, events: evs})
 	s.push(at, evKV, i)
+}
+
+// gpuOnly keeps the events of the engines' GPU caches: what a router that
+// reads no other medium learns (TierBlindIndex).
+func gpuOnly(evs []kvevents.Event) []kvevents.Event {
+	kept := evs[:0]
+	for _, ev := range evs {
+		if ev.Kind == kvevents.AllBlocksCleared || prefix.TierOf(ev.Medium) == prefix.TierGPU {
+			kept = append(kept, ev)
+		}
+	}
+	return kept
 }
 
 // deliverKV applies engine i's oldest batch in flight to the router's

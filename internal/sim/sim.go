@@ -104,6 +104,13 @@ type Config struct {
 	// as Split says (pd.go).
 	Roles []string
 	Split string
+	// TierBlindIndex keeps the engines' CPU tiers (engine.Preset.CPUBlocks)
+	// from the router: its approximate index does not model their offload
+	// (the blocks it evicts for a GPU's capacity vanish), and its precise
+	// index hears only the GPUs' events, as a router told nothing of the
+	// tiers; by default it is told each engine's, as the
+	// backends[].cpu_kv_blocks key tells the live one.
+	TierBlindIndex bool
 }
 
 // Run simulates reqs on a fresh fleet under cfg and returns the run's
@@ -246,16 +253,18 @@ type node struct {
 
 // sim is one run's state.
 type sim struct {
-	cfg     Config
-	reqs    []workload.Request
-	order   []int // indices of reqs in arrival order
-	model   string
-	sched   *scheduler.Scheduler
-	nodes   []node
-	heap    eventHeap
-	seq     uint64
-	now     time.Duration
-	cur     int // the node whose step is running (for the sink)
+	cfg   Config
+	reqs  []workload.Request
+	order []int // indices of reqs in arrival order
+	model string
+	sched *scheduler.Scheduler
+	nodes []node
+	heap  eventHeap
+	seq   uint64
+	now   time.Duration
+	cur   int // the node whose step is running (for the sink)
+	// tiered: an engine has a CPU tier, whose loads it waits for (kick).
+	tiered  bool
 	samples []report.Sample
 	arena   []time.Duration
 	// shareHashes is set when the router's blocks are the engine's (same
@@ -305,6 +314,9 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 		// presets name different models) still takes every request.
 		s.nodes[i].b = f.Add(fmt.Sprintf("engine-%d", i), nil, nil)
 		s.nodes[i].eng = engine.New(pr, cfg.KVBlocks)
+		// An engine loading from its CPU tier waits for the load, as
+		// for a KV transfer: it is woken at its end (kick).
+		s.tiered = s.tiered || pr.CPUBlocks > 0
 	}
 	s.setupKV()
 	if err := s.setupPD(); err != nil {
@@ -322,6 +334,9 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 		// cache_config_info): engine blocks of BlockSize tokens of
 		// BytesPerToken bytes, converted to the router's blocks.
 		s.sched.SetKVCapacity(s.nodes[i].b.ID, int64(s.nodes[i].kvBlocks)*engine.BlockSize)
+		if !cfg.TierBlindIndex {
+			s.sched.SetCPUCapacity(s.nodes[i].b.ID, int64(s.nodes[i].eng.Preset().CPUBlocks)*engine.BlockSize)
+		}
 	}
 	s.startKV()
 	if cfg.Replicas > 1 {
@@ -443,6 +458,7 @@ func (s *sim) view(r *workload.Request) (*request.View, []uint64, *openai.Error)
 		return nil, nil, perr
 	}
 	v.SessionKey = r.Session
+	v.Objective = r.Objective
 	var hashes []uint64
 	if s.shareHashes {
 		hashes = s.hash(v.Prompt, s.sched.Salt(v))
@@ -499,6 +515,8 @@ func (s *sim) bindOne(k int, v *request.View, hashes []uint64) {
 	a, err := s.route(sched, v, hashes)
 	if err != nil {
 		s.fail(k, v.PromptTokens, 0, err.Error())
+		// A sheddable request refused for its objectives (scheduler.ShedError).
+		_, s.samples[len(s.samples)-1].Shed = errors.AsType[*scheduler.ShedError](err)
 		return
 	}
 	s.nodes[a.Backend.ID].routed++
@@ -593,6 +611,7 @@ func (s *sim) fail(k, prompt, backend int, msg string) {
 		PromptTokens: prompt,
 		Err:          msg,
 		Backend:      s.nodes[backend].b.Name,
+		Objective:    s.reqs[k].Objective,
 	})
 }
 
@@ -630,7 +649,7 @@ func (s *sim) stepStart(i int) {
 		// a KV transfer's end, pd.go).
 		n.busy = false
 		s.deliver(i)
-		if s.pd != nil {
+		if s.pd != nil || s.tiered {
 			s.kick(i)
 		}
 		return
@@ -645,7 +664,7 @@ func (s *sim) stepDone(i int) {
 	n := &s.nodes[i]
 	if n.eng.Idle() {
 		n.busy = false
-		if s.pd != nil {
+		if s.pd != nil || s.tiered {
 			s.kick(i)
 		}
 		return
@@ -700,6 +719,9 @@ func (s *sim) deliver(i int) {
 			Route:         f.a.Reason,
 			Held:          f.Arrival - f.arrival,
 			Queued:        f.ScheduledAt - f.Arrival,
+			Objective:     s.reqs[f.k].Objective,
+			PredTTFT:      f.a.Pred.TTFT,
+			PredITL:       f.a.Pred.ITL,
 		}
 		if f.Generated > 0 {
 			smp.TTFT = f.first - f.arrival

@@ -31,6 +31,7 @@ var builtins = []builtin{
 	{"coding-agent", "coding-agent loop sessions (each arrival a session, X-Session-ID): a shared harness (system prompt and 16 tools, 4-5k tokens), a task, then 3-8 more turns each sending back a tool result of 300-1,500 tokens once the answer is in", buildCoding(codingChat)},
 	{"coding-agent-responses", "the coding-agent sessions through the Responses API: store, previous_response_id, only the new tool result each turn", buildCoding(codingResponses)},
 	{"coding-agent-messages", "the coding-agent sessions through the Messages API with Claude Code's session header (x-claude-code-session-id)", buildCoding(codingMessages)},
+	{"objectives", "a mix of objectives: 50% interactive chat (critical: first token in 1 s, 60 ms a token), 30% agent calls (standard: 4 s, a steady 40 ms a token), 20% batch summarisation of 6-16k-token documents (sheddable: 8 s, 200 ms)", buildObjectives},
 	{"rag", "questions over a pool of 40 long documents (1.5-6k tokens) with skewed popularity, reused across questions", buildRAG},
 }
 

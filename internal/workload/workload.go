@@ -11,6 +11,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"github.com/kvroute/kvroute/internal/slo"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -42,6 +43,10 @@ type Request struct {
 	// none; Prev is 1 + the index of the request whose Responses API id
 	// the body continues (previous_response_id), 0 for none.
 	After, Prev int
+	// Objective is the request's latency objectives and criticality,
+	// sent as headers (X-Kvroute-Slo-Ttft-Ms, X-Kvroute-Slo-Tpot-Ms,
+	// X-Kvroute-Criticality); zero for none.
+	Objective slo.Objective
 
 	body     func(model string) []byte
 	withPrev func(model, prev string) []byte
