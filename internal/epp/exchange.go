@@ -181,7 +181,7 @@ func (x *exchange) hold(n int) bool {
 // the decision, or the error that answers it.
 func (x *exchange) decide() (done bool, err error) {
 	if len(x.body) == 0 {
-		return true, x.immediate(openai.BadRequest("missing_body", "a completion request needs a JSON body"))
+		return x.bodiless()
 	}
 	kind := kindOf(x.path, x.body)
 	if e := x.s.p.Router.ReadFor(x.in, &x.Request, kind, x.body); e != nil {
@@ -205,6 +205,27 @@ func (x *exchange) decide() (done bool, err error) {
 	x.routed = true
 	x.s.plane.Forwarded(&x.Request)
 	return false, x.sendDecision()
+}
+
+// bodiless answers a request without a body (GET /v1/models through the
+// gateway, say): nothing to route on and no completion's load, so it goes
+// to the least loaded healthy engine (within the subset hint), neither
+// admitted nor accounted, as the reference picker sends such a request to
+// any endpoint; 503 when there is none.
+func (x *exchange) bodiless() (done bool, err error) {
+	pick := fallbacks(x.s.p.Members, &request.View{}, nil, x.subset, x.hinted, 1)
+	if len(pick) == 0 {
+		return true, x.immediate(&openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable,
+			Code: "no_healthy_backend", Message: "no healthy backend in the pool", RetryAfter: 1})
+	}
+	dest := pick[0].URL.Host
+	return false, x.send(&extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
+			Response: &extprocv3.CommonResponse{ClearRouteCache: true,
+				HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{header(HeaderDestination, dest)}}},
+		}},
+		DynamicMetadata: decisionMetadata(dest),
+	})
 }
 
 // outsideSubset are the IDs of the backends outside the subset hint.
