@@ -850,3 +850,20 @@ func TestBodiless(t *testing.T) {
 		})
 	}
 }
+
+// TestRejectedCounted: a request the router answers itself (here a body
+// it refuses) is counted as the HTTP front counts it, once its stream
+// ends.
+func TestRejectedCounted(t *testing.T) {
+	rg := newRig(t, 1, nil)
+	st := rg.open(t, context.Background())
+	envoy{raw: true, pseudo: true}.sendRequest(t, st, `{"model":"m","messages":"not a list"}`)
+	checkImmediate(t, readDecision(t, st), http.StatusBadRequest)
+	if _, err := st.Recv(); err != io.EOF {
+		t.Fatalf("after the immediate response: %v, want the end of the stream", err)
+	}
+	want := `kvroute_requests_total{backend="none",model="",policy="kvroute",status="400"} 1`
+	if page := metrics(t, rg); !strings.Contains(page, want) {
+		t.Errorf("/metrics has no %s", want)
+	}
+}

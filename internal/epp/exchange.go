@@ -55,9 +55,11 @@ type exchange struct {
 	// buffered bodies.
 	body []byte
 	held int64
-	// routed is set once the request was routed (the decision sent),
-	// settled once Settle ran, answered once a response phase began.
-	routed, settled bool
+	// read is set once the request's body ended and the lifecycle took
+	// it (its settle then counts it, routed or answered by the router);
+	// routed once it was routed (the decision sent); settled once Settle
+	// ran.
+	read, routed, settled bool
 	// The response: its tally (2xx only), whether its body began, ended
 	// complete, or was cut.
 	tally    lifecycle.Tally
@@ -184,6 +186,7 @@ func (x *exchange) decide() (done bool, err error) {
 		return x.bodiless()
 	}
 	kind := kindOf(x.path, x.body)
+	x.read = true
 	if e := x.s.p.Router.ReadFor(x.in, &x.Request, kind, x.body); e != nil {
 		x.Reject(e)
 		return true, x.immediate(e)
@@ -351,11 +354,13 @@ func (x *exchange) finish(complete bool) {
 	x.s.plane.Settle(&x.Request, false)
 }
 
-// end ends the exchange when its stream ends: a request routed and not
-// settled (the data plane or the client left, or the data plane sends no
-// response phase) settles now, and the body's room is given back.
+// end ends the exchange when its stream ends: a request read and not
+// settled settles now (one the router answered itself, counted as the
+// HTTP front counts it; one routed whose data plane or client left, or
+// whose data plane sends no response phase), and the body's room is
+// given back.
 func (x *exchange) end() {
-	if x.routed && !x.settled {
+	if x.read && !x.settled {
 		x.settled = true
 		x.s.plane.Settle(&x.Request, false)
 	}
