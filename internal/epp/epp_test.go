@@ -867,3 +867,34 @@ func TestRejectedCounted(t *testing.T) {
 		t.Errorf("/metrics has no %s", want)
 	}
 }
+
+// TestPassthrough: a request to another endpoint (embeddings) is routed by
+// its model, as the HTTP front routes it; one to an endpoint outside
+// passthrough.allow gets a 404.
+func TestPassthrough(t *testing.T) {
+	rg := newRig(t, 2, nil)
+	for _, tt := range []struct {
+		path   string
+		status int
+	}{
+		{"/v1/embeddings", 0},
+		{"/v1/not-an-endpoint", http.StatusNotFound},
+	} {
+		st := rg.open(t, context.Background())
+		send(t, st, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":path", RawValue: []byte(tt.path)}, {Key: ":method", RawValue: []byte("POST")},
+				{Key: "content-type", RawValue: []byte("application/json")}}}}}})
+		send(t, st, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
+			Body: []byte(`{"model":"m","input":"hello"}`), EndOfStream: true}}})
+		d := readDecision(t, st)
+		if tt.status != 0 {
+			checkImmediate(t, d, tt.status)
+			continue
+		}
+		if rg.byAddr[d.dest] == nil || d.immediate != nil {
+			t.Fatalf("%s: destination %q (%v), want an engine of the pool", tt.path, d.dest, d.immediate)
+		}
+		closeStream(t, st)
+	}
+	rg.waitIdle(t)
+}

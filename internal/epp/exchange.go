@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -157,6 +158,9 @@ func (x *exchange) headers(h *corev3.HeaderMap, md *corev3.Metadata) {
 		switch k {
 		case ":path":
 			x.path = v
+			if u, err := url.ParseRequestURI(v); err == nil {
+				x.in.URL = u
+			}
 		case ":method":
 			x.in.Method = v
 		}
@@ -185,13 +189,21 @@ func (x *exchange) decide() (done bool, err error) {
 	if len(x.body) == 0 {
 		return x.bodiless()
 	}
-	kind := kindOf(x.path, x.body)
 	x.read = true
-	if e := x.s.p.Router.ReadFor(x.in, &x.Request, kind, x.body); e != nil {
-		x.Reject(e)
-		return true, x.immediate(e)
+	if passthrough(x.in.URL.Path) {
+		// Another endpoint (embeddings, rerank...): routed by its model,
+		// as the HTTP front routes it.
+		if e := x.s.p.Router.ReadPassFor(x.in, &x.Request, x.body); e != nil {
+			x.Reject(e)
+			return true, x.immediate(e)
+		}
+	} else {
+		if e := x.s.p.Router.ReadFor(x.in, &x.Request, kindOf(x.path, x.body), x.body); e != nil {
+			x.Reject(e)
+			return true, x.immediate(e)
+		}
+		x.s.p.Router.SplitFor(&x.Request)
 	}
-	x.s.p.Router.SplitFor(&x.Request)
 	if x.hinted {
 		exclude := x.outsideSubset()
 		for i := range x.Legs {
