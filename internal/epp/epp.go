@@ -78,6 +78,7 @@ const (
 type Router interface {
 	Plane() *lifecycle.Plane
 	ReadFor(in *http.Request, r *lifecycle.Request, kind request.Kind, body []byte) *openai.Error
+	ReadPassFor(in *http.Request, r *lifecycle.Request, body []byte) *openai.Error
 	AdmitFor(in *http.Request, r *lifecycle.Request) (func(), *openai.Error)
 	SplitFor(r *lifecycle.Request)
 	HoldBody(n int64) bool

@@ -202,17 +202,7 @@ func (e envoy) sendRequest(t *testing.T, st extprocv3.ExternalProcessor_ProcessC
 	}
 	req := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
 		RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: hs}}}}
-	if e.hinted {
-		list := make([]any, len(e.subset))
-		for i, s := range e.subset {
-			list[i] = s
-		}
-		ns, err := structpb.NewStruct(map[string]any{epp.KeySubset: list})
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{epp.MetadataSubset: ns}}
-	}
+	req.MetadataContext = subsetMetadata(t, e)
 	send(t, st, req)
 	b := []byte(body)
 	step := e.chunk
@@ -225,6 +215,24 @@ func (e envoy) sendRequest(t *testing.T, st extprocv3.ExternalProcessor_ProcessC
 			RequestBody: &extprocv3.HttpBody{Body: b[:n], EndOfStream: n == len(b)}}})
 		b = b[n:]
 	}
+}
+
+// subsetMetadata is e's subset hint as a request's metadata context, nil
+// without one.
+func subsetMetadata(t *testing.T, e envoy) *corev3.Metadata {
+	t.Helper()
+	if !e.hinted {
+		return nil
+	}
+	list := make([]any, len(e.subset))
+	for i, s := range e.subset {
+		list[i] = s
+	}
+	ns, err := structpb.NewStruct(map[string]any{epp.KeySubset: list})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{epp.MetadataSubset: ns}}
 }
 
 func send(t *testing.T, st extprocv3.ExternalProcessor_ProcessClient, r *extprocv3.ProcessingRequest) {
@@ -798,5 +806,95 @@ func TestPrefiller(t *testing.T) {
 	}
 	forward(t, st, d.dest, "", body, true)
 	closeStream(t, st)
+	rg.waitIdle(t)
+}
+
+// TestBodiless: a request without a body (GET /v1/models through the
+// gateway) goes to an engine of the pool, unaccounted; with none in the
+// subset hint it gets a 503.
+func TestBodiless(t *testing.T) {
+	rg := newRig(t, 2, nil)
+	for _, tt := range []struct {
+		name   string
+		e      envoy
+		status int
+	}{
+		{"no hint", envoy{raw: true, pseudo: true}, 0},
+		{"nothing in the hint", envoy{raw: true, pseudo: true, hinted: true, subset: []string{}}, http.StatusServiceUnavailable},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			st := rg.open(t, context.Background())
+			send(t, st, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+				Headers:     &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":path", RawValue: []byte("/v1/models")}, {Key: ":method", RawValue: []byte("GET")}}},
+				EndOfStream: true}}, MetadataContext: subsetMetadata(t, tt.e)})
+			resp, err := st.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.status != 0 {
+				if ir := resp.GetImmediateResponse(); ir == nil || int(ir.GetStatus().GetCode()) != tt.status {
+					t.Fatalf("got %v, want an immediate %d", resp, tt.status)
+				}
+				return
+			}
+			var dest string
+			for _, h := range resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+				if h.GetHeader().GetKey() == epp.HeaderDestination {
+					dest = string(h.GetHeader().GetRawValue())
+				}
+			}
+			if rg.byAddr[dest] == nil {
+				t.Fatalf("destination %q, want an engine of the pool", dest)
+			}
+			closeStream(t, st)
+		})
+	}
+}
+
+// TestRejectedCounted: a request the router answers itself (here a body
+// it refuses) is counted as the HTTP front counts it, once its stream
+// ends.
+func TestRejectedCounted(t *testing.T) {
+	rg := newRig(t, 1, nil)
+	st := rg.open(t, context.Background())
+	envoy{raw: true, pseudo: true}.sendRequest(t, st, `{"model":"m","messages":"not a list"}`)
+	checkImmediate(t, readDecision(t, st), http.StatusBadRequest)
+	if _, err := st.Recv(); err != io.EOF {
+		t.Fatalf("after the immediate response: %v, want the end of the stream", err)
+	}
+	want := `kvroute_requests_total{backend="none",model="",policy="kvroute",status="400"} 1`
+	if page := metrics(t, rg); !strings.Contains(page, want) {
+		t.Errorf("/metrics has no %s", want)
+	}
+}
+
+// TestPassthrough: a request to another endpoint (embeddings) is routed by
+// its model, as the HTTP front routes it; one to an endpoint outside
+// passthrough.allow gets a 404.
+func TestPassthrough(t *testing.T) {
+	rg := newRig(t, 2, nil)
+	for _, tt := range []struct {
+		path   string
+		status int
+	}{
+		{"/v1/embeddings", 0},
+		{"/v1/not-an-endpoint", http.StatusNotFound},
+	} {
+		st := rg.open(t, context.Background())
+		send(t, st, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":path", RawValue: []byte(tt.path)}, {Key: ":method", RawValue: []byte("POST")},
+				{Key: "content-type", RawValue: []byte("application/json")}}}}}})
+		send(t, st, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
+			Body: []byte(`{"model":"m","input":"hello"}`), EndOfStream: true}}})
+		d := readDecision(t, st)
+		if tt.status != 0 {
+			checkImmediate(t, d, tt.status)
+			continue
+		}
+		if rg.byAddr[d.dest] == nil || d.immediate != nil {
+			t.Fatalf("%s: destination %q (%v), want an engine of the pool", tt.path, d.dest, d.immediate)
+		}
+		closeStream(t, st)
+	}
 	rg.waitIdle(t)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,9 +56,11 @@ type exchange struct {
 	// buffered bodies.
 	body []byte
 	held int64
-	// routed is set once the request was routed (the decision sent),
-	// settled once Settle ran, answered once a response phase began.
-	routed, settled bool
+	// read is set once the request's body ended and the lifecycle took
+	// it (its settle then counts it, routed or answered by the router);
+	// routed once it was routed (the decision sent); settled once Settle
+	// ran.
+	read, routed, settled bool
 	// The response: its tally (2xx only), whether its body began, ended
 	// complete, or was cut.
 	tally    lifecycle.Tally
@@ -155,6 +158,9 @@ func (x *exchange) headers(h *corev3.HeaderMap, md *corev3.Metadata) {
 		switch k {
 		case ":path":
 			x.path = v
+			if u, err := url.ParseRequestURI(v); err == nil {
+				x.in.URL = u
+			}
 		case ":method":
 			x.in.Method = v
 		}
@@ -181,14 +187,23 @@ func (x *exchange) hold(n int) bool {
 // the decision, or the error that answers it.
 func (x *exchange) decide() (done bool, err error) {
 	if len(x.body) == 0 {
-		return true, x.immediate(openai.BadRequest("missing_body", "a completion request needs a JSON body"))
+		return x.bodiless()
 	}
-	kind := kindOf(x.path, x.body)
-	if e := x.s.p.Router.ReadFor(x.in, &x.Request, kind, x.body); e != nil {
-		x.Reject(e)
-		return true, x.immediate(e)
+	x.read = true
+	if passthrough(x.in.URL.Path) {
+		// Another endpoint (embeddings, rerank...): routed by its model,
+		// as the HTTP front routes it.
+		if e := x.s.p.Router.ReadPassFor(x.in, &x.Request, x.body); e != nil {
+			x.Reject(e)
+			return true, x.immediate(e)
+		}
+	} else {
+		if e := x.s.p.Router.ReadFor(x.in, &x.Request, kindOf(x.path, x.body), x.body); e != nil {
+			x.Reject(e)
+			return true, x.immediate(e)
+		}
+		x.s.p.Router.SplitFor(&x.Request)
 	}
-	x.s.p.Router.SplitFor(&x.Request)
 	if x.hinted {
 		exclude := x.outsideSubset()
 		for i := range x.Legs {
@@ -205,6 +220,27 @@ func (x *exchange) decide() (done bool, err error) {
 	x.routed = true
 	x.s.plane.Forwarded(&x.Request)
 	return false, x.sendDecision()
+}
+
+// bodiless answers a request without a body (GET /v1/models through the
+// gateway, say): nothing to route on and no completion's load, so it goes
+// to the least loaded healthy engine (within the subset hint), neither
+// admitted nor accounted, as the reference picker sends such a request to
+// any endpoint; 503 when there is none.
+func (x *exchange) bodiless() (done bool, err error) {
+	pick := fallbacks(x.s.p.Members, &request.View{}, nil, x.subset, x.hinted, 1)
+	if len(pick) == 0 {
+		return true, x.immediate(&openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable,
+			Code: "no_healthy_backend", Message: "no healthy backend in the pool", RetryAfter: 1})
+	}
+	dest := pick[0].URL.Host
+	return false, x.send(&extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
+			Response: &extprocv3.CommonResponse{ClearRouteCache: true,
+				HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{header(HeaderDestination, dest)}}},
+		}},
+		DynamicMetadata: decisionMetadata(dest),
+	})
 }
 
 // outsideSubset are the IDs of the backends outside the subset hint.
@@ -330,11 +366,13 @@ func (x *exchange) finish(complete bool) {
 	x.s.plane.Settle(&x.Request, false)
 }
 
-// end ends the exchange when its stream ends: a request routed and not
-// settled (the data plane or the client left, or the data plane sends no
-// response phase) settles now, and the body's room is given back.
+// end ends the exchange when its stream ends: a request read and not
+// settled settles now (one the router answered itself, counted as the
+// HTTP front counts it; one routed whose data plane or client left, or
+// whose data plane sends no response phase), and the body's room is
+// given back.
 func (x *exchange) end() {
-	if x.routed && !x.settled {
+	if x.read && !x.settled {
 		x.settled = true
 		x.s.plane.Settle(&x.Request, false)
 	}

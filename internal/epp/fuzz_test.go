@@ -49,7 +49,14 @@ func FuzzProcess(f *testing.F) {
 				RequestBody: &extprocv3.HttpBody{Body: b[:n], EndOfStream: n == len(b)}}})
 			b = b[n:]
 		}
-		d := readDecision(t, st)
+		var d decision
+		if len(body) == 0 {
+			// Nothing to route on (GET /v1/models): the headers' answer
+			// alone, a pick without accounting, or an immediate response.
+			d = readBodiless(t, st)
+		} else {
+			d = readDecision(t, st)
+		}
 		if d.immediate != nil {
 			var e struct {
 				Error struct{ Message string } `json:"error"`
@@ -81,4 +88,24 @@ func FuzzProcess(f *testing.F) {
 		}
 		rg.waitIdle(t)
 	})
+}
+
+// readBodiless reads the picker's one answer to a request without a body.
+func readBodiless(t *testing.T, st extprocv3.ExternalProcessor_ProcessClient) decision {
+	t.Helper()
+	resp, err := st.Recv()
+	if err != nil {
+		t.Fatalf("recv: %v", err)
+	}
+	if ir := resp.GetImmediateResponse(); ir != nil {
+		return decision{immediate: ir}
+	}
+	var d decision
+	for _, h := range resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+		if h.GetHeader().GetKey() == epp.HeaderDestination {
+			d.dest = string(h.GetHeader().GetRawValue())
+		}
+	}
+	d.metadata = resp.GetDynamicMetadata().GetFields()[epp.MetadataLB].GetStructValue().GetFields()[epp.HeaderDestination].GetStringValue()
+	return d
 }

@@ -116,6 +116,14 @@ var kinds = map[string]request.Kind{
 	"/v1/messages":         request.Messages,
 }
 
+// passthrough reports whether path (the data plane's :path, without its
+// query) is another endpoint than the completions: "" and "/" (a data
+// plane that sent no :path) are read as completions.
+func passthrough(path string) bool {
+	_, completion := kinds[path]
+	return !completion && path != "" && path != "/"
+}
+
 // kindOf is the kind of completion a request is: its path's, else (a data
 // plane that sends no :path) its body's: a chat completion has messages,
 // a Responses request input, anything else is read as a completion.

@@ -43,6 +43,25 @@ func (s *Server) read(in *http.Request, t tenant, r *lifecycle.Request, kind req
 	return e
 }
 
+// ReadPassFor reads a request to another endpoint than the completions
+// for r as the HTTP front reads it (passthrough): its path and method
+// checked against passthrough.allow, its model read, a view without a
+// prompt, never retried unless idempotent.
+func (s *Server) ReadPassFor(in *http.Request, r *lifecycle.Request, body []byte) *openai.Error {
+	r.Passthrough = true
+	if e := s.passAllowed(discardWriter{}, in); e != nil {
+		return e
+	}
+	return s.passView(in, r, body)
+}
+
+// discardWriter takes the headers an answer would carry and drops them.
+type discardWriter struct{}
+
+func (discardWriter) Header() http.Header         { return http.Header{} }
+func (discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (discardWriter) WriteHeader(int)             {}
+
 // AdmitFor waits for r's admission as the HTTP front's exchange does
 // (admit): the priority its trusted front or API key gives, the peers'
 // catch-up, the queue.

@@ -30,23 +30,31 @@ func (s *Server) passthrough(w http.ResponseWriter, r *http.Request) {
 		ex.Reject(e)
 		return
 	}
-	model, e := request.ModelOf(r.Header.Get("Content-Type"), body)
-	if e == nil && model == "" && !bodiless(r, body) {
-		e = lifecycle.ErrMissingModel()
-	}
-	if e != nil {
+	if e := s.passView(r, &ex.Request, body); e != nil {
 		ex.Reject(e)
 		return
 	}
-	// The routing view of a request without a prompt: no prefix to
-	// match, one token of output. With it the exchange logs the decision
-	// and settles the backend's success as for a completion.
-	v := &request.View{Model: model, MaxTokens: 1}
-	ex.setView(v, disagg.Strip(body))
-	ex.Idempotent = idempotent[r.URL.Path]
+	ex.viewSpan()
 	if s.plane.Route(&ex.Request) {
 		ex.forward()
 	}
+}
+
+// passView reads a passthrough request's model from its body into r's
+// routing view, one without a prompt: no prefix to match, one token of
+// output. With it the request's decision is logged and its backend's
+// success settled as for a completion. The error, if any, is the answer.
+func (s *Server) passView(in *http.Request, r *lifecycle.Request, body []byte) *openai.Error {
+	model, e := request.ModelOf(in.Header.Get("Content-Type"), body)
+	if e == nil && model == "" && !bodiless(in, body) {
+		e = lifecycle.ErrMissingModel()
+	}
+	if e != nil {
+		return e
+	}
+	r.View, r.Body, r.Model = &request.View{Model: model, MaxTokens: 1}, disagg.Strip(body), s.set.ModelLabel(model)
+	r.Idempotent = idempotent[in.URL.Path]
+	return nil
 }
 
 // idempotent are the passthrough endpoints whose requests are retried on
