@@ -30,6 +30,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -109,6 +110,16 @@ type Server struct {
 	mu      sync.Mutex
 	servers []*grpc.Server
 	stop    chan struct{}
+
+	// reports is set once the data plane sent any response phase: it
+	// reports answers, so a stream that ends before its answer's is a
+	// request that ended (the client left). Until then a routed request
+	// whose stream ends without one holds its load for its predicted
+	// length (unreported).
+	reports atomic.Bool
+	// unreported are those requests' pending settles (under mu), run at
+	// once by Shutdown.
+	unreported map[*exchange]*time.Timer
 }
 
 // New builds the picker over p. It does no I/O.
@@ -203,6 +214,7 @@ func (s *Server) Shutdown(ctx context.Context) {
 		close(s.stop)
 	}
 	s.health.Shutdown()
+	s.settleUnreported()
 	done := make(chan struct{})
 	go func() {
 		for _, g := range servers {
@@ -217,6 +229,43 @@ func (s *Server) Shutdown(ctx context.Context) {
 			g.Stop()
 		}
 		<-done
+	}
+}
+
+// holdUnreported keeps x's load on its backend for d, then settles it
+// (exchange.end).
+func (s *Server) holdUnreported(x *exchange, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.unreported == nil {
+		s.unreported = map[*exchange]*time.Timer{}
+	}
+	s.unreported[x] = time.AfterFunc(d, func() { s.settleHeld(x) })
+}
+
+// settleHeld settles a held request once (its timer or Shutdown).
+func (s *Server) settleHeld(x *exchange) {
+	s.mu.Lock()
+	t, ok := s.unreported[x]
+	delete(s.unreported, x)
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	t.Stop()
+	s.plane.Settle(&x.Request, false)
+}
+
+// settleUnreported settles every held request now.
+func (s *Server) settleUnreported() {
+	s.mu.Lock()
+	held := make([]*exchange, 0, len(s.unreported))
+	for x := range s.unreported {
+		held = append(held, x)
+	}
+	s.mu.Unlock()
+	for _, x := range held {
+		s.settleHeld(x)
 	}
 }
 

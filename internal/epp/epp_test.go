@@ -439,8 +439,11 @@ func backend(rg *rig, addr string) *fleet.Backend {
 // TestMinimalDataPlane: a data plane that sends the headers in value, no
 // pseudo-headers, the body in one message with end_of_stream and then
 // half-closes (NGINX Gateway Fabric's shim) gets the decision and the end
-// of the stream; the request, whose response the picker never sees, is
-// released when the stream ends.
+// of the stream; the request, whose response the picker never sees, keeps
+// its load on its backend for its predicted length after the stream
+// ended (so that the next picks see it), then is released. Once the data
+// plane has reported an answer, a stream that ends before its answer's
+// releases its request at once (TestCancelled).
 func TestMinimalDataPlane(t *testing.T) {
 	rg := newRig(t, 2, nil)
 	st := rg.open(t, context.Background())
@@ -454,6 +457,13 @@ func TestMinimalDataPlane(t *testing.T) {
 	}
 	if _, err := st.Recv(); err != io.EOF {
 		t.Fatalf("after the decision: %v, want the end of the stream", err)
+	}
+	var inflight int64
+	for _, b := range rg.srv.Fleet().Snapshot().All {
+		inflight += b.OwnLoad().InFlight
+	}
+	if inflight != 1 {
+		t.Fatalf("%d in flight once the stream ended, want the request held for its predicted length", inflight)
 	}
 	rg.waitIdle(t)
 }

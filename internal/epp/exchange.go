@@ -130,6 +130,7 @@ func (x *exchange) handle(req *extprocv3.ProcessingRequest) (done bool, err erro
 		return false, x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
 			RequestTrailers: &extprocv3.TrailersResponse{}}})
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		x.s.reports.Store(true)
 		x.responseHeaders(m.ResponseHeaders.GetHeaders(), req.GetMetadataContext())
 		if m.ResponseHeaders.GetEndOfStream() {
 			x.finish(true)
@@ -137,6 +138,7 @@ func (x *exchange) handle(req *extprocv3.ProcessingRequest) (done bool, err erro
 		return false, x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
 			ResponseHeaders: &extprocv3.HeadersResponse{}}})
 	case *extprocv3.ProcessingRequest_ResponseBody:
+		x.s.reports.Store(true)
 		x.responseBody(m.ResponseBody.GetBody(), m.ResponseBody.GetEndOfStream())
 		return false, x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
 			ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
@@ -371,7 +373,25 @@ func (x *exchange) finish(complete bool) {
 // HTTP front counts it; one routed whose data plane or client left, or
 // whose data plane sends no response phase), and the body's room is
 // given back.
+//
+// A routed request whose stream ended before any answer, from a data
+// plane that has never reported one (it takes the decision and leaves),
+// keeps its load for its predicted length (lifecycle.Plane.Unreported)
+// before it settles, so that the next picks see the work it is doing.
 func (x *exchange) end() {
+	if x.routed && !x.settled && !x.s.reports.Load() {
+		if d := x.s.plane.Unreported(&x.Request, time.Now()); d > 0 {
+			x.settled = true
+			if x.held > 0 {
+				x.s.p.Router.GiveBody(x.held)
+				x.held = 0
+			}
+			// The body stays with the request (its view may read it)
+			// rather than going back to the pool.
+			x.s.holdUnreported(x, d)
+			return
+		}
+	}
 	if x.read && !x.settled {
 		x.settled = true
 		x.s.plane.Settle(&x.Request, false)

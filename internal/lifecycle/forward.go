@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/members"
+	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/scheduler"
 )
 
@@ -160,4 +161,36 @@ func (p *Plane) AttemptFailed(r *Request, err error) {
 		status, code, _ := failureStatus(err)
 		r.answer(status, code)
 	}
+}
+
+// maxUnreported bounds how long a request whose answer the data plane
+// never reports holds its load (Unreported).
+const maxUnreported = 5 * time.Minute
+
+// Unreported is how long a routed request whose data plane reports
+// nothing of its answer (it asks for the decision, forwards, and ends
+// the exchange: NGINX Gateway Fabric's endpoint-picker shim) should keep
+// its load on its backend: the policy's estimate of its time to first
+// token plus its output budget at the backend's predicted inter-token
+// latency, at most five minutes. Released at once, such requests would
+// leave every backend looking idle to the next pick. Settle releases it
+// then, as a request whose client left (nothing is learned, no breaker
+// judged); 0 when the request holds nothing.
+func (p *Plane) Unreported(r *Request, now time.Time) time.Duration {
+	l := &r.Legs[len(r.Legs)-1]
+	if l.A == nil || r.View == nil || !l.first.IsZero() || l.responded {
+		return 0
+	}
+	budget := r.View.MaxTokens
+	if budget <= 0 {
+		budget = request.DefaultOutputBudget
+	}
+	itl := l.A.Pred.ITL
+	if itl <= 0 {
+		b := l.A.Backend
+		load := b.KnownLoad()
+		itl = b.Cost().Coeffs(now).DecodeStep(float64(load.Decoding+1), float64(load.DecodeTokens+int64(r.View.PromptTokens)))
+	}
+	d := time.Duration((l.A.EstTTFT + float64(budget)*itl) * float64(time.Second))
+	return min(max(d, 0), maxUnreported)
 }
