@@ -82,6 +82,9 @@ type Router interface {
 	ReadPassFor(in *http.Request, r *lifecycle.Request, body []byte) *openai.Error
 	AdmitFor(in *http.Request, r *lifecycle.Request) (func(), *openai.Error)
 	SplitFor(r *lifecycle.Request)
+	// TokenizeFor is the precise index's keys of r's prompt, and what to
+	// call with its status once it settled (nil for nothing).
+	TokenizeFor(in *http.Request, r *lifecycle.Request) (keys []uint64, remember func(status int))
 	HoldBody(n int64) bool
 	GiveBody(n int64)
 }

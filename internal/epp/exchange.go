@@ -70,6 +70,8 @@ type exchange struct {
 	broken   error
 	// rejection is the router's error answer, set by WriteError.
 	rejection *openai.Error
+	// remember caches the prompt's token ids at settle (Router.TokenizeFor).
+	remember func(status int)
 }
 
 func newExchange(s *Server, stream extprocv3.ExternalProcessor_ProcessServer) *exchange {
@@ -447,9 +449,13 @@ func (x *exchange) Admit(r *lifecycle.Request) (func(), *openai.Error) {
 	return x.s.p.Router.AdmitFor(x.in, r)
 }
 
-// Tokenize routes approximately (lifecycle.Front): the precise index's
-// tokenizer call is the HTTP front's.
-func (x *exchange) Tokenize(*lifecycle.Request) []uint64 { return nil }
+// Tokenize returns the precise index's keys of the prompt
+// (lifecycle.Front), got as the HTTP front gets them.
+func (x *exchange) Tokenize(r *lifecycle.Request) []uint64 {
+	keys, remember := x.s.p.Router.TokenizeFor(x.in, r)
+	x.remember = remember
+	return keys
+}
 
 // WriteError keeps the router's error answer for the immediate response
 // (lifecycle.Front).
@@ -476,8 +482,13 @@ func (x *exchange) Ended() lifecycle.BodyEnd {
 	return lifecycle.BodyEnd{Complete: x.complete, In: prompt}
 }
 
-// Settled gives the body's room back (lifecycle.Front).
-func (x *exchange) Settled(*lifecycle.Request) {
+// Settled gives the body's room back and caches the prompt's token ids
+// if its engine accepted it (lifecycle.Front).
+func (x *exchange) Settled(r *lifecycle.Request) {
+	if x.remember != nil {
+		x.remember(r.Status)
+		x.remember = nil
+	}
 	if x.held > 0 {
 		x.s.p.Router.GiveBody(x.held)
 		x.held = 0

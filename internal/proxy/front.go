@@ -74,6 +74,19 @@ func (s *Server) SplitFor(r *lifecycle.Request) {
 	s.applyPlan(r, s.splitter.Split(r.View, r.Hashes, time.Now()))
 }
 
+// TokenizeFor returns the precise index's keys of r's prompt as the HTTP
+// front's exchange gets them (tokenKeys), nil to route approximately, and
+// remember, which the front calls with the request's status once it
+// settled: it caches the token ids when the engine accepted the request
+// (rememberTokens). remember is nil when there is nothing to cache.
+func (s *Server) TokenizeFor(in *http.Request, r *lifecycle.Request) (keys []uint64, remember func(status int)) {
+	keys, t := s.tokenKeys(in.Context(), r.View, r.Body)
+	if t.tokens == nil {
+		return keys, nil
+	}
+	return keys, func(status int) { s.rememberTokens(t, status) }
+}
+
 // HoldBody takes room for n bytes of a body in the budget of buffered
 // bodies (limits.max_buffered_bytes); false when there is none. GiveBody
 // gives it back.
