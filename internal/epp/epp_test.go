@@ -88,6 +88,12 @@ type rig struct {
 
 func newRig(t testing.TB, n int, edit func(*config.Config)) *rig {
 	t.Helper()
+	return newRigLog(t, n, edit, slog.New(slog.DiscardHandler))
+}
+
+// newRigLog is newRig with the router logging to log.
+func newRigLog(t testing.TB, n int, edit func(*config.Config), log *slog.Logger) *rig {
+	t.Helper()
 	cfg := config.Default()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.EPP = config.EPP{Listen: "127.0.0.1:0", HealthListen: "127.0.0.1:0"}
@@ -105,7 +111,7 @@ func newRig(t testing.TB, n int, edit func(*config.Config)) *rig {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	s, err := server.New(cfg, slog.New(slog.DiscardHandler))
+	s, err := server.New(cfg, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,6 +70,9 @@ type exchange struct {
 	broken   error
 	// rejection is the router's error answer, set by WriteError.
 	rejection *openai.Error
+	// newID is set when the request id is the router's (the client sent
+	// none): the decision hands it to the engine.
+	newID bool
 	// remember caches the prompt's token ids at settle (Router.TokenizeFor).
 	remember func(status int)
 }
@@ -194,6 +197,7 @@ func (x *exchange) decide() (done bool, err error) {
 		return x.bodiless()
 	}
 	x.read = true
+	x.ID, x.newID = x.s.p.Router.BeginAccess(x.in, Front)
 	if passthrough(x.in.URL.Path) {
 		// Another endpoint (embeddings, rerank...): routed by its model,
 		// as the HTTP front routes it.
@@ -283,6 +287,9 @@ func (x *exchange) sendDecision() error {
 		// The split protocols' members were stripped: the body the
 		// engine gets is shorter than the client's.
 		set = append(set, header("content-length", strconv.Itoa(len(x.Body))))
+	}
+	if x.newID {
+		set = append(set, header(headerRequestID, x.ID))
 	}
 	remove := []string{strings.ToLower(disagg.Headers[0])}
 	err := x.send(&extprocv3.ProcessingResponse{
@@ -482,9 +489,15 @@ func (x *exchange) Ended() lifecycle.BodyEnd {
 	return lifecycle.BodyEnd{Complete: x.complete, In: prompt}
 }
 
-// Settled gives the body's room back and caches the prompt's token ids
-// if its engine accepted it (lifecycle.Front).
+// Settled gives the body's room back, caches the prompt's token ids if
+// its engine accepted it and writes the access log line
+// (lifecycle.Front).
 func (x *exchange) Settled(r *lifecycle.Request) {
+	var tally *lifecycle.Tally
+	if x.counted {
+		tally = &x.tally
+	}
+	x.s.p.Router.EndAccess(x.in, r, Front, tally)
 	if x.remember != nil {
 		x.remember(r.Status)
 		x.remember = nil

@@ -100,19 +100,7 @@ func TestPrecise(t *testing.T) {
 
 	var calls atomic.Int64
 	rg := preciseRig(t, &calls, prompts, holders)
-	pick := func(p string) string {
-		st := rg.open(t, t.Context())
-		body := chat("", p, false)
-		envoy{raw: true, pseudo: true, chunk: 4096}.sendRequest(t, st, body)
-		d := readDecision(t, st)
-		e := rg.byAddr[d.dest]
-		if e == nil {
-			t.Fatalf("destination %q", d.dest)
-		}
-		forward(t, st, d.dest, "", body, true)
-		closeStream(t, st)
-		return e.name
-	}
+	pick := func(p string) string { return rg.pick(t, chat("", p, false), nil).name }
 	for k, p := range prompts {
 		got := pick(p)
 		t.Logf("prompt %d: HTTP front %s, picker %s, holder %s", k, viaHTTP[k], got, holders[k])
@@ -136,4 +124,20 @@ func TestPrecise(t *testing.T) {
 // whose first block is tag's own.
 func promptOf(tag string) string {
 	return (tag + " " + strings.Repeat("the quick brown fox jumps over the lazy dog ", 40))[:1280]
+}
+
+// pick sends body through the picker with hs, forwards it to the decision
+// and settles it (the test as the gateway), and returns its engine.
+func (rg *rig) pick(t *testing.T, body string, hs map[string]string) *engine {
+	t.Helper()
+	st := rg.open(t, t.Context())
+	envoy{raw: true, pseudo: true, chunk: 4096, headers: hs}.sendRequest(t, st, body)
+	d := readDecision(t, st)
+	e := rg.byAddr[d.dest]
+	if e == nil {
+		t.Fatalf("destination %q", d.dest)
+	}
+	forward(t, st, d.dest, "", body, true)
+	closeStream(t, st)
+	return e
 }
