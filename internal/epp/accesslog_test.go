@@ -65,6 +65,17 @@ func TestAccessLog(t *testing.T) {
 
 	served := rg.pick(t, body, map[string]string{"x-request-id": "via-epp"})
 
+	// Without the client's id, the router makes one and the decision
+	// hands it to the engine; the line carries it.
+	st := rg.open(t, t.Context())
+	envoy{raw: true, pseudo: true, chunk: 4096}.sendRequest(t, st, body)
+	d := readDecision(t, st)
+	if d.requestID == "" {
+		t.Error("a request without x-request-id got none with its decision")
+	}
+	forward(t, st, d.dest, "", body, true)
+	closeStream(t, st)
+
 	lines := map[string]map[string]any{}
 	for _, m := range logs.access(t) {
 		lines[m["request_id"].(string)] = m
@@ -84,6 +95,9 @@ func TestAccessLog(t *testing.T) {
 		if e[k] != v {
 			t.Errorf("the picker's line: %s = %v, want %v", k, e[k], v)
 		}
+	}
+	if m := lines[d.requestID]; m == nil || m["front"] != "epp" {
+		t.Errorf("no picker's line with the router's request id %q: %v", d.requestID, m)
 	}
 	if h["front"] != "http" {
 		t.Errorf("the HTTP front's line: front = %v", h["front"])

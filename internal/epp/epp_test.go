@@ -251,8 +251,10 @@ func send(t *testing.T, st extprocv3.ExternalProcessor_ProcessClient, r *extproc
 // decision is what the picker answered a request with.
 type decision struct {
 	dest, metadata, prefiller string
-	body                      []byte
-	immediate                 *extprocv3.ImmediateResponse
+	// requestID is the x-request-id the decision hands the engine.
+	requestID string
+	body      []byte
+	immediate *extprocv3.ImmediateResponse
 	// lowercase and raw: every header the picker set had a lowercase key
 	// and its value in raw_value.
 	lowercase, raw bool
@@ -286,6 +288,8 @@ func readDecision(t *testing.T, st extprocv3.ExternalProcessor_ProcessClient) de
 					d.dest = string(h.GetHeader().GetRawValue())
 				case epp.HeaderPrefiller:
 					d.prefiller = string(h.GetHeader().GetRawValue())
+				case "x-request-id":
+					d.requestID = string(h.GetHeader().GetRawValue())
 				}
 			}
 			d.metadata = resp.GetDynamicMetadata().GetFields()[epp.MetadataLB].GetStructValue().GetFields()[epp.HeaderDestination].GetStringValue()
