@@ -70,6 +70,10 @@ const (
 	// The health services' names besides it.
 	ServiceLiveness  = "liveness"
 	ServiceReadiness = "readiness"
+	// Front names the picker in the access log.
+	Front = "epp"
+	// headerRequestID is the request id's header (the access log's).
+	headerRequestID = "x-request-id"
 )
 
 // Router is what the picker shares with the HTTP front (a *proxy.Server):
@@ -82,6 +86,14 @@ type Router interface {
 	ReadPassFor(in *http.Request, r *lifecycle.Request, body []byte) *openai.Error
 	AdmitFor(in *http.Request, r *lifecycle.Request) (func(), *openai.Error)
 	SplitFor(r *lifecycle.Request)
+	// TokenizeFor is the precise index's keys of r's prompt, and what to
+	// call with its status once it settled (nil for nothing).
+	TokenizeFor(in *http.Request, r *lifecycle.Request) (keys []uint64, remember func(status int))
+	// BeginAccess and EndAccess are the request's access log line, the
+	// HTTP front's, naming front: its request id, then the line once it
+	// settled (tally: its counted answer's, nil for none).
+	BeginAccess(in *http.Request, front string) (id string, made bool)
+	EndAccess(in *http.Request, r *lifecycle.Request, front string, tally *lifecycle.Tally)
 	HoldBody(n int64) bool
 	GiveBody(n int64)
 }

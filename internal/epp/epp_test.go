@@ -88,6 +88,12 @@ type rig struct {
 
 func newRig(t testing.TB, n int, edit func(*config.Config)) *rig {
 	t.Helper()
+	return newRigLog(t, n, edit, slog.New(slog.DiscardHandler))
+}
+
+// newRigLog is newRig with the router logging to log.
+func newRigLog(t testing.TB, n int, edit func(*config.Config), log *slog.Logger) *rig {
+	t.Helper()
 	cfg := config.Default()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.EPP = config.EPP{Listen: "127.0.0.1:0", HealthListen: "127.0.0.1:0"}
@@ -105,7 +111,7 @@ func newRig(t testing.TB, n int, edit func(*config.Config)) *rig {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	s, err := server.New(cfg, slog.New(slog.DiscardHandler))
+	s, err := server.New(cfg, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,8 +251,10 @@ func send(t *testing.T, st extprocv3.ExternalProcessor_ProcessClient, r *extproc
 // decision is what the picker answered a request with.
 type decision struct {
 	dest, metadata, prefiller string
-	body                      []byte
-	immediate                 *extprocv3.ImmediateResponse
+	// requestID is the x-request-id the decision hands the engine.
+	requestID string
+	body      []byte
+	immediate *extprocv3.ImmediateResponse
 	// lowercase and raw: every header the picker set had a lowercase key
 	// and its value in raw_value.
 	lowercase, raw bool
@@ -280,6 +288,8 @@ func readDecision(t *testing.T, st extprocv3.ExternalProcessor_ProcessClient) de
 					d.dest = string(h.GetHeader().GetRawValue())
 				case epp.HeaderPrefiller:
 					d.prefiller = string(h.GetHeader().GetRawValue())
+				case "x-request-id":
+					d.requestID = string(h.GetHeader().GetRawValue())
 				}
 			}
 			d.metadata = resp.GetDynamicMetadata().GetFields()[epp.MetadataLB].GetStructValue().GetFields()[epp.HeaderDestination].GetStringValue()

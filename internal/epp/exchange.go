@@ -70,6 +70,11 @@ type exchange struct {
 	broken   error
 	// rejection is the router's error answer, set by WriteError.
 	rejection *openai.Error
+	// newID is set when the request id is the router's (the client sent
+	// none): the decision hands it to the engine.
+	newID bool
+	// remember caches the prompt's token ids at settle (Router.TokenizeFor).
+	remember func(status int)
 }
 
 func newExchange(s *Server, stream extprocv3.ExternalProcessor_ProcessServer) *exchange {
@@ -192,6 +197,7 @@ func (x *exchange) decide() (done bool, err error) {
 		return x.bodiless()
 	}
 	x.read = true
+	x.ID, x.newID = x.s.p.Router.BeginAccess(x.in, Front)
 	if passthrough(x.in.URL.Path) {
 		// Another endpoint (embeddings, rerank...): routed by its model,
 		// as the HTTP front routes it.
@@ -281,6 +287,9 @@ func (x *exchange) sendDecision() error {
 		// The split protocols' members were stripped: the body the
 		// engine gets is shorter than the client's.
 		set = append(set, header("content-length", strconv.Itoa(len(x.Body))))
+	}
+	if x.newID {
+		set = append(set, header(headerRequestID, x.ID))
 	}
 	remove := []string{strings.ToLower(disagg.Headers[0])}
 	err := x.send(&extprocv3.ProcessingResponse{
@@ -447,9 +456,13 @@ func (x *exchange) Admit(r *lifecycle.Request) (func(), *openai.Error) {
 	return x.s.p.Router.AdmitFor(x.in, r)
 }
 
-// Tokenize routes approximately (lifecycle.Front): the precise index's
-// tokenizer call is the HTTP front's.
-func (x *exchange) Tokenize(*lifecycle.Request) []uint64 { return nil }
+// Tokenize returns the precise index's keys of the prompt
+// (lifecycle.Front), got as the HTTP front gets them.
+func (x *exchange) Tokenize(r *lifecycle.Request) []uint64 {
+	keys, remember := x.s.p.Router.TokenizeFor(x.in, r)
+	x.remember = remember
+	return keys
+}
 
 // WriteError keeps the router's error answer for the immediate response
 // (lifecycle.Front).
@@ -476,8 +489,19 @@ func (x *exchange) Ended() lifecycle.BodyEnd {
 	return lifecycle.BodyEnd{Complete: x.complete, In: prompt}
 }
 
-// Settled gives the body's room back (lifecycle.Front).
-func (x *exchange) Settled(*lifecycle.Request) {
+// Settled gives the body's room back, caches the prompt's token ids if
+// its engine accepted it and writes the access log line
+// (lifecycle.Front).
+func (x *exchange) Settled(r *lifecycle.Request) {
+	var tally *lifecycle.Tally
+	if x.counted {
+		tally = &x.tally
+	}
+	x.s.p.Router.EndAccess(x.in, r, Front, tally)
+	if x.remember != nil {
+		x.remember(r.Status)
+		x.remember = nil
+	}
 	if x.held > 0 {
 		x.s.p.Router.GiveBody(x.held)
 		x.held = 0

@@ -9,6 +9,8 @@ import (
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/kvroute/kvroute/internal/lifecycle"
 )
 
 // The access log is one line per request, whatever its outcome (Envoy's
@@ -36,6 +38,9 @@ const maxRequestID = 128
 // in its settle (settleAccess), before the line is written.
 type accessEntry struct {
 	id string
+	// front is the front that carried the request: "http", or "epp"
+	// (the Endpoint Picker, whose gateway forwarded it).
+	front string
 	// status is the outcome the exchange settled on (499: the client
 	// left); 0 for a request no exchange served, whose status the
 	// response writer saw.
@@ -88,19 +93,8 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 	enabled := s.cfg.Log.Access
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		id := r.Header.Get(headerRequestID)
-		if !requestIDOK(id) {
-			id = newRequestID()
-			r.Header.Set(headerRequestID, id)
-		}
-		w.Header().Set(headerRequestID, id)
-		e := &accessEntry{id: id}
-		if tp := r.Header.Get("Traceparent"); tp != "" {
-			// The client's trace, with tracing off; the exchange's span
-			// replaces it when tracing is on.
-			e.traceID = trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(),
-				propagation.HeaderCarrier(r.Header))).TraceID()
-		}
+		e := newAccess(r, "http")
+		w.Header().Set(headerRequestID, e.id)
 		// An exchange settles its own status (499 included); the writer
 		// notes that of a response the router writes outside one.
 		sw := &statusWriter{ResponseWriter: w}
@@ -116,6 +110,24 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 		}()
 		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), accessKey{}, e)))
 	})
+}
+
+// newAccess is the access log entry of r, carried by front: its request
+// id (the client's X-Request-Id when it is valid, else a new one, set on
+// r's headers for the engine) and the client's trace id, which the
+// exchange's span replaces when tracing is on.
+func newAccess(r *http.Request, front string) *accessEntry {
+	id := r.Header.Get(headerRequestID)
+	if !requestIDOK(id) {
+		id = newRequestID()
+		r.Header.Set(headerRequestID, id)
+	}
+	e := &accessEntry{id: id, front: front}
+	if tp := r.Header.Get("Traceparent"); tp != "" {
+		e.traceID = trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(),
+			propagation.HeaderCarrier(r.Header))).TraceID()
+	}
+	return e
 }
 
 // writeAccess writes the access log line of r.
@@ -136,12 +148,13 @@ func (s *Server) writeAccess(r *http.Request, e *accessEntry, written int, start
 	if status == 0 {
 		status = http.StatusOK // the handler wrote nothing: net/http sends 200
 	}
-	attrs := make([]slog.Attr, 0, 18)
+	attrs := make([]slog.Attr, 0, 19)
 	attrs = append(attrs,
 		slog.String("request_id", e.id),
 		slog.String("client", r.RemoteAddr),
 		slog.String("method", r.Method),
 		slog.String("path", r.URL.Path),
+		slog.String("front", e.front),
 		slog.String("model", e.model),
 		slog.Int("status", status),
 		slog.String("backend", e.backend),
@@ -184,22 +197,29 @@ func (ex *exchange) settleAccess() {
 	if e == nil {
 		return
 	}
-	e.status, e.code, e.ttft = ex.Status, ex.Code, ex.TTFT
-	if ex.View != nil {
-		e.model = ex.View.Model
-	}
+	e.settle(&ex.Request)
 	e.tokensIn, e.tokensOut = ex.tokens()
-	if l := ex.Leg(); l.Target != nil {
-		e.backend, e.attempts = l.Target.B.Name, ex.Retries()+1
-		// The request's reason names every leg and why a request that
-		// could be split was served whole, as X-Kvroute-Reason does.
-		e.reason = ex.Reason()
-	}
-	e.prefill = ex.prefillBackend()
 	if ex.relay != nil {
 		e.moved = ex.relay.mover.trailOf()
 	}
 	if ex.span != nil {
 		e.traceID = ex.span.SpanContext().TraceID()
 	}
+}
+
+// settle fills e with what the settled request r says, whatever front
+// carried it: its status and error code, TTFT, model, the backend that
+// served and its attempts, the decision's reason, the prefill engine.
+func (e *accessEntry) settle(r *lifecycle.Request) {
+	e.status, e.code, e.ttft = r.Status, r.Code, r.TTFT
+	if r.View != nil {
+		e.model = r.View.Model
+	}
+	if l := r.Leg(); l.Target != nil {
+		e.backend, e.attempts = l.Target.B.Name, r.Retries()+1
+		// The request's reason names every leg and why a request that
+		// could be split was served whole, as X-Kvroute-Reason does.
+		e.reason = r.Reason()
+	}
+	e.prefill = prefillBackend(r)
 }

@@ -257,7 +257,7 @@ func anthropicPath(path string) bool {
 func (ex *exchange) Respond(l *lifecycle.Leg, resp *http.Response, head []byte, headErr error) {
 	if ex.tenant.reveal {
 		resp.Header.Set(headerBackend, l.Target.B.Name)
-		if p := ex.prefillBackend(); p != "" {
+		if p := prefillBackend(&ex.Request); p != "" {
 			resp.Header.Set(headerPrefill, p)
 		}
 		if reason := ex.Reason(); reason != "" {
@@ -286,9 +286,9 @@ func (ex *exchange) Hold(n int64) bool {
 
 // prefillBackend is the engine that ran the request's prefill leg, ""
 // when it has none or the leg was skipped (the request was served whole).
-func (ex *exchange) prefillBackend() string {
-	for i := range ex.Legs {
-		l := &ex.Legs[i]
+func prefillBackend(r *lifecycle.Request) string {
+	for i := range r.Legs {
+		l := &r.Legs[i]
 		if l.Role == disagg.RolePrefill && l.Target != nil && !l.Skipped() {
 			return l.Target.B.Name
 		}
@@ -346,14 +346,24 @@ func (ex *exchange) settleDeferred() {
 // when it reported one, else the router's estimate of the prompt and the
 // stream's token chunks.
 func (ex *exchange) tokens() (in, out int) {
-	if ex.View != nil {
-		in = ex.View.PromptTokens
-	}
 	if rl := ex.relay; rl != nil && rl.counted {
-		if u := rl.tally.Usage(); u != nil {
+		return tokensOf(ex.View, &rl.tally)
+	}
+	return tokensOf(ex.View, nil)
+}
+
+// tokensOf are a request's input and output tokens: its answer's usage
+// when it reported one, else the router's estimate of v's prompt and t's
+// token chunks; t is nil for an answer not counted (not a 2xx).
+func tokensOf(v *request.View, t *lifecycle.Tally) (in, out int) {
+	if v != nil {
+		in = v.PromptTokens
+	}
+	if t != nil {
+		if u := t.Usage(); u != nil {
 			in = u.PromptTokens
 		}
-		out = rl.tally.Output()
+		out = t.Output()
 	}
 	return in, out
 }

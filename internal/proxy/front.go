@@ -74,6 +74,47 @@ func (s *Server) SplitFor(r *lifecycle.Request) {
 	s.applyPlan(r, s.splitter.Split(r.View, r.Hashes, time.Now()))
 }
 
+// TokenizeFor returns the precise index's keys of r's prompt as the HTTP
+// front's exchange gets them (tokenKeys), nil to route approximately, and
+// remember, which the front calls with the request's status once it
+// settled: it caches the token ids when the engine accepted the request
+// (rememberTokens). remember is nil when there is nothing to cache.
+func (s *Server) TokenizeFor(in *http.Request, r *lifecycle.Request) (keys []uint64, remember func(status int)) {
+	keys, t := s.tokenKeys(in.Context(), r.View, r.Body)
+	if t.tokens == nil {
+		return keys, nil
+	}
+	return keys, func(status int) { s.rememberTokens(t, status) }
+}
+
+// BeginAccess begins the access log line of the request in carries
+// (front names its front) as the HTTP front's access log does: its
+// request id, the client's X-Request-Id when valid, else a new one, set
+// on in's headers (made reports so: the engine is to get it); the client's
+// trace id. EndAccess writes it once the request settled, as the HTTP
+// front's (settleAccess, writeAccess): r's outcome, and its tokens from
+// tally, nil for an answer not counted.
+func (s *Server) BeginAccess(in *http.Request, front string) (id string, made bool) {
+	had := in.Header.Get(headerRequestID)
+	e := newAccess(in, front)
+	return e.id, e.id != had
+}
+
+// EndAccess writes the access log line of r, which in carried (its
+// request id in r.ID, from BeginAccess).
+func (s *Server) EndAccess(in *http.Request, r *lifecycle.Request, front string, tally *lifecycle.Tally) {
+	if !s.cfg.Log.Access {
+		return
+	}
+	e := newAccess(in, front)
+	if r.ID != "" {
+		e.id = r.ID
+	}
+	e.settle(r)
+	e.tokensIn, e.tokensOut = tokensOf(r.View, tally)
+	s.writeAccess(in, e, 0, r.Start, s.cfg.Log.Access)
+}
+
 // HoldBody takes room for n bytes of a body in the budget of buffered
 // bodies (limits.max_buffered_bytes); false when there is none. GiveBody
 // gives it back.

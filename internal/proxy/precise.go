@@ -25,12 +25,16 @@ type tokenized struct {
 }
 
 // rememberTokens caches the exchange's token ids once the engine has
-// accepted its request (a 2xx): a prompt the engine refused (too long, an
+// accepted its request (rememberTokens of Server).
+func (ex *exchange) rememberTokens() { ex.s.rememberTokens(ex.tokenized, ex.Status) }
+
+// rememberTokens caches t's token ids once the engine has accepted their
+// request (status, a 2xx): a prompt the engine refused (too long, an
 // unknown model) is never cached, so that refused requests cannot fill
 // the cache.
-func (ex *exchange) rememberTokens() {
-	if p := ex.s.precise; p != nil && ex.tokenized.tokens != nil && ex.Status/100 == 2 {
-		p.Remember(ex.tokenized.key, ex.tokenized.tokens)
+func (s *Server) rememberTokens(t tokenized, status int) {
+	if p := s.precise; p != nil && t.tokens != nil && status/100 == 2 {
+		p.Remember(t.key, t.tokens)
 	}
 }
 
@@ -40,16 +44,24 @@ func (ex *exchange) rememberTokens() {
 // any way. It is called before routing, never inside the pick. The token
 // ids are kept in ex.tokenized for rememberTokens.
 func (ex *exchange) tokenKeys(ctx context.Context, v *request.View, body []byte) []uint64 {
-	s, p := ex.s, ex.s.precise
-	if p == nil || v.PromptTokens < p.MinTokens {
-		return nil
+	keys, t := ex.s.tokenKeys(ctx, v, body)
+	ex.tokenized = t
+	return keys
+}
+
+// tokenKeys is every front's tokenKeys: the keys, and the token ids behind
+// them for rememberTokens (none when the keys are nil).
+func (s *Server) tokenKeys(ctx context.Context, v *request.View, body []byte) ([]uint64, tokenized) {
+	p := s.precise
+	if p == nil || v == nil || v.PromptTokens < p.MinTokens {
+		return nil, tokenized{}
 	}
 	base := p.Service
 	if base == nil {
 		base = s.tokenizerBackend(v)
 		if base == nil {
 			p.Failed(tokenize.FailNoBackend)
-			return nil
+			return nil, tokenized{}
 		}
 	}
 	key := tokenize.Key{Model: v.Model, Prompt: xxhash.Sum64String(v.Prompt)}
@@ -58,14 +70,13 @@ func (ex *exchange) tokenKeys(ctx context.Context, v *request.View, body []byte)
 		var err error
 		if toks, err = p.Ask(ctx, base, key, v.Model, body); err != nil {
 			s.log.Debug("tokenize failed: routing approximately", "err", err)
-			return nil
+			return nil, tokenized{}
 		}
 	}
-	ex.tokenized = tokenized{key, toks}
 	// The chain is salted as the engine salts it: the LoRA adapter, then
 	// the request's cache_salt (and its tenant's, with isolate_prefix) on
 	// the first block, as the engines' events' extra keys carry it.
-	return s.sched.TokenKeys(toks, prefix.JoinSalt(s.sched.Precise().Salt(v.Model), v.PrefixSalt))
+	return s.sched.TokenKeys(toks, prefix.JoinSalt(s.sched.Precise().Salt(v.Model), v.PrefixSalt)), tokenized{key, toks}
 }
 
 // tokenizerBackend picks the healthy backend serving v's model to ask for
