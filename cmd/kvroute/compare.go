@@ -35,12 +35,15 @@ func compareFlags(fs *flag.FlagSet, w *fleetFlags) *float64 {
 	return timeScale
 }
 
+// compareUsage is compare's usage line.
+const compareUsage = "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--max-num-seqs N] [--max-loras N --adapters N [--adapter-zipf S]] [--max-num-batched-tokens N] [--configure-limits] [--kv-blocks N] [--cpu-kv-blocks N] [--policies a,b,c] [--prefill N --decode M] [--rate R | --speedup X | --load F] [--limit N | --window START-END | --duration D] [--seed S] [--time-scale X] [--kv-events] [--replicas N [--kill-replica-at D]] [--fault kill|hang|restart --fault-at D [--drain-grace D]] [--oracle] [--json FILE] [--out DIR]"
+
 func runCompare(args []string) int {
 	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
 	var w fleetFlags
 	timeScale := compareFlags(fs, &w)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute compare --workload NAME|FILE [--engines N --preset NAME] [--max-num-seqs N] [--max-loras N --adapters N [--adapter-zipf S]] [--max-num-batched-tokens N] [--configure-limits] [--policies a,b,c] [--prefill N --decode M] [--rate R | --speedup X | --load F] [--limit N | --window START-END] [--seed S] [--time-scale X] [--kv-events] [--replicas N [--kill-replica-at D]] [--fault kill|hang|restart --fault-at D [--drain-grace D]] [--oracle] [--json FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), compareUsage)
 		fmt.Fprintln(fs.Output(), "\nStarts the emulated engines and one router on loopback, in process, and replays the workload once per policy against fresh engines. Latencies are reported in emulated time.\n\nflags:")
 		printDefaults(fs)
 		writeBuiltins(fs.Output())

@@ -228,7 +228,7 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 		if inj != nil {
 			inj.served(name, url, stack.last)
 		}
-		be := config.Backend{URL: url, Name: name, Role: roleOf(fl, i)}
+		be := backendOf(cfg, pr, url, name, roleOf(fl, i))
 		if be.Role == config.RoleDecode {
 			// The conditional split weighs the transfer the decode
 			// engines wait, in the router's (wall-clock) time, as the
@@ -236,9 +236,6 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 			wallClock := func(d time.Duration) time.Duration { return time.Duration(float64(d) / cfg.TimeScale) }
 			cc.Disaggregation.KVTransferLatency = wallClock(pr.KVTransferLatency)
 			cc.Disaggregation.KVTransferTimePerToken = wallClock(pr.KVTransferPerToken)
-		}
-		if cfg.ConfigureLimits {
-			be.MaxNumSeqs, be.MaxNumBatchedTokens = pr.MaxNumSeqs, pr.MaxBatchedTokens
 		}
 		if precise {
 			be.KVEvents = "tcp://" + em.KVEventsAddr().String()
@@ -323,6 +320,20 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 		run.AdapterLoads = 1000 * float64(loads) / float64(run.Completed)
 	}
 	return run, nil
+}
+
+// backendOf is engine pr's entry in the router's config, served at url
+// under name with role: its limits when ConfigureLimits says so, and its
+// CPU tier (backends[].cpu_kv_blocks), which the approximate index models
+// as the engine's offload, as the simulator's router is told it
+// (sim.Config.TierBlindIndex off). Its load time per token is not given:
+// the router learns it from the engine's offload counters, as from vLLM's.
+func backendOf(cfg Config, pr engine.Preset, url, name, role string) config.Backend {
+	be := config.Backend{URL: url, Name: name, Role: role, CPUKVBlocks: pr.CPUBlocks}
+	if cfg.ConfigureLimits {
+		be.MaxNumSeqs, be.MaxNumBatchedTokens = pr.MaxNumSeqs, pr.MaxBatchedTokens
+	}
+	return be
 }
 
 // loraModules lists the adapters reqs ask for, in order of first use, as

@@ -160,9 +160,9 @@ type watcher struct {
 	// prefill and decode are the engine's prefill counters and its
 	// inter-token latency counters at the start of the interval not yet
 	// taught to the fleet.
-	prefill, decode counters
+	prefill, decode fleet.Counters
 	// load is the engine's counters of its CPU tier's loads, likewise.
-	load counters
+	load fleet.Counters
 	// computed is the engine's count of prompt tokens computed at the
 	// decode counters' last lesson, -1 for none (reading).
 	computed float64
@@ -229,7 +229,7 @@ func (m *Monitor) sync(ctx context.Context) {
 		if m.cfg.KindOf != nil {
 			kind = m.cfg.KindOf(b)
 		}
-		w := &watcher{b: b, kind: kind, cancel: cancel, done: make(chan struct{}), prefill: none, decode: none, load: none, computed: -1}
+		w := &watcher{b: b, kind: kind, cancel: cancel, done: make(chan struct{}), computed: -1}
 		m.watchers[b] = w
 		go m.loop(wctx, w)
 	}
@@ -351,32 +351,6 @@ func (m *Monitor) scrapeOnce(ctx context.Context, w *watcher) {
 	}
 }
 
-// counters are an engine's lifetime count of tokens and of the seconds
-// they took, as last taught to the fleet; -1 for none yet.
-type counters struct{ tokens, seconds float64 }
-
-var none = counters{-1, -1}
-
-// take returns the growth of the engine's counters (tokens, seconds) since
-// the last lesson once it is at least least tokens (smaller growth
-// accumulates), and whether it makes a lesson. A counter that went back
-// (an engine restart) or a first reading starts afresh without one.
-func (c *counters) take(tokens, seconds, least float64) (dt, ds float64, ok bool) {
-	if tokens < 0 || seconds < 0 {
-		return 0, 0, false
-	}
-	dt, ds = tokens-c.tokens, seconds-c.seconds
-	switch {
-	case c.tokens < 0 || dt < 0 || ds < 0:
-	case dt >= least:
-		ok = true
-	default:
-		return 0, 0, false
-	}
-	c.tokens, c.seconds = tokens, seconds
-	return dt, ds, ok
-}
-
 // reading is what reading st taken at now teaches w's backend
 // (fleet.Backend.Learn): the report, the cap the engine reports, the
 // prefill throughput its counters show (the tokens it computed over the
@@ -386,14 +360,14 @@ func (c *counters) take(tokens, seconds, least float64) (dt, ds float64, ok bool
 // lesson, once at least one token came).
 func (w *watcher) reading(st adapter.State, now time.Time) fleet.Reading {
 	r := fleet.Reading{State: engineState(st, now), MaxNumSeqs: st.MaxNumSeqs}
-	if dt, ds, ok := w.prefill.take(st.PrefillTokens, st.PrefillSeconds, fleet.MinRateWork); ok {
+	if dt, ds, ok := w.prefill.Take(st.PrefillTokens, st.PrefillSeconds, fleet.MinRateWork); ok {
 		r.PrefillTokens, r.PrefillSeconds = dt, ds
 	}
-	if dt, ds, ok := w.load.take(st.HostLoadTokens, st.HostLoadSeconds, fleet.MinLoadTokens); ok {
+	if dt, ds, ok := w.load.Take(st.HostLoadTokens, st.HostLoadSeconds, fleet.MinLoadTokens); ok {
 		r.HostLoadTokens, r.HostLoadSeconds = dt, ds
 	}
 	before := w.decode
-	dt, ds, ok := w.decode.take(st.DecodeTokens, st.DecodeSeconds, 1)
+	dt, ds, ok := w.decode.Take(st.DecodeTokens, st.DecodeSeconds, 1)
 	if ok {
 		r.DecodeTokens, r.DecodeSeconds = dt, ds
 	}

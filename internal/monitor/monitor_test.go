@@ -738,7 +738,7 @@ vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="`+tt.blocks+`"
 // those steps are not read as decode time; unknown (-1) when the engine
 // counts none and after a restart.
 func TestReadingComputedTokens(t *testing.T) {
-	w := &watcher{b: fleet.New().Add("b", nil, nil), prefill: none, decode: none, computed: -1}
+	w := &watcher{b: fleet.New().Add("b", nil, nil), computed: -1}
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	read := func(decTokens, decSeconds, computed float64) fleet.Reading {
 		t.Helper()

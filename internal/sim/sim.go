@@ -249,6 +249,9 @@ type node struct {
 	// computed is the engine's prompt tokens computed at the last reading
 	// (costs.go).
 	computed int64
+	// loads is the engine's counts of its CPU tier's loads as last taught
+	// (costs.go).
+	loads fleet.Counters
 }
 
 // sim is one run's state.
@@ -637,11 +640,13 @@ func (s *sim) stepStart(i int) {
 	}
 	// Taught as the live monitor teaches a scrape (fleet.Backend.Learn),
 	// to every replica's picture of the engine: the report, and the
-	// inter-token latency since the last reading. As from the emulated
-	// engine's /metrics, no running-sequence cap (vLLM exports none) and
-	// no prefill time (kvroute engine exports none), so no prefill rate.
+	// inter-token latency since the last reading, and its CPU tier's
+	// loads. As from the emulated engine's /metrics, no running-sequence
+	// cap (vLLM exports none) and no prefill time (kvroute engine exports
+	// none), so no prefill rate.
 	r := fleet.Reading{State: es, DecodeTokens: float64(n.itlN), DecodeSeconds: n.itlSum.Seconds(),
 		ComputedTokens: n.computedSince(st)}
+	n.learnLoads(&r, st)
 	n.itlN, n.itlSum = 0, 0
 	s.forBackends(i, func(b *fleet.Backend) { b.Learn(r) })
 	if d <= 0 {
