@@ -408,6 +408,11 @@ func (t *Ticket) Done(now time.Time) Load {
 
 // Fleet is the set of backends.
 type Fleet struct {
+	// Undrained, when set (before the fleet is shared), is called after
+	// a drained backend is let back in, outside the fleet's lock: the
+	// router forgets its pooled connections to it, which may be the
+	// connections of an engine restarted on the same address.
+	Undrained func(b *Backend)
 	// mu serialises membership and health changes so that snapshots are
 	// published in order; readers never take it.
 	mu sync.Mutex

@@ -87,12 +87,17 @@ func (f *Fleet) Drain(b *Backend) {
 // nothing, when b is being removed or retired: removal is final.
 func (f *Fleet) Undrain(b *Backend) bool {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	if b.removing.Load() {
+		f.mu.Unlock()
 		return false
 	}
-	if b.draining.Swap(false) {
+	was := b.draining.Swap(false)
+	if was {
 		f.publish()
+	}
+	f.mu.Unlock()
+	if was && f.Undrained != nil {
+		f.Undrained(b)
 	}
 	return true
 }
