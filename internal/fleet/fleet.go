@@ -74,6 +74,8 @@ type Backend struct {
 	// requests; a removing one is retired once its last request ends.
 	draining, removing, retired atomic.Bool
 	fleet                       *Fleet
+	// drainCtx is cancelled when b starts draining (drain.go).
+	drainCtx atomic.Pointer[drainSignal]
 	// removedAt is when Remove was called, for the rejoin grace
 	// (slots.go); guarded by fleet.mu.
 	removedAt time.Time

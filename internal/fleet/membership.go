@@ -79,6 +79,7 @@ func (f *Fleet) Drain(b *Backend) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !b.draining.Swap(true) {
+		b.drainStarted()
 		f.publish()
 	}
 }
@@ -93,6 +94,7 @@ func (f *Fleet) Undrain(b *Backend) bool {
 	}
 	was := b.draining.Swap(false)
 	if was {
+		b.drainEnded()
 		f.publish()
 	}
 	f.mu.Unlock()
@@ -108,7 +110,9 @@ func (f *Fleet) Undrain(b *Backend) bool {
 // b; its Done retires b in turn. now starts b's rejoin grace.
 func (f *Fleet) Remove(b *Backend, now time.Time) (retired bool) {
 	f.mu.Lock()
-	b.draining.Store(true)
+	if !b.draining.Swap(true) {
+		b.drainStarted()
+	}
 	if !b.removing.Swap(true) {
 		b.removedAt = now
 	}

@@ -288,6 +288,10 @@ type Plane struct {
 	// leg's answer, drain).
 	Attempts                                            int
 	HeaderTimeout, FirstTokenTimeout, StreamIdleTimeout time.Duration
+	// DrainGrace is fleet.drain_grace: an attempt still waiting for its
+	// first byte that long after its backend started draining is sent
+	// elsewhere (drain.go). 0: it waits.
+	DrainGrace time.Duration
 	// Wake wakes the admission queue (a first byte or a settle freed
 	// room); nil: none.
 	Wake func()

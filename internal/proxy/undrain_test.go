@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -109,5 +110,38 @@ func TestUndrainForgetsPooledConnections(t *testing.T) {
 	}
 	if b0.hits.Load() == before {
 		t.Error("b0 served no request after its undrain")
+	}
+}
+
+// TestDrainResendsWaiting: a request still waiting for its first byte
+// when its backend has drained for fleet.drain_grace is sent to another
+// backend (nothing reached its client: the retry is exact), neither
+// counted as a retry nor held against the drained backend. Before, the
+// drain waited for it, however long its prefill or queue.
+func TestDrainResendsWaiting(t *testing.T) {
+	r := newRig(t, "round-robin", 2, func(c *config.Config) {
+		c.Fleet.DrainGrace = 20 * time.Millisecond
+		c.Health.Interval = time.Hour
+	})
+	b0, b1 := r.srv.Fleet().Snapshot().All[0], r.srv.Fleet().Snapshot().All[1]
+	r.backends[0].setMode(modeHang) // b0 never answers
+	r.srv.Fleet().Drain(b1)         // the request goes to b0
+	res := make(chan result, 1)
+	go func() { res <- r.post("/v1/chat/completions", chat("shared", true, "waiting on a drained engine")) }()
+	<-r.backends[0].started
+	r.srv.Fleet().Undrain(b1)
+	r.srv.Fleet().Drain(b0)
+	got := <-res
+	if got.status != 200 || !strings.Contains(string(got.body), "data: [DONE]") || r.backends[1].hits.Load() != 1 {
+		t.Fatalf("status %d, b1 hits %d, body %s", got.status, r.backends[1].hits.Load(), got.body)
+	}
+	<-r.backends[0].cancelled // the drained engine's attempt was cut
+	if n := r.srv.metricValue("kvroute_retries_total"); n != 0 {
+		t.Errorf("%v retries counted, want 0", n)
+	}
+	if m := r.srv.Members().Of(b0); m == nil {
+		t.Error("no record of b0")
+	} else if st := m.Breaker(); st.Fails != 0 {
+		t.Errorf("the drained backend was judged: %+v", st)
 	}
 }
