@@ -26,7 +26,7 @@ type drainBound struct {
 
 // boundDrain returns out under the drain bound of leg l's backend.
 func (p *Plane) boundDrain(r *Request, l *Leg, out *http.Request) (*http.Request, *drainBound) {
-	if p.DrainGrace <= 0 || r.Passthrough {
+	if !p.ResendDrained || r.Passthrough {
 		return out, nil
 	}
 	ctx, cancel := context.WithCancelCause(out.Context())
