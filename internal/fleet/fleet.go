@@ -74,6 +74,8 @@ type Backend struct {
 	// requests; a removing one is retired once its last request ends.
 	draining, removing, retired atomic.Bool
 	fleet                       *Fleet
+	// drainCtx is cancelled when b starts draining (drain.go).
+	drainCtx atomic.Pointer[drainSignal]
 	// removedAt is when Remove was called, for the rejoin grace
 	// (slots.go); guarded by fleet.mu.
 	removedAt time.Time
@@ -408,6 +410,11 @@ func (t *Ticket) Done(now time.Time) Load {
 
 // Fleet is the set of backends.
 type Fleet struct {
+	// Undrained, when set (before the fleet is shared), is called after
+	// a drained backend is let back in, outside the fleet's lock: the
+	// router forgets its pooled connections to it, which may be the
+	// connections of an engine restarted on the same address.
+	Undrained func(b *Backend)
 	// mu serialises membership and health changes so that snapshots are
 	// published in order; readers never take it.
 	mu sync.Mutex

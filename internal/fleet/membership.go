@@ -79,6 +79,7 @@ func (f *Fleet) Drain(b *Backend) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !b.draining.Swap(true) {
+		b.drainStarted()
 		f.publish()
 	}
 }
@@ -87,12 +88,18 @@ func (f *Fleet) Drain(b *Backend) {
 // nothing, when b is being removed or retired: removal is final.
 func (f *Fleet) Undrain(b *Backend) bool {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	if b.removing.Load() {
+		f.mu.Unlock()
 		return false
 	}
-	if b.draining.Swap(false) {
+	was := b.draining.Swap(false)
+	if was {
+		b.drainEnded()
 		f.publish()
+	}
+	f.mu.Unlock()
+	if was && f.Undrained != nil {
+		f.Undrained(b)
 	}
 	return true
 }
@@ -103,7 +110,9 @@ func (f *Fleet) Undrain(b *Backend) bool {
 // b; its Done retires b in turn. now starts b's rejoin grace.
 func (f *Fleet) Remove(b *Backend, now time.Time) (retired bool) {
 	f.mu.Lock()
-	b.draining.Store(true)
+	if !b.draining.Swap(true) {
+		b.drainStarted()
+	}
 	if !b.removing.Swap(true) {
 		b.removedAt = now
 	}

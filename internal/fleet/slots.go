@@ -63,7 +63,9 @@ func (f *Fleet) rejoin(name string, u *url.URL, models []string, now time.Time) 
 		if !old.retired.Load() && sameURL(old.URL, u) && slices.Equal(old.Models, models) {
 			// Still finishing requests where it was: it simply stays.
 			old.removing.Store(false)
-			old.draining.Store(false)
+			if old.draining.Swap(false) {
+				old.drainEnded()
+			}
 			return old
 		}
 		if !old.retired.Load() {

@@ -156,7 +156,13 @@ func (p *Plane) attempts(r *Request, l *Leg, req *http.Request, base *url.URL, f
 			at.close()
 			return attempt{err: ctx.Err()}
 		}
-		next := p.reroute(r, l)
+		drained := errors.Is(at.err, ErrDrainedWaiting)
+		var next *scheduler.Assignment
+		if drained {
+			next = p.away(r, l)
+		} else {
+			next = p.reroute(r, l)
+		}
 		if next == nil {
 			// Out of attempts or of backends: pass a backend's 5xx
 			// through as it is (it says what went wrong), else report
@@ -167,15 +173,21 @@ func (p *Plane) attempts(r *Request, l *Leg, req *http.Request, base *url.URL, f
 			}
 			return at
 		}
-		p.judge(r, l, at.err, BodyEnd{})
 		at.close()
 		l.A.Done(time.Now())
-		p.Log.Warn("retry", "request_id", r.ID, "from", l.Target.B.Name, "to", next.Backend.Name, "attempt", l.Retries+2, "err", at.err)
-		if p.Retried != nil {
-			p.Retried()
+		if drained {
+			// Planned: nothing to hold against the backend, no retry.
+			p.Log.Info("resent", "request_id", r.ID, "from", l.Target.B.Name, "to", next.Backend.Name, "err", at.err)
+			p.assign(r, l, next)
+		} else {
+			p.judge(r, l, at.err, BodyEnd{})
+			p.Log.Warn("retry", "request_id", r.ID, "from", l.Target.B.Name, "to", next.Backend.Name, "attempt", l.Retries+2, "err", at.err)
+			if p.Retried != nil {
+				p.Retried()
+			}
+			p.assign(r, l, next)
+			l.Retries++
 		}
-		p.assign(r, l, next)
-		l.Retries++
 		if prev != nil {
 			// The failed engine may have pulled the earlier leg's KV
 			// cache already, which its engine then freed: the answer's
@@ -243,19 +255,34 @@ func (p *Plane) reroute(r *Request, l *Leg) *scheduler.Assignment {
 	return next
 }
 
+// away is the next backend for a leg whose attempt its backend's drain
+// cut before the first byte (ErrDrainedWaiting): any other, whatever the
+// retries spent; nil when there is none.
+func (p *Plane) away(r *Request, l *Leg) *scheduler.Assignment {
+	l.Tried = append(l.Tried, l.Target.B.ID)
+	next, _ := p.route(r, l, time.Now())
+	return next
+}
+
 // try sends out to the leg's backend once and classifies the answer: a
 // response to hand on, or a failure before the first byte.
 func (p *Plane) try(r *Request, l *Leg, out *http.Request, last bool) attempt {
 	r.trace.Attempt(r, l, out)
 	sent, ft := p.boundFirstToken(r, out)
+	sent, db := p.boundDrain(r, l, sent)
 	resp, err := p.Upstream.RoundTrip(sent)
 	at := attempt{resp: resp, err: err}
 	if err == nil && resp.StatusCode/100 == 2 {
 		at.head, at.headErr = p.firstByte(resp.Body, r.View != nil && r.View.Stream && (r.View.Kind == request.Responses || r.View.Kind == request.Messages))
 	}
+	drained := db.done()
 	if ft.done() {
 		at.close()
 		return attempt{err: ErrFirstTokenTimeout}
+	}
+	if drained {
+		at.close()
+		return attempt{err: ErrDrainedWaiting}
 	}
 	if err != nil {
 		return at

@@ -288,6 +288,11 @@ type Plane struct {
 	// leg's answer, drain).
 	Attempts                                            int
 	HeaderTimeout, FirstTokenTimeout, StreamIdleTimeout time.Duration
+	// With ResendDrained, an attempt still waiting for its first byte
+	// DrainGrace (fleet.drain_grace; 0: at once) after its backend
+	// started draining is sent elsewhere (drain.go); without, it waits.
+	ResendDrained bool
+	DrainGrace    time.Duration
 	// Wake wakes the admission queue (a first byte or a settle freed
 	// room); nil: none.
 	Wake func()

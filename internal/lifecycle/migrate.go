@@ -39,7 +39,8 @@ var (
 // with cause after the client had part of it (nil: the router cut it, a
 // drain, which says nothing of the engine), to another engine: a new
 // leg, routed on the continuation's view v by the same scheduler (away
-// from every engine the request failed on), sends body once. The new leg
+// from every engine the request failed on, not from those it was drained
+// from), sends body once. The new leg
 // becomes the request's last: its response is the one the front relays
 // from here on, and Settle judges and releases it as any last leg. The
 // broken leg is judged by cause and its load released once a new leg
@@ -55,7 +56,14 @@ var (
 func (p *Plane) Continue(r *Request, body []byte, v *request.View, cause error) (*Continued, error) {
 	now := time.Now()
 	old := r.Leg()
-	tried := append(append([]int(nil), old.Tried...), old.Target.B.ID)
+	tried := append([]int(nil), old.Tried...)
+	if cause != nil || !old.responded {
+		// An engine the request failed on. A drained one did not fail:
+		// the snapshot leaves it out while it drains, and once it is
+		// back (a rolling restart) the stream may come back to it when
+		// the engine it went to drains in turn.
+		tried = append(tried, old.Target.B.ID)
+	}
 	l := Leg{Role: RoleContinued, View: v, Tried: tried}
 	r.trace.RouteStart()
 	a, err := p.Sched.RoutePrecise(v, p.Sched.Hashes(v), nil, tried, now)

@@ -113,6 +113,8 @@ func (s *Server) newPlane() *lifecycle.Plane {
 		HeaderTimeout:     s.cfg.Upstream.ResponseHeaderTimeout,
 		FirstTokenTimeout: s.cfg.Upstream.FirstTokenTimeout,
 		StreamIdleTimeout: s.cfg.Upstream.StreamIdleTimeout,
+		ResendDrained:     true,
+		DrainGrace:        s.cfg.Fleet.DrainGrace,
 		Wake:              s.adm.Wake,
 		Routed:            s.metrics.routed,
 		Retried:           s.metrics.retries.Inc,

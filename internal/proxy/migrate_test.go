@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/openai"
 )
 
@@ -189,5 +190,47 @@ func TestMoveDrainedStream(t *testing.T) {
 	}
 	if !drained.Healthy() {
 		t.Fatal("the drained engine was judged to have failed")
+	}
+}
+
+// TestMoveDrainedTwice: a rolling restart drains the engine a stream was
+// moved to after the engine it came from is back: the stream goes back
+// to the first engine, which it was drained from and did not fail on.
+// Before, a drained engine counted among those the request failed on, and
+// the second move found nowhere to go: the error event, the answer cut.
+func TestMoveDrainedTwice(t *testing.T) {
+	const body = `{"model":"shared","stream":true,"max_tokens":400,"ignore_eos":true,"messages":[{"role":"user","content":"a story for two drains"}]}`
+	r, _ := newEmuRig(t, 2, 2, func(c *config.Config) { c.Fleet.DrainGrace = 20 * time.Millisecond })
+	resp, err := r.client.Post(r.base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	first := r.backendByName(resp.Header.Get(headerBackend))
+	var second *fleet.Backend
+	for _, b := range r.srv.Fleet().Snapshot().All {
+		if b != first {
+			second = b
+		}
+	}
+	moved := r.srv.metrics.mig.moves.WithLabelValues("drain", "moved")
+	restarted := make(chan struct{})
+	got := readClientStream(t, resp, 3, func() {
+		r.srv.Fleet().Drain(first)
+		go func() {
+			defer close(restarted)
+			for counterValue(moved) < 1 { // the stream is on the second engine
+				time.Sleep(time.Millisecond)
+			}
+			r.srv.Fleet().Undrain(first)
+			r.srv.Fleet().Drain(second)
+		}()
+	})
+	<-restarted
+	if got.errs != 0 || got.dones != 1 || got.roles != 1 || len(got.ids) != 1 || got.tokens != 400 {
+		t.Fatalf("stream drained twice: %d error events (%s), %d [DONE], %d roles, ids %v, %d tokens", got.errs, got.lastEvent, got.dones, got.roles, got.ids, got.tokens)
+	}
+	if n := counterValue(moved); n != 2 {
+		t.Fatalf("%v drain moves counted, want 2", n)
 	}
 }

@@ -92,6 +92,13 @@ func New(cfg *config.Config, logger *slog.Logger) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: logger, fleet: fleet.New(), last: cfg}
 	s.upstream = newTransport(cfg.Upstream, s.dialBackendTLS)
+	// A drained engine is often stopped and started again on its address
+	// (a rolling restart); its pooled connections then lead nowhere, and
+	// the first requests sent on them after the undrain would fail
+	// ("broken pipe") and open its breaker. The transport cannot close
+	// one host's idle connections, so all are closed: the others are
+	// dialled again, once an undrain.
+	s.fleet.Undrained = func(*fleet.Backend) { s.upstream.CloseIdleConnections() }
 	s.upstreamTLS.Store(cfg.Upstream.TLS)
 	if cfg.ListenTLS.Enabled() {
 		c, err := cfg.ListenTLS.Load()

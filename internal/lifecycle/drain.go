@@ -1,0 +1,70 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+)
+
+// ErrDrainedWaiting is an attempt that was still waiting for its first
+// byte fleet.drain_grace after its backend started draining: nothing
+// reached the client, so it is sent elsewhere as it is, neither judged
+// against the backend nor counted as a retry.
+var ErrDrainedWaiting = errors.New("the backend was drained before its first byte")
+
+// drainBound cancels an attempt's context DrainGrace after its backend
+// starts draining, unless the attempt had its first byte (done) first.
+// It costs no goroutine while the backend is not draining. A nil
+// *drainBound bounds nothing.
+type drainBound struct {
+	mu           sync.Mutex
+	fired, ended bool
+	timer        Timer
+	stopWatching func() bool
+}
+
+// boundDrain returns out under the drain bound of leg l's backend.
+func (p *Plane) boundDrain(r *Request, l *Leg, out *http.Request) (*http.Request, *drainBound) {
+	if !p.ResendDrained || r.Passthrough {
+		return out, nil
+	}
+	ctx, cancel := context.WithCancelCause(out.Context())
+	db := &drainBound{}
+	db.stopWatching = context.AfterFunc(l.Target.B.DrainStarted(), func() {
+		db.mu.Lock()
+		defer db.mu.Unlock()
+		if db.ended {
+			return
+		}
+		db.timer = AfterFunc(p.DrainGrace, func() {
+			db.mu.Lock()
+			if db.ended {
+				db.mu.Unlock()
+				return
+			}
+			db.fired = true
+			db.mu.Unlock()
+			cancel(ErrDrainedWaiting)
+		})
+	})
+	// The attempt's context is a child of the request's, which the front
+	// cancels when the request ends: cancel need not be kept.
+	return out.WithContext(ctx), db
+}
+
+// done ends the bound once the attempt has its first byte (or failed)
+// and reports whether it fired first: the attempt was cut for the drain.
+func (db *drainBound) done() bool {
+	if db == nil {
+		return false
+	}
+	db.stopWatching()
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	db.ended = true
+	if db.timer != nil {
+		db.timer.Stop()
+	}
+	return db.fired
+}
