@@ -84,9 +84,11 @@ func (a *Answer) Strip(p []byte, final bool) int {
 				return a.out(p, i+cutName(p[i:]))
 			}
 			j += i - len(keyHead) // where the name would start
-			if j < 0 || string(p[j:j+len(keyHead)]) != keyHead {
-				// Not the name. (One cut by the previous call's end was
-				// held back and starts this p.)
+			if j < i || string(p[j:j+len(keyHead)]) != keyHead {
+				// Not the name: its quote would be a byte already read
+				// (the closing quote of a name or value just scanned),
+				// or before p (one cut by the previous call's end was
+				// held back and starts this p).
 				i = j + len(keyHead) + 1
 				continue
 			}
