@@ -74,11 +74,24 @@ func (in *Injector) Result(samples []report.Sample, timeScale float64) Result {
 
 // Blame reports whether s failed because of the fault: a failure (not a
 // clean refusal) of a request not over before the fault began, on an
-// engine the fault hit or with no engine known. A request whose failure
-// has no measured end (a status other than 200) counts by its arrival.
+// engine the fault hit or with no engine known. An error status counts
+// by the request's arrival (it has no measured end; it comes at once); a
+// stream read to its break by its measured end; any other failure (an
+// error event, no answer at all) has no measured end and may have come
+// after the fault began.
 func (in *Injector) Blame(s *report.Sample) bool {
-	if !failed(s) || in.refused != nil && in.refused(s) || s.Start+s.E2E < in.f.At {
+	if !failed(s) || in.refused != nil && in.refused(s) {
 		return false
+	}
+	switch {
+	case s.Status != 0 && s.Status != http.StatusOK:
+		if s.Start < in.f.At {
+			return false
+		}
+	case s.E2E > 0:
+		if s.Start+s.E2E < in.f.At {
+			return false
+		}
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()

@@ -112,6 +112,9 @@ func TestBlame(t *testing.T) {
 	}{
 		{"broken across the fault", broken, true},
 		{"no engine known", report.Sample{Start: 1200 * time.Millisecond, Status: 0, Err: "connection reset"}, true},
+		{"no answer, sent before the fault", report.Sample{Start: 500 * time.Millisecond, Status: 0, Err: "context deadline exceeded"}, true},
+		{"an error status before the fault", report.Sample{Start: 500 * time.Millisecond, Status: http.StatusBadGateway, Err: "HTTP 502"}, false},
+		{"an error event, no end measured", report.Sample{Backend: "engine-0", Start: 500 * time.Millisecond, TTFT: 100 * time.Millisecond, Status: http.StatusOK, Err: "error in stream"}, true},
 		{"completed", report.Sample{Backend: "engine-0", Start: 900 * time.Millisecond, E2E: time.Second, Status: http.StatusOK}, false},
 		{"over before the fault", report.Sample{Backend: "engine-0", Start: 0, E2E: 500 * time.Millisecond, Status: http.StatusOK, Err: "broken"}, false},
 		{"another engine", report.Sample{Backend: "engine-1", Start: 1200 * time.Millisecond, Status: http.StatusBadGateway, Err: "HTTP 502"}, false},
