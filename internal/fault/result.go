@@ -58,6 +58,9 @@ func (in *Injector) SetRefused(refused func(*report.Sample) bool) { in.refused =
 // came) and sums up the run's samples (wall clock, as bench.Drive
 // returns them; timeScale emulated seconds per wall-clock second).
 func (in *Injector) Result(samples []report.Sample, timeScale float64) Result {
+	if in.timer == nil { // never armed: the run did not start
+		return Result{Kind: in.f.Kind, At: in.f.At, Moved: -1}
+	}
 	if in.timer.Stop() {
 		in.done.Done() // the run ended before the fault
 	}

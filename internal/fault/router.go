@@ -166,7 +166,8 @@ func (a Admin) Undrain(name string) error {
 }
 
 // InFlight implements Router: the backend's in_flight in GET
-// /admin/backends.
+// /admin/backends (the router's known load: its own requests and, with
+// replicas, its peers').
 func (a Admin) InFlight(name string) (int64, error) {
 	var page struct {
 		Backends []admin.Backend `json:"backends"`
