@@ -271,8 +271,12 @@ func (in *Injector) restartOne(i int) (time.Duration, error) {
 	return time.Since(start), nil
 }
 
-// Close stops the engines' servers and the engines the injector started.
+// Close cancels a fault still to come and stops the engines' servers and
+// the engines the injector started.
 func (in *Injector) Close() {
+	if in.timer != nil && in.timer.Stop() {
+		in.done.Done()
+	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	for _, s := range in.servers {

@@ -190,7 +190,11 @@ func OwnFleet(ctx context.Context, s Config) (*bench.SoakResult, error) {
 		r := inj.Result(res.Samples, s.TimeScale)
 		fmt.Fprint(stdout, fault.Describe("soak", r))
 		if r.RestartErr != "" {
-			res.Problems = append(res.Problems, "the rolling restart stopped: "+r.RestartErr)
+			// The fault was not the one asked for: the verdict above
+			// judged another run.
+			p := "the rolling restart stopped: " + r.RestartErr
+			res.Problems = append(res.Problems, p)
+			fmt.Fprintln(stdout, "verdict: FAIL: "+p)
 		}
 	}
 	// The router must stop cleanly on SIGTERM once idle.
