@@ -99,10 +99,10 @@ type cont struct {
 
 // faultState is a run's account of its engine fault.
 type faultState struct {
-	run            report.FaultRun
-	added, bounds  []time.Duration
-	extra          int64
-	streams        int
+	run           report.FaultRun
+	added, bounds []time.Duration
+	extra         int64
+	streams       int
 }
 
 // engineFaulted reports whether the run has an engine fault, and which.
@@ -542,4 +542,3 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 	slices.Sort(ds)
 	return ds[min(len(ds)-1, int(q*float64(len(ds))))]
 }
-
