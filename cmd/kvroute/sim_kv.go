@@ -77,8 +77,8 @@ func (k *kvFlags) check() error {
 	if k.delay < 0 {
 		return errors.New("--kv-events-delay must not be negative")
 	}
-	if k.streamIdle <= 0 || k.drainGrace < 0 || k.engineStart < 0 {
-		return errors.New("--stream-idle-timeout must be positive, --drain-grace and --engine-start not negative")
+	if k.streamIdle < 0 || k.drainGrace < 0 || k.engineStart < 0 {
+		return errors.New("--stream-idle-timeout, --drain-grace and --engine-start must not be negative")
 	}
 	if k.migration.MaxAttempts < 0 || k.migration.MaxContextTokens < 0 {
 		return errors.New("--migration-max-attempts and --migration-max-context-tokens must not be negative")

@@ -246,18 +246,21 @@ func (s *sim) eject(i int) {
 
 // freeze stops engine i at s.now: the step under way never ends and its
 // tokens never reach a client. It returns the requests the engine had
-// (running, waiting, and those finished in the step under way), each
-// leg's tokens cut back to those its client had by now.
+// (running, waiting, and those finished in the step under way) but those
+// it lost before, each leg's tokens cut back to those its client had by
+// now, and the leg gone.
 func (s *sim) freeze(i int) []*flight {
 	n := &s.nodes[i]
 	n.gen++
 	n.busy = true
 	var out []*flight
 	for _, r := range n.eng.Requests(nil) {
-		out = append(out, r.Tag.(*flight))
+		if f := r.Tag.(*flight); !f.gone {
+			out = append(out, f)
+		}
 	}
 	for _, d := range n.out {
-		if !d.first && !slices.Contains(out, d.f) {
+		if !d.first && !d.f.gone && !slices.Contains(out, d.f) {
 			out = append(out, d.f) // finished in the step under way
 		}
 	}
@@ -488,22 +491,20 @@ func (s *sim) tokenMoved(f *flight, r *engine.Request, at time.Duration) {
 }
 
 // recordMoved completes the sample of a touched request from its
-// account: one TTFT (its first token's), its first engine's prompt and
-// routing, every token and gap the client had.
+// account: one TTFT (its first token's), the prompt and routing of the
+// leg that sent it, every token and gap the client had.
 func (s *sim) recordMoved(f *flight, smp *report.Sample) {
 	c := f.c
-	o := c.origin
+	o, l := c.origin, c.firstLeg // l sent the first token: its response is the client's
 	smp.ITL = c.itl
-	smp.PromptTokens, smp.CachedTokens = o.PromptTokens, o.CachedTokens
+	smp.PromptTokens, smp.CachedTokens = l.PromptTokens, l.CachedTokens
 	smp.OutputTokens = c.sent + f.Generated
-	smp.Backend = s.nodes[o.backend].b.Name
-	smp.MatchedTokens, smp.Route = o.a.MatchedTokens, o.a.Reason
-	smp.PredTTFT, smp.PredITL = o.a.Pred.TTFT, o.a.Pred.ITL
+	smp.Backend = s.nodes[l.backend].b.Name
+	smp.MatchedTokens, smp.Route = l.a.MatchedTokens, l.a.Reason
+	smp.PredTTFT, smp.PredITL = l.a.Pred.TTFT, l.a.Pred.ITL
 	smp.TTFT = c.first - f.arrival
-	if l := c.firstLeg; l != nil {
-		smp.Held = o.Arrival - o.arrival
-		smp.Queued = max(0, l.ScheduledAt-l.Arrival)
-	}
+	smp.Held = o.Arrival - o.arrival
+	smp.Queued = max(0, l.ScheduledAt-l.Arrival)
 	if c.hitAt == 0 {
 		return
 	}
