@@ -185,7 +185,7 @@ func TestRollingRestart(t *testing.T) {
 		t.Fatalf("%d restarts, want %d", len(f.RestartsMs), len(engines))
 	}
 	for i, d := range f.RestartsMs {
-		if d < float64(start.Milliseconds()) || d > float64((grace + start).Milliseconds()) {
+		if d < float64(start.Milliseconds()) || d > float64((grace+start).Milliseconds()) {
 			t.Fatalf("engine %d's restart took %.0f ms, want between %v and %v", i, d, start, grace+start)
 		}
 	}
