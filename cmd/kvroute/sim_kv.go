@@ -57,12 +57,12 @@ func writeFaults(w io.Writer, runs []report.Run) {
 			continue
 		}
 		if !head {
-			fmt.Fprintf(w, "\n%s at %.1fs\n%-34s %7s %7s %7s %7s %7s %12s %20s %10s %5s\n", f.Kind, f.AtMs/1000,
-				"engine fault", "errors", "moved", "streams", "refused", "resent", "extra pf tok", "added p50/p99", "bound p99", "over")
+			fmt.Fprintf(w, "\n%s at %.1fs\n%-34s %7s %7s %7s %7s %7s %12s %5s %20s %10s %5s\n", f.Kind, f.AtMs/1000,
+				"engine fault", "errors", "moved", "streams", "refused", "resent", "extra pf tok", "hit", "added p50/p99", "bound p99", "over")
 			head = true
 		}
-		fmt.Fprintf(w, "%-34s %7d %7d %7d %7d %7d %12d %8.0f/%8.0fms %8.0fms %5d\n", r.Policy, f.Errors, f.Moved, f.Streams, f.Refused, f.Resent,
-			f.ExtraPrefillTokens, f.Added50, f.Added99, f.Bound99, f.Over)
+		fmt.Fprintf(w, "%-34s %7d %7d %7d %7d %7d %12d %5d %8.0f/%8.0fms %8.0fms %5d\n", r.Policy, f.Errors, f.Moved, f.Streams, f.Refused, f.Resent,
+			f.ExtraPrefillTokens, f.Hit, f.Added50, f.Added99, f.Bound99, f.Over)
 		if len(f.RestartsMs) > 0 {
 			parts := make([]string, len(f.RestartsMs))
 			for i, d := range f.RestartsMs {
