@@ -194,7 +194,7 @@ func TestRollingRestart(t *testing.T) {
 // TestFaultDeterminism: a run with each engine fault gives the same
 // result twice.
 func TestFaultDeterminism(t *testing.T) {
-	engines, reqs := fixture(t, "chat", 3, 120, 0.7)
+	engines, reqs := fixture(t, "chat", 3, 80, 0.7)
 	at := reqs[len(reqs)/2].At
 	for _, f := range []Faults{{KillAt: at}, {HangAt: at}, {RollingAt: at, DrainGrace: 200 * time.Millisecond, EngineStart: 100 * time.Millisecond}} {
 		var out [2][]byte
@@ -210,5 +210,39 @@ func TestFaultDeterminism(t *testing.T) {
 		if !bytes.Equal(out[0], out[1]) {
 			t.Fatalf("%+v: two runs differ:\n%s\n%s", f, out[0], out[1])
 		}
+	}
+}
+
+// TestCut: a leg cut at 100 ms keeps the tokens its client had by then;
+// the one stamped with the end of the step under way (120 ms) never
+// reached it.
+func TestCut(t *testing.T) {
+	ms := time.Millisecond
+	for _, c := range []struct {
+		name        string
+		generated   int
+		first, last time.Duration
+		itl         []time.Duration
+		sent        int
+		cFirst      time.Duration
+		cLast       time.Duration
+		gaps        int
+	}{
+		{"mid-stream, a token under way", 3, 50 * ms, 120 * ms, []time.Duration{30 * ms, 40 * ms}, 2, 50 * ms, 80 * ms, 1},
+		{"its first token under way", 1, 120 * ms, 120 * ms, nil, 0, 0, 0, 0},
+		{"no step under way", 2, 50 * ms, 90 * ms, []time.Duration{40 * ms}, 2, 50 * ms, 90 * ms, 1},
+		{"no token yet", 0, 0, 0, nil, 0, 0, 0, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := &sim{now: 100 * ms}
+			f := &flight{first: c.first, last: c.last, itl: append(make([]time.Duration, 0, 8), c.itl...)}
+			f.Generated = c.generated
+			s.cut(f)
+			got := f.c
+			if got.sent != c.sent || got.first != c.cFirst || got.last != c.cLast || len(got.itl) != c.gaps || !f.gone {
+				t.Fatalf("sent %d, first %v, last %v, %d gaps, gone %v; want %d, %v, %v, %d, true",
+					got.sent, got.first, got.last, len(got.itl), f.gone, c.sent, c.cFirst, c.cLast, c.gaps)
+			}
+		})
 	}
 }
