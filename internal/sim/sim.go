@@ -751,15 +751,17 @@ func (s *sim) deliver(i int) {
 		}
 		// The engine's report of its cache hit checks the router's
 		// picture, as the live relay's does.
+		// A moved stream's last leg teaches neither (faults.go): the
+		// client's usage has no cached detail of the new engine's, and
+		// its chunks came from two engines.
 		rep := scheduler.Report{Cached: f.CachedTokens, Prompt: f.PromptTokens}
 		if f.Generated > 0 {
 			rep.TTFT = f.first - f.arrival
 		}
-		if f.contd {
-			rep.TTFT = 0 // a continuation's first token is no TTFT
+		if !f.contd {
+			f.a.Reported(rep, at)
 		}
-		f.a.Reported(rep, at)
-		if !f.prefill && f.Generated > 1 {
+		if !f.prefill && !f.contd && f.Generated > 1 {
 			// The stream's inter-token timings, as a live router's
 			// relay teaches them (lifecycle's settle).
 			f.a.Decoded(int64(f.Generated-1), f.FinishedAt-f.first, at)
