@@ -60,9 +60,9 @@ const DefaultStreamIdle = time.Second
 
 // nodeFault is a node's failure state.
 type nodeFault struct {
-	dead, hung, draining, stopped bool
-	found                         bool          // hung: its first request was found
-	drainAt                       time.Duration // draining: since
+	hung, draining, stopped bool
+	found                   bool          // hung: its first request was found
+	drainAt                 time.Duration // draining: since
 	// lost are the requests of a hung engine waiting to be found.
 	lost []*flight
 	// computed and loads are the counters of the engines it was before
@@ -105,7 +105,7 @@ type faultState struct {
 	streams       int
 }
 
-// engineFaulted reports whether the run has an engine fault, and which.
+// engineFault is the run's engine fault and when it begins, "" for none.
 func (f Faults) engineFault() (string, time.Duration) {
 	switch {
 	case f.KillAt > 0:
@@ -142,7 +142,6 @@ func (s *sim) engineFault(class uint8, i int) {
 	n := &s.nodes[i]
 	switch class {
 	case evKill:
-		n.down.dead = true
 		s.eject(i)
 		for _, f := range s.freeze(i) {
 			s.hit(f.c, i)
