@@ -124,34 +124,20 @@ func sum(res Result, samples []report.Sample, faulted map[string]bool, p engine.
 			}
 			continue
 		}
-		if !faulted[s.Backend] || len(s.ITL) < 2 {
+		if !faulted[s.Backend] {
 			continue
 		}
-		// The gap the fault made: the longest that ends after it, in a
-		// stream that had started before it (one that did not had
-		// nothing to move).
-		t := s.Start + s.TTFT
-		if t >= res.At {
+		// The gap the fault made, in a stream that had started before
+		// it (one that did not had nothing to move).
+		gap, before, ok := report.AddedLatency(s.Start+s.TTFT, s.ITL, res.At)
+		if !ok {
 			continue
-		}
-		at, gap := -1, time.Duration(0)
-		for j, g := range s.ITL {
-			t += g
-			if t >= res.At && g > gap {
-				at, gap = j, g
-			}
-		}
-		if at < 0 {
-			continue // over before the fault
 		}
 		res.Hit++
-		gaps := slices.Clone(s.ITL)
-		slices.Sort(gaps)
-		a := scale(gap-gaps[len(gaps)/2], timeScale)
+		a := scale(gap, timeScale)
 		// The context to compute again: the prompt and the tokens sent
 		// before the gap.
-		ctxTokens := s.PromptTokens + at + 1
-		bound := p.StepOverhead + time.Duration(ctxTokens)*p.PerPrefillToken + MoveSlack
+		bound := p.StepOverhead + time.Duration(s.PromptTokens+before)*p.PerPrefillToken + MoveSlack
 		if a > bound {
 			res.Over++
 		}
