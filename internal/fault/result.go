@@ -45,10 +45,6 @@ type Result struct {
 	RestartErr string
 }
 
-// MoveSlack is what a moved stream's added latency may exceed its
-// context's prefill on an idle engine by.
-const MoveSlack = 100 * time.Millisecond
-
 // SetRefused tells the injector, before the run ends, which requests the
 // router refused cleanly (see Result.Refused); they are neither errors
 // nor the fault's.
@@ -137,7 +133,7 @@ func sum(res Result, samples []report.Sample, faulted map[string]bool, p engine.
 		a := scale(gap, timeScale)
 		// The context to compute again: the prompt and the tokens sent
 		// before the gap.
-		bound := p.StepOverhead + time.Duration(s.PromptTokens+before)*p.PerPrefillToken + MoveSlack
+		bound := report.MoveBound(p.StepOverhead, p.PerPrefillToken, s.PromptTokens+before)
 		if a > bound {
 			res.Over++
 		}

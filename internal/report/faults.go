@@ -68,3 +68,16 @@ func AddedLatency(first time.Duration, itl []time.Duration, at time.Duration) (a
 	slices.Sort(sorted)
 	return gap - sorted[len(sorted)/2], j + 1, true
 }
+
+// MoveSlack is what a moved stream's added latency may exceed its
+// context's prefill on an idle engine by.
+const MoveSlack = 100 * time.Millisecond
+
+// MoveBound is the most a move should add to a stream (the fault
+// scenarios' target): the prefill of its context, tokens (its prompt and
+// the tokens it had), in one step of an idle engine whose step costs
+// stepOverhead and perToken a prompt token, plus MoveSlack. kvroute sim
+// and the live fault scenarios (package fault) judge their moves by it.
+func MoveBound(stepOverhead, perToken time.Duration, tokens int) time.Duration {
+	return stepOverhead + time.Duration(tokens)*perToken + MoveSlack
+}

@@ -512,7 +512,7 @@ func (s *sim) recordMoved(f *flight, smp *report.Sample) {
 		return
 	}
 	p := s.cfg.Engines[c.hitEngine]
-	bound := p.StepOverhead + time.Duration(o.PromptTokens+before)*p.PerPrefillToken + 100*time.Millisecond
+	bound := report.MoveBound(p.StepOverhead, p.PerPrefillToken, o.PromptTokens+before)
 	if added > bound {
 		s.flt.run.Over++
 	}
