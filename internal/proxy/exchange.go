@@ -14,7 +14,6 @@ import (
 	"github.com/kvroute/kvroute/internal/lifecycle"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
-	"github.com/kvroute/kvroute/internal/scheduler"
 )
 
 // Response headers the router adds; client-sent headers with this prefix
@@ -124,6 +123,7 @@ func (s *Server) newPlane() *lifecycle.Plane {
 		Decisions: recorder(s.decisions),
 		Bind:      s.bind,
 		Split:     s.metrics.pd.observe,
+		Attained:  s.metrics.slo.record,
 		Reading: lifecycle.Reading{Options: s.parse, RejectOverContext: s.cfg.Limits.RejectOverContext,
 			MaxBytesPerToken: s.cfg.Limits.MaxBytesPerToken},
 	}
@@ -322,9 +322,6 @@ func (ex *exchange) Ended() lifecycle.BodyEnd {
 // (lifecycle.Front): the body's budget, the tokenizer's cache, the access
 // log entry and the trace.
 func (ex *exchange) Settled(r *lifecycle.Request) {
-	if ex.View != nil && !ex.View.Objective.None() {
-		ex.s.metrics.slo.observe(ex.Model, r, ex.Ended(), r.Code == scheduler.CodeShed)
-	}
 	ex.rememberResponse()
 	ex.s.bodies.give(ex.held)
 	ex.rememberTokens()

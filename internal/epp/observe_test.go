@@ -1,0 +1,135 @@
+package epp_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/kvroute/kvroute/internal/config"
+)
+
+// series sums the samples of family name on the router's /metrics page
+// whose labels include the given name, value pairs (a histogram's count).
+func series(t *testing.T, rg *rig, name string, labels ...string) float64 {
+	t.Helper()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(metrics(t, rg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, m := range fams[name].GetMetric() {
+		if hasLabels(m, labels) {
+			sum += m.GetCounter().GetValue() + float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	return sum
+}
+
+func hasLabels(m *dto.Metric, labels []string) bool {
+	have := map[string]string{}
+	for _, l := range m.GetLabel() {
+		have[l.GetName()] = l.GetValue()
+	}
+	for i := 0; i+1 < len(labels); i += 2 {
+		if have[labels[i]] != labels[i+1] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestObjectives: the picker's requests with latency objectives are
+// recorded in kvroute_slo_* as the HTTP front's are, from what the data
+// plane reports: a streamed answer whose first byte and usage came
+// within generous objectives is met (both, its two output tokens
+// goodput, its TTFT's prediction error observed); one with an objective
+// no engine meets is served (standard: best effort) and counted missed;
+// a sheddable one no engine can serve in time is refused at once and
+// counted shed; a request without objectives is not counted.
+func TestObjectives(t *testing.T) {
+	rg := newRig(t, 1, nil)
+	serve := func(headers map[string]string) {
+		t.Helper()
+		st := rg.open(t, context.Background())
+		body := chat("s", "hello there", true)
+		envoy{raw: true, pseudo: true, headers: headers}.sendRequest(t, st, body)
+		d := readDecision(t, st)
+		if d.immediate != nil {
+			t.Fatalf("immediate response %d: %s", d.immediate.GetStatus().GetCode(), d.immediate.GetBody())
+		}
+		forward(t, st, d.dest, "", body, true) // settled once the picker answered its end
+		closeStream(t, st)
+	}
+	serve(map[string]string{"x-kvroute-slo-ttft-ms": "60000", "x-kvroute-slo-tpot-ms": "60000"})
+	serve(map[string]string{"x-kvroute-slo-ttft-ms": "0.001"})
+	serve(nil)
+
+	st := rg.open(t, context.Background())
+	envoy{raw: true, pseudo: true, headers: map[string]string{"x-kvroute-slo-ttft-ms": "0.001", "x-kvroute-criticality": "sheddable"}}.
+		sendRequest(t, st, chat("s", "hello there", true))
+	checkImmediate(t, readDecision(t, st), 429)
+	if _, err := st.Recv(); err != io.EOF { // the stream ends once the request settled
+		t.Fatalf("after the immediate response: %v", err)
+	}
+
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"kvroute_slo_requests_total", []string{"model", "m", "criticality", "standard"}, 2},
+		{"kvroute_slo_requests_total", []string{"criticality", "sheddable"}, 1},
+		{"kvroute_slo_shed_total", []string{"model", "m", "criticality", "sheddable"}, 1},
+		{"kvroute_slo_met_total", []string{"criticality", "standard", "objective", "both"}, 1},
+		{"kvroute_slo_met_total", []string{"criticality", "standard", "objective", "ttft"}, 1},
+		{"kvroute_slo_met_total", []string{"criticality", "standard", "objective", "itl"}, 2},
+		{"kvroute_slo_goodput_tokens_total", []string{"model", "m", "criticality", "standard"}, 2},
+		{"kvroute_slo_prediction_ratio", []string{"backend", "e0", "latency", "ttft"}, 2},
+	} {
+		if got := series(t, rg, c.name, c.labels...); got != c.want {
+			t.Errorf("%s%v: %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+}
+
+// TestObjectivesUnreported: a request with objectives whose data plane
+// never reports its answer (it takes the decision and leaves) is neither
+// met nor missed: once it settled (its access log line written) it is
+// counted among the requests (status 499) but not in kvroute_slo_*.
+func TestObjectivesUnreported(t *testing.T) {
+	var logs logBuffer
+	rg := newRigLog(t, 1, func(c *config.Config) { c.Log.Access = true },
+		slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	st := rg.open(t, context.Background())
+	// One output token: held for a moment only.
+	envoy{headers: map[string]string{"x-kvroute-slo-ttft-ms": "60000"}}.
+		sendRequest(t, st, `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi there"}]}`)
+	if err := st.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	readDecision(t, st)
+	if _, err := st.Recv(); err != io.EOF {
+		t.Fatalf("after the decision: %v, want the end of the stream", err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(logs.access(t)) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the held request never settled")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if got := series(t, rg, "kvroute_requests_total", "status", "499"); got != 1 {
+		t.Errorf("kvroute_requests_total{status=499}: %v, want the request counted once", got)
+	}
+	if got := series(t, rg, "kvroute_slo_requests_total"); got != 0 {
+		t.Errorf("kvroute_slo_requests_total: %v, want an unreported request not recorded", got)
+	}
+}
