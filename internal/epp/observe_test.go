@@ -11,8 +11,14 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/slo"
+	"github.com/kvroute/kvroute/internal/tracer"
 )
 
 // series sums the samples of family name on the router's /metrics page
@@ -131,5 +137,79 @@ func TestObjectivesUnreported(t *testing.T) {
 	}
 	if got := series(t, rg, "kvroute_slo_requests_total"); got != 0 {
 		t.Errorf("kvroute_slo_requests_total: %v, want an unreported request not recorded", got)
+	}
+}
+
+// keep is an in-memory exporter whose spans outlive the router's
+// shutdown (which flushes them).
+type keep struct{ *tracetest.InMemoryExporter }
+
+func (keep) Shutdown(context.Context) error { return nil }
+
+// TestTracing: with tracing on, the picker writes one span per request,
+// kind server, continuing the gateway's traceparent, named for its
+// operation and model; a child "route" span with the decision's
+// attributes (the HTTP front's: policy, backend, predicted cached tokens,
+// estimated TTFT, reason); the response's phases as events; and its
+// outcome (status, backend, tokens) when it ends.
+func TestTracing(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	old := tracer.NewExporter
+	tracer.NewExporter = func(context.Context, config.Tracing) (sdktrace.SpanExporter, error) { return keep{exp}, nil }
+	t.Cleanup(func() { tracer.NewExporter = old })
+	rg := newRig(t, 2, func(c *config.Config) { c.Tracing.Enabled = true })
+	const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	st := rg.open(t, context.Background())
+	body := chat("s", "hello there", true)
+	envoy{raw: true, pseudo: true, headers: map[string]string{"traceparent": "00-" + traceID + "-" + parentID + "-01",
+		slo.HeaderTTFT: "60000"}}.sendRequest(t, st, body)
+	d := readDecision(t, st)
+	forward(t, st, d.dest, "", body, true)
+	closeStream(t, st)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := rg.srv.Shutdown(ctx); err != nil { // flushes the spans
+		t.Fatal(err)
+	}
+
+	byName := map[string]tracetest.SpanStub{}
+	for _, s := range exp.GetSpans() {
+		byName[s.Name] = s
+	}
+	req, ok := byName["chat m"]
+	if !ok {
+		t.Fatalf("no request span named %q (got %v)", "chat m", byName)
+	}
+	route := byName["route"]
+	attrs := func(kv []attribute.KeyValue) map[string]string {
+		m := map[string]string{}
+		for _, a := range kv {
+			m[string(a.Key)] = a.Value.String()
+		}
+		return m
+	}
+	ra, qa := attrs(route.Attributes), attrs(req.Attributes)
+	served := rg.byAddr[d.dest].name
+	switch {
+	case req.SpanContext.TraceID().String() != traceID || req.Parent.SpanID().String() != parentID:
+		t.Errorf("request span in trace %s under %s, want the gateway's %s under %s", req.SpanContext.TraceID(), req.Parent.SpanID(), traceID, parentID)
+	case req.SpanKind != trace.SpanKindServer:
+		t.Errorf("request span kind %v", req.SpanKind)
+	case route.Parent.SpanID() != req.SpanContext.SpanID():
+		t.Errorf("the route span is not the request span's child")
+	case ra["kvroute.policy"] != "kvroute" || ra["kvroute.backend"] != served || ra["kvroute.reason"] == "" ||
+		ra["kvroute.predicted_cached_tokens"] == "" || ra["kvroute.estimated_ttft_seconds"] == "":
+		t.Errorf("route span attributes %v, want the decision (backend %s)", ra, served)
+	case qa["gen_ai.operation.name"] != "chat" || qa["gen_ai.request.model"] != "m" || qa["http.response.status_code"] != "200" ||
+		qa["kvroute.backend"] != served || qa["gen_ai.usage.output_tokens"] != "2" || qa["kvroute.front"] != "epp" ||
+		qa["server.address"] != "gw":
+		t.Errorf("request span attributes %v", qa)
+	}
+	var events []string
+	for _, e := range req.Events {
+		events = append(events, e.Name)
+	}
+	if got := strings.Join(events, ","); got != "response_headers,first_byte,response_end" {
+		t.Errorf("events %s, want the response's phases", got)
 	}
 }
