@@ -15,6 +15,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/slo"
@@ -147,24 +148,30 @@ type keep struct{ *tracetest.InMemoryExporter }
 func (keep) Shutdown(context.Context) error { return nil }
 
 // TestTracing: with tracing on, the picker writes one span per request,
-// kind server, continuing the gateway's traceparent, named for its
-// operation and model; a child "route" span with the decision's
-// attributes (the HTTP front's: policy, backend, predicted cached tokens,
-// estimated TTFT, reason); the response's phases as events; and its
-// outcome (status, backend, tokens) when it ends.
+// kind server, continuing the gateway's traceparent (in the request's
+// headers, else in the stream's gRPC metadata, where Envoy puts its own
+// ext_proc call's), named for its operation and model; a child "route"
+// span with the decision's attributes (the HTTP front's: policy, backend,
+// predicted cached tokens, estimated TTFT, reason); the response's phases
+// as events; and its outcome (status, backend, tokens) when it ends.
 func TestTracing(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	old := tracer.NewExporter
 	tracer.NewExporter = func(context.Context, config.Tracing) (sdktrace.SpanExporter, error) { return keep{exp}, nil }
 	t.Cleanup(func() { tracer.NewExporter = old })
 	rg := newRig(t, 2, func(c *config.Config) { c.Tracing.Enabled = true })
-	const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-	st := rg.open(t, context.Background())
+	const headerTrace, grpcTrace, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "0af7651916cd43dd8448eb211c80319c", "00f067aa0ba902b7"
 	body := chat("s", "hello there", true)
-	envoy{raw: true, pseudo: true, headers: map[string]string{"traceparent": "00-" + traceID + "-" + parentID + "-01",
+	st := rg.open(t, context.Background())
+	envoy{raw: true, pseudo: true, headers: map[string]string{"traceparent": "00-" + headerTrace + "-" + parentID + "-01",
 		slo.HeaderTTFT: "60000"}}.sendRequest(t, st, body)
 	d := readDecision(t, st)
 	forward(t, st, d.dest, "", body, true)
+	closeStream(t, st)
+	// No traceparent among the headers: the one in the stream's metadata.
+	st = rg.open(t, metadata.AppendToOutgoingContext(context.Background(), "traceparent", "00-"+grpcTrace+"-"+parentID+"-01"))
+	envoy{raw: true, pseudo: true}.sendRequest(t, st, body)
+	forward(t, st, readDecision(t, st).dest, "", body, true)
 	closeStream(t, st)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -172,15 +179,18 @@ func TestTracing(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	byName := map[string]tracetest.SpanStub{}
+	spans := map[string]tracetest.SpanStub{} // by trace and name
 	for _, s := range exp.GetSpans() {
-		byName[s.Name] = s
+		spans[s.SpanContext.TraceID().String()+" "+s.Name] = s
 	}
-	req, ok := byName["chat m"]
+	if req, ok := spans[grpcTrace+" chat m"]; !ok || req.Parent.SpanID().String() != parentID {
+		t.Errorf("no request span under the stream metadata's traceparent (got %v)", spans)
+	}
+	req, ok := spans[headerTrace+" chat m"]
 	if !ok {
-		t.Fatalf("no request span named %q (got %v)", "chat m", byName)
+		t.Fatalf("no request span named %q in the headers' trace (got %v)", "chat m", spans)
 	}
-	route := byName["route"]
+	route := spans[headerTrace+" route"]
 	attrs := func(kv []attribute.KeyValue) map[string]string {
 		m := map[string]string{}
 		for _, a := range kv {
@@ -191,8 +201,8 @@ func TestTracing(t *testing.T) {
 	ra, qa := attrs(route.Attributes), attrs(req.Attributes)
 	served := rg.byAddr[d.dest].name
 	switch {
-	case req.SpanContext.TraceID().String() != traceID || req.Parent.SpanID().String() != parentID:
-		t.Errorf("request span in trace %s under %s, want the gateway's %s under %s", req.SpanContext.TraceID(), req.Parent.SpanID(), traceID, parentID)
+	case req.Parent.SpanID().String() != parentID:
+		t.Errorf("request span under %s, want the gateway's %s", req.Parent.SpanID(), parentID)
 	case req.SpanKind != trace.SpanKindServer:
 		t.Errorf("request span kind %v", req.SpanKind)
 	case route.Parent.SpanID() != req.SpanContext.SpanID():

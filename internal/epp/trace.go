@@ -1,11 +1,13 @@
 package epp
 
 import (
+	"context"
 	"net/http"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/kvroute/kvroute/internal/lifecycle"
 	"github.com/kvroute/kvroute/internal/openai"
@@ -15,7 +17,8 @@ import (
 
 // The picker's trace of a request (Parts.Tracer; nothing with tracing
 // off): one span per stream, kind server, continuing the W3C traceparent
-// of the request's headers (the gateway's), named and attributed as the
+// of the request's headers (the client's), else the one in the stream's
+// gRPC metadata (the gateway's ext_proc call's), named and attributed as the
 // HTTP front's request span is (package tracer: "chat {model}",
 // gen_ai.*, http.*, kvroute.front "epp"); a child span for each routing
 // decision ("route", with the HTTP front's attributes: policy, backend,
@@ -43,8 +46,25 @@ func (x *exchange) beginTrace() {
 	if t == nil || x.span != nil {
 		return
 	}
+	if x.in.Header.Get("traceparent") == "" {
+		x.in = x.in.WithContext(t.Extract(x.in.Context(), gatewayTrace(x.ctx)))
+	}
 	x.tctx, x.span = t.Begin(x.in, "", x.Start, attribute.String("kvroute.front", Front))
 	x.in = x.in.WithContext(x.tctx)
+}
+
+// gatewayTrace is the trace context in the stream's gRPC metadata: Envoy
+// sends its ext_proc call's own there (recent versions), so that a request whose
+// client sent no traceparent still joins the gateway's trace.
+func gatewayTrace(ctx context.Context) http.Header {
+	h := http.Header{}
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, k := range []string{"traceparent", "tracestate"} {
+		if v := md.Get(k); len(v) > 0 {
+			h.Set(k, v[0])
+		}
+	}
+	return h
 }
 
 // nameTrace names the request's span for its operation once its model is

@@ -9,7 +9,6 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvroute/kvroute/internal/lifecycle"
@@ -69,8 +68,7 @@ func (t *Tracer) Begin(r *http.Request, op string, start time.Time, attrs ...att
 	if op != "" {
 		attrs = append(attrs, attribute.String("gen_ai.operation.name", op))
 	}
-	ctx := t.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-	return t.tracer.Start(ctx, r.Method+" "+r.URL.Path, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(start),
+	return t.tracer.Start(t.Extract(r.Context(), r.Header), r.Method+" "+r.URL.Path, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(start),
 		trace.WithAttributes(attrs...))
 }
 

@@ -150,6 +150,12 @@ func (t *Tracer) Start(ctx context.Context, name string, opts ...trace.SpanStart
 	return t.tracer.Start(ctx, name, opts...)
 }
 
+// Extract is ctx with the trace context h carries (its traceparent), as
+// the parent of the spans started from it; ctx when h has none.
+func (t *Tracer) Extract(ctx context.Context, h http.Header) context.Context {
+	return t.prop.Extract(ctx, propagation.HeaderCarrier(h))
+}
+
 // Inject puts the trace context of ctx on h (traceparent), for the next
 // hop.
 func (t *Tracer) Inject(ctx context.Context, h http.Header) {
