@@ -18,8 +18,8 @@ import (
 // The picker's trace of a request (Parts.Tracer; nothing with tracing
 // off): one span per stream, kind server, continuing the W3C traceparent
 // of the request's headers (the client's), else the one in the stream's
-// gRPC metadata (the gateway's ext_proc call's), named and attributed as the
-// HTTP front's request span is (package tracer: "chat {model}",
+// gRPC metadata (the gateway's ext_proc call's), named and attributed as
+// the HTTP front's request span is (package tracer: "chat {model}",
 // gen_ai.*, http.*, kvroute.front "epp"); a child span for each routing
 // decision ("route", with the HTTP front's attributes: policy, backend,
 // predicted cached tokens, estimated TTFT, reason); and the response's
@@ -53,9 +53,9 @@ func (x *exchange) beginTrace() {
 	x.in = x.in.WithContext(x.tctx)
 }
 
-// gatewayTrace is the trace context in the stream's gRPC metadata: Envoy
-// sends its ext_proc call's own there (recent versions), so that a request whose
-// client sent no traceparent still joins the gateway's trace.
+// gatewayTrace is the trace context in the stream's gRPC metadata, where
+// Envoy sends its own ext_proc call's: a request whose client sent no
+// traceparent still joins the gateway's trace.
 func gatewayTrace(ctx context.Context) http.Header {
 	h := http.Header{}
 	md, _ := metadata.FromIncomingContext(ctx)
