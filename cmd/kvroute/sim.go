@@ -243,7 +243,7 @@ func runSim(args []string) int {
 	table := fs.Bool("table", false, tableFlagUsage)
 	traces := fs.String("traces", defaultTraceDir, "with --table: the directory of the real traces")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--max-num-seqs N] [--max-loras N --adapters N [--adapter-zipf S]] [--max-num-batched-tokens N [--configure-limits]] [--true-coefficients] [--policies a,b] [--prefill N --decode M [--split conditional|always|both]] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--cpu-kv-blocks N [--tier-blind-index]] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity] [--replicas N [--sync-delay D] [--no-sync]] [--late-binding[=both] [--hold-tokens N] [--hold-order fcfs|deadline] [--hold-slack X] [--hold-cap D]] [--json FILE] [--requests FILE] [--out DIR]")
+		fmt.Fprintln(fs.Output(), "usage: kvroute sim --workload NAME|FILE [--engines N --preset NAME | --engines 4xA,4xB] [--max-num-seqs N] [--max-loras N --adapters N [--adapter-zipf S]] [--max-num-batched-tokens N [--configure-limits]] [--true-coefficients] [--policies a,b] [--prefill N --decode M [--split conditional|always|both]] [--rate R | --speedup X | --load F | --sweep F,F,...] [--limit N | --window START-END] [--jitter D] [--cpu-kv-blocks N [--tier-blind-index]] [--oracle] [--kv-events [--kv-events-delay D]] [--fault restart|bypass|capacity|kill|hang|rolling[=D|F|X] [--stream-idle-timeout D] [--drain-grace D] [--engine-start D] [--migration-max-attempts N] [--migration-max-context-tokens N]] [--replicas N [--sync-delay D] [--no-sync]] [--late-binding[=both] [--hold-tokens N] [--hold-order fcfs|deadline] [--hold-slack X] [--hold-cap D]] [--json FILE] [--requests FILE] [--out DIR]")
 		fmt.Fprintln(fs.Output(), "\nReplays the workload on a simulated fleet in virtual time, with the same scheduler and engine model as kvroute serve and kvroute engine, once per policy.\n\nflags:")
 		printDefaults(fs)
 		writeBuiltins(fs.Output())
@@ -305,7 +305,8 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, lb *lateFlags, sweep 
 	fmt.Fprintf(stdout, "fleet: %d engines, prefill capacity %.0f prompt tokens/s\n", len(engines), capacity)
 	plan, err := sim.Matrix{
 		Base: sim.Config{Engines: engines, KVBlocks: w.kvBlocks, ConfigureLimits: w.configureLimits, TrueCoefficients: w.trueCoefficients, Seed: w.seed,
-			Replicas: w.replicas, SyncDelay: w.syncDelay, NoSync: w.noSync, TierBlindIndex: w.tierBlindIndex},
+			Replicas: w.replicas, SyncDelay: w.syncDelay, NoSync: w.noSync, TierBlindIndex: w.tierBlindIndex,
+			Faults: kv.faults(), Migration: kv.migration},
 		Workload: w.workload, Options: w.options(), Loads: loads, Policies: policies,
 		Holds: holds, KV: variants, Oracle: w.oracle, Fault: kv.fault,
 		Fleets: sim.FleetVariants(roles, splits),
@@ -343,6 +344,7 @@ func simMain(stdout io.Writer, w *fleetFlags, kv *kvFlags, lb *lateFlags, sweep 
 			group.Runs[0].OfferedLoad, len(jobs[i].Reqs))
 		report.WriteTable(stdout, group)
 		writePD(stdout, group.Runs)
+		writeFaults(stdout, group.Runs)
 	}
 	fmt.Fprintf(stdout, "\nsimulated %d runs in %.1fs\n", len(runs), elapsed.Seconds())
 

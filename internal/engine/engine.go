@@ -380,6 +380,18 @@ func (e *Engine) dropDone() {
 	e.running = kept
 }
 
+// Requests appends to dst the requests in the engine (running in
+// admission order, then waiting in queue order, then those waiting for
+// their remote KV cache) and returns it: what a driver loses when the
+// engine dies or hangs. Held requests (finished) are not among them.
+func (e *Engine) Requests(dst []*Request) []*Request {
+	dst = append(dst, e.running...)
+	for i := range e.waiting.len() {
+		dst = append(dst, e.waiting.at(i))
+	}
+	return append(dst, e.remote...)
+}
+
 // Idle reports whether nothing is running or waiting (for a queue slot or
 // for its remote KV cache). Blocks held for a decode engine (HoldKV) do not
 // make an engine busy.

@@ -285,3 +285,34 @@ func endsEvent(b []byte) bool {
 	}
 	return string(b) == "\n" || string(b) == "\r\n"
 }
+
+func TestLimits(t *testing.T) {
+	cases := []struct {
+		name  string
+		l     Limits
+		free  []bool // each attempt's freedom, in order
+		want  []bool
+		spent int
+	}{
+		{"off", Limits{}, []bool{true, false}, []bool{false, false}, 0},
+		{"two", Limits{MaxAttempts: 2}, []bool{false, false, false}, []bool{true, true, false}, 2},
+		{"drain's first free", Limits{MaxAttempts: 1}, []bool{true, false, false}, []bool{true, true, false}, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			spent := 0
+			for i, f := range c.free {
+				if got := c.l.Attempt(&spent, f); got != c.want[i] {
+					t.Fatalf("attempt %d (free %v): %v, want %v", i, f, got, c.want[i])
+				}
+			}
+			if spent != c.spent {
+				t.Fatalf("spent %d, want %d", spent, c.spent)
+			}
+		})
+	}
+	l := Limits{MaxAttempts: 1, MaxContextTokens: 100}
+	if l.Fits(100) != nil || !errors.Is(l.Fits(101), ErrTooLong) || (Limits{}).Fits(1<<30) != nil {
+		t.Fatal("Fits: want nil at the bound, ErrTooLong over it, nil without one")
+	}
+}

@@ -90,18 +90,12 @@ func (t *relay) move(cause error) error {
 		metrics.moves.WithLabelValues(reason, "refused").Inc()
 		return cause
 	}
-	cfg := ex.s.cfg.Migration
-	// A drain's move is planned (a rolling restart may move a stream once
-	// for each engine it restarts): its first attempt is not counted.
-	free := reason == "drain"
-	for free || m.spent < cfg.MaxAttempts {
-		if !free {
-			m.spent++
-		}
-		free = false
+	lim := migrate.Limits(ex.s.cfg.Migration)
+	// A drain's move is planned: its first attempt is not counted.
+	for free := reason == "drain"; lim.Attempt(&m.spent, free); free = false {
 		body, v, err := migrate.Continuation(ex.View, ex.Body, m.s.Text(), m.s.Tokens(), ex.s.parse)
-		if err == nil && cfg.MaxContextTokens > 0 && v.PromptTokens > cfg.MaxContextTokens {
-			err = errTooLong
+		if err == nil {
+			err = lim.Fits(v.PromptTokens)
 		}
 		if err != nil {
 			ex.s.log.Warn("stream not moved", "request_id", ex.ID, "err", err, "cause", cause)
@@ -153,7 +147,6 @@ func moveReason(cause error) string {
 }
 
 var (
-	errTooLong = errors.New("the continuation is longer than migration.max_context_tokens")
 	// errDrained is a stream cut because its engine was drained past
 	// its grace.
 	errDrained = errors.New("the engine was drained")

@@ -127,6 +127,9 @@ type Run struct {
 	Slowdown []Slowdown `json:"slowdown,omitempty"`
 	// PD is a disaggregated fleet's per-leg figures (pd.go).
 	PD *PDRun `json:"pd,omitempty"`
+	// Fault is how the run took an engine fault (the simulator's), nil
+	// without one (faults.go).
+	Fault *FaultRun `json:"fault,omitempty"`
 	// SLO is the attainment and goodput of the requests with objectives,
 	// when some had them (objectives.go).
 	SLO *SLORun `json:"slo,omitempty"`

@@ -491,3 +491,30 @@ func TestSlowdownByClass(t *testing.T) {
 		t.Errorf("table lacks the slowdowns:\n%s", out.String())
 	}
 }
+
+func TestAddedLatency(t *testing.T) {
+	ms := time.Millisecond
+	cases := []struct {
+		name   string
+		first  time.Duration
+		itl    []time.Duration
+		at     time.Duration
+		added  time.Duration
+		before int
+		ok     bool
+	}{
+		// tokens at 100, 110, 120, 620, 630: the fault at 125 made the
+		// 500 ms gap, the pace is 10 ms.
+		{"moved", 100 * ms, []time.Duration{10 * ms, 10 * ms, 500 * ms, 10 * ms}, 125 * ms, 490 * ms, 3, true},
+		{"started after", 200 * ms, []time.Duration{10 * ms, 10 * ms}, 150 * ms, 0, 0, false},
+		{"over before", 100 * ms, []time.Duration{10 * ms, 10 * ms}, 500 * ms, 0, 0, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			a, b, ok := AddedLatency(c.first, c.itl, c.at)
+			if a != c.added || b != c.before || ok != c.ok {
+				t.Fatalf("got %v %d %v, want %v %d %v", a, b, ok, c.added, c.before, c.ok)
+			}
+		})
+	}
+}

@@ -41,6 +41,17 @@ type Faults struct {
 	// CapacityFactor, when neither 0 nor 1, multiplies the KV capacity
 	// engine 0 reports (in its metrics and cache config).
 	CapacityFactor float64
+
+	// The engines' failures (faults.go), at most one of them: KillAt > 0
+	// kills engine 0 then, HangAt > 0 hangs it, RollingAt > 0 restarts
+	// every engine in turn from then.
+	KillAt, HangAt, RollingAt time.Duration
+	// StreamIdle is the router's upstream.stream_idle_timeout, which finds
+	// a hung engine's streams; 0: DefaultStreamIdle.
+	StreamIdle time.Duration
+	// DrainGrace is the router's fleet.drain_grace; EngineStart how long a
+	// restarted engine takes to start (rolling).
+	DrainGrace, EngineStart time.Duration
 }
 
 // kvBatch is one step's events on their way to the router.
@@ -116,20 +127,21 @@ func (s *sim) bypass() (int, bool) {
 }
 
 // route routes v on sched (the replica it entered), precisely when the
-// run has events.
-func (s *sim) route(sched *scheduler.Scheduler, v *request.View, hashes []uint64) (*scheduler.Assignment, error) {
+// run has events, away from the backends exclude names (a moved stream's
+// failed engines; nil for none).
+func (s *sim) route(sched *scheduler.Scheduler, v *request.View, hashes []uint64, exclude []int) (*scheduler.Assignment, error) {
 	now := Epoch.Add(s.now)
 	if s.cfg.KVEvents == nil {
 		if hashes != nil {
-			return sched.RouteHashed(v, hashes, nil, now)
+			return sched.RouteHashed(v, hashes, exclude, now)
 		}
-		return sched.Route(v, nil, now)
+		return sched.Route(v, exclude, now)
 	}
 	if hashes == nil {
 		hashes = sched.Hashes(v)
 	}
 	s.tokens = engine.TokenIDs(s.tokens[:0], v.Prompt)
-	return sched.RoutePrecise(v, hashes, sched.TokenKeys(s.tokens, ""), nil, now)
+	return sched.RoutePrecise(v, hashes, sched.TokenKeys(s.tokens, ""), exclude, now)
 }
 
 // collectKV takes the events of engine i's last step and sends them on

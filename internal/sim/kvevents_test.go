@@ -90,7 +90,7 @@ func TestKVEventsReachTheRouter(t *testing.T) {
 		if perr != nil {
 			t.Fatal(perr)
 		}
-		a, err := s.route(s.sched, v, h)
+		a, err := s.route(s.sched, v, h, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -132,29 +132,42 @@ func KVVariants(events bool, delay time.Duration, oracle bool) []Variant {
 // restart[=D] (engine 0's cache wiped at D, default the middle of the
 // arrivals), bypass[=F] (a share F of requests, default 0.3, reaches a
 // random engine without the router), capacity[=X] (engine 0 reports X
-// times its KV capacity, default 2).
+// times its KV capacity, default 2), and the engines' failures, each at
+// D, default the middle of the arrivals (faults.go): kill[=D] (engine 0
+// dies), hang[=D] (engine 0 stops sending), rolling[=D] (every engine
+// restarted in turn).
 func ParseFault(spec string, reqs []workload.Request) (Faults, error) {
 	var f Faults
 	name, val, hasVal := strings.Cut(strings.TrimSpace(spec), "=")
-	switch name {
-	case "":
-		return f, nil
-	case "restart":
+	at := func(d *time.Duration) error {
 		if hasVal {
-			d, err := time.ParseDuration(val)
-			if err != nil || d <= 0 {
-				return f, fmt.Errorf("--fault restart=%s: want a positive duration", val)
+			v, err := time.ParseDuration(val)
+			if err != nil || v <= 0 {
+				return fmt.Errorf("--fault %s=%s: want a positive duration", name, val)
 			}
-			f.RestartAt = d
+			*d = v
 		} else if len(reqs) > 0 {
 			lo, hi := reqs[0].At, reqs[0].At
 			for _, r := range reqs {
 				lo, hi = min(lo, r.At), max(hi, r.At)
 			}
-			f.RestartAt = max(lo+(hi-lo)/2, 1)
+			*d = max(lo+(hi-lo)/2, 1)
 		} else {
-			f.RestartAt = 1
+			*d = 1
 		}
+		return nil
+	}
+	switch name {
+	case "":
+		return f, nil
+	case "restart":
+		return f, at(&f.RestartAt)
+	case FaultKill:
+		return f, at(&f.KillAt)
+	case FaultHang:
+		return f, at(&f.HangAt)
+	case FaultRolling:
+		return f, at(&f.RollingAt)
 	case "bypass":
 		f.Bypass = 0.3
 		if hasVal {
@@ -174,7 +187,7 @@ func ParseFault(spec string, reqs []workload.Request) (Faults, error) {
 			f.CapacityFactor = x
 		}
 	default:
-		return f, fmt.Errorf("--fault %q: want restart, bypass or capacity", spec)
+		return f, fmt.Errorf("--fault %q: want restart, bypass, capacity, kill, hang or rolling", spec)
 	}
 	return f, nil
 }
@@ -254,6 +267,9 @@ func (m Matrix) Plan() (*Plan, error) {
 		if err != nil {
 			return nil, err
 		}
+		// The fault's settings (the router's timeouts and grace, the
+		// engines' start) are Base's; the spec says which and when.
+		faults.StreamIdle, faults.DrainGrace, faults.EngineStart = m.Base.Faults.StreamIdle, m.Base.Faults.DrainGrace, m.Base.Faults.EngineStart
 		first := len(p.Jobs)
 		for _, pol := range m.Policies {
 			for _, fl := range fleets {

@@ -27,7 +27,11 @@ func TestParseFault(t *testing.T) {
 		{"restart=-1s", Faults{}, "positive duration"},
 		{"bypass=1", Faults{}, "share in (0, 1)"},
 		{"capacity=x", Faults{}, "positive factor"},
-		{"flood", Faults{}, "want restart, bypass or capacity"},
+		{"kill", Faults{KillAt: 20 * time.Second}, ""},
+		{"hang=3s", Faults{HangAt: 3 * time.Second}, ""},
+		{"rolling=1m", Faults{RollingAt: time.Minute}, ""},
+		{"kill=0s", Faults{}, "positive duration"},
+		{"flood", Faults{}, "want restart, bypass, capacity, kill, hang or rolling"},
 	}
 	for _, tt := range tests {
 		got, err := ParseFault(tt.flag, reqs)

@@ -143,12 +143,12 @@ func (s *sim) bindPD(k int, v *request.View, hashes []uint64) {
 	}
 	legs := disagg.Legs(v, config.ProtocolVLLM, disagg.Transfer{})
 	pre, dec := legs[0].View, legs[1].View
-	pa, err := s.route(s.sched, pre, hashes)
+	pa, err := s.route(s.sched, pre, hashes, nil)
 	if err != nil {
 		// The prefill leg is optional: the decode engine serves it whole.
 		pa = nil
 	}
-	da, err := s.route(s.sched, dec, hashes)
+	da, err := s.route(s.sched, dec, hashes, nil)
 	if err != nil {
 		if pa != nil {
 			pa.Done(Epoch.Add(s.now))

@@ -31,6 +31,7 @@ import (
 	"github.com/kvroute/kvroute/internal/costmodel"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/migrate"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/prefix"
@@ -79,8 +80,12 @@ type Config struct {
 	// KVEvents, when set, has the engines publish their KV cache events
 	// to the router's precise index (see kvevents.go).
 	KVEvents *KVEvents
-	// Faults are the ways the router's picture can go wrong (kvevents.go).
+	// Faults are the ways the router's picture can go wrong (kvevents.go),
+	// and the engines' failures (faults.go).
 	Faults Faults
+	// Migration bounds the moves of streams whose engine fails (faults.go),
+	// as the config's migration keys; zero: moving off.
+	Migration migrate.Limits
 	// Replicas is the number of router replicas in front of the engines
 	// (replicas.go); 0 or 1: one router.
 	Replicas int
@@ -136,6 +141,14 @@ const (
 	evFault // engine 0 restarts (kvevents.go)
 	evBind  // a held request's grant reaches routing (hold.go, Hold.Transit)
 	evWake  // an idle engine's KV transfer ends (pd.go)
+	// An engine fails (faults.go): killed, hung, its hung streams found,
+	// drained, its drain's grace over, started again.
+	evKill
+	evHang
+	evDetect
+	evDrain
+	evGrace
+	evUp
 )
 
 // event is one entry of the event heap. Arrivals are not kept in the heap
@@ -146,6 +159,9 @@ type event struct {
 	class  uint8
 	seq    uint64
 	engine int32
+	// gen is the engine's generation when a step's event was pushed: a
+	// failed engine's step never ends (faults.go).
+	gen uint32
 }
 
 func (a event) less(b event) bool {
@@ -218,6 +234,12 @@ type flight struct {
 	// prefill leg.
 	leg     *leg
 	prefill bool
+	// c is the account of a request an engine fault touched, shared by
+	// its legs (faults.go); nil for every other. contd marks a leg that
+	// continues a moved stream, gone a leg its failed engine lost.
+	c     *cont
+	contd bool
+	gone  bool
 }
 
 // delivery is an engine event waiting for the end of the step that made it.
@@ -252,6 +274,12 @@ type node struct {
 	// loads is the engine's counts of its CPU tier's loads as last taught
 	// (costs.go).
 	loads fleet.Counters
+	// gen counts the engine's failures: a step pushed before one is
+	// dropped. down is set from a failure (a kill, a hang, a restart's
+	// stop) until the engine starts again, if ever; the rest is the
+	// fault's state (faults.go).
+	gen  uint32
+	down nodeFault
 }
 
 // sim is one run's state.
@@ -290,6 +318,9 @@ type sim struct {
 	granted *held
 	// pd is a disaggregated run's state (pd.go), nil otherwise.
 	pd *pdState
+	// flt is the account of the run's engine fault (faults.go), nil
+	// without one.
+	flt *faultState
 }
 
 func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
@@ -342,6 +373,12 @@ func newSim(reqs []workload.Request, cfg Config) (*sim, error) {
 		}
 	}
 	s.startKV()
+	if kind, _ := cfg.Faults.engineFault(); kind != "" {
+		if cfg.Replicas > 1 || cfg.Hold != nil || s.pd != nil {
+			return nil, fmt.Errorf("sim: an engine %s with several router replicas, late binding or a disaggregated fleet is not modelled", kind)
+		}
+		s.startFaults()
+	}
 	if cfg.Replicas > 1 {
 		if cfg.KVEvents != nil {
 			return nil, fmt.Errorf("sim: KV events with several router replicas are not modelled")
@@ -401,7 +438,7 @@ func sortByArrival(order []int, reqs []workload.Request) {
 
 func (s *sim) push(at time.Duration, class uint8, engine int) {
 	s.seq++
-	s.heap.push(event{at: at, class: class, seq: s.seq, engine: int32(engine)})
+	s.heap.push(event{at: at, class: class, seq: s.seq, engine: int32(engine), gen: s.nodes[engine].gen})
 }
 
 // loop runs the simulation to the last event.
@@ -424,10 +461,15 @@ func (s *sim) until(at time.Duration) {
 		s.sync(e.at)
 		s.now = e.at
 		switch e.class {
-		case evStepDone:
-			s.stepDone(int(e.engine))
-		case evStepStart:
-			s.stepStart(int(e.engine))
+		case evStepDone, evStepStart:
+			if e.gen != s.nodes[e.engine].gen {
+				break // the engine failed meanwhile (faults.go)
+			}
+			if e.class == evStepDone {
+				s.stepDone(int(e.engine))
+			} else {
+				s.stepStart(int(e.engine))
+			}
 		case evKV:
 			s.deliverKV(int(e.engine))
 		case evFault:
@@ -436,6 +478,8 @@ func (s *sim) until(at time.Duration) {
 			s.bindGranted()
 		case evWake:
 			s.wake(int(e.engine), e.at)
+		case evKill, evHang, evDetect, evDrain, evGrace, evUp:
+			s.engineFault(e.class, int(e.engine))
 		}
 	}
 	if at >= 0 {
@@ -515,7 +559,7 @@ func (s *sim) bindOne(k int, v *request.View, hashes []uint64) {
 		sched = s.rep.route()
 		defer s.rep.collect(s.now)
 	}
-	a, err := s.route(sched, v, hashes)
+	a, err := s.route(sched, v, hashes, nil)
 	if err != nil {
 		s.fail(k, v.PromptTokens, 0, err.Error())
 		// A sheddable request refused for its objectives (scheduler.ShedError).
@@ -567,11 +611,20 @@ func (s *sim) queueOne(k int, v *request.View, hashes []uint64, a *scheduler.Ass
 	if f.OutputTokens > 1 {
 		f.itl = s.alloc(f.OutputTokens - 1)
 	}
+	s.started(f, e)
+	return f
+}
+
+// started has engine e, which f was just added to, step if it is idle.
+func (s *sim) started(f *flight, e int) {
+	n := &s.nodes[e]
+	if n.down.hung {
+		s.hungOn(f, e) // faults.go
+	}
 	if !n.busy {
 		n.busy = true
 		s.push(s.now, evStepStart, e)
 	}
-	return f
 }
 
 // alloc hands out n zero-length slots from a shared arena, so that recording
@@ -672,6 +725,9 @@ func (s *sim) stepDone(i int) {
 		if s.pd != nil || s.tiered {
 			s.kick(i)
 		}
+		if n.down.draining {
+			s.stop(i) // faults.go
+		}
 		return
 	}
 	s.push(s.now, evStepStart, i)
@@ -695,12 +751,17 @@ func (s *sim) deliver(i int) {
 		}
 		// The engine's report of its cache hit checks the router's
 		// picture, as the live relay's does.
+		// A moved stream's last leg teaches neither (faults.go): the
+		// client's usage has no cached detail of the new engine's, and
+		// its chunks came from two engines.
 		rep := scheduler.Report{Cached: f.CachedTokens, Prompt: f.PromptTokens}
 		if f.Generated > 0 {
 			rep.TTFT = f.first - f.arrival
 		}
-		f.a.Reported(rep, at)
-		if !f.prefill && f.Generated > 1 {
+		if !f.contd {
+			f.a.Reported(rep, at)
+		}
+		if !f.prefill && !f.contd && f.Generated > 1 {
 			// The stream's inter-token timings, as a live router's
 			// relay teaches them (lifecycle's settle).
 			f.a.Decoded(int64(f.Generated-1), f.FinishedAt-f.first, at)
@@ -736,6 +797,9 @@ func (s *sim) deliver(i int) {
 		if f.leg != nil {
 			s.recordLegs(f, &smp)
 		}
+		if f.c != nil {
+			s.recordMoved(f, &smp) // faults.go
+		}
 		smp.Prefill = smp.TTFT - smp.Held - smp.Queued
 		s.samples = append(s.samples, smp)
 		s.end = max(s.end, f.FinishedAt)
@@ -753,6 +817,10 @@ func (s *sim) deliver(i int) {
 // with the step's end); the first byte reaches the scheduler at delivery.
 func (s *sim) Token(r *engine.Request, at time.Duration) {
 	f := r.Tag.(*flight)
+	if f.c != nil {
+		s.tokenMoved(f, r, at) // faults.go
+		return
+	}
 	if r.Generated == 1 {
 		f.first = at
 		f.last = at
@@ -791,8 +859,8 @@ func (s *sim) result() report.Run {
 	var capacity float64
 	for i := range s.nodes {
 		total += s.nodes[i].routed
-		computed += s.nodes[i].eng.Stats().PrefillTokensComputed
-		loads += s.nodes[i].eng.Stats().LoRALoads
+		computed += s.nodes[i].eng.Stats().PrefillTokensComputed + s.nodes[i].down.computed
+		loads += s.nodes[i].eng.Stats().LoRALoads + s.nodes[i].down.loads
 		capacity += s.nodes[i].eng.Preset().PrefillTokensPerSec()
 	}
 	run.EngineShare = make([]float64, len(s.nodes))
@@ -808,6 +876,7 @@ func (s *sim) result() report.Run {
 		run.AdapterLoads = 1000 * float64(loads) / float64(run.Completed)
 	}
 	s.pdResult(&run)
+	run.Fault = s.faultResult() // faults.go
 	return run
 }
 
