@@ -56,6 +56,8 @@ func runBench(args []string) int {
 	fs.Usage = func() {
 		o := fs.Output()
 		fmt.Fprintln(o, "usage: kvroute bench --target URL --workload NAME|FILE [--rate R | --speedup X] [--duration D] [--limit N] [--seed S] [--model M] [--adapters N [--adapter-zipf S]] [--out DIR] [--json FILE]")
+		fmt.Fprintln(o, "       kvroute bench --soak D [--soak-engines N --soak-preset NAME --soak-load X] [--fault kill|hang|restart --fault-at D [--drain-grace D]]")
+		fmt.Fprintln(o, "       kvroute bench --soak D --target URL [--workload NAME|FILE ...]")
 		fmt.Fprintln(o, "\nReplays a workload open-loop: every request starts at its arrival time, whatever the latency of earlier ones. Records time to first token, inter-token latency, end-to-end latency and the cached prompt tokens the server reports, and prints a table.\n\nflags:")
 		printDefaults(fs)
 		writeBuiltins(o)
@@ -65,6 +67,10 @@ func runBench(args []string) int {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if !set["soak"] && (set["fault"] || set["fault-at"] || set["drain-grace"]) {
+		fmt.Fprintf(os.Stderr, "kvroute bench: %v\n", errFaultTarget)
+		return 2
+	}
 	if set["soak"] {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 		defer stop()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/compare"
 	"github.com/kvroute/kvroute/internal/emulator"
+	"github.com/kvroute/kvroute/internal/fault"
 	"github.com/kvroute/kvroute/internal/report"
 	"github.com/kvroute/kvroute/internal/sim"
 )
@@ -88,7 +89,7 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 	if w.killReplicaAt < 0 || (w.killReplicaAt > 0 && w.replicas < 2) {
 		return nil, errors.New("--kill-replica-at takes a positive duration and --replicas 2 or more")
 	}
-	fault, err := w.faultOf()
+	injected, err := w.faultOf()
 	if err != nil {
 		return nil, err
 	}
@@ -138,9 +139,9 @@ func compareMain(ctx context.Context, stdout io.Writer, w *fleetFlags, timeScale
 		Replicas:          w.replicas,
 		Roles:             roles,
 		KillReplicaAt:     w.killReplicaAt,
-		Fault:             fault,
+		Fault:             injected,
 		Faulted: func(run string, r compare.FaultResult) {
-			kills = append(kills, describeFault(run, r))
+			kills = append(kills, fault.Describe(run, r))
 		},
 		Killed: func(run string, k compare.Kill) {
 			kills = append(kills, describeKill(run, k))

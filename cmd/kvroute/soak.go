@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/bench"
+	"github.com/kvroute/kvroute/internal/fault"
 	"github.com/kvroute/kvroute/internal/soak"
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -24,6 +26,10 @@ type soakFlags struct {
 	interval  time.Duration
 	ttftBound time.Duration
 	keep      bool
+	// fault, faultAt and drainGrace are --fault, --fault-at and
+	// --drain-grace (compare_faults.go).
+	fault               string
+	faultAt, drainGrace time.Duration
 }
 
 func registerSoak(fs *flag.FlagSet) *soakFlags {
@@ -37,6 +43,7 @@ func registerSoak(fs *flag.FlagSet) *soakFlags {
 	fs.DurationVar(&s.interval, "soak-interval", bench.DefaultSoakInterval, "report the router's goroutines and memory this often")
 	fs.DurationVar(&s.ttftBound, "soak-ttft-bound", 0, "fail when an interval's p99 TTFT of completed requests exceeds this after warm-up (default without --target: admission max_wait + 3s; with --target: no check)")
 	fs.BoolVar(&s.keep, "soak-keep", false, "soak without --target: keep the router's config and log in a temporary directory")
+	declareFault(fs, &s.fault, &s.faultAt, &s.drainGrace, "a soak on its own fleet (--soak without --target; the failures it causes fail the soak)")
 	return s
 }
 
@@ -46,14 +53,18 @@ func runSoak(ctx context.Context, stdout, stderr io.Writer, f *benchFlags, s *so
 		fmt.Fprintln(stderr, "kvroute bench: --soak must be positive")
 		return 2
 	}
+	injected, err := s.faultOf(f.target)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvroute bench: %v\n", err)
+		return 2
+	}
 	var res *bench.SoakResult
-	var err error
 	if f.target != "" {
 		res, err = soakTarget(ctx, stdout, stderr, f, s, set)
 	} else {
 		res, err = soak.OwnFleet(ctx, soak.Config{Engines: s.engines, Preset: s.preset, Workload: f.workload, Seed: f.seed,
 			Load: s.load, TimeScale: s.timeScale, Duration: s.duration, Grace: s.grace, Interval: s.interval,
-			MaxConcurrency: f.maxConc, TTFTBound: s.ttftBound, Keep: s.keep, Stdout: stdout, Stderr: stderr})
+			MaxConcurrency: f.maxConc, TTFTBound: s.ttftBound, Keep: s.keep, Stdout: stdout, Stderr: stderr, Fault: injected})
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "kvroute bench: soak: %v\n", err)
@@ -63,6 +74,19 @@ func runSoak(ctx context.Context, stdout, stderr io.Writer, f *benchFlags, s *so
 		return 1
 	}
 	return 0
+}
+
+// errFaultTarget refuses a fault with --target.
+var errFaultTarget = errors.New("--fault goes with a soak on its own fleet (--soak without --target): the engines behind --target are not kvroute bench's to kill, hang or restart; drain one through the router's admin API (POST /admin/backends/{name}/drain, then /undrain) while the soak runs")
+
+// faultOf is the fault the soak's flags ask for, nil for none; with a
+// target, none may be asked for.
+func (s *soakFlags) faultOf(target string) (*fault.Fault, error) {
+	f, err := parseFault(s.fault, s.faultAt, s.drainGrace)
+	if err == nil && f != nil && target != "" {
+		return nil, errFaultTarget
+	}
+	return f, err
 }
 
 // soakTarget soaks a running router: the workload and rate are the

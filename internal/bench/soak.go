@@ -62,6 +62,14 @@ type SoakConfig struct {
 	TTFTBound time.Duration
 	// Out receives a line every Interval and the final table.
 	Out io.Writer
+	// Started, when not nil, is called as the run starts (the clock of a
+	// fault injected into it: package fault).
+	Started func()
+	// Blame, when not nil, tells the failures a fault injected into the
+	// run caused: counted apart (FaultFailed), and failing the soak all
+	// the same, since a router that moves streams should cost no client
+	// an error when an engine dies, hangs or restarts.
+	Blame func(*report.Sample) bool
 }
 
 // SoakWindow is one reporting interval: the requests that arrived in it
@@ -88,6 +96,10 @@ type SoakResult struct {
 	// Failed requests got anything else: another status, a broken stream,
 	// an error body in another shape.
 	Failed int
+	// FaultFailed requests failed or were lost because of a fault
+	// injected into the run (SoakConfig.Blame); Failed and Lost do not
+	// count them.
+	FaultFailed int
 	// Lost requests neither completed nor failed by the end of the grace
 	// period: they hung, and were cut.
 	Lost int
@@ -102,7 +114,10 @@ type SoakResult struct {
 	Backends                   int
 	Windows                    []SoakWindow
 	FirstFailure               string
+	FirstFaultFailure          string
 	Problems                   []string
+	// Samples are the run's requests, wall clock from its start.
+	Samples []report.Sample
 }
 
 // Soak runs cfg.Run for cfg.Duration, reports every Interval, and judges
@@ -166,6 +181,9 @@ func Soak(ctx context.Context, cfg SoakConfig) (*SoakResult, error) {
 				gauge(w.Goroutines, cfg.Metrics), mib(w.RSSBytes, cfg.Metrics), gauge(w.InFlight, cfg.Metrics), gauge(w.Queued, cfg.Metrics))
 		}
 	}()
+	if cfg.Started != nil {
+		cfg.Started()
+	}
 	samples, _, runErr := Drive(runCtx, run)
 	close(stop)
 	<-sampled
@@ -196,6 +214,7 @@ func Soak(ctx context.Context, cfg SoakConfig) (*SoakResult, error) {
 			time.Sleep(500 * time.Millisecond)
 		}
 	}
+	res.Samples = samples
 	res.judge(samples, readings, cfg)
 	res.writeTable(cfg.Out, cfg)
 	return res, nil
@@ -217,6 +236,14 @@ const upstreamIdlePerBackend = 256
 // it within the first few thousand requests.
 func (res *SoakResult) idleBound() float64 {
 	return res.Baseline + float64(2*upstreamIdlePerBackend*res.Backends) + idleSlack
+}
+
+// Refused reports whether the router refused s cleanly: a 429 or 503 in
+// the OpenAI error shape, which a soak at more load than the fleet can
+// serve expects of its admission queue.
+func Refused(s *report.Sample) bool {
+	_, rejected, _, _ := classify(s)
+	return rejected
 }
 
 // classify sorts one sample into completed, rejected, failed or lost.
@@ -258,6 +285,18 @@ func (res *SoakResult) judge(samples []report.Sample, readings []SoakWindow, cfg
 		case r:
 			res.Rejected++
 			wins[w].Rejected++
+		case (f || l) && cfg.Blame != nil && cfg.Blame(s):
+			// The fault's: shown in its interval's column, counted
+			// apart.
+			res.FaultFailed++
+			if l {
+				wins[w].Lost++
+			} else {
+				wins[w].Failed++
+			}
+			if res.FirstFaultFailure == "" {
+				res.FirstFaultFailure = s.Err
+			}
 		case l:
 			res.Lost++
 			wins[w].Lost++
@@ -284,6 +323,9 @@ func (res *SoakResult) judge(samples []report.Sample, readings []SoakWindow, cfg
 	}
 	if res.Failed > 0 {
 		bad("%d requests failed without a clean 429 or 503; first: %s", res.Failed, res.FirstFailure)
+	}
+	if res.FaultFailed > 0 {
+		bad("%d requests failed or were lost because of the injected fault (a stream on a failed engine moves: none should); first: %s", res.FaultFailed, res.FirstFaultFailure)
 	}
 	if res.Completed == 0 && res.Sent > 0 {
 		bad("no request completed")
@@ -345,8 +387,12 @@ func (res *SoakResult) writeTable(w io.Writer, cfg SoakConfig) {
 		fmt.Fprintf(w, "%8v %7d %9d %8d %6d %5d %10v %10s %8s\n", win.End, win.Sent, win.Completed, win.Rejected, win.Failed, win.Lost,
 			win.TTFTP99.Round(time.Millisecond), gauge(win.Goroutines, cfg.Metrics), mib(win.RSSBytes, cfg.Metrics))
 	}
-	fmt.Fprintf(w, "\nsoak %v: %d sent, %d completed, %d rejected cleanly (429/503), %d failed, %d lost; p99 TTFT of completed %v\n",
-		cfg.Duration, res.Sent, res.Completed, res.Rejected, res.Failed, res.Lost, res.TTFTP99.Round(time.Millisecond))
+	fault := ""
+	if cfg.Blame != nil {
+		fault = fmt.Sprintf(" (and %d failed or lost because of the fault)", res.FaultFailed)
+	}
+	fmt.Fprintf(w, "\nsoak %v: %d sent, %d completed, %d rejected cleanly (429/503), %d failed%s, %d lost; p99 TTFT of completed %v\n",
+		cfg.Duration, res.Sent, res.Completed, res.Rejected, res.Failed, fault, res.Lost, res.TTFTP99.Round(time.Millisecond))
 	if cfg.Metrics != "" {
 		fmt.Fprintf(w, "router once idle: %.0f goroutines (%.0f before the load; bound %.0f with %d backends' idle connections), %.0f in flight, %.0f queued\n",
 			res.After, res.Baseline, res.idleBound(), res.Backends, res.AfterInFlight, res.AfterQueued)

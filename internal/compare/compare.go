@@ -24,6 +24,7 @@ import (
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/fault"
 	"github.com/kvroute/kvroute/internal/kvevents"
 	"github.com/kvroute/kvroute/internal/report"
 	"github.com/kvroute/kvroute/internal/server"
@@ -74,7 +75,7 @@ type Config struct {
 	// PeerTimeout, when positive, overrides the replicas' sync.peer_timeout.
 	PeerTimeout time.Duration
 	// Fault, when set, is injected into every policy's run (an engine
-	// killed or hung, a rolling restart: faults.go), and Faulted hears
+	// killed or hung, a rolling restart: package fault), and Faulted hears
 	// how the run took it.
 	Fault   *Fault
 	Faulted func(run string, r FaultResult)
@@ -195,9 +196,10 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 	kv := make([]int, len(cfg.Engines))
 	engineOf := map[string]int{} // backend name -> engine index
 	ems := make([]*emulator.Server, len(cfg.Engines))
-	var inj *injector
+	var inj *fault.Injector
 	if cfg.Fault != nil {
-		inj = newInjector(*cfg.Fault, cc, cfg.Engines[0])
+		cfg.Fault.Configure(cc)
+		inj = fault.New(*cfg.Fault, cfg.Engines[0])
 	}
 	for i, pr := range cfg.Engines {
 		ec := emulator.Config{Preset: pr, KVBlocks: cfg.KVBlocks, TimeScale: cfg.TimeScale, Logger: cfg.Logger, Role: roleOf(fl, i)}
@@ -216,7 +218,7 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 		stack.closers = append(stack.closers, em.Close)
 		h := http.Handler(em.Handler())
 		if inj != nil {
-			h = inj.engine(ec, h)
+			h = inj.Engine(ec, h)
 		}
 		url, err := stack.serve(h)
 		if err != nil {
@@ -226,7 +228,7 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 		name := fmt.Sprintf("engine-%d", i)
 		engineOf[name] = i
 		if inj != nil {
-			inj.served(name, url, stack.last)
+			inj.Served(name, url, stack.last)
 		}
 		be := backendOf(cfg, pr, url, name, roleOf(fl, i))
 		if be.Role == config.RoleDecode {
@@ -277,10 +279,9 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 	}
 
 	if inj != nil {
-		label += " " + inj.f.Kind
-		inj.router = routers[0]
-		defer inj.close()
-		inj.arm()
+		label += " " + cfg.Fault.Kind
+		defer inj.Close()
+		inj.Arm(fault.Local{Fleet: routers[0].Fleet(), Metrics: routers[0].Metrics().Registry()})
 	}
 	samples, elapsed, err := bench.Drive(ctx, bench.Config{
 		Target:     targets[0],
@@ -298,7 +299,7 @@ func runOne(ctx context.Context, wall []workload.Request, cfg Config, p string, 
 		}
 	}
 	if inj != nil {
-		r := inj.result(samples, cfg.TimeScale)
+		r := inj.Result(samples, cfg.TimeScale)
 		if err == nil && cfg.Faulted != nil {
 			cfg.Faulted(label, r)
 		}
@@ -405,7 +406,7 @@ func scale(d time.Duration, f float64) time.Duration {
 // servers are the loopback servers of one run, closed in reverse order.
 type servers struct {
 	closers []func() error
-	// last is the server serve started last (faults.go stops an
+	// last is the server serve started last (a fault stops an
 	// engine's).
 	last *http.Server
 }

@@ -220,6 +220,10 @@ func (s *Server) Members() *members.Set { return s.set }
 // Peers returns the link to the other replicas, nil with sync off.
 func (s *Server) Peers() *peerlink.Link { return s.peers }
 
+// Metrics returns the router's metrics, for in-process users that read
+// them without scraping (its Registry is a prometheus.Gatherer).
+func (s *Server) Metrics() *proxy.Metrics { return s.metrics }
+
 // Start listens on the configured addresses, starts the control plane
 // (health checks, DNS pools, KV event streams), the engine monitor and the
 // link to the peers, then serves in the background. Use Addr to learn the

@@ -13,6 +13,8 @@ package soak
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -26,6 +28,7 @@ import (
 	"github.com/kvroute/kvroute/internal/bench"
 	"github.com/kvroute/kvroute/internal/emulator"
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/fault"
 	"github.com/kvroute/kvroute/internal/sim"
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -71,6 +74,12 @@ type Config struct {
 	Exe string
 	// Stdout gets the soak's report, Stderr its progress.
 	Stdout, Stderr io.Writer
+	// Fault, when not nil, is injected into the run (package fault): the
+	// router is given an admin token to drain and undrain engines with,
+	// the fault's drain grace and stream idle timeout; its report follows
+	// the soak's, and the failures it caused fail the soak (see
+	// bench.SoakConfig.Blame).
+	Fault *fault.Fault
 }
 
 // OwnFleet starts emulated engines in this process and a kvroute serve
@@ -110,15 +119,28 @@ func OwnFleet(ctx context.Context, s Config) (*bench.SoakResult, error) {
 	}
 	ectx, stopEngines := context.WithCancel(ctx)
 	defer stopEngines()
+	var inj *fault.Injector
+	if s.Fault != nil {
+		if err := s.Fault.Check(); err != nil {
+			return nil, err
+		}
+		inj = fault.New(*s.Fault, presets[0])
+		inj.SetRefused(bench.Refused)
+		defer inj.Close()
+	}
 	var yaml strings.Builder
 	fmt.Fprintf(&yaml, "listen: 127.0.0.1:0\npolicy: kvroute\nshutdown_grace: 10s\nlog:\n  level: info\n  access: false\nbackends:\n")
 	for i, p := range presets {
-		em, err := emulator.Start(ectx, emulator.Config{Preset: p, TimeScale: s.TimeScale}, "127.0.0.1:0")
+		name, ec := fmt.Sprintf("engine-%d", i), emulator.Config{Preset: p, TimeScale: s.TimeScale}
+		url, err := startEngine(ectx, inj, name, ec)
 		if err != nil {
 			return nil, fmt.Errorf("engine %d: %w", i, err)
 		}
-		defer em.Close()
-		fmt.Fprintf(&yaml, "  - url: %s\n    name: engine-%d\n", em.URL, i)
+		fmt.Fprintf(&yaml, "  - url: %s\n    name: %s\n", url, name)
+	}
+	token, err := faultConfig(&yaml, s.Fault)
+	if err != nil {
+		return nil, err
 	}
 	// Admission: a backend is saturated with inFlight requests in
 	// flight, or with half a second (of the wall clock) of prefill queued
@@ -146,7 +168,7 @@ func OwnFleet(ctx context.Context, s Config) (*bench.SoakResult, error) {
 	if bound == 0 {
 		bound = MaxWait + 3*time.Second
 	}
-	res, err := bench.Soak(ctx, bench.SoakConfig{
+	sc := bench.SoakConfig{
 		Run:       bench.Config{Target: "http://" + addr, Model: p.Model, Requests: reqs, Policy: "soak", MaxConcurrency: s.MaxConcurrency},
 		Duration:  s.Duration,
 		Grace:     s.Grace,
@@ -154,9 +176,26 @@ func OwnFleet(ctx context.Context, s Config) (*bench.SoakResult, error) {
 		Metrics:   "http://" + addr + "/metrics",
 		TTFTBound: bound,
 		Out:       stdout,
-	})
+	}
+	if inj != nil {
+		fmt.Fprintf(stderr, "fault: %s %v into the run\n", s.Fault.Kind, s.Fault.At)
+		sc.Started = func() { inj.Arm(fault.Admin{URL: "http://" + addr, Token: token}) }
+		sc.Blame = inj.Blame
+	}
+	res, err := bench.Soak(ctx, sc)
 	if err != nil {
 		return nil, err
+	}
+	if inj != nil {
+		r := inj.Result(res.Samples, s.TimeScale)
+		fmt.Fprint(stdout, fault.Describe("soak", r))
+		if r.RestartErr != "" {
+			// The fault was not the one asked for: the verdict above
+			// judged another run.
+			p := "the rolling restart stopped: " + r.RestartErr
+			res.Problems = append(res.Problems, p)
+			fmt.Fprintln(stdout, "verdict: FAIL: "+p)
+		}
 	}
 	// The router must stop cleanly on SIGTERM once idle.
 	_ = router.Process.Signal(syscall.SIGTERM)
@@ -177,6 +216,41 @@ func OwnFleet(ctx context.Context, s Config) (*bench.SoakResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// startEngine starts an emulated engine of config ec named name, through
+// inj when a fault is injected (inj.Close stops it), and returns its URL.
+func startEngine(ctx context.Context, inj *fault.Injector, name string, ec emulator.Config) (string, error) {
+	if inj != nil {
+		return inj.Serve(name, ec)
+	}
+	em, err := emulator.Start(ctx, ec, "127.0.0.1:0") // stopped with ctx
+	if err != nil {
+		return "", err
+	}
+	return em.URL, nil
+}
+
+// faultConfig adds to the router's config what fault f needs: an admin
+// token (returned) to drain and undrain engines with, its drain grace,
+// its stream idle timeout. Nothing without a fault.
+func faultConfig(yaml *strings.Builder, f *fault.Fault) (string, error) {
+	if f == nil {
+		return "", nil
+	}
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	token := hex.EncodeToString(b)
+	fmt.Fprintf(yaml, "admin:\n  token: %s\n", token)
+	if f.DrainGrace > 0 {
+		fmt.Fprintf(yaml, "fleet:\n  drain_grace: %v\n", f.DrainGrace)
+	}
+	if d := f.StreamIdle(); d > 0 {
+		fmt.Fprintf(yaml, "upstream:\n  stream_idle_timeout: %v\n", d)
+	}
+	return token, nil
 }
 
 func presetNames(ps []engine.Preset) string {
