@@ -44,6 +44,7 @@ import (
 	"github.com/kvroute/kvroute/internal/members"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/tracer"
 )
 
 // The protocol's names (docs/proposals/004-endpoint-picker-protocol in
@@ -109,7 +110,10 @@ type Parts struct {
 	Ready func() bool
 	// TLS serves the listeners over TLS (listen_tls); nil: plaintext.
 	TLS *tls.Config
-	Log *slog.Logger
+	// Tracer traces each request (trace.go), the router's tracer the HTTP
+	// front writes with too; nil with tracing off.
+	Tracer *tracer.Tracer
+	Log    *slog.Logger
 }
 
 // Server is the picker: the ext_proc service and the health service.

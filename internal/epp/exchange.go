@@ -13,6 +13,8 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
@@ -21,6 +23,7 @@ import (
 	"github.com/kvroute/kvroute/internal/lifecycle"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/tracer"
 )
 
 // exchange is one stream, one request: the picker's front of its
@@ -75,11 +78,22 @@ type exchange struct {
 	newID bool
 	// remember caches the prompt's token ids at settle (Router.TokenizeFor).
 	remember func(status int)
+	// refused is the immediate response that answered the request, nil
+	// for none.
+	refused *openai.Error
+	// The request's trace (trace.go): its context and span, and the
+	// current routing decision's span; nil with tracing off.
+	tctx          context.Context
+	span, routing trace.Span
 }
 
 func newExchange(s *Server, stream extprocv3.ExternalProcessor_ProcessServer) *exchange {
 	x := &exchange{s: s, stream: stream, ctx: stream.Context()}
-	x.Init(time.Now(), x, noTrace{})
+	var t lifecycle.Trace = noTrace{}
+	if s.p.Tracer != nil {
+		t = x
+	}
+	x.Init(time.Now(), x, t)
 	x.in = (&http.Request{Method: http.MethodPost, Header: http.Header{}, URL: nilURL()}).WithContext(x.ctx)
 	if p, ok := peer.FromContext(x.ctx); ok && p.Addr != nil {
 		x.in.RemoteAddr = p.Addr.String()
@@ -170,12 +184,15 @@ func (x *exchange) headers(h *corev3.HeaderMap, md *corev3.Metadata) {
 			}
 		case ":method":
 			x.in.Method = v
+		case ":authority":
+			x.in.Host = v
 		}
 		if !strings.HasPrefix(k, ":") {
 			x.in.Header.Add(k, v)
 		}
 	}
 	x.subset, x.hinted = subsetOf(md)
+	x.beginTrace()
 }
 
 // hold takes room for n more body bytes in the router's budget.
@@ -205,11 +222,14 @@ func (x *exchange) decide() (done bool, err error) {
 			x.Reject(e)
 			return true, x.immediate(e)
 		}
+		x.nameTrace(tracer.PassOperation(x.in.URL.Path))
 	} else {
-		if e := x.s.p.Router.ReadFor(x.in, &x.Request, kindOf(x.path, x.body), x.body); e != nil {
+		kind := kindOf(x.path, x.body)
+		if e := x.s.p.Router.ReadFor(x.in, &x.Request, kind, x.body); e != nil {
 			x.Reject(e)
 			return true, x.immediate(e)
 		}
+		x.nameTrace(tracer.Operation(kind))
 		x.s.p.Router.SplitFor(&x.Request)
 	}
 	if x.hinted {
@@ -312,9 +332,10 @@ func (x *exchange) responseHeaders(h *corev3.HeaderMap, md *corev3.Metadata) {
 	if !x.routed || x.settled {
 		return
 	}
+	pick := true
 	if addr := servedOf(md); addr != "" {
 		if b := backendAt(x.s.p.Members, addr); b != nil {
-			x.s.plane.Served(&x.Request, b)
+			pick = x.s.plane.Served(&x.Request, b)
 		}
 	}
 	code, sse := 0, false
@@ -330,6 +351,7 @@ func (x *exchange) responseHeaders(h *corev3.HeaderMap, md *corev3.Metadata) {
 		code = http.StatusOK // a data plane that names no status forwarded an answer
 	}
 	x.s.plane.Status(&x.Request, code)
+	x.traceHeaders(code, pick)
 	if code/100 == 2 {
 		l := x.Leg()
 		x.counted = true
@@ -348,6 +370,7 @@ func (x *exchange) responseBody(p []byte, end bool) {
 	if len(p) > 0 && !x.began {
 		x.began = true
 		x.s.plane.FirstByte(&x.Request)
+		x.traceEvent(eventFirstByte)
 	}
 	if x.counted && len(p) > 0 {
 		var now time.Time
@@ -367,6 +390,7 @@ func (x *exchange) finish(complete bool) {
 	if !x.routed || x.settled {
 		return
 	}
+	x.traceEvent(eventEnd, attribute.Bool("kvroute.complete", complete))
 	if complete && !x.complete {
 		x.complete = true
 		if x.counted {
@@ -397,6 +421,7 @@ func (x *exchange) end() {
 			}
 			// The body stays with the request (its view may read it)
 			// rather than going back to the pool.
+			x.endUnsettled(nil, true)
 			x.s.holdUnreported(x, d)
 			return
 		}
@@ -404,6 +429,9 @@ func (x *exchange) end() {
 	if x.read && !x.settled {
 		x.settled = true
 		x.s.plane.Settle(&x.Request, false)
+	}
+	if !x.read {
+		x.endUnsettled(x.refused, false)
 	}
 	if x.held > 0 {
 		x.s.p.Router.GiveBody(x.held)
@@ -439,6 +467,7 @@ func (x *exchange) immediate(e *openai.Error) error {
 	if e.Status == lifecycle.StatusClientGone {
 		return nil
 	}
+	x.refused = e
 	return x.send(immediateResponse(e))
 }
 
@@ -498,6 +527,7 @@ func (x *exchange) Settled(r *lifecycle.Request) {
 		tally = &x.tally
 	}
 	x.s.p.Router.EndAccess(x.in, r, Front, tally)
+	x.endTrace(r)
 	if x.remember != nil {
 		x.remember(r.Status)
 		x.remember = nil

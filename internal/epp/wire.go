@@ -200,7 +200,7 @@ func cmpInt[T int | int64](a, b T) int {
 // nilURL is the URL of a request whose path the picker does not use.
 func nilURL() *url.URL { return &url.URL{Path: "/"} }
 
-// noTrace traces nothing: the gateway traces the request.
+// noTrace traces nothing: the picker with tracing off.
 type noTrace struct{}
 
 func (noTrace) RouteStart()                                               {}

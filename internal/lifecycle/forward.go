@@ -175,12 +175,16 @@ const maxUnreported = 5 * time.Minute
 // latency, at most five minutes. Released at once, such requests would
 // leave every backend looking idle to the next pick. Settle releases it
 // then, as a request whose client left (nothing is learned, no breaker
-// judged); 0 when the request holds nothing.
+// judged); 0 when the request holds nothing. Such a request is marked
+// unreported: nothing says whether it met its latency objectives, so its
+// settle records no attainment (neither met nor missed, it is not counted
+// in kvroute_slo_*).
 func (p *Plane) Unreported(r *Request, now time.Time) time.Duration {
 	l := &r.Legs[len(r.Legs)-1]
 	if l.A == nil || r.View == nil || !l.first.IsZero() || l.responded {
 		return 0
 	}
+	r.unreported = true
 	budget := r.View.MaxTokens
 	if budget <= 0 {
 		budget = request.DefaultOutputBudget

@@ -171,6 +171,9 @@ type Request struct {
 	front Front
 	trace Trace
 	one   [1]Leg
+	// unreported marks a request whose data plane reported nothing of its
+	// answer (Unreported): its settle records no attainment.
+	unreported bool
 }
 
 // Leg is one backend's part of a request: its assignment, its attempts and
@@ -311,6 +314,9 @@ type Plane struct {
 	// Split observes a settled split request's per-leg timings (its
 	// first leg the prefill, its last the decode); nil: none.
 	Split func(r *Request, t LegTimes)
+	// Attained records what a settled request with latency objectives
+	// attained (objectives.go), whatever front carried it; nil: none.
+	Attained func(a Attainment)
 	// Reading is how Read parses and checks a completion's body.
 	Reading Reading
 }

@@ -14,8 +14,9 @@ import (
 // panic on a body broken after the headers). It settles the status, judges
 // each leg's last attempt (the breaker's one feed at the end of a
 // request), releases every assignment and wakes the admission queue,
-// counts the request and its tokens, logs its decision, then lets the
-// front write its own records.
+// counts the request and its tokens and what it attained of its
+// objectives (Attained), logs its decision, then lets the front write its
+// own records.
 func (p *Plane) Settle(r *Request, aborted bool) {
 	now := time.Now()
 	r.Status = r.final(aborted)
@@ -42,6 +43,7 @@ func (p *Plane) Settle(r *Request, aborted bool) {
 		p.wake()
 	}
 	p.count(r, end, now)
+	p.attained(r, end)
 	if p.Split != nil {
 		if t, ok := r.legTimes(); ok {
 			p.Split(r, t)

@@ -14,7 +14,7 @@ import (
 	"github.com/kvroute/kvroute/internal/lifecycle"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
-	"github.com/kvroute/kvroute/internal/scheduler"
+	"github.com/kvroute/kvroute/internal/tracer"
 )
 
 // Response headers the router adds; client-sent headers with this prefix
@@ -124,6 +124,7 @@ func (s *Server) newPlane() *lifecycle.Plane {
 		Decisions: recorder(s.decisions),
 		Bind:      s.bind,
 		Split:     s.metrics.pd.observe,
+		Attained:  s.metrics.slo.record,
 		Reading: lifecycle.Reading{Options: s.parse, RejectOverContext: s.cfg.Limits.RejectOverContext,
 			MaxBytesPerToken: s.cfg.Limits.MaxBytesPerToken},
 	}
@@ -131,7 +132,7 @@ func (s *Server) newPlane() *lifecycle.Plane {
 
 // serveCompletion serves POST /v1/chat/completions and /v1/completions.
 func (s *Server) serveCompletion(kind request.Kind, w http.ResponseWriter, r *http.Request) {
-	ex, r := s.newExchange(w, r, operationOf(kind), false)
+	ex, r := s.newExchange(w, r, tracer.Operation(kind), false)
 	defer ex.settleDeferred()
 	if r.Method != http.MethodPost {
 		ex.w.Header().Set("Allow", http.MethodPost)
@@ -226,7 +227,7 @@ func (ex *exchange) Admit(r *lifecycle.Request) (func(), *openai.Error) {
 		cost = ex.s.costOf(r.View, r.Hashes)
 	}
 	release, e := ex.s.admit(ex.r, r.View.Model, cost, r.View.Objective.TTFT)
-	endSpan(span, errorOf(e))
+	tracer.End(span, errorOf(e))
 	return release, e
 }
 
@@ -322,9 +323,6 @@ func (ex *exchange) Ended() lifecycle.BodyEnd {
 // (lifecycle.Front): the body's budget, the tokenizer's cache, the access
 // log entry and the trace.
 func (ex *exchange) Settled(r *lifecycle.Request) {
-	if ex.View != nil && !ex.View.Objective.None() {
-		ex.s.metrics.slo.observe(ex.Model, r, ex.Ended(), r.Code == scheduler.CodeShed)
-	}
 	ex.rememberResponse()
 	ex.s.bodies.give(ex.held)
 	ex.rememberTokens()

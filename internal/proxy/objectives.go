@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -101,42 +100,33 @@ func newSLOMetrics(reg prometheus.Registerer) sloMetrics {
 	return m
 }
 
-// observe records a settled request with objectives: its attainment and
-// its prediction's error, or its shedding.
-func (m *sloMetrics) observe(model string, r *lifecycle.Request, end lifecycle.BodyEnd, shed bool) {
-	o := r.View.Objective
-	class := o.Class.String()
-	m.requests.WithLabelValues(model, class).Inc()
-	if shed {
-		m.shed.WithLabelValues(model, class).Inc()
+// record records what a settled request with objectives attained
+// (lifecycle.Attainment, whatever front carried it: Plane.Attained): its
+// attainment and its prediction's error, or its shedding.
+func (m *sloMetrics) record(a lifecycle.Attainment) {
+	class := a.Class.String()
+	m.requests.WithLabelValues(a.Model, class).Inc()
+	switch {
+	case a.Shed:
+		m.shed.WithLabelValues(a.Model, class).Inc()
+		return
+	case !a.Judged:
 		return
 	}
-	if r.Status/100 != 2 || !end.Complete || len(r.Legs) == 0 {
-		return
+	if a.Met.TTFT {
+		m.met.WithLabelValues(a.Model, class, "ttft").Inc()
 	}
-	var itl time.Duration
-	if end.Out > 1 {
-		itl = end.Decoding / time.Duration(end.Out-1)
+	if a.Met.ITL {
+		m.met.WithLabelValues(a.Model, class, "itl").Inc()
 	}
-	a := o.Judge(r.TTFT, itl)
-	if a.TTFT {
-		m.met.WithLabelValues(model, class, "ttft").Inc()
+	if a.Met.Both() {
+		m.met.WithLabelValues(a.Model, class, "both").Inc()
+		m.goodTokens.WithLabelValues(a.Model, class).Add(float64(a.Goodput))
 	}
-	if a.ITL {
-		m.met.WithLabelValues(model, class, "itl").Inc()
+	if a.TTFTRatio > 0 {
+		m.ratio.WithLabelValues(a.Backend, "ttft").Observe(a.TTFTRatio)
 	}
-	if a.Both() {
-		m.met.WithLabelValues(model, class, "both").Inc()
-		m.goodTokens.WithLabelValues(model, class).Add(float64(end.Out))
-	}
-	last := r.Legs[len(r.Legs)-1].A
-	if last == nil {
-		return
-	}
-	if p := last.Pred; p.TTFT > 0 && r.TTFT > 0 {
-		m.ratio.WithLabelValues(last.Backend.Name, "ttft").Observe(r.TTFT.Seconds() / p.TTFT)
-	}
-	if p := last.Pred; p.ITL > 0 && itl > 0 {
-		m.ratio.WithLabelValues(last.Backend.Name, "itl").Observe(itl.Seconds() / p.ITL)
+	if a.ITLRatio > 0 {
+		m.ratio.WithLabelValues(a.Backend, "itl").Observe(a.ITLRatio)
 	}
 }

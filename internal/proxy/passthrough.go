@@ -7,6 +7,7 @@ import (
 	"github.com/kvroute/kvroute/internal/lifecycle"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/request"
+	"github.com/kvroute/kvroute/internal/tracer"
 )
 
 // passthrough forwards a request to another /v1/ endpoint (embeddings,
@@ -19,7 +20,7 @@ import (
 // included), but it has no tokens, and it is retried only on the idempotent
 // endpoints (idempotent).
 func (s *Server) passthrough(w http.ResponseWriter, r *http.Request) {
-	ex, r := s.newExchange(w, r, passOperation(r.URL.Path), true)
+	ex, r := s.newExchange(w, r, tracer.PassOperation(r.URL.Path), true)
 	defer ex.settleDeferred()
 	if e := s.passAllowed(ex.w, r); e != nil {
 		ex.Reject(e)
@@ -64,15 +65,6 @@ var idempotent = map[string]bool{
 	"/v1/embeddings": true, "/v1/rerank": true, "/v2/rerank": true, "/rerank": true, "/v1/score": true, "/score": true,
 	"/v1/classify": true, "/classify": true, "/pooling": true, "/v1/tokenize": true, "/v1/detokenize": true,
 	"/tokenize": true, "/detokenize": true, "/v1/messages/count_tokens": true,
-}
-
-// passOperation is the GenAI operation of a passthrough endpoint: only
-// embeddings has one.
-func passOperation(path string) string {
-	if path == "/v1/embeddings" {
-		return opEmbeddings
-	}
-	return ""
 }
 
 // passAllowed checks a passthrough request's path and method against

@@ -47,6 +47,7 @@ import (
 	"github.com/kvroute/kvroute/internal/request"
 	"github.com/kvroute/kvroute/internal/scheduler"
 	"github.com/kvroute/kvroute/internal/tokenize"
+	"github.com/kvroute/kvroute/internal/tracer"
 )
 
 // Server is the data plane: one exchange per request (exchange.go) over
@@ -141,7 +142,7 @@ type Parts struct {
 	// Peers is the link to the other replicas; nil with sync off.
 	Peers *peerlink.Link
 	// Tracer traces each exchange (NewTracer); nil with tracing off.
-	Tracer *Tracer
+	Tracer *tracer.Tracer
 	// Decisions is the log the exchanges record to, and Admin the API
 	// mounted at /admin/ (on the client listener without admin.listen).
 	Decisions *admin.Log
@@ -171,7 +172,7 @@ func New(p Parts) (*Server, error) {
 		peers:     p.Peers,
 		decisions: p.Decisions,
 		adminAPI:  p.Admin,
-		tracing:   p.Tracer,
+		tracing:   tracingOf(p.Tracer),
 		parse:     request.Options{SessionField: cfg.Session.BodyField, MaxMessages: cfg.Limits.MaxMessages},
 		proxyLog:  slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 	}
@@ -201,21 +202,16 @@ func New(p Parts) (*Server, error) {
 	return s, nil
 }
 
-// Tracer is the data plane's OpenTelemetry tracer (tracing.go).
-type Tracer = tracing
-
-// NewTracer builds the tracer of the tracing section, or returns nil
-// when tracing is off.
-func NewTracer(c config.Tracing, log *slog.Logger) (*Tracer, error) {
+// NewTracer builds the router's tracer (package tracer) of the tracing
+// section, or returns nil when tracing is off: the one both fronts write
+// with.
+func NewTracer(c config.Tracing, log *slog.Logger) (*tracer.Tracer, error) {
 	t, err := newTracing(c, log)
 	if err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
 	}
 	return t, nil
 }
-
-// Shutdown flushes the spans still buffered; a nil tracer has none.
-func (t *Tracer) Shutdown(ctx context.Context) error { return t.shutdown(ctx) }
 
 // Handler returns the router's HTTP handler.
 func (s *Server) Handler() http.Handler { return s.handler }

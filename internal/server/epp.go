@@ -16,7 +16,7 @@ func (s *Server) newEPP() {
 		return
 	}
 	s.epp = epp.New(epp.Parts{Config: s.cfg.EPP, MaxBody: int64(s.cfg.Limits.MaxBodyBytes), Router: s.proxy,
-		Members: s.set, Log: s.log, Ready: func() bool { return len(s.fleet.Snapshot().Healthy) > 0 }})
+		Members: s.set, Log: s.log, Tracer: s.tracer, Ready: func() bool { return len(s.fleet.Snapshot().Healthy) > 0 }})
 }
 
 // listenEPP opens the picker's listeners (epp.listen and, when set,

@@ -16,6 +16,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"github.com/kvroute/kvroute/internal/disagg"
+	"github.com/kvroute/kvroute/internal/tracer"
 	"log/slog"
 	"net"
 	"net/http"
@@ -48,7 +49,7 @@ type Server struct {
 	monitor  *monitor.Monitor // nil with engines.enabled off
 	scrapes  *http.Transport  // the monitor's connections; nil when monitor is
 	peers    *peerlink.Link   // nil with sync off
-	tracer   *proxy.Tracer    // nil with tracing off
+	tracer   *tracer.Tracer   // nil with tracing off
 	adminAPI *admin.Handler
 	proxy    *proxy.Server
 	// epp is the Endpoint Picker (epp.go); nil without epp.listen.
