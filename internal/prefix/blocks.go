@@ -46,12 +46,12 @@ func (a *blockArray) match1(hashes []uint64, out []int32) {
 		for j := a.home(h); ; j = (j + 1) & slots {
 			sl := &a.slots[j]
 			v := sl.ver.Load()
-			if v&verState == verEmpty {
+			if v&verUsed == 0 {
 				break
 			}
 			if sl.hash.Load() == h {
 				m = sl.mask.Load()
-				torn = v&1 != 0 || sl.ver.Load() != v
+				torn = sl.ver.Load() != v
 				break
 			}
 		}
@@ -146,7 +146,7 @@ func (a *blockArray) try(h uint64, want, m []uint64) (torn bool) {
 	for i := a.home(h); ; i = (i + 1) & mask {
 		sl := &a.slots[i]
 		v := sl.ver.Load()
-		if v&verState == verEmpty {
+		if v&verUsed == 0 {
 			// A slot whose hash is not h may be changing to h, but h had
 			// no slot then: it was not held as the read began.
 			clear(m)
@@ -166,7 +166,7 @@ func (a *blockArray) try(h uint64, want, m []uint64) (torn bool) {
 				m[w] = hi[w-1].Load()
 			}
 		}
-		return v&1 != 0 || sl.ver.Load() != v
+		return sl.ver.Load() != v
 	}
 }
 
@@ -229,31 +229,28 @@ type blockArray struct {
 	_     [60]byte
 }
 
-// blockSlot is one slot. Its ver says, in its low two bits, whether the
-// slot is empty (the end of a probe: never used, or emptied), used, or
-// changing (odd), and only ever goes up: empty to used adds 2, used to
-// changing 1, changing to used 3, used to empty 2. So a reader that saw
-// the same even ver before and after reading a used slot read one picture
-// of it, even across the slot being emptied and filled again in between.
+// blockSlot is one slot. Its ver counts the slot's changes in place, 2
+// each, filled (empty to used) or emptied, so that ver&verUsed says
+// whether it is used (empty: the end of a probe): a reader that saw the
+// same ver before and after reading a used slot read one picture of it,
+// even across the slot being emptied and filled again in between. The
+// blocks a deletion moves from slot to slot leave ver alone: the array's
+// count of moves covers them.
 type blockSlot struct {
 	hash atomic.Uint64
 	// mask has bit b set when backend b < 64 holds the block.
 	mask atomic.Uint64
-	// holders counts the backends that hold the block. Only writers read
-	// it.
-	holders atomic.Int32
+	// holders counts the backends that hold the block. Only writers,
+	// under the write lock, read or write it: a plain field.
+	holders int32
 	ver     atomic.Uint32
 }
 
-// A slot's ver & verState: its state.
-const (
-	verEmpty = 0
-	verUsed  = 2
-	verState = 3
-)
+// verUsed is the bit of a slot's ver set while it is used.
+const verUsed = 2
 
 // empty reports whether the slot ends a probe.
-func (sl *blockSlot) empty() bool { return sl.ver.Load()&verState == verEmpty }
+func (sl *blockSlot) empty() bool { return sl.ver.Load()&verUsed == 0 }
 
 // home is h's first slot. Block hashes are uniform already, but tests and
 // callers may pass plain numbers; the multiply spreads any key.
@@ -288,7 +285,7 @@ func (a *blockArray) find(h uint64) int {
 func (t *blockTable) add(h uint64, backend int) {
 	a, i := t.upsert(h, backend/64+1)
 	a.word(i, backend).Or(1 << (backend % 64))
-	a.slots[i].holders.Add(1)
+	a.slots[i].holders++
 }
 
 // remove records that backend no longer holds h, which it held, deleting
@@ -297,7 +294,7 @@ func (t *blockTable) remove(h uint64, backend int) {
 	a := t.arr.Load()
 	i := a.find(h)
 	a.word(i, backend).And(^(uint64(1) << (backend % 64)))
-	if a.slots[i].holders.Add(-1) == 0 {
+	if a.slots[i].holders--; a.slots[i].holders == 0 {
 		t.n--
 		a.delete(i)
 	}
@@ -322,26 +319,25 @@ func (a *blockArray) delete(i int) {
 		}
 	}
 	sl := &a.slots[i]
-	sl.ver.Add(verEmpty + 4 - verUsed)
+	sl.ver.Add(verUsed) // empty
 	sl.mask.Store(0)
-	sl.holders.Store(0)
+	sl.holders = 0
 	for w := range a.words - 1 {
 		a.hi[i*(a.words-1)+w].Store(0)
 	}
 }
 
 // move copies used slot j's block into used slot i, whose block is gone
-// or moved.
+// or moved. It leaves i's version alone: the caller holds the count of
+// moves odd, which every reader checks.
 func (a *blockArray) move(j, i int) {
 	src, dst := &a.slots[j], &a.slots[i]
-	dst.ver.Add(1)
 	dst.hash.Store(src.hash.Load())
 	dst.mask.Store(src.mask.Load())
-	dst.holders.Store(src.holders.Load())
+	dst.holders = src.holders
 	for w := range a.words - 1 {
 		a.hi[i*(a.words-1)+w].Store(a.hi[j*(a.words-1)+w].Load())
 	}
-	dst.ver.Add(3)
 }
 
 // upsert returns the array and h's slot in it to add a holder to, giving
@@ -365,7 +361,7 @@ func (t *blockTable) upsert(h uint64, words int) (*blockArray, int) {
 	t.n++
 	sl := &a.slots[i]
 	sl.hash.Store(h)
-	sl.ver.Add(verUsed)
+	sl.ver.Add(verUsed) // used
 	return a, i
 }
 
@@ -400,7 +396,7 @@ func (t *blockTable) rebuild(words int) *blockArray {
 			d := &a.slots[i]
 			d.hash.Store(h)
 			d.mask.Store(sl.mask.Load())
-			d.holders.Store(sl.holders.Load())
+			d.holders = sl.holders
 			d.ver.Store(verUsed)
 			for w := 1; w < old.words; w++ {
 				a.hi[i*(words-1)+w-1].Store(old.hi[k*(old.words-1)+w-1].Load())

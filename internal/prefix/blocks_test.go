@@ -24,13 +24,13 @@ func checkBlockSlots(t *testing.T, bt *blockTable) {
 	for k := range a.slots {
 		sl := &a.slots[k]
 		if sl.empty() {
-			if sl.mask.Load() != 0 || sl.holders.Load() != 0 {
+			if sl.mask.Load() != 0 || sl.holders != 0 {
 				t.Fatalf("block map slot %d is empty but has holders", k)
 			}
 			continue
 		}
 		used++
-		if sl.holders.Load() == 0 {
+		if sl.holders == 0 {
 			t.Fatalf("block map slot %d is used with no holder", k)
 		}
 		if f := a.find(sl.hash.Load()); f != k {

@@ -487,8 +487,8 @@ func checkInvariants(t *testing.T, ix *Index) {
 			}
 			n += popcount(bits)
 		}
-		if sl := &a.slots[a.find(h)]; int(sl.holders.Load()) != n {
-			t.Fatalf("block %x: %d holders counted, %d in its words", h, sl.holders.Load(), n)
+		if sl := &a.slots[a.find(h)]; int(sl.holders) != n {
+			t.Fatalf("block %x: %d holders counted, %d in its words", h, sl.holders, n)
 		}
 	}
 }
