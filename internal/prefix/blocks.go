@@ -203,9 +203,20 @@ func (a *blockArray) try(h uint64, want, m []uint64) (torn bool) {
 //
 // Deleting with tombstones, as the table once did, left a table at its
 // capacity to fill with them and be copied whole, at the same size, every
-// few hundred 220 KB requests: the request that found it due paid for the
-// copy, most of it the page faults of a fresh array (0.5 s at 800,000
-// blocks on a loaded 2-core machine), and the picker's p99 with it.
+// few hundred 220 KB requests (every 340 at 8 backends of 100,000 blocks):
+// the request that found it due paid for the copy, most of it the page
+// faults of a fresh 48 MB array (0.5-0.7 s of CPU on a loaded 2-core
+// machine). Moving blocks back was chosen over the other ways out:
+// emptying only the tombstones at the end of a run (safe without moves)
+// slowed the creep of used slots but did not stop it (0.73 of the table
+// after 3,000 requests, every probe longer for it), so the copy still
+// came; copying incrementally (readers on the old array while each write
+// fills the new one a few slots further) would bound the copy's work per
+// write but not the fresh array's page faults, which scattered slots touch
+// within a few thousand writes of the start; and a table twice the size
+// (at most a quarter live after a copy) would copy a third as often but
+// twice as much each time, with 96 MB instead of 48. Moves cost a
+// deletion a few stores, and a reader one more load per block.
 // docs/benchmarks.md, "The Endpoint Picker".
 type blockTable struct {
 	arr atomic.Pointer[blockArray]
