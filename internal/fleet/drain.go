@@ -1,6 +1,9 @@
 package fleet
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // drainSignal is a context cancelled when its backend starts draining.
 type drainSignal struct {
@@ -28,7 +31,7 @@ func (b *Backend) DrainStarted() context.Context {
 		if b.drainCtx.CompareAndSwap(nil, &drainSignal{ctx, cancel}) {
 			if b.Draining() {
 				// Drained between the load and the swap, before
-				// drainStarted could see this signal.
+				// startDrain could see this signal.
 				cancel()
 			}
 			return ctx
@@ -37,11 +40,31 @@ func (b *Backend) DrainStarted() context.Context {
 	}
 }
 
-// drainStarted fires b's drain signal; b.draining was just set.
-func (b *Backend) drainStarted() {
+// DrainingSince is when b's current drain started (Drain, or Remove,
+// called), and false when b is not draining. It is the one clock of a
+// drain's fleet.drain_grace: the streams moved off b and the requests
+// re-sent from it count their grace from it alike.
+func (b *Backend) DrainingSince() (time.Time, bool) {
+	if !b.Draining() {
+		return time.Time{}, false
+	}
+	return time.Unix(0, b.drainedAt.Load()), true
+}
+
+// startDrain starts b's drain at now, unless it drains already, and
+// reports whether it did: the start is recorded before b is seen
+// draining, then its drain signal fires. The caller holds fleet.mu, as
+// every writer of b.draining does.
+func (b *Backend) startDrain(now time.Time) bool {
+	if b.draining.Load() {
+		return false
+	}
+	b.drainedAt.Store(now.UnixNano())
+	b.draining.Store(true)
 	if s := b.drainCtx.Swap(drained); s != nil {
 		s.cancel()
 	}
+	return true
 }
 
 // drainEnded readies a new signal for b's next drain; b.draining was

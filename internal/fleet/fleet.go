@@ -76,6 +76,9 @@ type Backend struct {
 	fleet                       *Fleet
 	// drainCtx is cancelled when b starts draining (drain.go).
 	drainCtx atomic.Pointer[drainSignal]
+	// drainedAt is when the current drain started, in Unix nanoseconds
+	// (DrainingSince); set before draining is seen by other goroutines.
+	drainedAt atomic.Int64
 	// removedAt is when Remove was called, for the rejoin grace
 	// (slots.go); guarded by fleet.mu.
 	removedAt time.Time

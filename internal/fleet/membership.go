@@ -78,8 +78,7 @@ func (b *Backend) Retired() bool { return b.retired.Load() }
 func (f *Fleet) Drain(b *Backend) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if !b.draining.Swap(true) {
-		b.drainStarted()
+	if b.startDrain(time.Now()) {
 		f.publish()
 	}
 }
@@ -110,9 +109,7 @@ func (f *Fleet) Undrain(b *Backend) bool {
 // b; its Done retires b in turn. now starts b's rejoin grace.
 func (f *Fleet) Remove(b *Backend, now time.Time) (retired bool) {
 	f.mu.Lock()
-	if !b.draining.Swap(true) {
-		b.drainStarted()
-	}
+	b.startDrain(now)
 	if !b.removing.Swap(true) {
 		b.removedAt = now
 	}

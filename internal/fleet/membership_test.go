@@ -153,3 +153,62 @@ func TestBatch(t *testing.T) {
 		t.Error("an empty batch published a snapshot")
 	}
 }
+
+// TestDrainingSince: a drain's start is recorded once, kept by a second
+// Drain, taken from Remove's now, and forgotten by Undrain.
+func TestDrainingSince(t *testing.T) {
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name string
+		ops  func(f *Fleet, b *Backend) (lo, hi time.Time)
+		want bool
+	}{
+		{"serving", func(f *Fleet, b *Backend) (time.Time, time.Time) { return time.Time{}, time.Time{} }, false},
+		{"drained", func(f *Fleet, b *Backend) (time.Time, time.Time) {
+			lo := time.Now()
+			f.Drain(b)
+			return lo, time.Now()
+		}, true},
+		{"drained twice keeps the first start", func(f *Fleet, b *Backend) (time.Time, time.Time) {
+			lo := time.Now()
+			f.Drain(b)
+			hi := time.Now()
+			for time.Now().Equal(hi) {
+			}
+			f.Drain(b)
+			return lo, hi
+		}, true},
+		{"undrained", func(f *Fleet, b *Backend) (time.Time, time.Time) {
+			f.Drain(b)
+			f.Undrain(b)
+			return time.Time{}, time.Time{}
+		}, false},
+		{"removed at now", func(f *Fleet, b *Backend) (time.Time, time.Time) {
+			b.Start(10, 10, 1, t0) // in flight: not retired at once
+			f.Remove(b, at)
+			return at, at
+		}, true},
+		{"drained, then removed, keeps the drain's start", func(f *Fleet, b *Backend) (time.Time, time.Time) {
+			b.Start(10, 10, 1, t0)
+			lo := time.Now()
+			f.Drain(b)
+			hi := time.Now()
+			f.Remove(b, at)
+			return lo, hi
+		}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := New()
+			b := f.Add("b", nil, nil)
+			lo, hi := tt.ops(f, b)
+			since, ok := b.DrainingSince()
+			if ok != tt.want {
+				t.Fatalf("DrainingSince ok = %v, want %v", ok, tt.want)
+			}
+			if ok && (since.Before(lo) || since.After(hi)) {
+				t.Errorf("DrainingSince = %v, want within [%v, %v]", since, lo, hi)
+			}
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"sync"
+	"time"
 )
 
 // ErrDrainedWaiting is an attempt that was still waiting for its first
@@ -14,7 +15,7 @@ import (
 var ErrDrainedWaiting = errors.New("the backend was drained before its first byte")
 
 // drainBound cancels an attempt's context DrainGrace after its backend
-// starts draining, unless the attempt had its first byte (done) first.
+// started draining (fleet.Backend.DrainingSince), unless the attempt had its first byte (done) first.
 // It costs no goroutine while the backend is not draining. A nil
 // *drainBound bounds nothing.
 type drainBound struct {
@@ -31,13 +32,20 @@ func (p *Plane) boundDrain(r *Request, l *Leg, out *http.Request) (*http.Request
 	}
 	ctx, cancel := context.WithCancelCause(out.Context())
 	db := &drainBound{}
-	db.stopWatching = context.AfterFunc(l.Target.B.DrainStarted(), func() {
+	b := l.Target.B
+	db.stopWatching = context.AfterFunc(b.DrainStarted(), func() {
 		db.mu.Lock()
 		defer db.mu.Unlock()
 		if db.ended {
 			return
 		}
-		db.timer = AfterFunc(p.DrainGrace, func() {
+		// The grace runs from the drain's start, which the streams moved
+		// off b count from too; this attempt may have begun after it.
+		left := p.DrainGrace
+		if since, ok := b.DrainingSince(); ok {
+			left -= time.Since(since)
+		}
+		db.timer = AfterFunc(max(left, 0), func() {
 			db.mu.Lock()
 			if db.ended {
 				db.mu.Unlock()

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/kvroute/kvroute/internal/racetest"
 )
 
 // TestSyncReplicasAgree: three replicas, two of which hold prompts of
@@ -20,12 +22,25 @@ import (
 // unrelated requests go where the least held work is, and a new
 // conversation stays on one backend, because a replica catches up on its
 // peers' load and sessions before it routes. Twenty rounds in a row, each
-// on a fresh fleet.
+// on a fresh fleet: about a minute, most of it waiting out the outages, a
+// minute and a half under the race detector, which runs two rounds
+// (TestSyncReplicasAgreeUnderRace).
 func TestSyncReplicasAgree(t *testing.T) {
 	if testing.Short() {
 		t.Skip("twenty rounds of three replicas and a NATS outage")
 	}
-	const rounds = 20
+	racetest.Heavy(t, "twenty rounds of three replicas and a NATS outage")
+	agreeRounds(t, 20)
+}
+
+// TestSyncReplicasAgreeUnderRace is TestSyncReplicasAgree's two first
+// rounds under the race detector.
+func TestSyncReplicasAgreeUnderRace(t *testing.T) {
+	racetest.Only(t, "two rounds of TestSyncReplicasAgree's twenty")
+	agreeRounds(t, 2)
+}
+
+func agreeRounds(t *testing.T, rounds int) {
 	for r := range rounds {
 		ok := t.Run(fmt.Sprintf("round%d", r), func(t *testing.T) { agreeRound(t, r) })
 		if !ok {

@@ -13,6 +13,7 @@ import (
 	"github.com/kvroute/kvroute/internal/admin"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/racetest"
 )
 
 // liveHeap is the heap in use after two collections.
@@ -30,6 +31,7 @@ func liveHeap() uint64 {
 // than one such model behind, and no metric label longer than the log's
 // bound.
 func TestDecisionLogBoundedInBytes(t *testing.T) {
+	racetest.Heavy(t, "eight 4 MiB bodies through the router, timed by the detector twentyfold")
 	r := newRig(t, "kvroute", 1, func(c *config.Config) {
 		for i := range c.Backends {
 			c.Backends[i].Models = []string{"shared"}
@@ -81,6 +83,7 @@ func TestDecisionLogBoundedInBytes(t *testing.T) {
 // index, capped here at 1,024 blocks), and a refused prompt sent again is
 // tokenized again.
 func TestRefusedPromptsNotCached(t *testing.T) {
+	racetest.Heavy(t, "48 prompts of 256 KiB tokenized and refused, timed by the detector tenfold")
 	tk := newTokenizer(t)
 	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/v1/") {

@@ -5,12 +5,10 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/lifecycle"
 	"github.com/kvroute/kvroute/internal/migrate"
 )
@@ -45,44 +43,12 @@ type mover struct {
 }
 
 // drained reports whether the stream's engine has been draining for
-// fleet.drain_grace: the stream is moved rather than read on. One atomic
-// load a read while the engine is not draining.
+// fleet.drain_grace (counted from the drain's start, the clock the
+// requests re-sent from it read too): the stream is moved rather than
+// read on. One atomic load a read while the engine is not draining.
 func (m *mover) drained() bool {
-	b := m.ex.Leg().Target.B
-	if !b.Draining() {
-		return false
-	}
-	now := time.Now()
-	return now.Sub(m.ex.s.drains.since(b, now)) >= m.grace
-}
-
-// drainClock is when each draining backend was first seen draining by one
-// of its streams: its grace runs from then for every stream, those that
-// had their first byte later too. An entry goes when the backend is seen
-// serving again, or is retired.
-type drainClock struct {
-	mu sync.Mutex
-	at map[*fleet.Backend]time.Time
-}
-
-// since is when b, draining, was first seen so (now if not before).
-func (c *drainClock) since(b *fleet.Backend, now time.Time) time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.at == nil {
-		c.at = map[*fleet.Backend]time.Time{}
-	}
-	for k := range c.at {
-		if !k.Draining() {
-			delete(c.at, k) // undrained: its next drain starts afresh
-		}
-	}
-	t, ok := c.at[b]
-	if !ok {
-		c.at[b] = now
-		return now
-	}
-	return t
+	since, ok := m.ex.Leg().Target.B.DrainingSince()
+	return ok && time.Since(since) >= m.grace
 }
 
 // moverFor arms resp's body for moving when the request allows it: a

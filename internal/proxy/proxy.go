@@ -59,11 +59,8 @@ type Server struct {
 	set      *members.Set
 	upstream *http.Transport
 	metrics  *Metrics
-	// drains is when each draining backend was first seen draining by a
-	// stream (migrate.go).
-	drains  drainClock
-	parse   request.Options
-	handler http.Handler
+	parse    request.Options
+	handler  http.Handler
 	// proxyLog is the reverse proxy's error log, at debug level.
 	proxyLog *log.Logger
 	// splitter is the split decision (disagg.go); its Protocol is ""

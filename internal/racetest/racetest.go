@@ -17,3 +17,12 @@ func Heavy(t testing.TB, why string) {
 		t.Skipf("%s: runs without the race detector (.ci/run's second pass)", why)
 	}
 }
+
+// Only skips t without the race detector, saying why: a shorter run of a
+// Heavy test, kept so that the detector still watches its code.
+func Only(t testing.TB, why string) {
+	t.Helper()
+	if !Enabled {
+		t.Skipf("%s: runs under the race detector only", why)
+	}
+}
