@@ -71,7 +71,9 @@ func HashSalted(dst []uint64, text string, blockChars int, salt string) []uint64
 //
 //   - Match, the pick's one read, takes no lock, whatever the fleet's
 //     size. It reads only the block map, whose slots change by atomic
-//     stores and are never moved while in use (see blockTable).
+//     stores under seqlocks: a per-slot one, and one per table for the
+//     blocks a deletion moves back, which a reader that saw it change
+//     probes for again (see blockTable).
 //   - Writes take the write lock. The router's own acquire and release
 //     (AcquireNodesNoWait, ReleaseNodesNoWait) only try it: when another
 //     goroutine holds it, they queue the write for that goroutine, which
