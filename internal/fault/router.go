@@ -64,7 +64,7 @@ func (l Local) backend(name string) (*fleet.Backend, error) {
 func (l Local) Drain(name string) error {
 	b, err := l.backend(name)
 	if err == nil {
-		l.Fleet.Drain(b)
+		l.Fleet.Drain(b, time.Now())
 	}
 	return err
 }

@@ -73,12 +73,12 @@ func (b *Backend) Draining() bool { return b.draining.Load() }
 // Retired reports whether b was removed and its last request has ended.
 func (b *Backend) Retired() bool { return b.retired.Load() }
 
-// Drain stops new requests to b; its in-flight requests go on. It does
-// nothing to a backend being removed.
-func (f *Fleet) Drain(b *Backend) {
+// Drain stops new requests to b from now; its in-flight requests go on.
+// It does nothing to a backend draining or being removed already.
+func (f *Fleet) Drain(b *Backend, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if b.startDrain(time.Now()) {
+	if b.startDrain(now) {
 		f.publish()
 	}
 }

@@ -14,8 +14,8 @@ func TestMembership(t *testing.T) {
 		ops         func(f *Fleet, b []*Backend)
 		all, health []int
 	}{
-		{"drain", func(f *Fleet, b []*Backend) { f.Drain(b[1]) }, []int{0, 1, 2}, []int{0, 2}},
-		{"drain twice, undrain", func(f *Fleet, b []*Backend) { f.Drain(b[1]); f.Drain(b[1]); f.Undrain(b[1]) }, []int{0, 1, 2}, []int{0, 1, 2}},
+		{"drain", func(f *Fleet, b []*Backend) { f.Drain(b[1], time.Now()) }, []int{0, 1, 2}, []int{0, 2}},
+		{"drain twice, undrain", func(f *Fleet, b []*Backend) { f.Drain(b[1], time.Now()); f.Drain(b[1], time.Now()); f.Undrain(b[1]) }, []int{0, 1, 2}, []int{0, 1, 2}},
 		{"remove idle", func(f *Fleet, b []*Backend) { f.Remove(b[0], time.Time{}) }, []int{1, 2}, []int{1, 2}},
 		{"undrain after remove refused", func(f *Fleet, b []*Backend) {
 			f.Remove(b[2], time.Time{})
@@ -23,7 +23,7 @@ func TestMembership(t *testing.T) {
 				t.Error("Undrain of a removed backend reported true")
 			}
 		}, []int{0, 1}, []int{0, 1}},
-		{"drained and unhealthy", func(f *Fleet, b []*Backend) { f.Drain(b[0]); f.SetHealthy(b[0], false); f.Undrain(b[0]) }, []int{0, 1, 2}, []int{1, 2}},
+		{"drained and unhealthy", func(f *Fleet, b []*Backend) { f.Drain(b[0], time.Now()); f.SetHealthy(b[0], false); f.Undrain(b[0]) }, []int{0, 1, 2}, []int{1, 2}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -154,60 +154,40 @@ func TestBatch(t *testing.T) {
 	}
 }
 
-// TestDrainingSince: a drain's start is recorded once, kept by a second
-// Drain, taken from Remove's now, and forgotten by Undrain.
+// TestDrainingSince: a drain's start is the time it was given, kept by a
+// second Drain and by a Remove after it, Remove's own when it starts the
+// drain, and forgotten by Undrain.
 func TestDrainingSince(t *testing.T) {
 	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	later := at.Add(time.Minute)
 	tests := []struct {
 		name string
-		ops  func(f *Fleet, b *Backend) (lo, hi time.Time)
-		want bool
+		ops  func(f *Fleet, b *Backend)
+		want time.Time // zero: not draining
 	}{
-		{"serving", func(f *Fleet, b *Backend) (time.Time, time.Time) { return time.Time{}, time.Time{} }, false},
-		{"drained", func(f *Fleet, b *Backend) (time.Time, time.Time) {
-			lo := time.Now()
-			f.Drain(b)
-			return lo, time.Now()
-		}, true},
-		{"drained twice keeps the first start", func(f *Fleet, b *Backend) (time.Time, time.Time) {
-			lo := time.Now()
-			f.Drain(b)
-			hi := time.Now()
-			for time.Now().Equal(hi) {
-			}
-			f.Drain(b)
-			return lo, hi
-		}, true},
-		{"undrained", func(f *Fleet, b *Backend) (time.Time, time.Time) {
-			f.Drain(b)
-			f.Undrain(b)
-			return time.Time{}, time.Time{}
-		}, false},
-		{"removed at now", func(f *Fleet, b *Backend) (time.Time, time.Time) {
+		{"serving", func(f *Fleet, b *Backend) {}, time.Time{}},
+		{"drained", func(f *Fleet, b *Backend) { f.Drain(b, at) }, at},
+		{"drained twice keeps the first start", func(f *Fleet, b *Backend) { f.Drain(b, at); f.Drain(b, later) }, at},
+		{"undrained", func(f *Fleet, b *Backend) { f.Drain(b, at); f.Undrain(b) }, time.Time{}},
+		{"drained again after an undrain", func(f *Fleet, b *Backend) { f.Drain(b, at); f.Undrain(b); f.Drain(b, later) }, later},
+		{"removed", func(f *Fleet, b *Backend) {
 			b.Start(10, 10, 1, t0) // in flight: not retired at once
 			f.Remove(b, at)
-			return at, at
-		}, true},
-		{"drained, then removed, keeps the drain's start", func(f *Fleet, b *Backend) (time.Time, time.Time) {
+		}, at},
+		{"drained, then removed, keeps the drain's start", func(f *Fleet, b *Backend) {
 			b.Start(10, 10, 1, t0)
-			lo := time.Now()
-			f.Drain(b)
-			hi := time.Now()
-			f.Remove(b, at)
-			return lo, hi
-		}, true},
+			f.Drain(b, at)
+			f.Remove(b, later)
+		}, at},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := New()
 			b := f.Add("b", nil, nil)
-			lo, hi := tt.ops(f, b)
+			tt.ops(f, b)
 			since, ok := b.DrainingSince()
-			if ok != tt.want {
-				t.Fatalf("DrainingSince ok = %v, want %v", ok, tt.want)
-			}
-			if ok && (since.Before(lo) || since.After(hi)) {
-				t.Errorf("DrainingSince = %v, want within [%v, %v]", since, lo, hi)
+			if ok != !tt.want.IsZero() || !since.Equal(tt.want) && ok {
+				t.Errorf("DrainingSince = %v, %v; want %v (zero: not draining)", since, ok, tt.want)
 			}
 		})
 	}

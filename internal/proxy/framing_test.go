@@ -144,7 +144,7 @@ func TestModelsCached(t *testing.T) {
 	if n := hits() - before; n != 4 {
 		t.Errorf("after the TTL: %d asks in all, want 4", n)
 	}
-	r.srv.fleet.Drain(r.backendByName("b1"))
+	r.srv.fleet.Drain(r.backendByName("b1"), time.Now())
 	var list struct{ Data []struct{ ID string } }
 	_ = json.Unmarshal(r.get("/v1/models").body, &list)
 	if len(list.Data) != 2 || list.Data[1].ID != "own-b0" {

@@ -69,7 +69,7 @@ func TestDrainFinishesStream(t *testing.T) {
 	if hb.Name != held.name {
 		hb = r.srv.Fleet().Snapshot().All[1]
 	}
-	r.srv.Fleet().Drain(hb)
+	r.srv.Fleet().Drain(hb, time.Now())
 	before := held.hits.Load()
 	for range 10 {
 		if res := r.post("/v1/chat/completions", chat("shared", true, "more")); res.status != 200 || res.header.Get("X-Kvroute-Backend") != other.name {

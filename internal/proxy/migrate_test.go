@@ -176,7 +176,7 @@ func TestMoveDrainedStream(t *testing.T) {
 	defer resp.Body.Close()
 	name := resp.Header.Get(headerBackend)
 	drained := r.backendByName(name)
-	got := readClientStream(t, resp, 3, func() { r.srv.Fleet().Drain(drained) })
+	got := readClientStream(t, resp, 3, func() { r.srv.Fleet().Drain(drained, time.Now()) })
 	other := ems[0]
 	if other.name == name {
 		other = ems[1]
@@ -216,14 +216,14 @@ func TestMoveDrainedTwice(t *testing.T) {
 	moved := r.srv.metrics.mig.moves.WithLabelValues("drain", "moved")
 	restarted := make(chan struct{})
 	got := readClientStream(t, resp, 3, func() {
-		r.srv.Fleet().Drain(first)
+		r.srv.Fleet().Drain(first, time.Now())
 		go func() {
 			defer close(restarted)
 			for counterValue(moved) < 1 { // the stream is on the second engine
 				time.Sleep(time.Millisecond)
 			}
 			r.srv.Fleet().Undrain(first)
-			r.srv.Fleet().Drain(second)
+			r.srv.Fleet().Drain(second, time.Now())
 		}()
 	})
 	<-restarted

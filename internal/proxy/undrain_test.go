@@ -96,7 +96,7 @@ func TestUndrainForgetsPooledConnections(t *testing.T) {
 	if b.Name != "b0" {
 		t.Fatalf("first backend %s, want b0", b.Name)
 	}
-	r.srv.Fleet().Drain(b)
+	r.srv.Fleet().Drain(b, time.Now())
 	ln.restart()
 	r.srv.Fleet().Undrain(b)
 	before := b0.hits.Load()
@@ -124,13 +124,13 @@ func TestDrainResendsWaiting(t *testing.T) {
 		c.Health.Interval = time.Hour
 	})
 	b0, b1 := r.srv.Fleet().Snapshot().All[0], r.srv.Fleet().Snapshot().All[1]
-	r.backends[0].setMode(modeHang) // b0 never answers
-	r.srv.Fleet().Drain(b1)         // the request goes to b0
+	r.backends[0].setMode(modeHang)     // b0 never answers
+	r.srv.Fleet().Drain(b1, time.Now()) // the request goes to b0
 	res := make(chan result, 1)
 	go func() { res <- r.post("/v1/chat/completions", chat("shared", true, "waiting on a drained engine")) }()
 	<-r.backends[0].started
 	r.srv.Fleet().Undrain(b1)
-	r.srv.Fleet().Drain(b0)
+	r.srv.Fleet().Drain(b0, time.Now())
 	got := <-res
 	if got.status != 200 || !strings.Contains(string(got.body), "data: [DONE]") || r.backends[1].hits.Load() != 1 {
 		t.Fatalf("status %d, b1 hits %d, body %s", got.status, r.backends[1].hits.Load(), got.body)

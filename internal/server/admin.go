@@ -71,7 +71,7 @@ func (a adminSource) Drain(name string) error {
 	if b == nil {
 		return admin.ErrUnknownBackend
 	}
-	a.s.fleet.Drain(b)
+	a.s.fleet.Drain(b, time.Now())
 	a.s.log.Info("backend drained", "backend", name, "by", "admin")
 	return nil
 }

@@ -61,8 +61,7 @@ const DefaultStreamIdle = time.Second
 // nodeFault is a node's failure state.
 type nodeFault struct {
 	hung, draining, stopped bool
-	found                   bool          // hung: its first request was found
-	drainAt                 time.Duration // draining: since
+	found                   bool // hung: its first request was found
 	// lost are the requests of a hung engine waiting to be found.
 	lost []*flight
 	// computed and loads are the counters of the engines it was before
@@ -175,8 +174,8 @@ func (s *sim) engineFault(class uint8, i int) {
 			s.lost(f, i, false)
 		}
 	case evDrain:
-		n.down.draining, n.down.drainAt = true, s.now
-		s.fleet.Drain(n.b)
+		n.down.draining = true
+		s.fleet.Drain(n.b, Epoch.Add(s.now))
 		for _, r := range n.eng.Requests(nil) {
 			f := r.Tag.(*flight)
 			if f.c == nil && f.Generated > 0 && f.first <= s.now || f.c != nil && f.c.first > 0 && f.c.first <= s.now {
@@ -207,9 +206,10 @@ func (s *sim) engineFault(class uint8, i int) {
 			s.sched.Precise().Reset(n.b.ID, true, Epoch.Add(s.now))
 		}
 		n.busy = false
+		since, _ := n.b.DrainingSince()
 		n.down.draining, n.down.stopped = false, false
 		s.fleet.Undrain(n.b)
-		s.flt.run.RestartsMs = append(s.flt.run.RestartsMs, ms(s.now-n.down.drainAt))
+		s.flt.run.RestartsMs = append(s.flt.run.RestartsMs, ms(Epoch.Add(s.now).Sub(since)))
 		if i+1 < len(s.nodes) {
 			s.push(s.now, evDrain, i+1)
 		}
