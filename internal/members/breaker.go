@@ -63,6 +63,11 @@ const (
 //	half-open --success--> closed (cool-down reset)
 //	half-open --failure--> open (cool-down doubled, up to the cap)
 //
+// A breaker opened by a silence (the backend sent nothing in time, which
+// a stuck engine's health endpoint does not show) is closed by a request
+// only: its half-open state probes with requests even where an active
+// check is configured, and the check's successes are not heard.
+//
 // An outcome reported while open and past the cool-down counts as a probe
 // (an active check may land there before the timer moves the breaker).
 // Outcomes reported while open and within the cool-down come from requests
@@ -78,10 +83,16 @@ type breaker struct {
 	// probes counts requests let through since window began.
 	probes int
 	window time.Time
+	// silent is a breaker opened by a timeout (see silent): the backend
+	// kept its connections and sent nothing, which its health endpoint
+	// may not show (a stuck engine whose server still answers /health),
+	// so only a request closes it again, never an active check.
+	silent bool
 }
 
-// failure records a failed request or check at now.
-func (b *breaker) failure(now time.Time, c breakerConfig) transition {
+// failure records a failed request or check at now; silent when the
+// backend failed by sending nothing in time (a timeout).
+func (b *breaker) failure(now time.Time, c breakerConfig, silent bool) transition {
 	switch b.state {
 	case breakerClosed:
 		b.fails++
@@ -89,21 +100,25 @@ func (b *breaker) failure(now time.Time, c breakerConfig) transition {
 			return noChange
 		}
 		b.open(now, c.cooldown)
+		b.silent = silent
 		return toOpen
 	case breakerOpen:
 		if now.Before(b.until) {
 			return noChange
 		}
 	}
-	// A failed probe: back off.
+	// A failed probe: back off. A breaker opened by a silence stays one
+	// until a request succeeds.
 	b.open(now, min(2*b.current(c), c.maxCooldown))
+	b.silent = b.silent || silent
 	return toOpen
 }
 
 // success records a successful request (check false) or active check
 // (check true) at now. A passing check does not clear a closed breaker's
 // count of failed requests: an engine whose /health answers while its
-// completions fail must still be ejected.
+// completions fail must still be ejected. Nor does it close a breaker a
+// silence opened: only a request that succeeds does.
 func (b *breaker) success(now time.Time, c breakerConfig, check bool) transition {
 	switch b.state {
 	case breakerClosed:
@@ -115,6 +130,9 @@ func (b *breaker) success(now time.Time, c breakerConfig, check bool) transition
 		if now.Before(b.until) {
 			return noChange
 		}
+	}
+	if check && b.silent {
+		return noChange
 	}
 	*b = breaker{}
 	return toClosed

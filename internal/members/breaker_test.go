@@ -100,6 +100,32 @@ func TestBreakerTransitions(t *testing.T) {
 			{3100 * time.Millisecond, "expire", noChange, false, breakerOpen},
 			{3200 * time.Millisecond, "expire", toHalfOpen, false, breakerHalfOpen},
 		}},
+		{"a check does not close a breaker a silence opened; a request does", []step{
+			{0, "fail", noChange, false, breakerClosed},
+			{0, "fail", noChange, false, breakerClosed},
+			{0, "silence", toOpen, false, breakerOpen},
+			{1200 * time.Millisecond, "check", noChange, false, breakerOpen},
+			{1200 * time.Millisecond, "expire", toHalfOpen, false, breakerHalfOpen},
+			{1300 * time.Millisecond, "check", noChange, false, breakerHalfOpen},
+			{1300 * time.Millisecond, "allow", noChange, true, breakerHalfOpen},
+			{1400 * time.Millisecond, "ok", toClosed, false, breakerClosed},
+			// Closed, the next opening by other failures is closed by a
+			// check again.
+			{2 * time.Second, "fail", noChange, false, breakerClosed},
+			{2 * time.Second, "fail", noChange, false, breakerClosed},
+			{2 * time.Second, "fail", toOpen, false, breakerOpen},
+			{3 * time.Second, "expire", toHalfOpen, false, breakerHalfOpen},
+			{3 * time.Second, "check", toClosed, false, breakerClosed},
+		}},
+		{"a silent probe keeps the breaker silent", []step{
+			{0, "fail", noChange, false, breakerClosed},
+			{0, "fail", noChange, false, breakerClosed},
+			{0, "silence", toOpen, false, breakerOpen},
+			{time.Second, "expire", toHalfOpen, false, breakerHalfOpen},
+			{time.Second, "fail", toOpen, false, breakerOpen},
+			{3 * time.Second, "expire", toHalfOpen, false, breakerHalfOpen},
+			{3 * time.Second, "check", noChange, false, breakerHalfOpen},
+		}},
 		{"a lost probe frees its slot when the window turns", []step{
 			{0, "fail", noChange, false, breakerClosed},
 			{0, "fail", noChange, false, breakerClosed},
@@ -120,7 +146,9 @@ func TestBreakerTransitions(t *testing.T) {
 				var got transition
 				switch st.event {
 				case "fail":
-					got = b.failure(now, cfg)
+					got = b.failure(now, cfg, false)
+				case "silence":
+					got = b.failure(now, cfg, true)
 				case "ok":
 					got = b.success(now, cfg, false)
 				case "check":

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -47,7 +48,7 @@ func (s *Set) Failed(m *Member, err error) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s.apply(m, m.br.failure(time.Now(), s.breakerConfig()), err)
+	s.apply(m, m.br.failure(time.Now(), s.breakerConfig(), silent(err)), err)
 }
 
 // Allow reports whether a request may be sent to m now: always while its
@@ -93,7 +94,7 @@ func (s *Set) apply(m *Member, t transition, err error) {
 		m.timer = time.AfterFunc(wait, func() { s.expire(m) })
 		s.c.Log.Warn("backend breaker open", "backend", b.Name, "cooldown", m.br.cooldown, "err", err)
 	case toHalfOpen:
-		if s.c.Health.Path != "" {
+		if s.c.Health.Path != "" && !m.br.silent {
 			// The active check is the probe: a backend whose health
 			// endpoint still fails gets no request, and the next check
 			// closes the breaker or opens it again.
@@ -181,3 +182,13 @@ func (s *Set) check(ctx context.Context, m *Member) error {
 type StatusError int
 
 func (e StatusError) Error() string { return "status " + strconv.Itoa(int(e)) }
+
+// silent reports whether err is a backend that kept the router waiting:
+// a timeout (lifecycle.Timeout, no first token, a stream gone idle, or the
+// transport's), not a refused or reset connection nor an error status. A
+// breaker such a failure opens is probed with requests only: an engine
+// stuck this way usually still answers its health endpoint.
+func silent(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

@@ -57,6 +57,8 @@ type fake struct {
 	srv    *httptest.Server
 	mode   atomic.Int32
 	health atomic.Bool
+	// checks counts GET /health.
+	checks atomic.Int64
 	hits   atomic.Int64
 	// modelHits counts GET /v1/models.
 	modelHits atomic.Int64
@@ -118,6 +120,7 @@ func jsonAnswer(name string) string {
 func (f *fake) serve(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/health":
+		f.checks.Add(1)
 		if !f.health.Load() {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}

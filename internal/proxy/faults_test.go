@@ -674,3 +674,49 @@ func TestFaultClientsLeaveMidStream(t *testing.T) {
 	t.Logf("%d clients left; the engines were idle %v later", clients, time.Since(left))
 	wg.Wait()
 }
+
+// TestHungEngineProbedByRequests: an engine that keeps its connections and
+// sends nothing still answers /health (as a stuck vLLM engine's server
+// does). Its breaker, opened by those timeouts, goes half-open after its
+// cool-down, and the active checks that pass then do not close it: before,
+// the first one did, and every request sent to it afterwards waited out
+// its timeout. A request that succeeds there closes it.
+func TestHungEngineProbedByRequests(t *testing.T) {
+	r := newRig(t, "round-robin", 2, func(c *config.Config) {
+		c.Upstream.ResponseHeaderTimeout = 200 * time.Millisecond
+		c.Health.Cooldown = 100 * time.Millisecond
+		c.Health.MaxCooldown = 100 * time.Millisecond
+	})
+	hung := r.backends[0]
+	hung.setMode(modeHang)
+	hb := r.backendByName(hung.name)
+	breaker := func() string { return r.srv.set.Of(hb).Breaker().State }
+	// Until the breaker opens: each request that meets the hung engine
+	// times out there and is answered by the other.
+	for i := 0; breaker() == "closed"; i++ {
+		if i == 20 {
+			t.Fatalf("the hung engine's breaker is still closed after %d requests", i)
+		}
+		if res := r.post("/v1/chat/completions", chat("shared", false, fmt.Sprintf("hung %d", i))); res.status != http.StatusOK {
+			t.Fatalf("request %d: status %d: %s", i, res.status, res.body)
+		}
+	}
+	waitFor(t, "the breaker to go half-open", func() bool { return breaker() == "half-open" })
+	// Three active checks pass while it is half-open, and nothing else
+	// reaches the engine.
+	checks := hung.checks.Load()
+	waitFor(t, "three active checks", func() bool { return hung.checks.Load() >= checks+3 })
+	if st := breaker(); st == "closed" {
+		t.Fatal("a passing health check closed the breaker that the hung engine's timeouts opened")
+	}
+	// The engine recovers: a request probes it and closes the breaker.
+	hung.setMode(modeOK)
+	for i := 0; breaker() != "closed"; i++ {
+		if i == 50 {
+			t.Fatalf("breaker %s after %d requests to a recovered engine", breaker(), i)
+		}
+		if res := r.post("/v1/chat/completions", chat("shared", false, fmt.Sprintf("after %d", i))); res.status != http.StatusOK {
+			t.Fatalf("request %d after recovery: status %d: %s", i, res.status, res.body)
+		}
+	}
+}
