@@ -1,7 +1,9 @@
 package members
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -94,10 +96,11 @@ func (s *Set) apply(m *Member, t transition, err error) {
 		m.timer = time.AfterFunc(wait, func() { s.expire(m) })
 		s.c.Log.Warn("backend breaker open", "backend", b.Name, "cooldown", m.br.cooldown, "err", err)
 	case toHalfOpen:
-		if s.c.Health.Path != "" && !m.br.silent {
+		if s.c.Health.Path != "" {
 			// The active check is the probe: a backend whose health
 			// endpoint still fails gets no request, and the next check
-			// closes the breaker or opens it again.
+			// closes the breaker or opens it again. After timeouts the
+			// check is a one-token completion (generate).
 			s.c.Log.Info("backend breaker half-open, probing with the active check", "backend", b.Name)
 			break
 		}
@@ -138,14 +141,25 @@ func (s *Set) startCheck(m *Member) {
 		t := time.NewTicker(s.c.Health.Interval)
 		defer t.Stop()
 		for !m.B.Retired() && s.Of(m.B) == m {
-			if err := s.check(ctx, m); err != nil {
+			generated := false
+			err := errNoModel
+			if m.silenced() {
+				err = s.generate(ctx, m)
+				generated = err == nil
+			}
+			if errors.Is(err, errNoModel) {
+				err = s.check(ctx, m)
+			}
+			if err != nil {
 				if ctx.Err() != nil {
 					return
 				}
 				s.c.Log.Debug("health check failed", "backend", m.B.Name, "err", err)
 				s.Failed(m, err)
 			} else {
-				s.Succeeded(m, true)
+				// A completion that came back is a request's success:
+				// it closes a breaker that timeouts opened.
+				s.Succeeded(m, !generated)
 			}
 			select {
 			case <-ctx.Done():
@@ -176,6 +190,68 @@ func (s *Set) check(ctx context.Context, m *Member) error {
 		return StatusError(resp.StatusCode)
 	}
 	return nil
+}
+
+// silenced reports whether m's breaker was opened by timeouts and is not
+// closed: its active check must generate (a passing /health says nothing
+// of an engine that keeps its connections and sends nothing).
+func (m *Member) silenced() bool {
+	if !m.notClosed.Load() {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.br.silent && m.br.state != breakerClosed
+}
+
+// errNoModel is a backend for which generate found no model to ask for.
+var errNoModel = errors.New("no model to probe the backend with")
+
+// generate checks m by a completion of one token, non-streamed, bounded by
+// health.timeout: the check of a backend whose breaker timeouts opened.
+// The model is the backend's first configured one, else the first its
+// /v1/models lists; errNoModel when there is none, or when the backend
+// refuses the request (a 4xx other than 429: the probe cannot be made
+// there), and the caller checks /health instead.
+func (s *Set) generate(ctx context.Context, m *Member) error {
+	model := ""
+	if len(m.B.Models) > 0 {
+		model = m.B.Models[0]
+	} else if l, err := s.FetchModels(ctx, m.B.URL); err != nil {
+		return err
+	} else if len(l.IDs) > 0 {
+		model = l.IDs[0]
+	}
+	if model == "" {
+		return errNoModel
+	}
+	body, err := json.Marshal(map[string]any{"model": model, "prompt": "ping", "max_tokens": 1, "stream": false})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.c.Health.Timeout)
+	defer cancel()
+	u := *m.B.URL
+	u.Path += "/v1/completions"
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.c.Transport.RoundTrip(req)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	_ = resp.Body.Close()
+	switch {
+	case resp.StatusCode/100 == 4 && resp.StatusCode != http.StatusTooManyRequests:
+		s.c.Log.Warn("a one-token completion cannot probe the backend; its health endpoint does", "backend", m.B.Name, "model", model, "status", resp.StatusCode)
+		return errNoModel
+	case resp.StatusCode != http.StatusOK:
+		return StatusError(resp.StatusCode)
+	}
+	return err
 }
 
 // StatusError is a backend's failing HTTP status.

@@ -57,8 +57,9 @@ type fake struct {
 	srv    *httptest.Server
 	mode   atomic.Int32
 	health atomic.Bool
-	// checks counts GET /health.
-	checks atomic.Int64
+	// pings counts the router's one-token completions that probe it
+	// (prompt "ping").
+	pings atomic.Int64
 	hits   atomic.Int64
 	// modelHits counts GET /v1/models.
 	modelHits atomic.Int64
@@ -120,7 +121,6 @@ func jsonAnswer(name string) string {
 func (f *fake) serve(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/health":
-		f.checks.Add(1)
 		if !f.health.Load() {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
@@ -159,6 +159,9 @@ func (f *fake) serve(w http.ResponseWriter, r *http.Request) {
 	f.lastBody.Store(&body)
 	f.lastHeader.Store(&h)
 	f.hits.Add(1)
+	if bytes.Contains(body, []byte(`"prompt":"ping"`)) {
+		f.pings.Add(1)
+	}
 	signal(f.started)
 	var req struct {
 		Stream bool `json:"stream"`

@@ -675,15 +675,18 @@ func TestFaultClientsLeaveMidStream(t *testing.T) {
 	wg.Wait()
 }
 
-// TestHungEngineProbedByRequests: an engine that keeps its connections and
-// sends nothing still answers /health (as a stuck vLLM engine's server
-// does). Its breaker, opened by those timeouts, goes half-open after its
-// cool-down, and the active checks that pass then do not close it: before,
-// the first one did, and every request sent to it afterwards waited out
-// its timeout. A request that succeeds there closes it.
-func TestHungEngineProbedByRequests(t *testing.T) {
+// TestHungEngineProbedByCompletion: an engine that keeps its connections
+// and sends nothing still answers /health (as a stuck vLLM engine's server
+// does). Its breaker, opened by those timeouts, is probed by a one-token
+// completion, not by /health nor by clients' requests: while the engine
+// hangs the probes time out and the breaker stays open, and no client
+// request is sent there; once it answers, a probe closes the breaker.
+// Before, the first passing /health closed it, and every request sent to
+// the stuck engine afterwards waited out its timeout.
+func TestHungEngineProbedByCompletion(t *testing.T) {
 	r := newRig(t, "round-robin", 2, func(c *config.Config) {
 		c.Upstream.ResponseHeaderTimeout = 200 * time.Millisecond
+		c.Health.Timeout = 200 * time.Millisecond
 		c.Health.Cooldown = 100 * time.Millisecond
 		c.Health.MaxCooldown = 100 * time.Millisecond
 	})
@@ -701,22 +704,27 @@ func TestHungEngineProbedByRequests(t *testing.T) {
 			t.Fatalf("request %d: status %d: %s", i, res.status, res.body)
 		}
 	}
-	waitFor(t, "the breaker to go half-open", func() bool { return breaker() == "half-open" })
-	// Three active checks pass while it is half-open, and nothing else
-	// reaches the engine.
-	checks := hung.checks.Load()
-	waitFor(t, "three active checks", func() bool { return hung.checks.Load() >= checks+3 })
+	// Past its cool-down, two probes meet the hung engine and time out;
+	// its /health answers all along.
+	pings := hung.pings.Load()
+	waitFor(t, "two probes of the hung engine", func() bool { return hung.pings.Load() >= pings+2 })
 	if st := breaker(); st == "closed" {
-		t.Fatal("a passing health check closed the breaker that the hung engine's timeouts opened")
+		t.Fatal("the breaker that the hung engine's timeouts opened closed while it still hangs")
 	}
-	// The engine recovers: a request probes it and closes the breaker.
+	// Clients' requests do not wait on it meanwhile.
+	hits := hung.hits.Load() - hung.pings.Load()
+	for i := range 6 {
+		if res := r.post("/v1/chat/completions", chat("shared", true, fmt.Sprintf("meanwhile %d", i))); res.status != http.StatusOK || res.header.Get("X-Kvroute-Backend") == hung.name {
+			t.Fatalf("request %d while the engine hangs: status %d from %s", i, res.status, res.header.Get("X-Kvroute-Backend"))
+		}
+	}
+	if n := hung.hits.Load() - hung.pings.Load(); n != hits {
+		t.Errorf("%d clients' requests reached the hung engine after its breaker opened", n-hits)
+	}
+	// The engine recovers: a probe closes the breaker, no client needed.
 	hung.setMode(modeOK)
-	for i := 0; breaker() != "closed"; i++ {
-		if i == 50 {
-			t.Fatalf("breaker %s after %d requests to a recovered engine", breaker(), i)
-		}
-		if res := r.post("/v1/chat/completions", chat("shared", false, fmt.Sprintf("after %d", i))); res.status != http.StatusOK {
-			t.Fatalf("request %d after recovery: status %d: %s", i, res.status, res.body)
-		}
+	waitFor(t, "a probe to close the breaker", func() bool { return breaker() == "closed" })
+	if !hb.Healthy() {
+		t.Error("breaker closed, backend not healthy")
 	}
 }
