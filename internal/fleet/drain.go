@@ -2,41 +2,78 @@ package fleet
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 )
 
-// drainSignal is a context cancelled when its backend starts draining.
-type drainSignal struct {
+// signal is a context cancelled when its backend enters a state (starts
+// draining, is found hung) and readied afresh when it leaves it: a
+// request waiting on the backend watches it without a goroutine of its
+// own (context.AfterFunc).
+type signal struct {
+	p atomic.Pointer[signalCtx]
+}
+
+type signalCtx struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 }
 
-// drained is the signal of every backend while it drains.
-var drained = func() *drainSignal {
+// fired is the signal of every backend while it is in the state.
+var fired = func() *signalCtx {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	return &drainSignal{ctx, cancel}
+	return &signalCtx{ctx, cancel}
 }()
 
-// DrainStarted returns a context that is done once b drains (at once if
-// it is draining): a request waiting on b can watch it without a
-// goroutine of its own (context.AfterFunc). A backend undrained gets a
-// new one.
-func (b *Backend) DrainStarted() context.Context {
+// wait returns a context done once the state is entered, at once if in
+// reports that it is.
+func (s *signal) wait(in func() bool) context.Context {
 	for {
-		if s := b.drainCtx.Load(); s != nil {
-			return s.ctx
+		if c := s.p.Load(); c != nil {
+			return c.ctx
 		}
 		ctx, cancel := context.WithCancel(context.Background())
-		if b.drainCtx.CompareAndSwap(nil, &drainSignal{ctx, cancel}) {
-			if b.Draining() {
-				// Drained between the load and the swap, before
-				// startDrain could see this signal.
+		if s.p.CompareAndSwap(nil, &signalCtx{ctx, cancel}) {
+			if in() {
+				// Entered between the load and the swap, before fire
+				// could see this context.
 				cancel()
 			}
 			return ctx
 		}
 		cancel()
+	}
+}
+
+// fire cancels the waiting context; the state was just entered.
+func (s *signal) fire() {
+	if c := s.p.Swap(fired); c != nil {
+		c.cancel()
+	}
+}
+
+// reset readies a new context for the next time; the state was just
+// left.
+func (s *signal) reset() { s.p.Store(nil) }
+
+// DrainStarted returns a context that is done once b drains (at once if
+// it is draining). A backend undrained gets a new one.
+func (b *Backend) DrainStarted() context.Context { return b.drainSig.wait(b.Draining) }
+
+// HangFound returns a context that is done once b is found hung (Hung),
+// at once if it is. A backend healthy again gets a new one.
+func (b *Backend) HangFound() context.Context { return b.hungSig.wait(b.hung.Load) }
+
+// Hung records that b was taken out for keeping the router waiting (its
+// breaker opened by timeouts: connections kept, nothing sent), so that
+// the requests still waiting there for a first byte go elsewhere.
+// SetHealthy(b, true) ends it.
+func (f *Fleet) Hung(b *Backend) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !b.hung.Swap(true) {
+		b.hungSig.fire()
 	}
 }
 
@@ -61,12 +98,10 @@ func (b *Backend) startDrain(now time.Time) bool {
 	}
 	b.drainedAt.Store(now.UnixNano())
 	b.draining.Store(true)
-	if s := b.drainCtx.Swap(drained); s != nil {
-		s.cancel()
-	}
+	b.drainSig.fire()
 	return true
 }
 
 // drainEnded readies a new signal for b's next drain; b.draining was
 // just cleared.
-func (b *Backend) drainEnded() { b.drainCtx.Store(nil) }
+func (b *Backend) drainEnded() { b.drainSig.reset() }

@@ -74,8 +74,10 @@ type Backend struct {
 	// requests; a removing one is retired once its last request ends.
 	draining, removing, retired atomic.Bool
 	fleet                       *Fleet
-	// drainCtx is cancelled when b starts draining (drain.go).
-	drainCtx atomic.Pointer[drainSignal]
+	// drainSig fires when b starts draining, hungSig when it is found
+	// hung (drain.go); hung is set from then until it is healthy again.
+	drainSig, hungSig signal
+	hung              atomic.Bool
 	// drainedAt is when the current drain started, in Unix nanoseconds
 	// (DrainingSince); set before draining is seen by other goroutines.
 	drainedAt atomic.Int64
@@ -491,6 +493,9 @@ func (f *Fleet) SetHealthy(b *Backend, ok bool) {
 	defer f.mu.Unlock()
 	if b.healthy.Swap(ok) != ok {
 		f.publish()
+	}
+	if ok && b.hung.Swap(false) {
+		b.hungSig.reset()
 	}
 }
 

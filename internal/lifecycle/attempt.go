@@ -156,7 +156,7 @@ func (p *Plane) attempts(r *Request, l *Leg, req *http.Request, base *url.URL, f
 			at.close()
 			return attempt{err: ctx.Err()}
 		}
-		drained := errors.Is(at.err, ErrDrainedWaiting)
+		drained := errors.Is(at.err, ErrDrainedWaiting) || errors.Is(at.err, ErrHungWaiting)
 		var next *scheduler.Assignment
 		if drained {
 			next = p.away(r, l)
@@ -256,8 +256,8 @@ func (p *Plane) reroute(r *Request, l *Leg) *scheduler.Assignment {
 }
 
 // away is the next backend for a leg whose attempt its backend's drain
-// cut before the first byte (ErrDrainedWaiting): any other, whatever the
-// retries spent; nil when there is none.
+// or hang cut before the first byte (ErrDrainedWaiting, ErrHungWaiting):
+// any other, whatever the retries spent; nil when there is none.
 func (p *Plane) away(r *Request, l *Leg) *scheduler.Assignment {
 	l.Tried = append(l.Tried, l.Target.B.ID)
 	next, _ := p.route(r, l, time.Now())
@@ -275,14 +275,14 @@ func (p *Plane) try(r *Request, l *Leg, out *http.Request, last bool) attempt {
 	if err == nil && resp.StatusCode/100 == 2 {
 		at.head, at.headErr = p.firstByte(resp.Body, r.View != nil && r.View.Stream && (r.View.Kind == request.Responses || r.View.Kind == request.Messages))
 	}
-	drained := db.done()
+	cut := db.done()
 	if ft.done() {
 		at.close()
 		return attempt{err: ErrFirstTokenTimeout}
 	}
-	if drained {
+	if cut != nil {
 		at.close()
-		return attempt{err: ErrDrainedWaiting}
+		return attempt{err: cut}
 	}
 	if err != nil {
 		return at

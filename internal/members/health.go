@@ -81,6 +81,10 @@ func (s *Set) apply(m *Member, t transition, err error) {
 	switch t {
 	case toOpen:
 		s.c.Fleet.SetHealthy(b, false)
+		if m.br.silent {
+			// Stuck: what waits there for a first byte goes elsewhere.
+			s.c.Fleet.Hung(b)
+		}
 		// An engine that fails this way has usually restarted or crashed,
 		// and its prefix cache with it: forget what it held, so that its
 		// conversations go where their prefix now is, and when it comes

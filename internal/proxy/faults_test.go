@@ -728,3 +728,63 @@ func TestHungEngineProbedByCompletion(t *testing.T) {
 		t.Error("breaker closed, backend not healthy")
 	}
 }
+
+// TestHungEngineWaitingResent: a request waiting for its first byte on an
+// engine that keeps its connections and sends nothing is sent to another
+// the moment the engine's breaker opens on timeouts (other requests' first
+// tokens that never came), not left to its own timeout: here a
+// non-streamed request, whose headers the engine never sends, under a
+// 10-minute upstream.response_header_timeout. Before, it waited until its
+// client gave up.
+func TestHungEngineWaitingResent(t *testing.T) {
+	r := newRig(t, "round-robin", 2, func(c *config.Config) {
+		c.Upstream.ResponseHeaderTimeout = 10 * time.Minute
+		c.Upstream.FirstTokenTimeout = 200 * time.Millisecond
+		c.Health.Cooldown = time.Minute
+		c.Health.MaxCooldown = time.Minute
+	})
+	hung := r.backends[0]
+	hung.setMode(modeHang)
+	hb := r.backendByName(hung.name)
+	// A request that waits on the hung engine: sent until one is there.
+	var waiting chan result
+	for i := 0; waiting == nil; i++ {
+		if i == 10 {
+			t.Fatal("no request reached the hung engine")
+		}
+		hits := hung.hits.Load()
+		done := make(chan result, 1)
+		go func() { done <- r.post("/v1/chat/completions", chat("shared", false, fmt.Sprintf("waiting %d", i))) }()
+		select {
+		case res := <-done: // answered by the other engine
+			if res.status != http.StatusOK {
+				t.Fatalf("request %d: status %d: %s", i, res.status, res.body)
+			}
+		case <-func() chan struct{} {
+			c := make(chan struct{})
+			go func() {
+				defer close(c)
+				for hung.hits.Load() == hits {
+					time.Sleep(2 * time.Millisecond)
+				}
+			}()
+			return c
+		}():
+			waiting = done
+		}
+	}
+	// Streamed requests meet the hung engine, get no first token and
+	// open its breaker.
+	for i := 0; r.srv.set.Of(hb).Breaker().State == "closed"; i++ {
+		if i == 20 {
+			t.Fatalf("the hung engine's breaker is still closed after %d requests", i)
+		}
+		if res := r.post("/v1/chat/completions", chat("shared", true, fmt.Sprintf("stream %d", i))); res.status != http.StatusOK {
+			t.Fatalf("streamed request %d: status %d: %s", i, res.status, res.body)
+		}
+	}
+	res := <-waiting
+	if res.status != http.StatusOK || res.readErr != nil || res.header.Get("X-Kvroute-Backend") == hung.name {
+		t.Fatalf("the request waiting on the hung engine: status %d from %s, read error %v: %.200s", res.status, res.header.Get("X-Kvroute-Backend"), res.readErr, res.body)
+	}
+}
