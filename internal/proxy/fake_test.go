@@ -60,7 +60,7 @@ type fake struct {
 	// pings counts the router's one-token completions that probe it
 	// (prompt "ping").
 	pings atomic.Int64
-	hits   atomic.Int64
+	hits  atomic.Int64
 	// modelHits counts GET /v1/models.
 	modelHits atomic.Int64
 	// prefillRate, in tokens per second (0: instant), delays the first byte by the
