@@ -55,35 +55,30 @@ func (p *Plane) boundDrain(r *Request, l *Leg, out *http.Request) (*http.Request
 		if since, ok := b.DrainingSince(); ok {
 			left -= time.Since(since)
 		}
-		db.timer = AfterFunc(max(left, 0), func() {
-			db.mu.Lock()
-			if db.ended {
-				db.mu.Unlock()
-				return
-			}
-			db.cut = ErrDrainedWaiting
-			db.mu.Unlock()
-			cancel(ErrDrainedWaiting)
-		})
+		db.timer = AfterFunc(max(left, 0), func() { db.fire(ErrDrainedWaiting, cancel) })
 	})
 	// A backend found hung later (not one already so: the attempt may be
 	// the probe that shows it back) cuts the attempt at once.
 	db.stopHang = func() bool { return false }
 	if hang := b.HangFound(); hang.Err() == nil {
-		db.stopHang = context.AfterFunc(hang, func() {
-			db.mu.Lock()
-			if db.ended || db.cut != nil {
-				db.mu.Unlock()
-				return
-			}
-			db.cut = ErrHungWaiting
-			db.mu.Unlock()
-			cancel(ErrHungWaiting)
-		})
+		db.stopHang = context.AfterFunc(hang, func() { db.fire(ErrHungWaiting, cancel) })
 	}
 	// The attempt's context is a child of the request's, which the front
 	// cancels when the request ends: cancel need not be kept.
 	return out.WithContext(ctx), db
+}
+
+// fire cuts the attempt for cause, unless it had its first byte or was
+// cut already.
+func (db *drainBound) fire(cause error, cancel context.CancelCauseFunc) {
+	db.mu.Lock()
+	if db.ended || db.cut != nil {
+		db.mu.Unlock()
+		return
+	}
+	db.cut = cause
+	db.mu.Unlock()
+	cancel(cause)
 }
 
 // done ends the bound once the attempt has its first byte (or failed)

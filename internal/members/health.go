@@ -145,15 +145,7 @@ func (s *Set) startCheck(m *Member) {
 		t := time.NewTicker(s.c.Health.Interval)
 		defer t.Stop()
 		for !m.B.Retired() && s.Of(m.B) == m {
-			generated := false
-			err := errNoModel
-			if m.silenced() {
-				err = s.generate(ctx, m)
-				generated = err == nil
-			}
-			if errors.Is(err, errNoModel) {
-				err = s.check(ctx, m)
-			}
+			generated, err := s.checkOnce(ctx, m)
 			if err != nil {
 				if ctx.Err() != nil {
 					return
@@ -194,6 +186,18 @@ func (s *Set) check(ctx context.Context, m *Member) error {
 		return StatusError(resp.StatusCode)
 	}
 	return nil
+}
+
+// checkOnce does one active check of m: a one-token completion while
+// timeouts hold its breaker open (generated), else, or when no completion
+// can probe it, GET health.path.
+func (s *Set) checkOnce(ctx context.Context, m *Member) (generated bool, err error) {
+	if m.silenced() {
+		if err := s.generate(ctx, m); !errors.Is(err, errNoModel) {
+			return true, err
+		}
+	}
+	return false, s.check(ctx, m)
 }
 
 // silenced reports whether m's breaker was opened by timeouts and is not

@@ -755,22 +755,20 @@ func TestHungEngineWaitingResent(t *testing.T) {
 		hits := hung.hits.Load()
 		done := make(chan result, 1)
 		go func() { done <- r.post("/v1/chat/completions", chat("shared", false, fmt.Sprintf("waiting %d", i))) }()
-		select {
-		case res := <-done: // answered by the other engine
-			if res.status != http.StatusOK {
-				t.Fatalf("request %d: status %d: %s", i, res.status, res.body)
-			}
-		case <-func() chan struct{} {
-			c := make(chan struct{})
-			go func() {
-				defer close(c)
-				for hung.hits.Load() == hits {
-					time.Sleep(2 * time.Millisecond)
+		// Either it is answered by the other engine, or it reaches the
+		// hung one and stays.
+		for answered := false; !answered && waiting == nil; {
+			select {
+			case res := <-done:
+				if res.status != http.StatusOK {
+					t.Fatalf("request %d: status %d: %s", i, res.status, res.body)
 				}
-			}()
-			return c
-		}():
-			waiting = done
+				answered = true
+			case <-time.After(2 * time.Millisecond):
+				if hung.hits.Load() != hits {
+					waiting = done
+				}
+			}
 		}
 	}
 	// Streamed requests meet the hung engine, get no first token and
